@@ -1,0 +1,293 @@
+//! The emulated DMA engine: copies between a second mapping of the host's shared memory and
+//! local buffers, with an optional PCIe cost model (crate documentation).
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
+use std::time::Instant;
+
+use crate::{CostModel, DmaCompletion, DmaDir, DmaEngine, DmaError, DmaOp, RegionId, SharedRegion};
+
+/// Counters of an [`EmulatedDma`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DmaStats {
+    /// Completed read operations.
+    pub reads: u64,
+    /// Completed write operations.
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// `submit` calls that started at least one operation.
+    pub doorbells: u64,
+}
+
+struct Pending {
+    op: DmaOp,
+    /// Completion time in ns since the engine's epoch (0 without a cost model).
+    due_ns: u64,
+}
+
+/// DMA engine over shared memory (see the crate documentation for its semantics).
+///
+/// The queue of posted and in-flight operations is allocated once, with `max_inflight`
+/// entries; posting, submitting and polling never allocate.
+pub struct EmulatedDma {
+    /// Indexed by `RegionId`; ids are not reused, so a stale id never reaches another region.
+    regions: Vec<Option<SharedRegion>>,
+    /// Posted and in-flight operations in submission order: the first `submitted` entries have
+    /// been started by a doorbell, the rest wait for the next `submit`.
+    queue: VecDeque<Pending>,
+    submitted: usize,
+    max_inflight: usize,
+    cost: Option<CostModel>,
+    epoch: Instant,
+    busy_until_ns: u64,
+    stats: DmaStats,
+}
+
+// SAFETY: the raw pointers held are the engine's own mappings and the local buffers of posted
+// operations, which the `post` contract keeps valid and untouched by others until completion,
+// whatever thread polls.
+unsafe impl Send for EmulatedDma {}
+
+impl EmulatedDma {
+    /// An engine with a queue of `max_inflight` (> 0) operations and an optional cost model.
+    pub fn new(max_inflight: usize, cost: Option<CostModel>) -> Self {
+        assert!(
+            max_inflight > 0,
+            "EmulatedDma needs a queue of at least one operation"
+        );
+        EmulatedDma {
+            regions: Vec::new(),
+            queue: VecDeque::with_capacity(max_inflight),
+            submitted: 0,
+            max_inflight,
+            cost,
+            epoch: Instant::now(),
+            busy_until_ns: 0,
+            stats: DmaStats::default(),
+        }
+    }
+
+    /// Control plane: maps a host shared-memory object of `len` bytes (received over
+    /// `SCM_RIGHTS`) `MAP_SHARED` and registers it.
+    pub fn register(&mut self, fd: OwnedFd, len: usize) -> Result<RegionId, DmaError> {
+        let id = u32::try_from(self.regions.len())
+            .map_err(|_| DmaError::Map("too many regions".into()))?;
+        let region = SharedRegion::from_fd(fd, len).map_err(|e| DmaError::Map(e.to_string()))?;
+        self.regions.push(Some(region));
+        Ok(RegionId(id))
+    }
+
+    /// Unmaps a region. Operations on it that have not completed yet complete with
+    /// `UnknownRegion`.
+    pub fn unregister(&mut self, id: RegionId) {
+        if let Some(slot) = self.regions.get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    /// For tests and benchmarks inside one process: registers an existing region (its fd is
+    /// duplicated and mapped a second time, as the DPU process would).
+    pub fn register_shared(&mut self, region: &SharedRegion) -> Result<RegionId, DmaError> {
+        let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0)
+            .map_err(|e| DmaError::Map(e.to_string()))?;
+        self.register(fd, region.len())
+    }
+
+    /// Length of a registered region.
+    pub fn region_len(&self, id: RegionId) -> Option<usize> {
+        self.region(id).map(SharedRegion::len)
+    }
+
+    pub fn cost(&self) -> Option<CostModel> {
+        self.cost
+    }
+
+    pub fn stats(&self) -> DmaStats {
+        self.stats
+    }
+
+    /// Operations posted or in flight.
+    pub fn outstanding(&self) -> usize {
+        self.queue.len()
+    }
+
+    fn region(&self, id: RegionId) -> Option<&SharedRegion> {
+        self.regions.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Performs the copy of a completing operation.
+    fn execute(&mut self, op: &DmaOp) -> Result<(), DmaError> {
+        let Some(region) = self.region(op.region) else {
+            return Err(DmaError::UnknownRegion(op.region.0));
+        };
+        // Bounds were checked at post and regions never change size.
+        debug_assert!(op.remote_offset + op.len as u64 <= region.len() as u64);
+        // SAFETY: in bounds of the mapping; `op.local` is valid by the `post` contract.
+        let remote = unsafe { region.as_ptr().add(op.remote_offset as usize) };
+        let len = op.len as usize;
+        // Consecutive operations are ordered like PCIe orders them: a later read observes what
+        // an earlier write made visible.
+        fence(Ordering::SeqCst);
+        match op.dir {
+            DmaDir::Read => {
+                // Copy: host region -> local buffer. This is the DMA transfer itself.
+                // SAFETY: see above.
+                unsafe { copy_from_host(remote, op.local, len) };
+                self.stats.reads += 1;
+                self.stats.bytes_read += len as u64;
+            }
+            DmaDir::Write => {
+                fence(Ordering::Release);
+                // Copy: local buffer -> host region. This is the DMA transfer itself.
+                // SAFETY: see above.
+                unsafe { copy_to_host(op.local, remote, len) };
+                self.stats.writes += 1;
+                self.stats.bytes_written += len as u64;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DmaEngine for EmulatedDma {
+    fn max_inflight(&self) -> usize {
+        self.max_inflight
+    }
+
+    unsafe fn post(&mut self, op: DmaOp) -> Result<(), DmaError> {
+        if self.queue.len() >= self.max_inflight {
+            return Err(DmaError::QueueFull);
+        }
+        let region = self
+            .region(op.region)
+            .ok_or(DmaError::UnknownRegion(op.region.0))?;
+        let in_bounds = op
+            .remote_offset
+            .checked_add(op.len as u64)
+            .is_some_and(|end| end <= region.len() as u64);
+        if !in_bounds {
+            return Err(DmaError::OutOfBounds {
+                region: op.region.0,
+                offset: op.remote_offset,
+                len: op.len,
+            });
+        }
+        // Never grows: the capacity is `max_inflight`.
+        self.queue.push_back(Pending { op, due_ns: 0 });
+        Ok(())
+    }
+
+    fn submit(&mut self) {
+        if self.submitted == self.queue.len() {
+            return;
+        }
+        if let Some(cost) = self.cost {
+            let now = self.now_ns();
+            for p in self.queue.iter_mut().skip(self.submitted) {
+                let start = now.max(self.busy_until_ns);
+                p.due_ns = start + cost.op_ns(p.op.len);
+                self.busy_until_ns = p.due_ns;
+            }
+        }
+        self.submitted = self.queue.len();
+        self.stats.doorbells += 1;
+    }
+
+    fn poll(&mut self, out: &mut [DmaCompletion]) -> usize {
+        if out.is_empty() || self.submitted == 0 {
+            return 0;
+        }
+        let now = if self.cost.is_some() {
+            self.now_ns()
+        } else {
+            0
+        };
+        let mut n = 0;
+        while n < out.len() && self.submitted > 0 {
+            let front = self.queue.front().expect("submitted ops are queued");
+            if front.due_ns > now {
+                break;
+            }
+            let p = self.queue.pop_front().expect("checked above");
+            self.submitted -= 1;
+            let result = self.execute(&p.op);
+            out[n] = DmaCompletion {
+                user_data: p.op.user_data,
+                result,
+            };
+            n += 1;
+        }
+        n
+    }
+}
+
+impl std::fmt::Debug for EmulatedDma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedDma")
+            .field(
+                "regions",
+                &self.regions.iter().filter(|r| r.is_some()).count(),
+            )
+            .field("outstanding", &self.queue.len())
+            .field("max_inflight", &self.max_inflight)
+            .field("cost", &self.cost)
+            .finish()
+    }
+}
+
+/// Copies host memory (shared, concurrently updated by host threads with atomics) into local
+/// memory: `Acquire` loads of aligned `u64` words in ascending address order, bytes at the
+/// ragged edges.
+///
+/// # Safety
+/// `src..src+len` is mapped, `dst..dst+len` is valid for writes and not shared.
+unsafe fn copy_from_host(src: *const u8, dst: *mut u8, len: usize) {
+    let mut i = 0;
+    // SAFETY (whole function): within the ranges above; atomics on the shared side.
+    unsafe {
+        while i < len && (src as usize + i) % 8 != 0 {
+            *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Acquire);
+            i += 1;
+        }
+        while i + 8 <= len {
+            let w = AtomicU64::from_ptr(src.add(i) as *mut u64).load(Ordering::Acquire);
+            (dst.add(i) as *mut u64).write_unaligned(w);
+            i += 8;
+        }
+        while i < len {
+            *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Acquire);
+            i += 1;
+        }
+    }
+}
+
+/// Copies local memory into host memory with `Relaxed` word stores (the caller issues the
+/// `Release` fence first).
+///
+/// # Safety
+/// `dst..dst+len` is mapped, `src..src+len` is valid for reads.
+unsafe fn copy_to_host(src: *const u8, dst: *mut u8, len: usize) {
+    let mut i = 0;
+    // SAFETY (whole function): within the ranges above; atomics on the shared side.
+    unsafe {
+        while i < len && (dst as usize + i) % 8 != 0 {
+            AtomicU8::from_ptr(dst.add(i)).store(*src.add(i), Ordering::Relaxed);
+            i += 1;
+        }
+        while i + 8 <= len {
+            let w = (src.add(i) as *const u64).read_unaligned();
+            AtomicU64::from_ptr(dst.add(i) as *mut u64).store(w, Ordering::Relaxed);
+            i += 8;
+        }
+        while i < len {
+            AtomicU8::from_ptr(dst.add(i)).store(*src.add(i), Ordering::Relaxed);
+            i += 1;
+        }
+    }
+}
