@@ -1,0 +1,279 @@
+//! Control protocol: length-prefixed JSON frames over a Unix stream socket, with file
+//! descriptors passed as `SCM_RIGHTS` (`docs/control-protocol.md`).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::Status;
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest accepted frame payload.
+pub const FRAME_BYTES_MAX: usize = 1 << 20;
+/// Most descriptors one frame may carry.
+pub const FRAME_FDS_MAX: usize = 4;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Hello {
+        version: u32,
+    },
+    CreateDir {
+        path: String,
+    },
+    RemoveDir {
+        path: String,
+    },
+    ListDir {
+        path: String,
+    },
+    CreateFile {
+        path: String,
+    },
+    Lookup {
+        path: String,
+    },
+    Stat {
+        id: u32,
+    },
+    DeleteFile {
+        id: u32,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    Resize {
+        id: u32,
+        size: u64,
+    },
+    FreeSpace,
+    /// Carries two fds: the shared-memory object and the eventfd.
+    CreateGroup {
+        region_len: u64,
+        req_offset: u64,
+        req_capacity: u64,
+        resp_offset: u64,
+        resp_capacity: u64,
+    },
+    DeleteGroup {
+        group: u32,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: u16,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Ok(serde_json::Value),
+    Err(ErrorBody),
+}
+
+impl Reply {
+    pub fn ok<T: Serialize>(value: &T) -> Reply {
+        Reply::Ok(serde_json::to_value(value).expect("reply values serialize"))
+    }
+
+    pub fn err(status: Status, message: impl Into<String>) -> Reply {
+        Reply::Err(ErrorBody {
+            code: status.code(),
+            message: message.into(),
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloInfo {
+    pub version: u32,
+    pub payload_align: u32,
+    pub max_io_bytes: u32,
+    pub block_size: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    pub id: u32,
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Dir,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: EntryKind,
+    pub id: u32,
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceInfo {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub segment_size: u64,
+    pub files: u32,
+    pub dirs: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    pub group: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection closed")]
+    Closed,
+    #[error("frame length {0} outside 1..={FRAME_BYTES_MAX}")]
+    BadLength(usize),
+    #[error("too many descriptors in one frame")]
+    TooManyFds,
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Sends one frame; `fds` ride on the first byte.
+pub fn send_frame<T: Serialize>(
+    sock: &UnixStream,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), FrameError> {
+    let payload = serde_json::to_vec(msg).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    if payload.is_empty() || payload.len() > FRAME_BYTES_MAX {
+        return Err(FrameError::BadLength(payload.len()));
+    }
+    let mut frame = Vec::with_capacity(4 + payload.len());
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&payload);
+    if fds.is_empty() {
+        (&*sock).write_all(&frame)?;
+        return Ok(());
+    }
+    // The descriptors go with the first byte only, so one byte carries them and the rest
+    // follows as plain stream data.
+    dds_dma::send_with_fds(sock, &frame[..1], fds)?;
+    (&*sock).write_all(&frame[1..])?;
+    Ok(())
+}
+
+/// Receives one frame's payload; descriptors that came with it are appended to `fds`.
+pub fn recv_frame(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> Result<Vec<u8>, FrameError> {
+    let mut len_bytes = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let n = dds_dma::recv_with_fds(sock, &mut len_bytes[got..], fds)?;
+        if n == 0 {
+            return Err(if got == 0 {
+                FrameError::Closed
+            } else {
+                FrameError::Malformed("truncated frame header".into())
+            });
+        }
+        got += n;
+        if fds.len() > FRAME_FDS_MAX {
+            return Err(FrameError::TooManyFds);
+        }
+    }
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    if len == 0 || len > FRAME_BYTES_MAX {
+        return Err(FrameError::BadLength(len));
+    }
+    let mut payload = vec![0u8; len];
+    (&*sock).read_exact(&mut payload).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            FrameError::Malformed("truncated frame payload".into())
+        } else {
+            FrameError::Io(e)
+        }
+    })?;
+    Ok(payload)
+}
+
+/// Decodes a frame payload into a message.
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
+    serde_json::from_slice(payload).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_json_shape() {
+        let r = Request::Resize { id: 3, size: 4096 };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"resize","id":3,"size":4096}"#);
+        assert_eq!(decode::<Request>(s.as_bytes()).unwrap(), r);
+        let fs = serde_json::to_string(&Request::FreeSpace).unwrap();
+        assert_eq!(fs, r#"{"op":"free_space"}"#);
+        assert!(decode::<Request>(br#"{"op":"format_disk"}"#).is_err());
+        assert!(decode::<Request>(br#"{"op":"stat","id":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn reply_json_shape() {
+        let ok = Reply::ok(&GroupInfo { group: 2 });
+        assert_eq!(serde_json::to_string(&ok).unwrap(), r#"{"ok":{"group":2}}"#);
+        let err = Reply::err(Status::NotFound, "no /x");
+        assert_eq!(
+            serde_json::to_string(&err).unwrap(),
+            r#"{"err":{"code":3,"message":"no /x"}}"#
+        );
+    }
+
+    #[test]
+    fn frames_cross_a_socket_with_fds() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (p, _q) = UnixStream::pair().unwrap();
+        use std::os::fd::AsFd;
+        send_frame(&a, &Request::Hello { version: 1 }, &[p.as_fd()]).unwrap();
+        send_frame(&a, &Request::FreeSpace, &[]).unwrap();
+        let mut fds = Vec::new();
+        let m: Request = decode(&recv_frame(&b, &mut fds).unwrap()).unwrap();
+        assert_eq!(m, Request::Hello { version: 1 });
+        assert_eq!(fds.len(), 1);
+        let m: Request = decode(&recv_frame(&b, &mut fds).unwrap()).unwrap();
+        assert_eq!(m, Request::FreeSpace);
+        drop(a);
+        assert!(matches!(recv_frame(&b, &mut fds), Err(FrameError::Closed)));
+    }
+
+    #[test]
+    fn bad_lengths_are_rejected() {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(&0u32.to_le_bytes()).unwrap();
+        let mut fds = Vec::new();
+        assert!(matches!(
+            recv_frame(&b, &mut fds),
+            Err(FrameError::BadLength(0))
+        ));
+        (&a).write_all(&u32::MAX.to_le_bytes()).unwrap();
+        assert!(matches!(
+            recv_frame(&b, &mut fds),
+            Err(FrameError::BadLength(_))
+        ));
+        (&a).write_all(&10u32.to_le_bytes()).unwrap();
+        (&a).write_all(b"{}").unwrap();
+        drop(a);
+        assert!(matches!(
+            recv_frame(&b, &mut fds),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+}
