@@ -107,7 +107,7 @@ pub fn decode_request(rec: &[u8]) -> Result<RequestHeader, RecordError> {
         return Err(RecordError::Framing);
     }
     let len = u32_at(rec, 0) as usize;
-    if len < REQUEST_HEADER_BYTES || len % 8 != 0 || len > rec.len() {
+    if len < REQUEST_HEADER_BYTES || !len.is_multiple_of(8) || len > rec.len() {
         return Err(RecordError::Framing);
     }
     let request_id = u32_at(rec, 8);
@@ -143,7 +143,7 @@ pub struct ResponseHeader {
 
 /// Writes a response header (framing included) into `out[..16]`.
 pub fn encode_response(len: u32, h: &ResponseHeader, out: &mut [u8]) {
-    debug_assert!(len as usize >= RESPONSE_HEADER_BYTES && len % 8 == 0);
+    debug_assert!(len as usize >= RESPONSE_HEADER_BYTES && len.is_multiple_of(8));
     out[0..4].copy_from_slice(&len.to_le_bytes());
     out[4..6].copy_from_slice(&h.kind.to_le_bytes());
     out[6..8].copy_from_slice(&h.status.to_le_bytes());
@@ -162,7 +162,7 @@ pub fn decode_response(rec: &[u8]) -> Option<ResponseHeader> {
         return None;
     }
     let len = u32_at(rec, 0) as usize;
-    if len < RESPONSE_HEADER_BYTES || len % 8 != 0 || len > rec.len() {
+    if len < RESPONSE_HEADER_BYTES || !len.is_multiple_of(8) || len > rec.len() {
         return None;
     }
     Some(ResponseHeader {
