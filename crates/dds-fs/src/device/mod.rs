@@ -1,0 +1,146 @@
+//! Storage devices under the file service.
+//!
+//! A [`Device`] is a flat array of bytes addressed by device offset. Data-path I/O is
+//! asynchronous: [`Device::submit`] queues an operation that reads into / writes from a raw
+//! buffer and [`Device::poll`] reaps completions. Metadata uses the synchronous helpers.
+//! Both follow O_DIRECT rules: offsets and lengths are multiples of [`Device::block_size`],
+//! buffer addresses multiples of [`Device::mem_align`].
+
+use std::io;
+
+mod mem;
+mod uring;
+
+pub use mem::{FaultInjector, MemDevice};
+pub use uring::UringDevice;
+
+/// One asynchronous device operation.
+#[derive(Debug, Clone, Copy)]
+pub enum DevOp {
+    /// Read `len` bytes at device `offset` into `buf`.
+    Read {
+        /// Device byte offset (block aligned).
+        offset: u64,
+        /// Destination (aligned to `mem_align`), valid for `len` bytes until completion.
+        buf: *mut u8,
+        /// Length (block multiple).
+        len: u32,
+    },
+    /// Write `len` bytes from `buf` at device `offset`.
+    Write {
+        /// Device byte offset (block aligned).
+        offset: u64,
+        /// Source (aligned to `mem_align`), valid for `len` bytes until completion.
+        buf: *const u8,
+        /// Length (block multiple).
+        len: u32,
+    },
+    /// Make all completed writes durable (fdatasync).
+    Flush,
+}
+
+/// A reaped completion: `result` is the byte count (≥ 0) or a negated errno.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DevCompletion {
+    /// The value passed to [`Device::submit`].
+    pub user_data: u64,
+    /// Bytes transferred, or `-errno`.
+    pub result: i32,
+}
+
+/// [`Device::submit`] refused the operation because the queue is full; poll and retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBusy;
+
+/// A block device driven by the file service's single thread.
+pub trait Device: Send {
+    /// O_DIRECT alignment unit for offsets and lengths (power of two, ≥ 512).
+    fn block_size(&self) -> u32;
+    /// Required alignment of buffer addresses (power of two, ≤ block size).
+    fn mem_align(&self) -> usize;
+    /// Usable size in bytes (a multiple of the block size).
+    fn capacity(&self) -> u64;
+    /// Maximum number of submitted, not yet reaped operations.
+    fn queue_depth(&self) -> usize;
+    /// Operations submitted and not yet reaped by [`poll`](Device::poll).
+    fn inflight(&self) -> usize;
+
+    /// Queues `op`. Never blocks: returns [`DeviceBusy`] when `queue_depth` operations are
+    /// outstanding. Alignment or range errors are reported through the completion.
+    ///
+    /// # Safety
+    /// The buffer of a read/write must stay valid (and, for reads, not be accessed) until its
+    /// completion has been returned by [`poll`](Device::poll).
+    unsafe fn submit(&mut self, op: DevOp, user_data: u64) -> Result<(), DeviceBusy>;
+
+    /// Reaps up to `out.len()` completions without blocking; returns how many were written.
+    /// Also pushes queued submissions to the device.
+    fn poll(&mut self, out: &mut [DevCompletion]) -> usize;
+
+    /// Blocks until at least one completion can be reaped (returns at once if nothing is in
+    /// flight).
+    fn wait(&mut self) -> io::Result<()>;
+
+    /// Synchronous aligned read (metadata path).
+    fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Synchronous aligned write (metadata path). Not durable until [`sync`](Device::sync).
+    fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes `[offset, offset+len)` read as zeros (block aligned). Not durable until `sync`.
+    fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()>;
+    /// fdatasync: makes every completed write durable.
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+impl Device for Box<dyn Device> {
+    fn block_size(&self) -> u32 {
+        (**self).block_size()
+    }
+    fn mem_align(&self) -> usize {
+        (**self).mem_align()
+    }
+    fn capacity(&self) -> u64 {
+        (**self).capacity()
+    }
+    fn queue_depth(&self) -> usize {
+        (**self).queue_depth()
+    }
+    fn inflight(&self) -> usize {
+        (**self).inflight()
+    }
+    unsafe fn submit(&mut self, op: DevOp, user_data: u64) -> Result<(), DeviceBusy> {
+        // SAFETY: same contract as the caller's.
+        unsafe { (**self).submit(op, user_data) }
+    }
+    fn poll(&mut self, out: &mut [DevCompletion]) -> usize {
+        (**self).poll(out)
+    }
+    fn wait(&mut self) -> io::Result<()> {
+        (**self).wait()
+    }
+    fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        (**self).read_sync(offset, buf)
+    }
+    fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        (**self).write_sync(offset, buf)
+    }
+    fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).zero_sync(offset, len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        (**self).sync()
+    }
+}
+
+/// Checks O_DIRECT rules for a buffer/offset/length triple.
+pub(crate) fn check_aligned(
+    offset: u64,
+    addr: usize,
+    len: u64,
+    block: u64,
+    mem_align: usize,
+) -> io::Result<()> {
+    if offset % block != 0 || len % block != 0 || addr % mem_align != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    Ok(())
+}
