@@ -368,3 +368,5 @@ pub fn core_suite(make: &dyn Fn() -> Box<dyn Device>) {
     suite_data(make());
     suite_concurrency(make());
 }
+
+pub mod model;
