@@ -1,0 +1,493 @@
+//! One notification group on the DPU: mirrors of the host's two rings, the in-order list of
+//! outstanding requests, and zero-copy execution with TailA/TailB/TailC (§4.3, Fig. 10).
+//!
+//! Positions are running byte counts of the rings (as in `docs/ring-format.md`):
+//! - request ring: `released` ≤ `dispatched` ≤ `fetched` (Head ≤ … ≤ Tail of the host ring);
+//! - response ring: TailC (`resp.delivered()`) ≤ TailB (`tail_b`) ≤ TailA (`resp.allocated()`).
+//!
+//! A request's record stays in the request mirror until its response is buffered (TailB
+//! passed it): write data is handed to the device in place, so Head is advanced only then.
+
+use std::os::fd::OwnedFd;
+
+use dds_dma::{DmaEngine, LocalBuf, RegionId};
+use dds_fs::{FileId, FileService, FsError};
+use dds_proto::record::{
+    self, Op, RecordError, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+};
+use dds_proto::Status;
+use dds_ring::{RequestConsumer, ResponseProducer, RingFault};
+
+use crate::ExecMode;
+
+/// One outstanding request, in request order.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pending {
+    /// Request-ring position just past the record.
+    req_end: u64,
+    /// Response-ring position of the response header.
+    resp_at: u64,
+    /// Response-ring position just past the response record.
+    resp_end: u64,
+    /// Bytes of the read slot (0 for writes and flushes).
+    read_len: u32,
+    done: bool,
+}
+
+/// Buffers of the copy mode: device I/O goes through them, with a copy on each side.
+struct CopyBuffers {
+    /// Write data is copied here (same offsets as the request ring) before submission.
+    write_stage: LocalBuf,
+    /// Read data lands here (same offsets as the response ring), then is copied to the slot.
+    read_stage: LocalBuf,
+}
+
+pub(crate) struct GroupState {
+    pub id: u32,
+    pub conn: u64,
+    pub region: RegionId,
+    eventfd: OwnedFd,
+    req: RequestConsumer,
+    resp: ResponseProducer,
+    req_capacity: u64,
+    resp_capacity: u64,
+    dispatched: u64,
+    tail_b: u64,
+    /// Fixed-capacity FIFO of outstanding requests, indexed by sequence number.
+    pending: Box<[Pending]>,
+    pending_head: u64,
+    pending_tail: u64,
+    /// Requests submitted to the file service and not completed.
+    io_outstanding: usize,
+    payload_align: u32,
+    max_io_bytes: u32,
+    copy: Option<CopyBuffers>,
+    /// No new requests are taken (deleted group or disconnected host).
+    pub closing: bool,
+    /// The ring framing was corrupt: the group is stopped.
+    pub broken: bool,
+    pub memory_bytes: u64,
+}
+
+/// What `dispatch` stopped on.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Dispatch {
+    /// All fetched records are dispatched.
+    Drained,
+    /// Backpressure: response ring full, pending list full, file service busy, or a flush
+    /// waiting for earlier I/O.
+    Blocked,
+}
+
+pub(crate) struct GroupParams {
+    pub id: u32,
+    pub conn: u64,
+    pub region: RegionId,
+    pub eventfd: OwnedFd,
+    pub req_offset: u64,
+    pub req_capacity: u64,
+    pub resp_offset: u64,
+    pub resp_capacity: u64,
+    pub max_pending: usize,
+    pub payload_align: u32,
+    pub max_io_bytes: u32,
+    pub mode: ExecMode,
+}
+
+fn status_of(e: &FsError) -> Status {
+    match e {
+        FsError::UnknownFile => Status::UnknownFile,
+        FsError::UnknownDir => Status::UnknownDir,
+        FsError::NotFound => Status::NotFound,
+        FsError::Exists => Status::Exists,
+        FsError::NotEmpty => Status::NotEmpty,
+        FsError::OutOfRange => Status::OutOfRange,
+        FsError::NoSpace => Status::NoSpace,
+        FsError::TooLarge => Status::TooLarge,
+        FsError::Busy => Status::Busy,
+        FsError::NameTooLong => Status::NameTooLong,
+        FsError::TooManyFiles => Status::TooManyFiles,
+        FsError::TooManyDirs => Status::TooManyDirs,
+        FsError::InvalidPath => Status::InvalidPath,
+        FsError::Io(_) => Status::Io,
+        FsError::Corrupt(_) => Status::Corrupt,
+        FsError::InvalidConfig(_) | FsError::InvalidArgument(_) => Status::InvalidArgument,
+    }
+}
+
+pub(crate) fn fs_status(e: &FsError) -> Status {
+    status_of(e)
+}
+
+/// Bytes of DPU memory a group with these ring sizes needs.
+pub(crate) fn group_memory(req_capacity: u64, resp_capacity: u64, mode: ExecMode) -> u64 {
+    let mirrors = req_capacity + resp_capacity;
+    match mode {
+        ExecMode::ZeroCopy => mirrors,
+        ExecMode::Copy => 2 * mirrors,
+    }
+}
+
+impl GroupState {
+    /// The ring geometry must have been validated (`dds_ring::valid_capacity`, 64-byte
+    /// aligned offsets inside the region).
+    pub fn new(p: GroupParams) -> GroupState {
+        assert!(p.max_pending > 0);
+        let req = RequestConsumer::new(p.region, p.req_offset, p.req_capacity);
+        let resp = ResponseProducer::new(p.region, p.resp_offset, p.resp_capacity);
+        let copy = match p.mode {
+            ExecMode::ZeroCopy => None,
+            ExecMode::Copy => Some(CopyBuffers {
+                write_stage: LocalBuf::new(p.req_capacity as usize, 4096),
+                read_stage: LocalBuf::new(p.resp_capacity as usize, 4096),
+            }),
+        };
+        GroupState {
+            id: p.id,
+            conn: p.conn,
+            region: p.region,
+            eventfd: p.eventfd,
+            req,
+            resp,
+            req_capacity: p.req_capacity,
+            resp_capacity: p.resp_capacity,
+            dispatched: 0,
+            tail_b: 0,
+            pending: vec![Pending::default(); p.max_pending].into_boxed_slice(),
+            pending_head: 0,
+            pending_tail: 0,
+            io_outstanding: 0,
+            payload_align: p.payload_align,
+            max_io_bytes: p.max_io_bytes,
+            copy,
+            closing: false,
+            broken: false,
+            memory_bytes: group_memory(p.req_capacity, p.resp_capacity, p.mode),
+        }
+    }
+
+    /// True when no I/O of this group is in the file service (its buffers may be freed).
+    pub fn quiescent(&self) -> bool {
+        self.io_outstanding == 0
+    }
+
+    fn pending_full(&self) -> bool {
+        (self.pending_tail - self.pending_head) as usize == self.pending.len()
+    }
+
+    fn pending_at(&mut self, seq: u64) -> &mut Pending {
+        let n = self.pending.len() as u64;
+        &mut self.pending[(seq % n) as usize]
+    }
+
+    /// Pointer into the response mirror at ring position `pos`.
+    fn resp_ptr(&self, pos: u64) -> *mut u8 {
+        // SAFETY: the offset is reduced modulo the mirror's capacity.
+        unsafe {
+            self.resp
+                .mirror_ptr()
+                .add((pos % self.resp_capacity) as usize)
+        }
+    }
+
+    fn req_ptr(&self, pos: u64) -> *mut u8 {
+        // SAFETY: as above, for the request mirror.
+        unsafe {
+            self.req
+                .mirror_ptr()
+                .add((pos % self.req_capacity) as usize)
+        }
+    }
+
+    /// Fetches new request records from the host ring (one DMA read of Progress+Tail, then
+    /// the new bytes). Returns true when new bytes arrived.
+    pub fn fetch(&mut self, dma: &mut dyn DmaEngine) -> Result<bool, RingFault> {
+        if self.closing || self.broken {
+            return Ok(false);
+        }
+        self.req.poll(dma)
+    }
+
+    /// Parses fetched records and starts their execution, in order, until blocked.
+    /// `user_base` is or-ed into the file service's user data (the group's index).
+    pub fn dispatch(
+        &mut self,
+        fs: &mut FileService,
+        dma: &mut dyn DmaEngine,
+        user_base: u64,
+        fs_inflight_max: usize,
+    ) -> Result<Dispatch, RingFault> {
+        while self.dispatched < self.req.fetched() && !self.broken {
+            let pos = self.dispatched;
+            let in_ring = (pos % self.req_capacity) as usize;
+            let avail = (self.req.fetched() - pos).min(self.req_capacity - in_ring as u64) as usize;
+            // SAFETY: [pos, fetched) was DMA-read into the mirror and is not released; the
+            // record never crosses the end of the ring (ring framing).
+            let rec = unsafe { std::slice::from_raw_parts(self.req_ptr(pos), avail) };
+            if avail < 8 {
+                self.break_group("record header beyond fetched bytes");
+                break;
+            }
+            let len = u32::from_le_bytes(rec[0..4].try_into().expect("4 bytes")) as u64;
+            let kind = u16::from_le_bytes([rec[4], rec[5]]);
+            if len < 8 || !len.is_multiple_of(8) || len > avail as u64 {
+                self.break_group("record length out of bounds");
+                break;
+            }
+            if kind == 0 {
+                // PAD: nothing to execute; it is released with the next record.
+                self.dispatched += len;
+                if self.pending_head == self.pending_tail {
+                    // Nothing outstanding before it: release right away.
+                    self.release_to(pos + len, dma)?;
+                }
+                continue;
+            }
+            if self.pending_full() {
+                return Ok(Dispatch::Blocked);
+            }
+            let header = match record::decode_request(&rec[..len as usize]) {
+                Ok(h) => Ok(h),
+                Err(RecordError::Framing) => {
+                    self.break_group("request record framing");
+                    break;
+                }
+                Err(RecordError::Malformed { request_id }) => Err(request_id),
+            };
+            // Response slot size: reads get the requested size, everything else a header.
+            let (op_code, request_id, read_len, early) = match header {
+                Err(request_id) => (kind, request_id, 0, Some(Status::BadRequest)),
+                Ok(h) if h.op == Op::Read && h.bytes > self.max_io_bytes => {
+                    (kind, h.request_id, 0, Some(Status::TooLarge))
+                }
+                Ok(h) if h.op == Op::Write && h.bytes > self.max_io_bytes => {
+                    (kind, h.request_id, 0, Some(Status::TooLarge))
+                }
+                Ok(h) => (
+                    h.op.code(),
+                    h.request_id,
+                    if h.op == Op::Read { h.bytes } else { 0 },
+                    None,
+                ),
+            };
+            if early.is_none() {
+                if let Ok(h) = header {
+                    if h.op == Op::Flush && self.io_outstanding > 0 {
+                        // A flush covers every earlier write: wait for them to complete.
+                        return Ok(Dispatch::Blocked);
+                    }
+                }
+                if fs.inflight() >= fs_inflight_max {
+                    return Ok(Dispatch::Blocked);
+                }
+            }
+            let align = if read_len > 0 { self.payload_align } else { 8 };
+            let Some(place) =
+                self.resp
+                    .alloc(dma, op_code, RESPONSE_HEADER_BYTES as u32, read_len, align)?
+            else {
+                return Ok(Dispatch::Blocked); // response ring full: host must consume
+            };
+            let resp_at = place.header_at;
+            let resp_end = place.end;
+            let resp_len = (resp_end - resp_at) as u32;
+            debug_assert_eq!(resp_len, record::response_len(read_len));
+            // SAFETY: the slot [resp_at, resp_end) was just allocated in the mirror.
+            let slot = unsafe {
+                std::slice::from_raw_parts_mut(self.resp_ptr(resp_at), resp_len as usize)
+            };
+            record::encode_response(
+                resp_len,
+                &ResponseHeader {
+                    kind: op_code,
+                    status: Status::PENDING,
+                    request_id,
+                    bytes: 0,
+                },
+                slot,
+            );
+            let seq = self.pending_tail;
+            self.pending_tail += 1;
+            *self.pending_at(seq) = Pending {
+                req_end: pos + len,
+                resp_at,
+                resp_end,
+                read_len,
+                done: false,
+            };
+            self.dispatched = pos + len;
+            let user = user_base | (seq & 0xFFFF_FFFF);
+            let submitted = match (early, header) {
+                (Some(status), _) => Err(status),
+                (None, Ok(h)) => self.submit(fs, &h, pos, resp_at, user),
+                (None, Err(_)) => unreachable!("malformed requests have an early status"),
+            };
+            match submitted {
+                Ok(()) => self.io_outstanding += 1,
+                Err(status) => self.complete_seq(seq, status, 0),
+            }
+        }
+        Ok(Dispatch::Drained)
+    }
+
+    /// Submits one request's I/O to the file service.
+    fn submit(
+        &mut self,
+        fs: &mut FileService,
+        h: &record::RequestHeader,
+        req_pos: u64,
+        resp_at: u64,
+        user: u64,
+    ) -> Result<(), Status> {
+        let r = match h.op {
+            Op::Read => {
+                let slot_data = resp_at + RESPONSE_HEADER_BYTES as u64;
+                let dst = match &self.copy {
+                    // Zero copy: the device writes straight into the response slot.
+                    None => self.resp_ptr(slot_data),
+                    // Copy mode: into the staging buffer; copied to the slot on completion.
+                    Some(c) => unsafe {
+                        c.read_stage
+                            .as_ptr()
+                            .cast_mut()
+                            .add((slot_data % self.resp_capacity) as usize)
+                    },
+                };
+                // SAFETY: the slot stays allocated (undelivered) until this request completes.
+                unsafe { fs.submit_read(FileId(h.file_id), h.offset, dst, h.bytes, user) }
+            }
+            Op::Write => {
+                let data_pos = req_pos + REQUEST_HEADER_BYTES as u64;
+                let src = self.req_ptr(data_pos);
+                let src = match &mut self.copy {
+                    // Zero copy: the device reads the data in place in the request mirror.
+                    None => src as *const u8,
+                    // Copy mode: the extra request copy of the baseline design.
+                    Some(c) => unsafe {
+                        let dst = c
+                            .write_stage
+                            .as_mut_ptr()
+                            .add((data_pos % self.req_capacity) as usize);
+                        std::ptr::copy_nonoverlapping(src, dst, h.bytes as usize);
+                        dst as *const u8
+                    },
+                };
+                // SAFETY: the record is not released until this request completes.
+                unsafe { fs.submit_write(FileId(h.file_id), h.offset, src, h.bytes, user) }
+            }
+            Op::Flush => fs.submit_flush(user),
+        };
+        r.map_err(|e| status_of(&e))
+    }
+
+    /// A file-service completion for this group.
+    pub fn on_complete(&mut self, user: u64, result: Result<u32, FsError>) {
+        assert!(
+            self.io_outstanding > 0,
+            "completion without outstanding I/O"
+        );
+        self.io_outstanding -= 1;
+        let low = user & 0xFFFF_FFFF;
+        // Recover the full sequence number: it lies within `pending.len()` of the head.
+        let seq =
+            self.pending_head + (low.wrapping_sub(self.pending_head & 0xFFFF_FFFF) & 0xFFFF_FFFF);
+        assert!(seq < self.pending_tail, "completion for an unknown request");
+        match result {
+            Ok(bytes) => self.complete_seq(seq, Status::Ok, bytes),
+            Err(e) => self.complete_seq(seq, status_of(&e), 0),
+        }
+    }
+
+    fn complete_seq(&mut self, seq: u64, status: Status, bytes: u32) {
+        let p = *self.pending_at(seq);
+        assert!(!p.done, "request completed twice");
+        let bytes = if status == Status::Ok { bytes } else { 0 };
+        if let (Some(c), true) = (&self.copy, p.read_len > 0 && bytes > 0) {
+            // Copy mode: the extra response copy of the baseline design.
+            let data = p.resp_at + RESPONSE_HEADER_BYTES as u64;
+            let off = (data % self.resp_capacity) as usize;
+            // SAFETY: both ranges are inside their buffers (the slot never wraps).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    c.read_stage.as_ptr().add(off),
+                    self.resp_ptr(data),
+                    bytes as usize,
+                )
+            };
+        }
+        let len = (p.resp_end - p.resp_at) as usize;
+        // SAFETY: the slot is allocated and not yet delivered.
+        let slot = unsafe { std::slice::from_raw_parts_mut(self.resp_ptr(p.resp_at), len) };
+        record::complete_response(slot, status, bytes);
+        self.pending_at(seq).done = true;
+    }
+
+    /// Advances TailB over completed responses, delivers buffered responses to the host (one
+    /// DMA write of the data, one of Tail, two at the wrap) when a batch is full or `flush`,
+    /// signals sleepers, and releases request-ring space. Returns true when it moved anything.
+    pub fn advance(
+        &mut self,
+        dma: &mut dyn DmaEngine,
+        batch_bytes: u64,
+        flush: bool,
+    ) -> Result<bool, RingFault> {
+        let mut release = None;
+        while self.pending_head < self.pending_tail {
+            let p = *self.pending_at(self.pending_head);
+            if !p.done {
+                break;
+            }
+            self.tail_b = p.resp_end;
+            release = Some(p.req_end);
+            self.pending_head += 1;
+        }
+        let mut moved = release.is_some();
+        let buffered = self.tail_b - self.resp.delivered();
+        if buffered > 0 && (flush || buffered >= batch_bytes) {
+            let sleepers = self.resp.deliver(self.tail_b, dma)?;
+            if sleepers {
+                // The "interrupt": wake host threads sleeping in PollWait.
+                let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
+            }
+            moved = true;
+        }
+        if let Some(upto) = release {
+            // Only records whose responses are buffered are released; with nothing pending,
+            // trailing PAD records go too.
+            let upto = if self.pending_head == self.pending_tail {
+                self.dispatched.max(upto)
+            } else {
+                upto
+            };
+            self.release_to(upto, dma)?;
+        }
+        Ok(moved)
+    }
+
+    fn release_to(&mut self, upto: u64, dma: &mut dyn DmaEngine) -> Result<(), RingFault> {
+        if upto > self.req.released() {
+            self.req.release(upto, dma)?;
+        }
+        Ok(())
+    }
+
+    /// Requests dispatched and not yet completed.
+    pub fn outstanding(&self) -> u64 {
+        self.pending_tail - self.pending_head
+    }
+
+    /// A ring fault (corrupt host pointers, vanished region): stop serving this group; the
+    /// DPU and every other group carry on.
+    pub fn fail(&mut self, e: &RingFault) {
+        self.break_group(&e.to_string());
+    }
+
+    fn break_group(&mut self, why: &str) {
+        tracing::error!(
+            group = self.id,
+            conn = self.conn,
+            "request ring corrupt ({why}); group stopped"
+        );
+        self.broken = true;
+    }
+}

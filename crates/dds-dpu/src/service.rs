@@ -1,0 +1,341 @@
+//! The service thread: sole owner of the file service, the DMA engine and the groups.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crossbeam_channel::Receiver;
+use dds_dma::EmulatedDma;
+use dds_fs::{FileId, FileService};
+use dds_proto::control::{
+    DirEntry, EntryKind, FileInfo, GroupInfo, HelloInfo, Reply, Request, SpaceInfo,
+    PROTOCOL_VERSION,
+};
+use dds_proto::Status;
+
+use crate::control::Command;
+use crate::group::{fs_status, group_memory, Dispatch, GroupParams, GroupState};
+use crate::DpuConfig;
+
+/// Control commands handled per loop iteration at most, so the data path keeps moving.
+const COMMANDS_PER_ROUND: usize = 4;
+/// Idle rounds (no work at all) before the thread starts sleeping between polls.
+const SPIN_ROUNDS: u32 = 2_000;
+
+pub(crate) struct Service {
+    config: DpuConfig,
+    fs: FileService,
+    dma: EmulatedDma,
+    commands: Receiver<Command>,
+    groups: Vec<Option<GroupState>>,
+    next_group_id: u32,
+    memory_used: u64,
+    fs_inflight_max: usize,
+}
+
+impl Service {
+    pub fn new(config: DpuConfig, fs: FileService, commands: Receiver<Command>) -> Service {
+        let dma = EmulatedDma::new(config.dma_queue_depth, config.dma_cost);
+        let fs_inflight_max = fs.max_inflight() as usize;
+        Service {
+            config,
+            fs,
+            dma,
+            commands,
+            groups: Vec::new(),
+            next_group_id: 1,
+            memory_used: 0,
+            fs_inflight_max,
+        }
+    }
+
+    pub fn hello(&self) -> HelloInfo {
+        HelloInfo {
+            version: PROTOCOL_VERSION,
+            payload_align: (self.fs.mem_align() as u32).max(8),
+            max_io_bytes: self.config.max_io_bytes.min(self.fs.max_io_bytes()),
+            block_size: self.fs.block_size(),
+        }
+    }
+
+    pub fn run(&mut self, stop: &AtomicBool) {
+        let mut idle_rounds = 0u32;
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            if stopping && self.fs.inflight() == 0 {
+                break;
+            }
+            let mut worked = self.handle_commands();
+            worked |= self.data_round();
+            self.reap_closed();
+            if worked {
+                idle_rounds = 0;
+            } else {
+                idle_rounds = idle_rounds.saturating_add(1);
+                if idle_rounds > SPIN_ROUNDS
+                    && !self.config.idle_sleep.is_zero()
+                    && self.fs.inflight() == 0
+                {
+                    std::thread::sleep(self.config.idle_sleep);
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// One pass of the data plane over every group. Returns true when anything moved.
+    fn data_round(&mut self) -> bool {
+        let mut worked = false;
+        for (index, slot) in self.groups.iter_mut().enumerate() {
+            let Some(g) = slot.as_mut() else { continue };
+            if g.broken {
+                continue;
+            }
+            let user_base = (index as u64) << 32;
+            let r = g.fetch(&mut self.dma).and_then(|fetched| {
+                let d = g.dispatch(&mut self.fs, &mut self.dma, user_base, self.fs_inflight_max)?;
+                Ok(fetched || d == Dispatch::Blocked)
+            });
+            match r {
+                Ok(w) => worked |= w,
+                Err(e) => g.fail(&e),
+            }
+        }
+        let groups = &mut self.groups;
+        let completed = self.fs.poll(|user, result| {
+            let index = (user >> 32) as usize;
+            match groups.get_mut(index).and_then(|g| g.as_mut()) {
+                Some(g) => g.on_complete(user, result),
+                None => tracing::error!(user, "completion for a vanished group"),
+            }
+        });
+        worked |= completed > 0;
+        let batch = self.config.delivery_batch_bytes;
+        for g in self.groups.iter_mut().flatten() {
+            if g.broken {
+                continue;
+            }
+            // Deliver full batches at once; deliver partial ones when this round found no new
+            // completions (the service went idle), so latency stays low at low load.
+            match g.advance(&mut self.dma, batch, completed == 0 || g.outstanding() == 0) {
+                Ok(w) => worked |= w,
+                Err(e) => g.fail(&e),
+            }
+        }
+        worked
+    }
+
+    /// Frees groups that are closing and have no I/O left in the file service.
+    fn reap_closed(&mut self) {
+        for slot in self.groups.iter_mut() {
+            let done = matches!(slot, Some(g) if g.closing && g.quiescent());
+            if done {
+                let g = slot.take().expect("checked");
+                self.dma.unregister(g.region);
+                self.memory_used -= g.memory_bytes;
+                tracing::debug!(group = g.id, "group freed");
+            }
+        }
+    }
+
+    fn handle_commands(&mut self) -> bool {
+        let mut n = 0;
+        while n < COMMANDS_PER_ROUND {
+            let Ok(cmd) = self.commands.try_recv() else {
+                break;
+            };
+            n += 1;
+            match cmd {
+                Command::Op {
+                    conn,
+                    req,
+                    fds,
+                    reply,
+                } => {
+                    let r = self.execute(conn, req, fds);
+                    let _ = reply.send(r);
+                }
+                Command::Disconnect { conn } => {
+                    for g in self.groups.iter_mut().flatten() {
+                        if g.conn == conn {
+                            g.closing = true;
+                        }
+                    }
+                }
+            }
+        }
+        n > 0
+    }
+
+    fn execute(&mut self, conn: u64, req: Request, fds: Vec<OwnedFd>) -> Reply {
+        let fs = &mut self.fs;
+        let r: Result<Reply, dds_fs::FsError> = match req {
+            Request::Hello { .. } => Ok(Reply::ok(&self.hello())),
+            Request::CreateDir { path } => fs.create_dir(&path).map(|_| Reply::ok(&())),
+            Request::RemoveDir { path } => fs.remove_dir(&path).map(|_| Reply::ok(&())),
+            Request::ListDir { path } => fs.list_dir(&path).map(|entries| {
+                let list: Vec<DirEntry> = entries
+                    .into_iter()
+                    .map(|e| DirEntry {
+                        name: e.name,
+                        kind: match e.kind {
+                            dds_fs::EntryKind::Dir => EntryKind::Dir,
+                            dds_fs::EntryKind::File => EntryKind::File,
+                        },
+                        id: e.id.map_or(0, |i| i.raw()),
+                        size: e.size,
+                    })
+                    .collect();
+                Reply::ok(&list)
+            }),
+            Request::CreateFile { path } => fs
+                .create_file(&path)
+                .and_then(|id| fs.stat(id))
+                .map(|i| Reply::ok(&file_info(i))),
+            Request::Lookup { path } => fs.lookup(&path).map(|i| Reply::ok(&file_info(i))),
+            Request::Stat { id } => fs.stat(FileId(id)).map(|i| Reply::ok(&file_info(i))),
+            Request::DeleteFile { id } => fs.delete_file_by_id(FileId(id)).map(|_| Reply::ok(&())),
+            Request::Rename { from, to } => fs.rename_file(&from, &to).map(|_| Reply::ok(&())),
+            Request::Resize { id, size } => fs.resize(FileId(id), size).map(|_| Reply::ok(&())),
+            Request::FreeSpace => {
+                let s = fs.free_space();
+                Ok(Reply::ok(&SpaceInfo {
+                    total_bytes: s.total_bytes,
+                    free_bytes: s.free_bytes,
+                    segment_size: s.segment_size,
+                    files: s.files,
+                    dirs: s.dirs,
+                }))
+            }
+            Request::CreateGroup {
+                region_len,
+                req_offset,
+                req_capacity,
+                resp_offset,
+                resp_capacity,
+            } => {
+                return self.create_group(
+                    conn,
+                    fds,
+                    region_len,
+                    req_offset,
+                    req_capacity,
+                    resp_offset,
+                    resp_capacity,
+                )
+            }
+            Request::DeleteGroup { group } => {
+                return match self
+                    .groups
+                    .iter_mut()
+                    .flatten()
+                    .find(|g| g.id == group && g.conn == conn && !g.closing)
+                {
+                    Some(g) => {
+                        g.closing = true;
+                        Reply::ok(&())
+                    }
+                    None => Reply::err(
+                        Status::InvalidArgument,
+                        format!("no group {group} on this connection"),
+                    ),
+                };
+            }
+        };
+        match r {
+            Ok(reply) => reply,
+            Err(e) => Reply::err(fs_status(&e), e.to_string()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_group(
+        &mut self,
+        conn: u64,
+        fds: Vec<OwnedFd>,
+        region_len: u64,
+        req_offset: u64,
+        req_capacity: u64,
+        resp_offset: u64,
+        resp_capacity: u64,
+    ) -> Reply {
+        let bad = |m: String| Reply::err(Status::InvalidArgument, m);
+        let [shm, eventfd]: [OwnedFd; 2] = match fds.try_into() {
+            Ok(a) => a,
+            Err(v) => return bad(format!("create_group needs 2 descriptors, got {}", v.len())),
+        };
+        let ring_ok = |off: u64, cap: u64| {
+            dds_ring::valid_capacity(cap)
+                && (64 << 10..=1 << 30).contains(&cap)
+                && off.is_multiple_of(64)
+                && off
+                    .checked_add(dds_ring::POINTER_AREA_BYTES as u64 + cap)
+                    .is_some_and(|end| end <= region_len)
+        };
+        if !ring_ok(req_offset, req_capacity) || !ring_ok(resp_offset, resp_capacity) {
+            return bad(
+                "ring layout outside the region or sizes not powers of two in 64 KiB..1 GiB".into(),
+            );
+        }
+        let overlap = req_offset
+            < resp_offset + dds_ring::POINTER_AREA_BYTES as u64 + resp_capacity
+            && resp_offset < req_offset + dds_ring::POINTER_AREA_BYTES as u64 + req_capacity;
+        if overlap {
+            return bad("request and response rings overlap".into());
+        }
+        let live = self.groups.iter().flatten().count();
+        if live >= self.config.max_groups {
+            return Reply::err(
+                Status::TooManyOutstanding,
+                format!("DPU serves {live} groups already"),
+            );
+        }
+        let need = group_memory(req_capacity, resp_capacity, self.config.exec_mode);
+        if self.memory_used + need > self.config.memory_budget_bytes {
+            return Reply::err(
+                Status::NoSpace,
+                format!(
+                    "group needs {need} bytes of DPU memory, {} of {} left",
+                    self.config.memory_budget_bytes - self.memory_used,
+                    self.config.memory_budget_bytes
+                ),
+            );
+        }
+        let region = match self.dma.register(shm, region_len as usize) {
+            Ok(r) => r,
+            Err(e) => return bad(format!("cannot register region: {e}")),
+        };
+        let id = self.next_group_id;
+        self.next_group_id += 1;
+        let params = GroupParams {
+            id,
+            conn,
+            region,
+            eventfd,
+            req_offset,
+            req_capacity,
+            resp_offset,
+            resp_capacity,
+            max_pending: self.config.max_pending_per_group,
+            payload_align: (self.fs.mem_align() as u32).max(8),
+            max_io_bytes: self.config.max_io_bytes.min(self.fs.max_io_bytes()),
+            mode: self.config.exec_mode,
+        };
+        let g = GroupState::new(params);
+        self.memory_used += g.memory_bytes;
+        match self.groups.iter().position(|s| s.is_none()) {
+            Some(i) => self.groups[i] = Some(g),
+            None => self.groups.push(Some(g)),
+        }
+        tracing::debug!(group = id, conn, "group created");
+        Reply::ok(&GroupInfo { group: id })
+    }
+}
+
+fn file_info(i: dds_fs::FileInfo) -> FileInfo {
+    FileInfo {
+        id: i.id.raw(),
+        path: i.path,
+        size: i.size,
+    }
+}
