@@ -220,10 +220,16 @@ impl DataPath {
     ) -> Result<DataPath, FsError> {
         let bad = |m: String| Err(FsError::InvalidConfig(m));
         if cfg.max_inflight == 0 || cfg.max_inflight > MAX_SLOTS {
-            return bad(format!("max_inflight {} not in 1..=65536", cfg.max_inflight));
+            return bad(format!(
+                "max_inflight {} not in 1..=65536",
+                cfg.max_inflight
+            ));
         }
         if cfg.max_io_bytes == 0 || cfg.max_io_bytes > MAX_IO_LIMIT {
-            return bad(format!("max_io_bytes {} not in 1..=256 MiB", cfg.max_io_bytes));
+            return bad(format!(
+                "max_io_bytes {} not in 1..=256 MiB",
+                cfg.max_io_bytes
+            ));
         }
         let bs = g.block_size as usize;
         let unit = bs.max(4096);
@@ -314,10 +320,10 @@ impl DataPath {
 fn op_aligned(op: &DevOp, bs: u64, align: usize) -> bool {
     match *op {
         DevOp::Read { offset, buf, len } => {
-            offset % bs == 0 && u64::from(len) % bs == 0 && buf as usize % align == 0
+            offset % bs == 0 && u64::from(len) % bs == 0 && (buf as usize).is_multiple_of(align)
         }
         DevOp::Write { offset, buf, len } => {
-            offset % bs == 0 && u64::from(len) % bs == 0 && buf as usize % align == 0
+            offset % bs == 0 && u64::from(len) % bs == 0 && (buf as usize).is_multiple_of(align)
         }
         DevOp::Flush => true,
     }
@@ -357,9 +363,9 @@ impl FileService {
         }
         let bs = self.bs;
         let clipped = u64::from(len).min(size - offset);
-        let direct = offset % bs == 0
+        let direct = offset.is_multiple_of(bs)
             && u64::from(len) % bs == 0
-            && (dst as usize) % self.align == 0;
+            && (dst as usize).is_multiple_of(self.align);
         let (span_start, span_end) = if direct {
             (offset, offset + align_up(clipped, bs))
         } else {
@@ -436,9 +442,9 @@ impl FileService {
         }
         let old_size = self.meta.files[fslot as usize].as_ref().expect("live").size;
         let bs = self.bs;
-        let direct = offset % bs == 0
+        let direct = offset.is_multiple_of(bs)
             && u64::from(len) % bs == 0
-            && (src as usize) % self.align == 0;
+            && (src as usize).is_multiple_of(self.align);
         let span_start = align_down(offset, bs);
         let span_end = align_up(end, bs);
         let i = self.dp.alloc_slot()?;
@@ -492,7 +498,7 @@ impl FileService {
             // file, where the device holds zeros (zero-past-size invariant).
             let mut edges = [0u64; 2];
             let mut n = 0;
-            let head_partial = offset % bs != 0;
+            let head_partial = !offset.is_multiple_of(bs);
             let tail_partial = end % bs != 0;
             let tail = span_end - bs;
             let mut consider = |blk: u64, dp: &mut DataPath| {
@@ -609,9 +615,7 @@ impl FileService {
                 debug_assert!(false, "data path stalled");
                 return Err(FsError::Io("data path stalled".into()));
             }
-            self.dev
-                .wait()
-                .map_err(|e| FsError::io("device wait", e))?;
+            self.dev.wait().map_err(|e| FsError::io("device wait", e))?;
             self.reap();
         }
         Ok(())

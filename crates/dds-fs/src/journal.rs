@@ -21,7 +21,14 @@ pub(crate) struct Journal {
 }
 
 impl Journal {
-    pub(crate) fn new(g: &Geometry, align: usize, active: usize, generation: u64, seq: u64, pos: u64) -> Journal {
+    pub(crate) fn new(
+        g: &Geometry,
+        align: usize,
+        active: usize,
+        generation: u64,
+        seq: u64,
+        pos: u64,
+    ) -> Journal {
         let b = u64::from(g.block_size);
         let len = g.ckpt_len.max(align_up(g.max_record_len(), b));
         Journal {
@@ -54,7 +61,8 @@ impl Journal {
         buf[n..padded as usize].fill(0);
         dev.write_sync(g.log_off + self.pos, &buf[..padded as usize])
             .map_err(|e| FsError::io("metadata log write", e))?;
-        dev.sync().map_err(|e| FsError::io("metadata log sync", e))?;
+        dev.sync()
+            .map_err(|e| FsError::io("metadata log sync", e))?;
         self.pos += padded;
         self.seq += 1;
         Ok(())
@@ -80,7 +88,11 @@ impl Journal {
         self.active = slot;
         self.generation += 1;
         self.pos = 0;
-        tracing::debug!(generation = self.generation, seq = self.seq, "metadata checkpoint");
+        tracing::debug!(
+            generation = self.generation,
+            seq = self.seq,
+            "metadata checkpoint"
+        );
         Ok(())
     }
 }

@@ -100,7 +100,7 @@ impl Geometry {
         if !block.is_power_of_two() || block < 512 {
             return Err(bad(format!("device block size {block} unusable")));
         }
-        if cfg.segment_size == 0 || cfg.segment_size % b != 0 {
+        if cfg.segment_size == 0 || !cfg.segment_size.is_multiple_of(b) {
             return Err(bad(format!(
                 "segment size {} is not a positive multiple of the block size {block}",
                 cfg.segment_size
@@ -249,7 +249,7 @@ impl Geometry {
         let ok = self.block_size.is_power_of_two()
             && self.block_size >= 512
             && self.segment_size > 0
-            && self.segment_size % b == 0
+            && self.segment_size.is_multiple_of(b)
             && self.segment_size <= u64::from(u32::MAX) + 1
             && self.max_files >= 1
             && self.max_files <= MAX_FILES_LIMIT
@@ -259,12 +259,11 @@ impl Geometry {
             && self.meta_segments >= 1
             && self.meta_segments < self.total_segments
             && self.ckpt_off[0] == 2 * b
-            && self.ckpt_len % b == 0
+            && self.ckpt_len.is_multiple_of(b)
             && self.ckpt_off[1] == 2 * b + self.ckpt_len
             && self.log_off == 2 * b + 2 * self.ckpt_len
-            && self.log_len % b == 0
-            && self.log_off + self.log_len
-                == u64::from(self.meta_segments) * self.segment_size
+            && self.log_len.is_multiple_of(b)
+            && self.log_off + self.log_len == u64::from(self.meta_segments) * self.segment_size
             && self.log_len >= align_up(self.max_record_len(), b);
         if !ok {
             return Err("superblock geometry is inconsistent".into());

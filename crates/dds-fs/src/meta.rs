@@ -734,7 +734,9 @@ impl MetaState {
             }
             let name = std::str::from_utf8(r.bytes(n).ok_or_else(short)?)
                 .map_err(|_| "file name not UTF-8".to_string())?;
-            let segs = r.bytes(nseg.checked_mul(4).ok_or_else(short)?).ok_or_else(short)?;
+            let segs = r
+                .bytes(nseg.checked_mul(4).ok_or_else(short)?)
+                .ok_or_else(short)?;
             st.apply(&Record::CreateFile {
                 slot,
                 gen,
@@ -766,11 +768,17 @@ impl MetaState {
             let Some(f) = f else { continue };
             nfiles += 1;
             if f.segs.len() as u64 != f.size.div_ceil(self.segment_size) {
-                return Err(format!("file slot {slot}: {} segments for size {}", f.segs.len(), f.size));
+                return Err(format!(
+                    "file slot {slot}: {} segments for size {}",
+                    f.segs.len(),
+                    f.size
+                ));
             }
             for &s in &f.segs {
                 if !map.is_data(s) {
-                    return Err(format!("file slot {slot}: segment {s} outside the data area"));
+                    return Err(format!(
+                        "file slot {slot}: segment {s} outside the data area"
+                    ));
                 }
                 if map.is_used(s) {
                     return Err(format!("segment {s} owned twice"));
@@ -886,7 +894,10 @@ mod tests {
     fn record_roundtrip() {
         let segs = [9u32, 10, 11];
         let recs = [
-            Record::CreateDir { slot: 2, name: "abc" },
+            Record::CreateDir {
+                slot: 2,
+                name: "abc",
+            },
             Record::RemoveDir { slot: 2 },
             Record::CreateFile {
                 slot: 1,
@@ -924,10 +935,19 @@ mod tests {
                 }
                 _ => panic!("record {i} did not parse"),
             }
-            assert!(matches!(parse_log_entry(&buf, 42, i as u64 + 2, 512), LogEntry::End));
-            assert!(matches!(parse_log_entry(&buf, 43, i as u64 + 1, 512), LogEntry::End));
+            assert!(matches!(
+                parse_log_entry(&buf, 42, i as u64 + 2, 512),
+                LogEntry::End
+            ));
+            assert!(matches!(
+                parse_log_entry(&buf, 43, i as u64 + 1, 512),
+                LogEntry::End
+            ));
             buf[n - 1] ^= 1;
-            assert!(matches!(parse_log_entry(&buf, 42, i as u64 + 1, 512), LogEntry::End));
+            assert!(matches!(
+                parse_log_entry(&buf, 42, i as u64 + 1, 512),
+                LogEntry::End
+            ));
         }
     }
 

@@ -167,8 +167,12 @@ impl FileService {
         let mut seq = last_seq;
         let mut replayed = 0u64;
         loop {
-            match parse_log_entry(&log.as_slice()[pos..], g.fs_uuid, seq + 1, g.block_size as usize)
-            {
+            match parse_log_entry(
+                &log.as_slice()[pos..],
+                g.fs_uuid,
+                seq + 1,
+                g.block_size as usize,
+            ) {
                 LogEntry::Valid(rec, padded) => {
                     meta.apply(&rec)
                         .map_err(|e| FsError::Corrupt(format!("log record {}: {e}", seq + 1)))?;
@@ -405,7 +409,10 @@ impl FileService {
     /// Makes `rec` durable, then applies it to the in-memory state.
     fn commit(&mut self, rec: &Record<'_>) -> Result<(), FsError> {
         self.check_writable()?;
-        if let Err(e) = self.journal.append(&mut *self.dev, &self.geom, &self.meta, rec) {
+        if let Err(e) = self
+            .journal
+            .append(&mut *self.dev, &self.geom, &self.meta, rec)
+        {
             return Err(self.fail(e));
         }
         if let Err(e) = self.meta.apply(rec) {
@@ -602,7 +609,11 @@ impl FileService {
         if new_nseg > nseg {
             let mut picked = std::mem::take(&mut self.seg_scratch);
             picked.clear();
-            if !self.meta.segmap.pick_free(new_nseg - nseg, hint, &mut picked) {
+            if !self
+                .meta
+                .segmap
+                .pick_free(new_nseg - nseg, hint, &mut picked)
+            {
                 self.seg_scratch = picked;
                 return Err(FsError::NoSpace);
             }
@@ -637,7 +648,10 @@ impl FileService {
                     return Err(self.fail(FsError::io("sync after tail zeroing", e)));
                 }
             }
-            self.meta.files[slot as usize].as_mut().expect("live").tail_dirty = false;
+            self.meta.files[slot as usize]
+                .as_mut()
+                .expect("live")
+                .tail_dirty = false;
             Ok(())
         } else {
             self.commit(&Record::SetSize {
@@ -682,12 +696,15 @@ impl FileService {
         let seg = self.geom.segment_size;
         let f = self.meta.files[slot as usize].as_ref().expect("live");
         let alloc_end = f.segs.len() as u64 * seg;
-        assert!(from <= to && to <= alloc_end, "zero range outside the allocation");
+        assert!(
+            from <= to && to <= alloc_end,
+            "zero range outside the allocation"
+        );
         let dev_off = |f: &crate::meta::FileRec, off: u64| {
             u64::from(f.segs[(off / seg) as usize]) * seg + off % seg
         };
         let mut from = from;
-        if from % bs != 0 {
+        if !from.is_multiple_of(bs) {
             let blk = align_down(from, bs);
             let d = dev_off(f, blk);
             let scratch = self.block_scratch.as_mut_slice();

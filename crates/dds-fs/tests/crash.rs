@@ -99,10 +99,16 @@ fn sigkill_at_random_moments_loses_no_acknowledged_op() {
             .values()
             .map(|d| (d.len() as u64).div_ceil(sp.segment_size))
             .sum();
-        assert_eq!(u64::from(sp.free_segments), u64::from(sp.total_segments) - used);
+        assert_eq!(
+            u64::from(sp.free_segments),
+            u64::from(sp.total_segments) - used
+        );
         model = got;
     }
     assert!(kills >= 4);
     assert!(total_acks >= 20, "too few acknowledged ops: {total_acks}");
-    eprintln!("{kills} kills, {total_acks} acknowledged ops, {:?}", started.elapsed());
+    eprintln!(
+        "{kills} kills, {total_acks} acknowledged ops, {:?}",
+        started.elapsed()
+    );
 }

@@ -16,12 +16,24 @@ fn core_suite_in_order() {
 
 #[test]
 fn core_suite_reordered() {
-    core_suite(&|| Box::new(MemDevice::new(8 << 20, 512).with_reordering(7).with_queue_depth(16)));
+    core_suite(&|| {
+        Box::new(
+            MemDevice::new(8 << 20, 512)
+                .with_reordering(7)
+                .with_queue_depth(16),
+        )
+    });
 }
 
 #[test]
 fn core_suite_4k_blocks_small_queue() {
-    core_suite(&|| Box::new(MemDevice::new(8 << 20, 4096).with_queue_depth(3).with_reordering(3)));
+    core_suite(&|| {
+        Box::new(
+            MemDevice::new(8 << 20, 4096)
+                .with_queue_depth(3)
+                .with_reordering(3),
+        )
+    });
 }
 
 use common::model::{apply_fs, check_recovered, gen_op, rng, snapshot, Model};
@@ -48,15 +60,24 @@ fn data_io_errors_are_reported_through_poll() {
     write(&mut fs, id, 0, &pattern(1, 5000)).unwrap();
     // plain write error
     faults.fail_async_op(0);
-    assert!(matches!(write_aligned(&mut fs, id, 0, &[1; 512]), Err(FsError::Io(_))));
+    assert!(matches!(
+        write_aligned(&mut fs, id, 0, &[1; 512]),
+        Err(FsError::Io(_))
+    ));
     // read-modify-write: the edge read fails
     faults.fail_async_op(0);
-    assert!(matches!(write(&mut fs, id, 10, &[1; 10]), Err(FsError::Io(_))));
+    assert!(matches!(
+        write(&mut fs, id, 10, &[1; 10]),
+        Err(FsError::Io(_))
+    ));
     // second piece of a multi-part read fails
     let big = pattern(2, 3 * SEG as usize);
     write(&mut fs, id, 0, &big).unwrap();
     faults.fail_async_op(1);
-    assert!(matches!(read(&mut fs, id, 100, 2 * SEG as u32), Err(FsError::Io(_))));
+    assert!(matches!(
+        read(&mut fs, id, 100, 2 * SEG as u32),
+        Err(FsError::Io(_))
+    ));
     // flush error
     faults.fail_async_op(0);
     fs.submit_flush(5).unwrap();
@@ -72,7 +93,10 @@ fn data_io_errors_are_reported_through_poll() {
     faults.fail_sync_op(0);
     assert!(matches!(fs.create_file("/g"), Err(FsError::Io(_))));
     assert!(matches!(fs.create_file("/h"), Err(FsError::Io(_))));
-    assert_eq!(read(&mut fs, id, 0, 16).unwrap(), vec![big[0], big[1], big[2], big[3], big[4], big[5], big[6], 3, 3, 3, 3, 3, 3, 3, 3, 3]);
+    assert_eq!(
+        read(&mut fs, id, 0, 16).unwrap(),
+        vec![big[0], big[1], big[2], big[3], big[4], big[5], big[6], 3, 3, 3, 3, 3, 3, 3, 3, 3]
+    );
     let fs = reopen(fs, small_open());
     assert!(fs.lookup("/h").is_err());
     fs.check_consistency().unwrap();
@@ -132,8 +156,15 @@ fn power_loss_at_every_metadata_step() {
             panic!("step {k}, pending {pending:?}: {e}");
         }
         let sp = fs.free_space();
-        let used: u64 = got.files.values().map(|d| (d.len() as u64).div_ceil(4096)).sum();
-        assert_eq!(u64::from(sp.free_segments), u64::from(sp.total_segments) - used);
+        let used: u64 = got
+            .files
+            .values()
+            .map(|d| (d.len() as u64).div_ceil(4096))
+            .sum();
+        assert_eq!(
+            u64::from(sp.free_segments),
+            u64::from(sp.total_segments) - used
+        );
     }
 }
 
@@ -148,7 +179,11 @@ fn corrupt_or_foreign_devices_are_rejected() {
     // primary superblock destroyed: the backup is used
     let mut img = dev.snapshot();
     img[8] ^= 0xff;
-    let fs = FileService::open(Box::new(MemDevice::from_image(img.clone(), 512)), small_open()).unwrap();
+    let fs = FileService::open(
+        Box::new(MemDevice::from_image(img.clone(), 512)),
+        small_open(),
+    )
+    .unwrap();
     drop(fs);
     // both destroyed
     img[512 + 8] ^= 0xff;
@@ -158,10 +193,19 @@ fn corrupt_or_foreign_devices_are_rejected() {
     ));
     // bad open config
     assert!(matches!(
-        FileService::open(Box::new(dev), dds_fs::OpenConfig { bounce_bytes: 10, ..small_open() }),
+        FileService::open(
+            Box::new(dev),
+            dds_fs::OpenConfig {
+                bounce_bytes: 10,
+                ..small_open()
+            }
+        ),
         Err(FsError::InvalidConfig(_))
     ));
     // too small for the format
     let mut small = MemDevice::new(64 << 10, 512);
-    assert!(matches!(dds_fs::format(&mut small, FormatConfig::default()), Err(FsError::InvalidConfig(_))));
+    assert!(matches!(
+        dds_fs::format(&mut small, FormatConfig::default()),
+        Err(FsError::InvalidConfig(_))
+    ));
 }

@@ -66,7 +66,9 @@ fn ocfg() -> OpenConfig {
 }
 
 fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
-    let dev = MemDevice::new(192 << 10, 512).with_reordering(seed).with_queue_depth(8);
+    let dev = MemDevice::new(192 << 10, 512)
+        .with_reordering(seed)
+        .with_queue_depth(8);
     let fcfg = FormatConfig {
         segment_size: SEGMENT,
         max_files: 8,
@@ -88,11 +90,11 @@ fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
         match st {
             Step::Create(i) => {
                 let r = fs.create_file(&name(i));
-                if model.contains_key(&name(i)) {
-                    prop_assert_eq!(r, Err(FsError::Exists));
-                } else {
+                if let std::collections::btree_map::Entry::Vacant(e) = model.entry(name(i)) {
                     r.unwrap();
-                    model.insert(name(i), Vec::new());
+                    e.insert(Vec::new());
+                } else {
+                    prop_assert_eq!(r, Err(FsError::Exists));
                 }
             }
             Step::Delete(i) => {
@@ -118,7 +120,9 @@ fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
                 }
             }
             Step::Resize(i, n) => {
-                let Some(fid) = id(&fs, &name(i)) else { continue };
+                let Some(fid) = id(&fs, &name(i)) else {
+                    continue;
+                };
                 let cur = model[&name(i)].len() as u64;
                 let need = n.div_ceil(SEGMENT).saturating_sub(cur.div_ceil(SEGMENT));
                 let free = free_segs(&fs);
@@ -135,7 +139,9 @@ fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
                 let mut aligned: Vec<AlignedBuf> = Vec::new();
                 let mut submitted = 0;
                 for (j, (i, off, len, al)) in ws.into_iter().enumerate() {
-                    let Some(fid) = id(&fs, &name(i)) else { continue };
+                    let Some(fid) = id(&fs, &name(i)) else {
+                        continue;
+                    };
                     let data = pattern((k * 16 + j) as u64, len as usize);
                     let cur = model[&name(i)].len() as u64;
                     let end = off + u64::from(len);
@@ -171,14 +177,20 @@ fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
                 }
             }
             Step::Read(i, off, len, al) => {
-                let Some(fid) = id(&fs, &name(i)) else { continue };
+                let Some(fid) = id(&fs, &name(i)) else {
+                    continue;
+                };
                 let m = &model[&name(i)];
                 let r = if al {
                     read_aligned(&mut fs, fid, off / 512 * 512, (len / 512).max(1) * 512)
                 } else {
                     read(&mut fs, fid, off, len)
                 };
-                let (off, len) = if al { (off / 512 * 512, (len / 512).max(1) * 512) } else { (off, len) };
+                let (off, len) = if al {
+                    (off / 512 * 512, (len / 512).max(1) * 512)
+                } else {
+                    (off, len)
+                };
                 if off > m.len() as u64 {
                     prop_assert_eq!(r, Err(FsError::OutOfRange));
                 } else {
@@ -188,7 +200,8 @@ fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
             }
             Step::Reopen => fs = reopen(fs, ocfg()),
         }
-        fs.check_consistency().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        fs.check_consistency()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(fs.inflight(), 0);
     }
     // Final full comparison, after a reopen.

@@ -102,7 +102,9 @@ fn next_op(fs: &FileService, r: &mut Rng) -> String {
                     return format!("rename {a} {b}");
                 }
             }
-            6 if !files.is_empty() => return format!("resize {} {}", pick_file(r), r.below(MAX_SIZE)),
+            6 if !files.is_empty() => {
+                return format!("resize {} {}", pick_file(r), r.below(MAX_SIZE))
+            }
             7..=9 if !files.is_empty() => {
                 let off = r.below(MAX_SIZE);
                 let len = 1 + r.below((MAX_SIZE - off).min(40_000));
@@ -161,7 +163,9 @@ fn main() {
         std::process::exit(2);
     }
     let seed: u64 = args[2].parse().expect("seed");
-    let max_ops: u64 = args.get(3).map_or(u64::MAX, |s| s.parse().expect("max_ops"));
+    let max_ops: u64 = args
+        .get(3)
+        .map_or(u64::MAX, |s| s.parse().expect("max_ops"));
     let dev = UringDevice::open(&args[1], 16).expect("open device");
     let cfg = OpenConfig {
         max_inflight: 16,

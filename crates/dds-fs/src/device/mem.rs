@@ -425,7 +425,13 @@ mod tests {
             assert_eq!(d.submit(DevOp::Flush, 3), Err(DeviceBusy));
         }
         assert_eq!(d.poll(&mut out), 2);
-        assert_eq!(out[0], DevCompletion { user_data: 1, result: 1024 });
+        assert_eq!(
+            out[0],
+            DevCompletion {
+                user_data: 1,
+                result: 1024
+            }
+        );
         assert_eq!(out[1].result, -libc::EINVAL);
         assert_eq!(d.image()[512], 7);
         let f = d.fault_injector();

@@ -139,7 +139,10 @@ pub(crate) fn check_aligned(
     block: u64,
     mem_align: usize,
 ) -> io::Result<()> {
-    if offset % block != 0 || len % block != 0 || addr % mem_align != 0 {
+    if !offset.is_multiple_of(block)
+        || !len.is_multiple_of(block)
+        || !addr.is_multiple_of(mem_align)
+    {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     Ok(())

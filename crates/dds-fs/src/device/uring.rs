@@ -144,9 +144,7 @@ impl UringDevice {
             match self.ring.submit() {
                 Ok(_) => return,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) =>
-                {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
                     // The kernel is short of resources; the entries stay queued.
                     return;
                 }
@@ -244,7 +242,9 @@ impl Device for UringDevice {
         }
         let fd = types::Fixed(0);
         let sqe = match op {
-            DevOp::Read { offset, buf, len } => opcode::Read::new(fd, buf, len).offset(offset).build(),
+            DevOp::Read { offset, buf, len } => {
+                opcode::Read::new(fd, buf, len).offset(offset).build()
+            }
             DevOp::Write { offset, buf, len } => {
                 opcode::Write::new(fd, buf, len).offset(offset).build()
             }
@@ -414,7 +414,13 @@ mod tests {
             let n = d.poll(&mut out);
             got.extend_from_slice(&out[..n]);
         }
-        assert_eq!(got[0], DevCompletion { user_data: 5, result: (bs * 2) as i32 });
+        assert_eq!(
+            got[0],
+            DevCompletion {
+                user_data: 5,
+                result: (bs * 2) as i32
+            }
+        );
         unsafe {
             d.submit(DevOp::Flush, 6).unwrap();
             d.submit(

@@ -2,9 +2,7 @@
 #![allow(dead_code)]
 
 use dds_fs::align::AlignedBuf;
-use dds_fs::{
-    format, Device, EntryKind, FileId, FileService, FormatConfig, FsError, OpenConfig,
-};
+use dds_fs::{format, Device, EntryKind, FileId, FileService, FormatConfig, FsError, OpenConfig};
 
 pub const SEG: u64 = 64 << 10;
 
@@ -131,7 +129,11 @@ pub fn suite_metadata(dev: Box<dyn Device>) {
     let f1 = fs.create_file("/a/f1").unwrap();
     let r1 = fs.create_file("r1").unwrap();
     assert_eq!(fs.create_file("/a/f1"), Err(FsError::Exists));
-    assert_eq!(fs.create_file("/a"), Err(FsError::Exists), "root namespace shared with dirs");
+    assert_eq!(
+        fs.create_file("/a"),
+        Err(FsError::Exists),
+        "root namespace shared with dirs"
+    );
     assert_eq!(fs.create_dir("r1"), Err(FsError::Exists));
     assert_eq!(fs.create_file("/zz/f"), Err(FsError::UnknownDir));
     assert_eq!(fs.create_file("/a/b/c"), Err(FsError::InvalidPath));
@@ -142,10 +144,20 @@ pub fn suite_metadata(dev: Box<dyn Device>) {
     assert_eq!(fs.lookup("r1").unwrap().path, "/r1");
     assert_eq!(fs.lookup("/a/nope"), Err(FsError::NotFound));
     let st = fs.stat(f1).unwrap();
-    assert_eq!((st.path.as_str(), st.dir.as_str(), st.name.as_str(), st.size), ("/a/f1", "/a", "f1", 0));
+    assert_eq!(
+        (st.path.as_str(), st.dir.as_str(), st.name.as_str(), st.size),
+        ("/a/f1", "/a", "f1", 0)
+    );
     let root = fs.list_dir("/").unwrap();
     let names: Vec<_> = root.iter().map(|e| (e.name.as_str(), e.kind)).collect();
-    assert_eq!(names, vec![("a", EntryKind::Dir), ("b", EntryKind::Dir), ("r1", EntryKind::File)]);
+    assert_eq!(
+        names,
+        vec![
+            ("a", EntryKind::Dir),
+            ("b", EntryKind::Dir),
+            ("r1", EntryKind::File)
+        ]
+    );
     assert_eq!(fs.list_dir("/a").unwrap().len(), 1);
     assert_eq!(fs.list_dir("/q"), Err(FsError::UnknownDir));
     assert_eq!(fs.remove_dir("/a"), Err(FsError::NotEmpty));
@@ -156,7 +168,10 @@ pub fn suite_metadata(dev: Box<dyn Device>) {
     assert_eq!(fs.stat(f1).unwrap().path, "/b/g1");
     assert_eq!(fs.rename_file("/b/g1", "/r1"), Err(FsError::Exists));
     assert_eq!(fs.rename_file("/b/nope", "/x"), Err(FsError::NotFound));
-    assert_eq!(fs.rename_file("/b/g1", "/nodir/x"), Err(FsError::UnknownDir));
+    assert_eq!(
+        fs.rename_file("/b/g1", "/nodir/x"),
+        Err(FsError::UnknownDir)
+    );
     fs.rename_file("/b/g1", "/b/g1").unwrap();
     fs.remove_dir("/a").unwrap();
     assert_eq!(fs.list_dir("/a"), Err(FsError::UnknownDir));
@@ -184,7 +199,10 @@ pub fn suite_metadata(dev: Box<dyn Device>) {
     }
     assert_eq!(fs.create_file("/d0/over"), Err(FsError::TooManyFiles));
     let sp = fs.free_space();
-    assert_eq!((sp.files, sp.dirs, sp.max_files, sp.max_dirs), (64, 8, 64, 8));
+    assert_eq!(
+        (sp.files, sp.dirs, sp.max_files, sp.max_dirs),
+        (64, 8, 64, 8)
+    );
     fs.check_consistency().unwrap();
     // persistence
     let fs = reopen(fs, small_open());
@@ -226,12 +244,21 @@ pub fn suite_data(dev: Box<dyn Device>) {
     // aligned zero-copy write spanning a segment boundary
     let d2 = pattern(2, 3 * bs as usize);
     let off2 = SEG - bs;
-    assert_eq!(write_aligned(&mut fs, id, off2, &d2).unwrap() as u64, 3 * bs);
+    assert_eq!(
+        write_aligned(&mut fs, id, off2, &d2).unwrap() as u64,
+        3 * bs
+    );
     assert_eq!(fs.stat(id).unwrap().size, off2 + 3 * bs);
     assert_eq!(read_aligned(&mut fs, id, off2, 3 * bs as u32).unwrap(), d2);
-    assert_eq!(read(&mut fs, id, off2 + 1, 3 * bs as u32 - 2).unwrap(), d2[1..d2.len() - 1].to_vec());
+    assert_eq!(
+        read(&mut fs, id, off2 + 1, 3 * bs as u32 - 2).unwrap(),
+        d2[1..d2.len() - 1].to_vec()
+    );
     // hole between is zero
-    assert!(read(&mut fs, id, 3100, (off2 - 3100) as u32).unwrap().iter().all(|&x| x == 0));
+    assert!(read(&mut fs, id, 3100, (off2 - 3100) as u32)
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
     // unaligned write spanning two segment boundaries
     let d3 = pattern(3, (2 * SEG + 777) as usize);
     let off3 = SEG - 333;
@@ -260,12 +287,27 @@ pub fn suite_data(dev: Box<dyn Device>) {
     // errors at submit
     let max_io = fs.max_io_bytes();
     let big = vec![0u8; max_io as usize + 1];
-    assert_eq!(unsafe { fs.submit_write(id, 0, big.as_ptr(), max_io + 1, 5) }, Err(FsError::TooLarge));
+    assert_eq!(
+        unsafe { fs.submit_write(id, 0, big.as_ptr(), max_io + 1, 5) },
+        Err(FsError::TooLarge)
+    );
     let maxf = fs.max_file_size();
-    assert_eq!(unsafe { fs.submit_write(id, maxf - 1, big.as_ptr(), 2, 5) }, Err(FsError::OutOfRange));
-    assert_eq!(unsafe { fs.submit_write(id, u64::MAX, big.as_ptr(), 2, 5) }, Err(FsError::OutOfRange));
-    assert_eq!(unsafe { fs.submit_write(FileId(7), 0, big.as_ptr(), 2, 5) }, Err(FsError::UnknownFile));
-    assert_eq!(unsafe { fs.submit_write(id, 0, std::ptr::null(), 2, 5) }, Err(FsError::InvalidArgument("null write buffer")));
+    assert_eq!(
+        unsafe { fs.submit_write(id, maxf - 1, big.as_ptr(), 2, 5) },
+        Err(FsError::OutOfRange)
+    );
+    assert_eq!(
+        unsafe { fs.submit_write(id, u64::MAX, big.as_ptr(), 2, 5) },
+        Err(FsError::OutOfRange)
+    );
+    assert_eq!(
+        unsafe { fs.submit_write(FileId(7), 0, big.as_ptr(), 2, 5) },
+        Err(FsError::UnknownFile)
+    );
+    assert_eq!(
+        unsafe { fs.submit_write(id, 0, std::ptr::null(), 2, 5) },
+        Err(FsError::InvalidArgument("null write buffer"))
+    );
     assert_eq!(fs.resize(id, maxf + 1), Err(FsError::OutOfRange));
     // zero-length ops complete
     assert_eq!(write(&mut fs, id, 5, &[]).unwrap(), 0);
@@ -279,7 +321,10 @@ pub fn suite_data(dev: Box<dyn Device>) {
     fs.resize(g, free).unwrap();
     assert_eq!(fs.free_space().free_bytes, 0);
     let last = fs.stat(id).unwrap().allocated_bytes;
-    assert_eq!(unsafe { fs.submit_write(id, last, big.as_ptr(), 10, 5) }, Err(FsError::NoSpace));
+    assert_eq!(
+        unsafe { fs.submit_write(id, last, big.as_ptr(), 10, 5) },
+        Err(FsError::NoSpace)
+    );
     assert_eq!(fs.stat(id).unwrap().allocated_bytes, last);
     fs.delete_file("/big").unwrap();
     assert_eq!(fs.free_space().free_bytes, free);
@@ -289,7 +334,10 @@ pub fn suite_data(dev: Box<dyn Device>) {
     let before = read(&mut fs, id, 0, size.min(200_000) as u32).unwrap();
     let mut fs = reopen(fs, small_open());
     assert_eq!(fs.stat(id).unwrap().size, size);
-    assert_eq!(read(&mut fs, id, 0, size.min(200_000) as u32).unwrap(), before);
+    assert_eq!(
+        read(&mut fs, id, 0, size.min(200_000) as u32).unwrap(),
+        before
+    );
 }
 
 /// Many concurrent unaligned and aligned writes touching shared blocks apply in submission
@@ -318,27 +366,37 @@ pub fn suite_concurrency(dev: Box<dyn Device>) {
                 let mut b = AlignedBuf::new(bs, 4096);
                 b.as_mut_slice().fill(ud as u8);
                 model[blk * bs..(blk + 1) * bs].fill(ud as u8);
-                unsafe { fs.submit_write(id, (blk * bs) as u64, b.as_ptr(), bs as u32, ud).unwrap() };
+                unsafe {
+                    fs.submit_write(id, (blk * bs) as u64, b.as_ptr(), bs as u32, ud)
+                        .unwrap()
+                };
                 aligned.push(b);
             } else {
                 let off = rnd(len as u64 - 1) as usize;
                 let l = 1 + rnd((len - off).min(3 * bs) as u64) as usize;
                 let b = vec![ud as u8; l];
                 model[off..off + l].fill(ud as u8);
-                unsafe { fs.submit_write(id, off as u64, b.as_ptr(), l as u32, ud).unwrap() };
+                unsafe {
+                    fs.submit_write(id, off as u64, b.as_ptr(), l as u32, ud)
+                        .unwrap()
+                };
                 bufs.push(b);
             }
         }
         let done = drain(&mut fs);
         assert_eq!(done.len(), 24);
         assert!(done.iter().all(|(_, r)| r.is_ok()), "{done:?}");
-        assert_eq!(read(&mut fs, id, 0, len as u32).unwrap(), model, "round {round}");
+        assert_eq!(
+            read(&mut fs, id, 0, len as u32).unwrap(),
+            model,
+            "round {round}"
+        );
         bufs.clear();
         aligned.clear();
     }
     // Busy when the op table is full, then recovers.
     let max = fs.max_inflight();
-    let b = vec![1u8; 10];
+    let b = [1u8; 10];
     let mut accepted = 0;
     let mut busy = false;
     for k in 0..max + 1 {

@@ -28,7 +28,12 @@ impl Op {
             ["delete", p] => Op::Delete(p.to_string()),
             ["rename", a, b] => Op::Rename(a.to_string(), b.to_string()),
             ["resize", p, n] => Op::Resize(p.to_string(), n.parse().ok()?),
-            ["write", p, o, l, s] => Op::Write(p.to_string(), o.parse().ok()?, l.parse().ok()?, s.parse().ok()?),
+            ["write", p, o, l, s] => Op::Write(
+                p.to_string(),
+                o.parse().ok()?,
+                l.parse().ok()?,
+                s.parse().ok()?,
+            ),
             _ => return None,
         })
     }
@@ -77,7 +82,10 @@ impl Model {
                 assert!(self.files.insert(canon(b), d).is_none());
             }
             Op::Resize(p, n) => {
-                self.files.get_mut(&canon(p)).expect("file").resize(*n as usize, 0);
+                self.files
+                    .get_mut(&canon(p))
+                    .expect("file")
+                    .resize(*n as usize, 0);
             }
             Op::Write(p, off, len, seed) => {
                 let f = self.files.get_mut(&canon(p)).expect("file");
@@ -160,7 +168,8 @@ pub fn check_recovered(got: &Model, acked: &Model, pending: Option<&Op>) -> Resu
     }
     if let Op::Write(p, off, len, _) = op {
         let p = canon(p);
-        let (Some(g), Some(old), Some(new)) = (got.files.get(&p), acked.files.get(&p), after.files.get(&p))
+        let (Some(g), Some(old), Some(new)) =
+            (got.files.get(&p), acked.files.get(&p), after.files.get(&p))
         else {
             return Err(format!("pending write: file {p} missing"));
         };
@@ -172,7 +181,12 @@ pub fn check_recovered(got: &Model, acked: &Model, pending: Option<&Op>) -> Resu
             return Err(diff(&others_got, &others));
         }
         if g.len() != old.len() && g.len() != new.len() {
-            return Err(format!("pending write: size {} not {} or {}", g.len(), old.len(), new.len()));
+            return Err(format!(
+                "pending write: size {} not {} or {}",
+                g.len(),
+                old.len(),
+                new.len()
+            ));
         }
         for (i, &b) in g.iter().enumerate() {
             let o = old.get(i).copied().unwrap_or(0);
@@ -183,7 +197,10 @@ pub fn check_recovered(got: &Model, acked: &Model, pending: Option<&Op>) -> Resu
         }
         return Ok(());
     }
-    Err(format!("neither before nor after {op:?}: {}", diff(got, &after)))
+    Err(format!(
+        "neither before nor after {op:?}: {}",
+        diff(got, &after)
+    ))
 }
 
 fn diff(a: &Model, b: &Model) -> String {
@@ -231,7 +248,9 @@ pub fn gen_op(m: &Model, r: &mut impl FnMut(u64) -> u64, max_size: u64) -> Op {
                     return Op::CreateFile(p);
                 }
             }
-            4 if !files.is_empty() => return Op::Delete(files[r(files.len() as u64) as usize].clone()),
+            4 if !files.is_empty() => {
+                return Op::Delete(files[r(files.len() as u64) as usize].clone())
+            }
             5 if !files.is_empty() => {
                 let a = files[r(files.len() as u64) as usize].clone();
                 if let Some(b) = random_path(m, r) {
