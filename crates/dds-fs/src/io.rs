@@ -870,3 +870,42 @@ impl FileService {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounce_pool_matches_shadow() {
+        let mut pool = BouncePool::new(64 * 4096, 4096, 4096);
+        let mut live: Vec<(usize, u32)> = Vec::new();
+        let mut owner = vec![false; 64];
+        let mut x = 99u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 3 != 0 || live.is_empty() {
+                let bytes = 1 + (x >> 8) as usize % (20 * 4096);
+                let free_run = {
+                    let n = bytes.div_ceil(4096);
+                    (0..=64 - n.min(64)).any(|s| n <= 64 && owner[s..s + n].iter().all(|&o| !o))
+                };
+                match pool.alloc(bytes) {
+                    Some((off, units)) => {
+                        let s = off / 4096;
+                        assert_eq!(units as usize, bytes.div_ceil(4096));
+                        assert!(owner[s..s + units as usize].iter().all(|&o| !o), "overlap");
+                        owner[s..s + units as usize].fill(true);
+                        live.push((off, units));
+                    }
+                    None => assert!(!free_run, "a free run existed"),
+                }
+            } else {
+                let (off, units) = live.swap_remove((x >> 5) as usize % live.len());
+                owner[off / 4096..off / 4096 + units as usize].fill(false);
+                pool.free(off, units);
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The data path allocates nothing per request: submits and completions of reads, writes
+//! (aligned and unaligned, within the file) and flushes do not touch the heap.
+
+mod common;
+
+use common::*;
+use dds_fs::align::AlignedBuf;
+use dds_fs::{Device, FileService, MemDevice, UringDevice};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.with(|c| c.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if COUNTING.with(|c| c.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn exercise(fs: &mut FileService) -> usize {
+    let id = fs.create_file("/f").unwrap();
+    fs.resize(id, 3 * SEG).unwrap();
+    let bs = fs.block_size() as usize;
+    let mut abuf = AlignedBuf::new(4 * bs, 4096);
+    let mut plain = vec![7u8; 5000];
+    let mut rbuf = vec![0u8; 5000];
+    let mut done = 0usize;
+    COUNTING.with(|c| c.set(true));
+    for i in 0..300u64 {
+        let off = (i * 7919) % (2 * SEG);
+        unsafe {
+            fs.submit_write(id, off, plain.as_ptr(), 3333, 1).unwrap();
+            fs.submit_write(id, SEG - bs as u64, abuf.as_ptr(), 4 * bs as u32, 2)
+                .unwrap();
+            fs.submit_read(id, off + 1, rbuf.as_mut_ptr(), 4000, 3)
+                .unwrap();
+            fs.submit_read(id, 0, abuf.as_mut_ptr(), 2 * bs as u32, 4)
+                .unwrap();
+        }
+        fs.submit_flush(5).unwrap();
+        while fs.inflight() > 0 {
+            fs.wait().unwrap();
+            fs.poll(|_, r| {
+                assert!(r.is_ok());
+                done += 1;
+            });
+        }
+    }
+    COUNTING.with(|c| c.set(false));
+    plain[0] = rbuf[0];
+    done
+}
+
+#[test]
+fn no_heap_allocation_per_request() {
+    let mem: Box<dyn Device> = Box::new(MemDevice::new(4 << 20, 512).with_reordering(9));
+    let mut fs = fresh(mem, small_format(), small_open());
+    assert_eq!(exercise(&mut fs), 1500);
+    assert_eq!(
+        ALLOCS.swap(0, Ordering::Relaxed),
+        0,
+        "allocations on the MemDevice data path"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("dev");
+    UringDevice::create_file(&p, 4 << 20).unwrap();
+    let dev: Box<dyn Device> = Box::new(UringDevice::open(&p, 8).unwrap());
+    let mut fs = fresh(dev, small_format(), small_open());
+    assert_eq!(exercise(&mut fs), 1500);
+    assert_eq!(
+        ALLOCS.swap(0, Ordering::Relaxed),
+        0,
+        "allocations on the io_uring data path"
+    );
+}
