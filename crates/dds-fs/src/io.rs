@@ -879,13 +879,13 @@ mod tests {
     fn bounce_pool_matches_shadow() {
         let mut pool = BouncePool::new(64 * 4096, 4096, 4096);
         let mut live: Vec<(usize, u32)> = Vec::new();
-        let mut owner = vec![false; 64];
+        let mut owner = [false; 64];
         let mut x = 99u64;
         for _ in 0..20_000 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if x % 3 != 0 || live.is_empty() {
+            if !x.is_multiple_of(3) || live.is_empty() {
                 let bytes = 1 + (x >> 8) as usize % (20 * 4096);
                 let free_run = {
                     let n = bytes.div_ceil(4096);
