@@ -1,1 +1,3 @@
-//! dds-bench
+//! Workloads and benchmarks of DDS.
+
+pub mod workload;

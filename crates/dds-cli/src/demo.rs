@@ -1,0 +1,203 @@
+//! `dds demo`: the main job on the embedded defaults. Formats a device file if needed, starts
+//! the DPU as a child process, runs random 1 KiB reads and writes through the host library
+//! with a progress bar, and prints throughput, latency and CPU per operation of both processes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dds_bench::workload::{self, WorkloadSpec};
+use dds_host::Dds;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::util::{parse_size, process_cpu_seconds, self_cpu_seconds};
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Device file (created and formatted when missing).
+    #[arg(long, default_value = "/tmp/dds-demo/device.img")]
+    device: PathBuf,
+    /// Size of a new device file.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    device_size: u64,
+    /// Size of the file the workload reads and writes.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    file_size: u64,
+    /// Bytes per read or write.
+    #[arg(long, default_value = "1K", value_parser = parse_size)]
+    io_size: u64,
+    /// Operations in all.
+    #[arg(long, default_value_t = 200_000)]
+    ops: u64,
+    /// Fraction of reads.
+    #[arg(long, default_value_t = 0.5)]
+    read_ratio: f64,
+    /// Host threads issuing I/O.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Outstanding operations per thread.
+    #[arg(long, default_value_t = 32)]
+    depth: usize,
+    /// Emulated PCIe DMA cost model of the DPU.
+    #[arg(long, default_value = "on")]
+    dma_cost: String,
+}
+
+/// The DPU child process; killed when dropped.
+pub struct DpuChild {
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+impl DpuChild {
+    /// Starts `dds dpu` on `device` and waits until its socket accepts connections.
+    pub fn start(device: &Path, socket: &Path, extra: &[&str]) -> Result<DpuChild> {
+        let exe = std::env::current_exe().context("locate the dds binary")?;
+        let child = Command::new(exe)
+            .arg("dpu")
+            .arg("--device")
+            .arg(device)
+            .arg("--socket")
+            .arg(socket)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("start the DPU process")?;
+        let mut me = DpuChild {
+            child,
+            socket: socket.to_path_buf(),
+        };
+        for _ in 0..500 {
+            if let Some(status) = me.child.try_wait()? {
+                bail!("the DPU process exited at start ({status})");
+            }
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                return Ok(me);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("the DPU did not open {} within 10 s", socket.display())
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks the DPU to stop (SIGTERM) and waits for it.
+    pub fn stop(mut self) -> Result<()> {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        for _ in 0..250 {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for DpuChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    if let Some(dir) = a.device.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if !a.device.exists() {
+        eprintln!(
+            "formatting {} ({} bytes)",
+            a.device.display(),
+            a.device_size
+        );
+        crate::dpu_cmd::format_device(&crate::dpu_cmd::FormatArgs {
+            device: a.device.clone(),
+            size: Some(a.device_size),
+            segment_size: None,
+            max_files: None,
+            max_dirs: None,
+        })?;
+    }
+    let socket = std::env::temp_dir().join(format!("dds-demo-{}.sock", std::process::id()));
+    let dpu = DpuChild::start(&a.device, &socket, &["--dma-cost", &a.dma_cost])?;
+    let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
+    let file = dds.open_or_create("/demo.dat")?;
+    if file.size < a.file_size {
+        dds.set_file_size(file.id, a.file_size)?;
+    }
+    let io_bytes = u32::try_from(a.io_size).context("--io-size")?;
+    // A correctness check before the timed run: a write is read back.
+    let pattern: Vec<u8> = (0..io_bytes).map(|i| (i * 7 + 3) as u8).collect();
+    dds.write_sync(file.id, 0, &pattern)?;
+    let mut back = vec![0u8; io_bytes as usize];
+    dds.read_sync(file.id, 0, &mut back)?;
+    if back != pattern {
+        bail!("read-back check failed: the DPU returned different bytes");
+    }
+
+    let spec = WorkloadSpec {
+        file: file.id,
+        file_bytes: a.file_size,
+        io_bytes,
+        read_ratio: a.read_ratio,
+        threads: a.threads,
+        depth: a.depth,
+        ops: a.ops,
+        seed: 42,
+    };
+    let bar = ProgressBar::new(a.ops);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} ops ({per_sec})",
+        )
+        .expect("valid template"),
+    );
+    let host_cpu0 = self_cpu_seconds();
+    let dpu_cpu0 = process_cpu_seconds(dpu.pid())?;
+    let result = workload::run(&dds, &spec, &|done| bar.set_position(done))?;
+    let host_cpu = self_cpu_seconds() - host_cpu0;
+    let dpu_cpu = process_cpu_seconds(dpu.pid())? - dpu_cpu0;
+    bar.finish_and_clear();
+    drop(dds);
+    dpu.stop()?;
+
+    let per_op_us = |cpu: f64| cpu / result.ops.max(1) as f64 * 1e6;
+    println!("DDS demo: random {}-byte I/O, {:.0}% reads, {} host threads × {} outstanding, DPU emulated as a separate process (DMA cost model {})",
+        io_bytes, a.read_ratio * 100.0, a.threads, a.depth, a.dma_cost);
+    println!("┌──────────────────────────────┬──────────────┐");
+    let row = |k: &str, v: String| println!("│ {k:<28} │ {v:>12} │");
+    row("operations", format!("{}", result.ops));
+    row(
+        "  reads / writes",
+        format!("{} / {}", result.reads, result.writes),
+    );
+    row("  errors", format!("{}", result.errors));
+    row("throughput (ops/s)", format!("{:.0}", result.ops_per_sec));
+    row("latency p50 (µs)", format!("{:.1}", result.p50_us));
+    row("latency p99 (µs)", format!("{:.1}", result.p99_us));
+    row(
+        "host CPU per op (µs)",
+        format!("{:.2}", per_op_us(host_cpu)),
+    );
+    row("DPU CPU per op (µs)", format!("{:.2}", per_op_us(dpu_cpu)));
+    println!("└──────────────────────────────┴──────────────┘");
+    if result.errors > 0 {
+        bail!("{} operations failed", result.errors);
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! `dds dpu` and `dds format`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use dds_dpu::{Dpu, DpuConfig, ExecMode};
+
+use crate::util::parse_size;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// Zero-copy execution (§4.3): device I/O straight from/to the ring buffers.
+    ZeroCopy,
+    /// Baseline with the extra request and response copies.
+    Copy,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct DpuArgs {
+    /// Device: a block device or a formatted regular file (`dds format`).
+    #[arg(long)]
+    pub device: PathBuf,
+    /// Control socket to listen on.
+    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    pub socket: PathBuf,
+    /// I/O execution mode.
+    #[arg(long, value_enum, default_value = "zero-copy")]
+    pub mode: ModeArg,
+    /// Emulate PCIe DMA costs (per-operation latency and a bandwidth cap).
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub dma_cost: bool,
+    /// Fixed cost of one DMA operation, nanoseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub dma_op_ns: u64,
+    /// DMA bandwidth cap, GB/s.
+    #[arg(long, default_value_t = 12.0)]
+    pub dma_gbps: f64,
+    /// io_uring queue depth of the device.
+    #[arg(long, default_value_t = 128)]
+    pub queue_depth: u32,
+    /// Largest single read or write.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub max_io: u64,
+    /// DPU memory all notification groups' buffers may use together.
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    pub memory_budget: u64,
+    /// Sleep between polls once idle, microseconds (0 = always spin, as a dedicated DPU core).
+    #[arg(long, default_value_t = 50)]
+    pub idle_sleep_us: u64,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("expected on or off, got `{s}`")),
+    }
+}
+
+impl DpuArgs {
+    pub fn config(&self) -> Result<DpuConfig> {
+        let max_io = u32::try_from(self.max_io).context("--max-io must be below 4 GiB")?;
+        Ok(DpuConfig {
+            socket: self.socket.clone(),
+            exec_mode: match self.mode {
+                ModeArg::ZeroCopy => ExecMode::ZeroCopy,
+                ModeArg::Copy => ExecMode::Copy,
+            },
+            dma_cost: self.dma_cost.then_some(dds_dma::CostModel {
+                per_op_ns: self.dma_op_ns,
+                bytes_per_sec: (self.dma_gbps * 1e9) as u64,
+            }),
+            max_io_bytes: max_io,
+            memory_budget_bytes: self.memory_budget,
+            idle_sleep: Duration::from_micros(self.idle_sleep_us),
+            ..DpuConfig::default()
+        })
+    }
+}
+
+pub fn run_dpu(a: DpuArgs) -> Result<()> {
+    let config = a.config()?;
+    let device = a.device.clone();
+    let queue_depth = a.queue_depth as usize;
+    let max_io = config.max_io_bytes;
+    let handle = Dpu::start(config, move || {
+        let dev = dds_fs::UringDevice::open(&device, queue_depth)?;
+        dds_fs::FileService::open(
+            Box::new(dev),
+            dds_fs::OpenConfig {
+                max_io_bytes: max_io,
+                ..dds_fs::OpenConfig::default()
+            },
+        )
+    })
+    .with_context(|| format!("start DPU on {}", a.device.display()))?;
+    eprintln!(
+        "dds dpu: serving {} on {} (mode {:?}, DMA cost model {})",
+        a.device.display(),
+        a.socket.display(),
+        a.mode,
+        if a.dma_cost { "on" } else { "off" }
+    );
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!(sig, "shutting down");
+    }
+    handle.shutdown();
+    Ok(())
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct FormatArgs {
+    /// Device: a block device, or a regular file (created and preallocated to --size).
+    #[arg(long)]
+    pub device: PathBuf,
+    /// Size of a new device file (a block device uses its whole size).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Segment size (a multiple of the block size).
+    #[arg(long, value_parser = parse_size)]
+    pub segment_size: Option<u64>,
+    /// Most files.
+    #[arg(long)]
+    pub max_files: Option<u32>,
+    /// Most directories.
+    #[arg(long)]
+    pub max_dirs: Option<u32>,
+}
+
+pub fn run_format(a: FormatArgs) -> Result<()> {
+    format_device(&a)?;
+    println!("formatted {}", a.device.display());
+    Ok(())
+}
+
+pub fn format_device(a: &FormatArgs) -> Result<()> {
+    let is_block = std::fs::metadata(&a.device)
+        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+        .unwrap_or(false);
+    if let (false, Some(size)) = (is_block, a.size) {
+        dds_fs::UringDevice::create_file(&a.device, size)
+            .with_context(|| format!("create {}", a.device.display()))?;
+    }
+    let mut dev = dds_fs::UringDevice::open(&a.device, 32).with_context(|| {
+        format!(
+            "open {} (give --size to create a device file)",
+            a.device.display()
+        )
+    })?;
+    let mut cfg = dds_fs::FormatConfig::default();
+    if let Some(s) = a.segment_size {
+        cfg.segment_size = s;
+    }
+    if let Some(n) = a.max_files {
+        cfg.max_files = n;
+    }
+    if let Some(n) = a.max_dirs {
+        cfg.max_dirs = n;
+    }
+    dds_fs::format(&mut dev, cfg).with_context(|| format!("format {}", a.device.display()))?;
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! `dds fs`: operator commands against a running DPU, through the host library.
+//!
+//! Exit codes: 0 success; 1 the DPU refused the operation (the status is printed, and with
+//! `--json` given as `{"error": {"code", "status", "message"}}`); 2 usage; 3 the DPU is not
+//! reachable; 4 a local file error.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use dds_host::{Dds, DdsError, EntryKind, Status};
+use serde_json::json;
+
+#[derive(Args)]
+pub struct FsArgs {
+    /// Control socket of the DPU.
+    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    socket: PathBuf,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: FsCmd,
+}
+
+#[derive(Subcommand)]
+enum FsCmd {
+    /// List a directory ("/" is the root).
+    Ls {
+        #[arg(default_value = "/")]
+        dir: String,
+    },
+    /// Show a file's id, path and size.
+    Stat { path: String },
+    /// Create a directory.
+    Mkdir { path: String },
+    /// Remove an empty directory.
+    Rmdir { path: String },
+    /// Copy a local file (or - for standard input) into DDS.
+    Put { local: String, remote: String },
+    /// Copy a DDS file to a local file (or - for standard output).
+    Get { remote: String, local: String },
+    /// Delete a file.
+    Rm { path: String },
+    /// Rename or move a file.
+    Mv { from: String, to: String },
+    /// Set a file's size.
+    Truncate {
+        path: String,
+        #[arg(value_parser = crate::util::parse_size)]
+        size: u64,
+    },
+    /// Show device capacity and free space.
+    Df,
+}
+
+/// Bytes per read or write when copying files.
+const CHUNK_BYTES: usize = 256 << 10;
+
+enum Failure {
+    Dds(DdsError),
+    Local(String),
+}
+
+impl From<DdsError> for Failure {
+    fn from(e: DdsError) -> Self {
+        Failure::Dds(e)
+    }
+}
+
+pub fn run(a: FsArgs) -> ExitCode {
+    let json = a.json;
+    let dds = match Dds::connect(&a.socket) {
+        Ok(d) => d,
+        Err(e) => {
+            report(json, &Failure::Dds(e));
+            return ExitCode::from(3);
+        }
+    };
+    match execute(&dds, a.cmd, json) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            report(json, &f);
+            ExitCode::from(match &f {
+                Failure::Dds(e) if e.status == Status::DpuDead => 3,
+                Failure::Dds(_) => 1,
+                Failure::Local(_) => 4,
+            })
+        }
+    }
+}
+
+fn report(json: bool, f: &Failure) {
+    match (json, f) {
+        (true, Failure::Dds(e)) => println!(
+            "{}",
+            json!({"error": {"code": e.status.code(), "status": e.status.name(), "message": e.message}})
+        ),
+        (true, Failure::Local(m)) => println!(
+            "{}",
+            json!({"error": {"code": null, "status": "local", "message": m}})
+        ),
+        (false, Failure::Dds(e)) => eprintln!("dds fs: {e}"),
+        (false, Failure::Local(m)) => eprintln!("dds fs: {m}"),
+    }
+}
+
+fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
+    match cmd {
+        FsCmd::Ls { dir } => {
+            let entries = dds.list_dir(&dir)?;
+            if json {
+                println!("{}", serde_json::to_string(&entries).expect("serializable"));
+            } else {
+                for e in entries {
+                    match e.kind {
+                        EntryKind::Dir => println!("d {:>14} {}/", "-", e.name),
+                        EntryKind::File => println!("f {:>14} {}", e.size, e.name),
+                    }
+                }
+            }
+        }
+        FsCmd::Stat { path } => {
+            let info = dds.lookup(&path)?;
+            if json {
+                println!("{}", serde_json::to_string(&info).expect("serializable"));
+            } else {
+                println!("id {}  size {}  path {}", info.id, info.size, info.path);
+            }
+        }
+        FsCmd::Mkdir { path } => {
+            dds.create_dir(&path)?;
+            done(json);
+        }
+        FsCmd::Rmdir { path } => {
+            dds.remove_dir(&path)?;
+            done(json);
+        }
+        FsCmd::Rm { path } => {
+            let info = dds.lookup(&path)?;
+            dds.delete_file(info.id)?;
+            done(json);
+        }
+        FsCmd::Mv { from, to } => {
+            dds.rename(&from, &to)?;
+            done(json);
+        }
+        FsCmd::Truncate { path, size } => {
+            let info = dds.lookup(&path)?;
+            dds.set_file_size(info.id, size)?;
+            done(json);
+        }
+        FsCmd::Df => {
+            let s = dds.free_space()?;
+            if json {
+                println!("{}", serde_json::to_string(&s).expect("serializable"));
+            } else {
+                println!(
+                    "total {} bytes  free {} bytes ({:.1}%)  segment {} bytes  files {}  dirs {}",
+                    s.total_bytes,
+                    s.free_bytes,
+                    100.0 * s.free_bytes as f64 / s.total_bytes.max(1) as f64,
+                    s.segment_size,
+                    s.files,
+                    s.dirs
+                );
+            }
+        }
+        FsCmd::Put { local, remote } => {
+            let mut input: Box<dyn Read> = if local == "-" {
+                Box::new(std::io::stdin().lock())
+            } else {
+                Box::new(
+                    std::fs::File::open(&local)
+                        .map_err(|e| Failure::Local(format!("{local}: {e}")))?,
+                )
+            };
+            let info = dds.open_or_create(&remote)?;
+            dds.set_file_size(info.id, 0)?;
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            let mut offset = 0u64;
+            loop {
+                let n = read_full(&mut input, &mut buf)
+                    .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+                if n == 0 {
+                    break;
+                }
+                dds.write_sync(info.id, offset, &buf[..n])?;
+                offset += n as u64;
+            }
+            dds.flush_sync(info.id)?;
+            if json {
+                println!("{}", json!({"ok": true, "bytes": offset, "id": info.id}));
+            }
+        }
+        FsCmd::Get { remote, local } => {
+            let info = dds.lookup(&remote)?;
+            let mut out: Box<dyn Write> = if local == "-" {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(
+                    std::fs::File::create(&local)
+                        .map_err(|e| Failure::Local(format!("{local}: {e}")))?,
+                )
+            };
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            let mut offset = 0u64;
+            while offset < info.size {
+                let want = (info.size - offset).min(CHUNK_BYTES as u64) as usize;
+                let n = dds.read_sync(info.id, offset, &mut buf[..want])?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])
+                    .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+                offset += n as u64;
+            }
+            out.flush()
+                .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+            if json && local != "-" {
+                println!("{}", json!({"ok": true, "bytes": offset}));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn done(json: bool) {
+    if json {
+        println!("{}", json!({"ok": true}));
+    }
+}
+
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}

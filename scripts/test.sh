@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every test of the project: formatting, lints, unit and end-to-end tests, the
+# model-checked ring and cache-table protocols. Installs what the tests need when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v cc >/dev/null || need_pkgs+=(gcc libc6-dev)
+command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
+  else
+    echo "missing packages: ${need_pkgs[*]} (run as root to install them)" >&2
+    exit 1
+  fi
+fi
+command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+echo "== cargo fmt"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace --release
+for s in crates/*/loom.sh; do
+  [ -x "$s" ] || continue
+  echo "== $s"
+  "$s"
+done
+echo "all tests passed"
