@@ -1,0 +1,316 @@
+//! End-to-end tests of the `dds` command with real processes: a device file, the `dds dpu`
+//! daemon, `dds fs` operator commands, and host-library clients in this process.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dds_host::{Dds, Status};
+use serde_json::Value;
+
+const DDS: &str = env!("CARGO_BIN_EXE_dds");
+
+struct Dpu {
+    child: Child,
+}
+
+impl Dpu {
+    fn start(device: &Path, socket: &Path) -> Dpu {
+        let child = Command::new(DDS)
+            .args(["dpu", "--dma-cost", "off", "--device"])
+            .arg(device)
+            .arg("--socket")
+            .arg(socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dds dpu");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(socket).is_err() {
+            assert!(Instant::now() < deadline, "DPU did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Dpu { child }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for Dpu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn format(dir: &Path) -> PathBuf {
+    let device = dir.join("dev.img");
+    let out = Command::new(DDS)
+        .args([
+            "format",
+            "--size",
+            "64M",
+            "--segment-size",
+            "1M",
+            "--device",
+        ])
+        .arg(&device)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "format: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    device
+}
+
+fn fs(socket: &Path, args: &[&str]) -> Output {
+    Command::new(DDS)
+        .arg("fs")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for args in [
+        vec!["--help"],
+        vec!["dpu", "--help"],
+        vec!["format", "--help"],
+        vec!["fs", "--help"],
+        vec!["fs", "ls", "--help"],
+        vec!["fs", "put", "--help"],
+        vec!["demo", "--help"],
+        vec!["bench", "--help"],
+    ] {
+        let out = Command::new(DDS).args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn operator_commands_and_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = Dpu::start(&device, &socket);
+
+    assert!(fs(&socket, &["mkdir", "/db"]).status.success());
+    let local = dir.path().join("in.bin");
+    let data: Vec<u8> = (0..3_000_123u32).map(|i| (i * 13 + i / 7) as u8).collect();
+    std::fs::write(&local, &data).unwrap();
+    let put = fs(
+        &socket,
+        &["put", local.to_str().unwrap(), "/db/blob", "--json"],
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    assert_eq!(json(&put)["bytes"], data.len() as u64);
+
+    let ls = json(&fs(&socket, &["ls", "/db", "--json"]));
+    assert_eq!(ls[0]["name"], "blob");
+    assert_eq!(ls[0]["size"], data.len() as u64);
+    let stat = json(&fs(&socket, &["stat", "/db/blob", "--json"]));
+    assert_eq!(stat["size"], data.len() as u64);
+
+    let back = dir.path().join("out.bin");
+    assert!(fs(&socket, &["get", "/db/blob", back.to_str().unwrap()])
+        .status
+        .success());
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+
+    assert!(fs(&socket, &["mv", "/db/blob", "/db/blob2"])
+        .status
+        .success());
+    let df = json(&fs(&socket, &["df", "--json"]));
+    assert_eq!(df["files"], 1);
+    assert!(df["free_bytes"].as_u64().unwrap() < df["total_bytes"].as_u64().unwrap());
+
+    // A refused operation: exit 1 and a JSON error with the status code.
+    let missing = fs(&socket, &["stat", "/db/blob", "--json"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(json(&missing)["error"]["code"], Status::NotFound.code());
+    let notempty = fs(&socket, &["rmdir", "/db"]);
+    assert_eq!(notempty.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&notempty.stderr).contains("not empty"));
+
+    assert!(fs(&socket, &["rm", "/db/blob2"]).status.success());
+    assert!(fs(&socket, &["rmdir", "/db"]).status.success());
+    assert_eq!(json(&fs(&socket, &["ls", "--json"])), serde_json::json!([]));
+
+    // No DPU there: exit 3.
+    let nowhere = fs(&dir.path().join("none.sock"), &["df"]);
+    assert_eq!(nowhere.status.code(), Some(3));
+}
+
+#[test]
+fn dead_dpu_fails_pending_calls_and_restart_keeps_acknowledged_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let mut dpu = Dpu::start(&device, &socket);
+
+    let dds = Dds::connect(&socket).unwrap();
+    let f = dds.create_file("/acked").unwrap();
+    let acked: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    dds.write_sync(f.id, 0, &acked).unwrap();
+    dds.flush_sync(f.id).unwrap();
+    dds.set_file_size(f.id, 1 << 20).unwrap();
+
+    // Keep requests outstanding, then kill the DPU.
+    let g = dds.default_group().clone();
+    let mut issued = 0u64;
+    for i in 0..64u64 {
+        if dds.write(f.id, 65536 + i * 512, &[9u8; 512], i).is_ok() {
+            issued += 1;
+        }
+    }
+    dpu.kill9();
+    let start = Instant::now();
+    let mut completions = 0u64;
+    let dead = loop {
+        match g.poll_wait(Duration::from_millis(100)) {
+            Ok(Some(_)) => completions += 1,
+            Ok(None) => assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no failure within 5 s"
+            ),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(dead.status, Status::DpuDead);
+    assert!(completions <= issued);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let e = dds.write(f.id, 0, b"x", 0).unwrap_err();
+    assert_eq!(e.status, Status::DpuDead);
+    assert_eq!(dds.stat(f.id).unwrap_err().status, Status::DpuDead);
+
+    // A new DPU on the same device: the library reconnects; acknowledged state is there.
+    let _dpu2 = Dpu::start(&device, &socket);
+    let dds2 = dds.reconnect().unwrap();
+    let info = dds2.lookup("/acked").unwrap();
+    assert_eq!(info.size, 1 << 20);
+    let mut back = vec![0u8; acked.len()];
+    dds2.read_sync(info.id, 0, &mut back).unwrap();
+    assert_eq!(back, acked);
+}
+
+#[test]
+fn kill_during_metadata_stream_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let mut acked = Vec::new();
+    for round in 0..3 {
+        let mut dpu = Dpu::start(&device, &socket);
+        let dds = Dds::connect(&socket).unwrap();
+        let killer = std::thread::spawn({
+            let pid = dpu.child.id();
+            move || {
+                std::thread::sleep(Duration::from_millis(150 + 70 * round));
+                // SAFETY: kill(2) on the child's pid.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        });
+        for i in 0.. {
+            let path = format!("/r{round}-f{i}");
+            match dds.create_file(&path) {
+                Ok(info) => {
+                    if dds.set_file_size(info.id, 4096 * (i % 5 + 1)).is_err() {
+                        break;
+                    }
+                    acked.push((path, 4096 * (i % 5 + 1)));
+                }
+                Err(e) => {
+                    assert_eq!(e.status, Status::DpuDead, "unexpected error {e}");
+                    break;
+                }
+            }
+        }
+        killer.join().unwrap();
+        dpu.kill9();
+    }
+    assert!(!acked.is_empty());
+    let _dpu = Dpu::start(&device, &socket);
+    let dds = Dds::connect(&socket).unwrap();
+    for (path, size) in &acked {
+        let info = dds
+            .lookup(path)
+            .unwrap_or_else(|e| panic!("{path} lost: {e}"));
+        assert_eq!(info.size, *size, "{path}");
+    }
+    let df = dds.free_space().unwrap();
+    assert!(df.files as usize >= acked.len());
+}
+
+#[test]
+fn malformed_control_frames_close_only_that_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = Dpu::start(&device, &socket);
+    let good = Dds::connect(&socket).unwrap();
+
+    // Valid framing, not JSON: an error reply, the connection stays.
+    let mut raw = UnixStream::connect(&socket).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(&5u32.to_le_bytes()).unwrap();
+    raw.write_all(b"{nope").unwrap();
+    let reply = read_frame(&mut raw);
+    assert_eq!(reply["err"]["code"], Status::BadRequest.code());
+    // Unknown operation.
+    let body = br#"{"op":"format_everything"}"#;
+    raw.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+    raw.write_all(body).unwrap();
+    assert_eq!(
+        read_frame(&mut raw)["err"]["code"],
+        Status::BadRequest.code()
+    );
+    // A group without its descriptors.
+    let body = br#"{"op":"create_group","region_len":1,"req_offset":0,"req_capacity":65536,"resp_offset":0,"resp_capacity":65536}"#;
+    raw.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+    raw.write_all(body).unwrap();
+    assert_eq!(
+        read_frame(&mut raw)["err"]["code"],
+        Status::InvalidArgument.code()
+    );
+    // A huge length: the DPU answers once and hangs up.
+    raw.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let _ = read_frame(&mut raw);
+    let mut rest = Vec::new();
+    assert_eq!(raw.read_to_end(&mut rest).unwrap_or(0), 0);
+
+    // Everyone else is still served.
+    let f = good.create_file("/still").unwrap();
+    good.write_sync(f.id, 0, b"fine").unwrap();
+}
+
+fn read_frame(s: &mut UnixStream) -> Value {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
