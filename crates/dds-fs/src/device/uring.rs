@@ -28,6 +28,8 @@ pub const DEFAULT_QUEUE_DEPTH: usize = 128;
 /// `queue_depth` operations are outstanding; beyond that `submit` returns [`DeviceBusy`].
 pub struct UringDevice {
     file: File,
+    /// Holds the exclusive advisory lock on the device.
+    _lock: File,
     path: PathBuf,
     ring: IoUring,
     block_size: u32,
@@ -55,6 +57,13 @@ impl UringDevice {
             .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| FsError::io(&format!("open {} with O_DIRECT", path.display()), e))?;
+        // One file service per device: refuse a device another user has open. The lock sits on
+        // a separate open file description so it is released as soon as we close it, even if
+        // the kernel tears the io_uring (which references `file`) down asynchronously.
+        let lock = File::open(path)
+            .map_err(|e| FsError::io(&format!("open {} for locking", path.display()), e))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| FsError::io(&format!("{} is in use (flock)", path.display()), e.into()))?;
         let meta = file
             .metadata()
             .map_err(|e| FsError::io("fstat device", e))?;
@@ -98,6 +107,7 @@ impl UringDevice {
         );
         Ok(UringDevice {
             file,
+            _lock: lock,
             path: path.to_path_buf(),
             ring,
             block_size,
@@ -446,6 +456,17 @@ mod tests {
         assert!(r.as_slice().iter().all(|&b| b == 0));
         // misaligned sync I/O is rejected, not attempted
         assert!(d.write_sync(1, &w.as_slice()[..bs]).is_err());
+    }
+
+    #[test]
+    fn second_open_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dev");
+        UringDevice::create_file(&p, 1 << 20).unwrap();
+        let d = UringDevice::open(&p, 4).unwrap();
+        assert!(matches!(UringDevice::open(&p, 4), Err(FsError::Io(_))));
+        drop(d);
+        UringDevice::open(&p, 4).unwrap();
     }
 
     #[test]
