@@ -282,6 +282,18 @@ impl GroupState {
                 }
             }
             let align = if read_len > 0 { self.payload_align } else { 8 };
+            // A read slot that can never fit the response ring gets TooLarge, not a slot.
+            let (read_len, early) = if early.is_none()
+                && !dds_ring::fits(
+                    self.resp_capacity,
+                    RESPONSE_HEADER_BYTES as u32,
+                    read_len,
+                    align,
+                ) {
+                (0, Some(Status::TooLarge))
+            } else {
+                (read_len, early)
+            };
             let Some(place) =
                 self.resp
                     .alloc(dma, op_code, RESPONSE_HEADER_BYTES as u32, read_len, align)?

@@ -207,3 +207,117 @@ fn disconnect_frees_groups_and_dpu_keeps_serving() {
     assert_eq!(&buf, b"acknowledged");
     dpu.shutdown();
 }
+
+#[test]
+fn full_response_ring_applies_backpressure_without_loss() {
+    let dpu = start(ExecMode::ZeroCopy, true);
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let f = dds.create_file("/bp").unwrap();
+    let g = dds
+        .create_group(&GroupConfig {
+            request_ring_bytes: 64 << 10,
+            response_ring_bytes: 64 << 10,
+            max_outstanding: 256,
+            max_inflight_bytes: 0,
+        })
+        .unwrap();
+    dds.poll_add(f.id, &g, 1).unwrap();
+    let data: Vec<u8> = pattern(5, 4096 * 64);
+    for (i, chunk) in data.chunks(16384).enumerate() {
+        dds.write_sync(f.id, i as u64 * 16384, chunk).unwrap();
+    }
+    // A read that can never fit the response ring is refused up front.
+    let mut huge = vec![0u8; 40 << 10];
+    let e = unsafe { dds.read(f.id, 0, huge.as_mut_ptr(), 40 << 10, 0) }.unwrap_err();
+    assert_eq!(e.status, Status::TooLarge);
+    // 64 reads of 4 KiB need 4× the response ring: the DPU must hold back, not drop or exit.
+    let mut bufs = vec![vec![0u8; 4096]; 64];
+    let mut issued = 0;
+    for (i, b) in bufs.iter_mut().enumerate() {
+        match unsafe { dds.read(f.id, i as u64 * 4096, b.as_mut_ptr(), 4096, i as u64) } {
+            Ok(()) => issued += 1,
+            Err(e) => {
+                assert_eq!(e.status, Status::RingFull);
+                break;
+            }
+        }
+    }
+    assert!(issued > 16, "only {issued} reads fit the request ring");
+    std::thread::sleep(Duration::from_millis(50)); // let the DPU fill the response ring
+    let mut done = 0;
+    while done < issued {
+        let c = g
+            .poll_wait(Duration::from_secs(5))
+            .unwrap()
+            .expect("completion");
+        assert_eq!((c.status, c.bytes), (Status::Ok, 4096));
+        done += 1;
+    }
+    for (i, b) in bufs.iter().take(issued).enumerate() {
+        assert_eq!(&b[..], &data[i * 4096..(i + 1) * 4096], "read {i}");
+    }
+    dpu.shutdown();
+}
+
+#[test]
+fn full_device_is_no_space_and_keeps_existing_data() {
+    let dpu = start(ExecMode::ZeroCopy, false);
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let f = dds.create_file("/big").unwrap();
+    dds.write_sync(f.id, 0, b"first").unwrap();
+    let total = dds.free_space().unwrap().total_bytes;
+    let e = dds.set_file_size(f.id, total * 2).unwrap_err();
+    assert!(
+        matches!(e.status, Status::NoSpace | Status::OutOfRange),
+        "{e}"
+    );
+    let free = dds.free_space().unwrap().free_bytes;
+    // A write past all free space.
+    let e = dds.write_sync(f.id, free + (8 << 20), b"x").unwrap_err();
+    assert!(
+        matches!(e.status, Status::NoSpace | Status::OutOfRange),
+        "{e}"
+    );
+    let mut b = [0u8; 5];
+    dds.read_sync(f.id, 0, &mut b).unwrap();
+    assert_eq!(&b, b"first");
+    dpu.shutdown();
+}
+
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+#[test]
+fn sleeping_poll_wait_uses_no_cpu_and_wakes_on_completion() {
+    let dpu = start(ExecMode::ZeroCopy, true);
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let f = dds.create_file("/sleep").unwrap();
+    let g = dds.default_group().clone();
+    // Nothing pending: the caller sleeps for the whole timeout without spinning.
+    let (wall, cpu) = (std::time::Instant::now(), thread_cpu());
+    assert_eq!(g.poll_wait(Duration::from_millis(300)).unwrap(), None);
+    assert!(wall.elapsed() >= Duration::from_millis(300));
+    assert!(
+        thread_cpu() - cpu < Duration::from_millis(30),
+        "sleeping mode burned CPU"
+    );
+    // A completion wakes a sleeper long before its timeout.
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let t = std::time::Instant::now();
+            let c = g
+                .poll_wait(Duration::from_secs(10))
+                .unwrap()
+                .expect("woken");
+            (c, t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        dds.write(f.id, 0, b"wake", 42).unwrap();
+        let (c, waited) = h.join().unwrap();
+        assert_eq!((c.io_ctx, c.status), (42, Status::Ok));
+        assert!(waited < Duration::from_secs(2), "woken late: {waited:?}");
+    });
+    dpu.shutdown();
+}

@@ -37,9 +37,9 @@ unsafe impl Sync for IoVec {}
 /// Settings of one notification group.
 #[derive(Clone, Debug)]
 pub struct GroupConfig {
-    /// Request ring data bytes (power of two, ≥ 64 KiB).
+    /// Request ring data bytes (power of two, ≥ 64 KiB). A write must fit in half of it.
     pub request_ring_bytes: usize,
-    /// Response ring data bytes (power of two, ≥ 64 KiB).
+    /// Response ring data bytes (power of two, ≥ 64 KiB). A read must fit in half of it.
     pub response_ring_bytes: usize,
     /// Outstanding operations at most (slots); more get `TooManyOutstanding`.
     pub max_outstanding: u16,
@@ -50,7 +50,7 @@ pub struct GroupConfig {
 impl Default for GroupConfig {
     fn default() -> Self {
         GroupConfig {
-            request_ring_bytes: 2 << 20,
+            request_ring_bytes: 4 << 20,
             response_ring_bytes: 4 << 20,
             max_outstanding: 1024,
             max_inflight_bytes: 0,
@@ -156,6 +156,7 @@ pub(crate) struct GroupInner {
     driver: Mutex<()>,
     payload_align: u32,
     max_io_bytes: u32,
+    response_capacity: u64,
     epoch: Instant,
     last_alive_check_ms: AtomicU64,
     // Last field: the rings point into this mapping.
@@ -253,6 +254,7 @@ impl Group {
                 driver: Mutex::new(()),
                 payload_align: shared.hello.payload_align.max(8),
                 max_io_bytes: shared.hello.max_io_bytes,
+                response_capacity: cfg.response_ring_bytes as u64,
                 epoch: Instant::now(),
                 last_alive_check_ms: AtomicU64::new(0),
                 _region: region,
@@ -374,6 +376,17 @@ impl GroupInner {
             return Err(DdsError::new(
                 Status::TooLarge,
                 format!("read of {total} bytes exceeds {} bytes", self.max_io_bytes),
+            ));
+        }
+        if !dds_ring::fits(
+            self.response_capacity,
+            RESPONSE_HEADER_BYTES as u32,
+            total as u32,
+            self.payload_align,
+        ) {
+            return Err(DdsError::new(
+                Status::TooLarge,
+                format!("read of {total} bytes does not fit the group's response ring"),
             ));
         }
         let (idx, request_id) = self.take_slot(|d| {
