@@ -69,7 +69,7 @@ fn raw_group(sock: &UnixStream) -> RawGroup {
 fn next_response(g: &RawGroup, within: Duration) -> Option<record::ResponseHeader> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if let Some(h) = g.consumer.try_pop(|rec| record::decode_response(rec)) {
+        if let Some(h) = g.consumer.try_pop(record::decode_response) {
             return h;
         }
         std::thread::sleep(Duration::from_millis(1));
