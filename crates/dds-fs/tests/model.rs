@@ -65,8 +65,9 @@ fn ocfg() -> OpenConfig {
     }
 }
 
-fn run(steps: Vec<Step>, seed: u64) -> Result<(), TestCaseError> {
-    let dev = MemDevice::new(192 << 10, 512)
+fn run(steps: Vec<Step>, seed: u64, block: u32) -> Result<(), TestCaseError> {
+    let size = if block == 512 { 192 << 10 } else { 320 << 10 };
+    let dev = MemDevice::new(size, block)
         .with_reordering(seed)
         .with_queue_depth(8);
     let fcfg = FormatConfig {
@@ -225,6 +226,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
     #[test]
     fn matches_model(steps in prop::collection::vec(step(), 5..50), seed in 1u64..u64::MAX) {
-        run(steps, seed)?;
+        run(steps, seed, 512)?;
+    }
+
+    #[test]
+    fn matches_model_4k_blocks(steps in prop::collection::vec(step(), 5..40), seed in 1u64..u64::MAX) {
+        run(steps, seed, 4096)?;
     }
 }
