@@ -234,12 +234,8 @@ impl DataPath {
         let bs = g.block_size as usize;
         let unit = bs.max(4096);
         let need = align_up(cfg.max_io_bytes as u64 + 2 * bs as u64, unit as u64) as usize;
-        if cfg.bounce_bytes < need {
-            return bad(format!(
-                "bounce_bytes {} below one maximum I/O plus two blocks ({need})",
-                cfg.bounce_bytes
-            ));
-        }
+        // The pool must hold at least one maximum-size I/O; smaller requests are raised.
+        let bounce_bytes = cfg.bounce_bytes.max(need);
         let n = cfg.max_inflight as usize;
         Ok(DataPath {
             max_io: cfg.max_io_bytes,
@@ -249,7 +245,7 @@ impl DataPath {
             blocked: Vec::with_capacity(n),
             done: VecDeque::with_capacity(n),
             comps: vec![DevCompletion::default(); queue_depth.clamp(1, 1024)],
-            bounce: BouncePool::new(cfg.bounce_bytes, unit, align),
+            bounce: BouncePool::new(bounce_bytes, unit, align),
             next_seq: 0,
             active_writes: 0,
         })

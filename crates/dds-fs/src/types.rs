@@ -106,7 +106,7 @@ pub struct OpenConfig {
     /// Largest read/write length (default 1 MiB, at most 256 MiB). `TooLarge` beyond it.
     pub max_io_bytes: u32,
     /// Total size of the aligned bounce-buffer pool used by unaligned I/O (default 8 MiB);
-    /// must hold at least one maximum-size I/O plus two blocks. `Busy` when exhausted.
+    /// raised to at least one maximum-size I/O plus two blocks. `Busy` when exhausted.
     pub bounce_bytes: usize,
 }
 

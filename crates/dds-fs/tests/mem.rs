@@ -196,7 +196,7 @@ fn corrupt_or_foreign_devices_are_rejected() {
         FileService::open(
             Box::new(dev),
             dds_fs::OpenConfig {
-                bounce_bytes: 10,
+                max_inflight: 0,
                 ..small_open()
             }
         ),
