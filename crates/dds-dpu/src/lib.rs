@@ -9,6 +9,7 @@
 
 mod control;
 mod group;
+pub mod profile;
 mod service;
 
 use std::path::PathBuf;
