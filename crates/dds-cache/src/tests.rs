@@ -23,7 +23,7 @@ fn table(buckets: usize) -> (CacheWriter, CacheReader) {
 fn keys_in_pair(w: &CacheWriter, pair: (usize, usize), n: usize) -> Vec<u64> {
     (0u64..)
         .filter(|&k| {
-            let (a, b) = w.candidates_of(k);
+            let (a, b) = w.candidate_buckets(k);
             (a, b) == pair || (b, a) == pair
         })
         .take(n)
@@ -284,7 +284,7 @@ fn invalidate_with_no_free_slot_uses_the_bucket_floor() {
     }
     assert_eq!(w.invalidate(77, 40), InvalidateOutcome::BucketFloor);
     assert_eq!(w.min_version(77), 41);
-    let (b1, _) = w.candidates_of(77);
+    let (b1, _) = w.candidate_buckets(77);
     assert_eq!(w.floor_of(b1), 41);
     w.remove(0);
     assert_eq!(
@@ -297,7 +297,7 @@ fn invalidate_with_no_free_slot_uses_the_bucket_floor() {
 #[test]
 fn empty_slots_are_preferred_to_tombstones() {
     let (mut w, _r) = table(64);
-    let keys = keys_in_pair(&w, w.candidates_of(0), 5);
+    let keys = keys_in_pair(&w, w.candidate_buckets(0), 5);
     w.invalidate(keys[0], 9);
     for &k in &keys[1..5] {
         w.insert(item(k, 1)).unwrap();
@@ -335,7 +335,7 @@ fn displaced_items_stay_in_their_candidate_buckets() {
     }
     for &k in &inserted {
         let (b, _, live) = w.slot_of(k).unwrap();
-        let (c1, c2) = w.candidates_of(k);
+        let (c1, c2) = w.candidate_buckets(k);
         assert!(live && (b == c1 || b == c2));
         assert!(r.contains(k));
     }
