@@ -1,7 +1,227 @@
-use anyhow::Result;
-use clap::Args;
+//! `dds bench ring|files|cache-table`: runs a benchmark of `dds-bench`, prints its tables and
+//! writes `<out>/<name>.json` and the plots.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use dds_bench::cache_table::{self, CacheOptions};
+use dds_bench::files::{self, FilesMode, FilesOptions};
+use dds_bench::report::Report;
+use dds_bench::ring::{self, RingOptions};
+
+use crate::util::parse_size;
+
 #[derive(Args, Debug)]
-pub struct BenchArgs {}
-pub fn run(_a: BenchArgs) -> Result<()> {
-    anyhow::bail!("no benchmarks yet")
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(Subcommand, Debug)]
+enum Which {
+    /// Fig. 16: 8-byte messages from 1..64 host producers through the progress ring, a
+    /// FaRM-style ring, a lock-based ring and crossbeam's ArrayQueue.
+    Ring(RingArgs),
+    /// Fig. 17: random file I/O through the library against `dds dpu` (zero-copy and copy
+    /// modes) and the host's own io_uring + O_DIRECT.
+    Files(FilesArgs),
+    /// The cache table: one writer's inserts/s, 1..N readers' lookups/s, against DashMap and
+    /// RwLock<HashMap>.
+    CacheTable(CacheArgs),
+}
+
+#[derive(Args, Debug)]
+struct Common {
+    /// Short run (well under a minute) for smoke tests.
+    #[arg(long)]
+    quick: bool,
+    /// Directory of the JSON results and the plots.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Rounds over all points (figures are medians); default 3 for ring, 2 for files and
+    /// cache-table, 1 with --quick.
+    #[arg(long)]
+    trials: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct RingArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Producer counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    producers: Vec<usize>,
+    /// DMA cost model settings to run: on, off or both.
+    #[arg(long, default_value = "both")]
+    dma_cost: String,
+    /// Time budget of one point, seconds (default 0.4, 0.04 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+#[derive(Args, Debug)]
+struct FilesArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Directory of the device file and the io_uring file (same disk as the repository by
+    /// default).
+    #[arg(long, default_value = "target/bench-devices")]
+    dir: PathBuf,
+    /// I/O sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1K,4K,16K,64K", value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Modes: zero-copy, copy, io-uring.
+    #[arg(long, value_delimiter = ',', default_value = "zero-copy,copy,io-uring")]
+    modes: Vec<FilesMode>,
+    /// Size of the file the workload touches (default 1G, 128M with --quick).
+    #[arg(long, value_parser = parse_size)]
+    file_size: Option<u64>,
+    /// Host threads issuing I/O.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Outstanding operations per thread.
+    #[arg(long, default_value_t = 32)]
+    depth: usize,
+    /// Fraction of reads.
+    #[arg(long, default_value_t = 0.5)]
+    read_ratio: f64,
+    /// Time budget of one run, seconds (default 3, 0.6 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// PCIe DMA cost model of the DPU: on or off.
+    #[arg(long, default_value = "on")]
+    dma_cost: String,
+    /// Keep the device file and the io_uring file.
+    #[arg(long)]
+    keep_files: bool,
+}
+
+#[derive(Args, Debug)]
+struct CacheArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Item counts (default 1M,16M; 1M with --quick).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    items: Option<Vec<u64>>,
+    /// Reader thread counts (default 1,2,4,... up to twice the CPUs, at least 4).
+    #[arg(long, value_delimiter = ',')]
+    readers: Option<Vec<usize>>,
+    /// Lookups per reader (default 4M, 1M with --quick).
+    #[arg(long, value_parser = parse_size)]
+    lookups: Option<u64>,
+}
+
+/// The command line as typed, for the results.
+fn command_line() -> String {
+    let mut args = std::env::args();
+    args.next();
+    std::iter::once("dds".to_string())
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn finish(report: &Report, out: &PathBuf) -> Result<()> {
+    print!("{}", report.render());
+    let written = report.write(out)?;
+    for p in written {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.which {
+        Which::Ring(r) => {
+            let mut o = if r.common.quick { RingOptions::quick() } else { RingOptions::full() };
+            if r.producers.is_empty() || r.producers.contains(&0) {
+                bail!("--producers needs positive counts");
+            }
+            o.producers = r.producers;
+            o.cost_model = match r.dma_cost.as_str() {
+                "both" => vec![true, false],
+                "on" => vec![true],
+                "off" => vec![false],
+                other => bail!("--dma-cost takes on, off or both, not {other:?}"),
+            };
+            if let Some(s) = r.seconds {
+                o.seconds_per_point = s;
+            }
+            if let Some(t) = r.common.trials {
+                o.trials = t.max(1);
+            }
+            o.quiet = r.common.quiet;
+            o.command = command_line();
+            finish(&ring::run(&o), &r.common.out)
+        }
+        Which::Files(f) => {
+            let exe = std::env::current_exe().context("locate the dds binary")?;
+            let dir = std::path::absolute(&f.dir)
+                .with_context(|| format!("resolve {}", f.dir.display()))?;
+            let mut o = if f.common.quick {
+                FilesOptions::quick(exe, dir)
+            } else {
+                FilesOptions::full(exe, dir)
+            };
+            o.sizes = f
+                .sizes
+                .iter()
+                .map(|&s| u32::try_from(s).context("I/O size must be below 4 GiB"))
+                .collect::<Result<_>>()?;
+            if f.modes.is_empty() {
+                bail!("--modes needs at least one mode");
+            }
+            o.modes = f.modes;
+            if let Some(s) = f.file_size {
+                o.file_bytes = s;
+            }
+            o.threads = f.threads;
+            o.depth = f.depth;
+            if !(0.0..=1.0).contains(&f.read_ratio) {
+                bail!("--read-ratio must be within 0..1");
+            }
+            o.read_ratio = f.read_ratio;
+            if let Some(s) = f.seconds {
+                o.seconds_per_run = s;
+            }
+            o.dma_cost = match f.dma_cost.as_str() {
+                "on" => true,
+                "off" => false,
+                other => bail!("--dma-cost takes on or off, not {other:?}"),
+            };
+            o.keep_files = f.keep_files;
+            if let Some(t) = f.common.trials {
+                o.trials = t.max(1);
+            }
+            o.quiet = f.common.quiet;
+            o.command = command_line();
+            let report = files::run(&o).context("files benchmark")?;
+            finish(&report, &f.common.out)
+        }
+        Which::CacheTable(c) => {
+            let mut o = if c.common.quick { CacheOptions::quick() } else { CacheOptions::full() };
+            if let Some(items) = c.items {
+                o.items = items.into_iter().map(|n| n as usize).collect();
+            }
+            if let Some(r) = c.readers {
+                o.readers = r;
+            }
+            if let Some(n) = c.lookups {
+                o.lookups_per_reader = n as usize;
+            }
+            if o.items.contains(&0) || o.readers.is_empty() || o.readers.contains(&0) {
+                bail!("--items and --readers need positive counts");
+            }
+            if let Some(t) = c.common.trials {
+                o.trials = t.max(1);
+            }
+            o.quiet = c.common.quiet;
+            o.command = command_line();
+            finish(&cache_table::run(&o), &c.common.out)
+        }
+    }
 }

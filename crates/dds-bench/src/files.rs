@@ -1,0 +1,624 @@
+//! `dds bench files` — Fig. 17 of the paper: host-issued random reads and writes of 1 to
+//! 64 KiB through the DDS library against the emulated DPU (`dds dpu`, a separate process
+//! reaching host memory only through the emulated DMA engine) in zero-copy mode and in copy
+//! mode, and the host doing the same I/O itself with io_uring + O_DIRECT on a regular file of
+//! the same size on the same disk.
+//!
+//! Both files are written fully once before any measurement, so no run measures allocation.
+//! The modes run side by side for each I/O size, trial after trial; figures are medians.
+//! Host CPU is this process's CPU time (getrusage) per operation, DPU CPU the `dds dpu`
+//! process's (from /proc/<pid>/stat).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use dds_host::Dds;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::cpu::{process_cpu_seconds, process_status_bytes, self_cpu_seconds};
+use crate::dpu::DpuProcess;
+use crate::machine::{cost_model_text, Machine};
+use crate::plot::{LineChart, Series};
+use crate::report::{fmt_num, median, ratio, Report, Table, Target};
+use crate::workload::{self, WorkloadResult, WorkloadSpec};
+
+/// Who executes the I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FilesMode {
+    /// The DDS library against `dds dpu --mode zero-copy`.
+    ZeroCopy,
+    /// The DDS library against `dds dpu --mode copy`.
+    Copy,
+    /// The host itself: io_uring + O_DIRECT on a regular file.
+    IoUring,
+}
+
+impl FilesMode {
+    pub const ALL: [FilesMode; 3] = [FilesMode::ZeroCopy, FilesMode::Copy, FilesMode::IoUring];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FilesMode::ZeroCopy => "zero_copy",
+            FilesMode::Copy => "copy",
+            FilesMode::IoUring => "io_uring",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FilesMode::ZeroCopy => "DDS zero-copy",
+            FilesMode::Copy => "DDS copy",
+            FilesMode::IoUring => "host io_uring",
+        }
+    }
+
+    fn dpu_mode(self) -> Option<&'static str> {
+        match self {
+            FilesMode::ZeroCopy => Some("zero-copy"),
+            FilesMode::Copy => Some("copy"),
+            FilesMode::IoUring => None,
+        }
+    }
+}
+
+impl std::str::FromStr for FilesMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        FilesMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s.replace('-', "_"))
+            .ok_or_else(|| format!("unknown mode {s:?} (zero-copy, copy, io-uring)"))
+    }
+}
+
+/// Settings of a files benchmark run.
+#[derive(Clone, Debug, Serialize)]
+pub struct FilesOptions {
+    /// The `dds` binary (started as `dds format` and `dds dpu`).
+    pub exe: PathBuf,
+    /// Directory of the device file and the io_uring file.
+    pub dir: PathBuf,
+    /// I/O sizes, bytes.
+    pub sizes: Vec<u32>,
+    pub modes: Vec<FilesMode>,
+    /// Bytes of the file the workload reads and writes (and of the io_uring file).
+    pub file_bytes: u64,
+    pub threads: usize,
+    /// Outstanding operations per thread.
+    pub depth: usize,
+    /// Fraction of reads.
+    pub read_ratio: f64,
+    /// Time budget of one run (its operation count is calibrated by a pilot run).
+    pub seconds_per_run: f64,
+    pub pilot_ops: u64,
+    pub max_ops: u64,
+    pub trials: usize,
+    /// PCIe cost model of the emulated DMA engine.
+    pub dma_cost: bool,
+    /// Keep the device and io_uring files afterwards.
+    pub keep_files: bool,
+    #[serde(skip)]
+    pub quiet: bool,
+    pub command: String,
+}
+
+impl FilesOptions {
+    pub fn full(exe: PathBuf, dir: PathBuf) -> FilesOptions {
+        FilesOptions {
+            exe,
+            dir,
+            sizes: vec![1 << 10, 4 << 10, 16 << 10, 64 << 10],
+            modes: FilesMode::ALL.to_vec(),
+            file_bytes: 1 << 30,
+            threads: 2,
+            depth: 32,
+            read_ratio: 0.5,
+            seconds_per_run: 3.0,
+            pilot_ops: 4_000,
+            max_ops: 5_000_000,
+            trials: 2,
+            dma_cost: true,
+            keep_files: false,
+            quiet: false,
+            command: "dds bench files".into(),
+        }
+    }
+
+    pub fn quick(exe: PathBuf, dir: PathBuf) -> FilesOptions {
+        FilesOptions {
+            file_bytes: 128 << 20,
+            seconds_per_run: 0.6,
+            pilot_ops: 1_000,
+            trials: 1,
+            command: "dds bench files --quick".into(),
+            ..FilesOptions::full(exe, dir)
+        }
+    }
+}
+
+/// One measured run.
+#[derive(Clone, Debug, Serialize)]
+pub struct FilesPoint {
+    pub trial: usize,
+    pub mode: FilesMode,
+    pub io_bytes: u32,
+    #[serde(flatten)]
+    pub result: WorkloadResult,
+    /// This process's CPU time per operation, µs.
+    pub host_cpu_us_per_op: f64,
+    /// The `dds dpu` process's CPU time per operation, µs (library modes).
+    pub dpu_cpu_us_per_op: Option<f64>,
+}
+
+const FILE_PATH: &str = "/bench/files.dat";
+
+fn size_label(b: u32) -> String {
+    if b >= 1024 && b % 1024 == 0 {
+        format!("{}k", b / 1024)
+    } else {
+        format!("{b}b")
+    }
+}
+
+/// Formats a fresh device file with `dds format`.
+fn format_device(exe: &Path, device: &Path, bytes: u64) -> Result<()> {
+    let _ = std::fs::remove_file(device);
+    let out = Command::new(exe)
+        .arg("format")
+        .arg("--device")
+        .arg(device)
+        .arg("--size")
+        .arg(bytes.to_string())
+        .output()
+        .with_context(|| format!("run {} format", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "`dds format --device {}` failed ({}): {}",
+            device.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+struct Bench<'a> {
+    opts: &'a FilesOptions,
+    device: PathBuf,
+    socket: PathBuf,
+    uring_file: PathBuf,
+    /// Peak RSS (VmHWM) of each DPU mode, bytes.
+    peak_rss: BTreeMap<FilesMode, u64>,
+}
+
+impl Bench<'_> {
+    fn start_dpu(&self, mode: FilesMode) -> Result<DpuProcess> {
+        let dpu_mode = mode.dpu_mode().expect("library mode");
+        let log = self.opts.dir.join(format!("dpu-{}.log", mode.name()));
+        DpuProcess::start(
+            &self.opts.exe,
+            &self.device,
+            &self.socket,
+            &["--mode", dpu_mode, "--dma-cost", if self.opts.dma_cost { "on" } else { "off" }],
+            &log,
+        )
+    }
+
+    fn spec(&self, file: u32, io_bytes: u32, ops: u64, seed: u64) -> WorkloadSpec {
+        WorkloadSpec {
+            file,
+            file_bytes: self.opts.file_bytes,
+            io_bytes,
+            read_ratio: self.opts.read_ratio,
+            threads: self.opts.threads,
+            depth: self.opts.depth,
+            ops,
+            seed,
+        }
+    }
+
+    fn ops_for(&self, pilot: &WorkloadResult) -> u64 {
+        ((pilot.ops_per_sec * self.opts.seconds_per_run) as u64)
+            .clamp(self.opts.pilot_ops, self.opts.max_ops)
+    }
+
+    /// Creates the file on the device and writes all of it once.
+    fn prepare_device(&self) -> Result<()> {
+        let dpu = self.start_dpu(FilesMode::ZeroCopy)?;
+        let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
+        let _ = dds.create_dir("/bench");
+        let info = dds.open_or_create(FILE_PATH)?;
+        if info.size < self.opts.file_bytes {
+            dds.set_file_size(info.id, self.opts.file_bytes)?;
+        }
+        let chunk_len = (dds.hello().max_io_bytes as u64).clamp(4096, 512 << 10) as usize;
+        let chunk = vec![0xa5u8; chunk_len];
+        let mut off = 0u64;
+        while off < self.opts.file_bytes {
+            let n = (self.opts.file_bytes - off).min(chunk_len as u64) as usize;
+            let w = dds.write_sync(info.id, off, &chunk[..n])?;
+            if w != n {
+                bail!("short write while filling the file ({w} of {n} bytes)");
+            }
+            off += n as u64;
+        }
+        dds.flush_sync(info.id)?;
+        drop(dds);
+        dpu.stop()
+    }
+
+    fn run_library(
+        &mut self,
+        mode: FilesMode,
+        io_bytes: u32,
+        trial: usize,
+        pilot_ops: &mut BTreeMap<(FilesMode, u32), u64>,
+    ) -> Result<FilesPoint> {
+        let mut dpu = self.start_dpu(mode)?;
+        let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
+        let file = dds.lookup(FILE_PATH)?;
+        if file.size < self.opts.file_bytes {
+            bail!("{FILE_PATH} on the device is smaller than the workload's file");
+        }
+        let seed = 0xdd5 + trial as u64;
+        let ops = match pilot_ops.get(&(mode, io_bytes)) {
+            Some(&n) => n,
+            None => {
+                let pilot = workload::run(&dds, &self.spec(file.id, io_bytes, self.opts.pilot_ops, seed ^ 1), &|_| {})?;
+                let n = self.ops_for(&pilot);
+                pilot_ops.insert((mode, io_bytes), n);
+                n
+            }
+        };
+        let spec = self.spec(file.id, io_bytes, ops, seed);
+        let host0 = self_cpu_seconds();
+        let dpu0 = process_cpu_seconds(dpu.pid())?;
+        let result = workload::run(&dds, &spec, &|_| {});
+        let host = self_cpu_seconds() - host0;
+        let dpu_cpu = process_cpu_seconds(dpu.pid())? - dpu0;
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                dpu.check()?;
+                return Err(e);
+            }
+        };
+        if let Ok(hwm) = process_status_bytes(dpu.pid(), "VmHWM") {
+            let e = self.peak_rss.entry(mode).or_insert(0);
+            *e = (*e).max(hwm);
+        }
+        drop(dds);
+        dpu.stop()?;
+        if result.errors > 0 {
+            bail!("{} of {} operations failed ({} mode, {io_bytes} B)", result.errors, result.ops, mode.name());
+        }
+        let n = result.ops.max(1) as f64;
+        Ok(FilesPoint {
+            trial,
+            mode,
+            io_bytes,
+            host_cpu_us_per_op: host * 1e6 / n,
+            dpu_cpu_us_per_op: Some(dpu_cpu * 1e6 / n),
+            result,
+        })
+    }
+
+    fn run_uring(
+        &self,
+        io_bytes: u32,
+        trial: usize,
+        pilot_ops: &mut BTreeMap<(FilesMode, u32), u64>,
+    ) -> Result<FilesPoint> {
+        let seed = 0xdd5 + trial as u64;
+        let ops = match pilot_ops.get(&(FilesMode::IoUring, io_bytes)) {
+            Some(&n) => n,
+            None => {
+                let pilot = crate::uring::run(&self.uring_file, &self.spec(0, io_bytes, self.opts.pilot_ops, seed ^ 1), &|_| {})?;
+                let n = self.ops_for(&pilot);
+                pilot_ops.insert((FilesMode::IoUring, io_bytes), n);
+                n
+            }
+        };
+        let host0 = self_cpu_seconds();
+        let result = crate::uring::run(&self.uring_file, &self.spec(0, io_bytes, ops, seed), &|_| {})?;
+        let host = self_cpu_seconds() - host0;
+        if result.errors > 0 {
+            bail!("{} of {} io_uring operations failed ({io_bytes} B)", result.errors, result.ops);
+        }
+        Ok(FilesPoint {
+            trial,
+            mode: FilesMode::IoUring,
+            io_bytes,
+            host_cpu_us_per_op: host * 1e6 / result.ops.max(1) as f64,
+            dpu_cpu_us_per_op: None,
+            result,
+        })
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &FilesOptions) -> Result<Report> {
+    if opts.sizes.is_empty() || opts.modes.is_empty() {
+        bail!("the files benchmark needs at least one size and one mode");
+    }
+    if opts.sizes.iter().any(|&s| s == 0 || s % 512 != 0) {
+        bail!("I/O sizes must be positive multiples of 512 bytes (O_DIRECT)");
+    }
+    std::fs::create_dir_all(&opts.dir)
+        .with_context(|| format!("create {}", opts.dir.display()))?;
+    let machine = Machine::detect();
+    let mut bench = Bench {
+        opts,
+        device: opts.dir.join("files-device.img"),
+        socket: std::env::temp_dir().join(format!("dds-bench-files-{}.sock", std::process::id())),
+        uring_file: opts.dir.join("files-io_uring.dat"),
+        peak_rss: BTreeMap::new(),
+    };
+    let library = opts.modes.iter().any(|m| m.dpu_mode().is_some());
+    let steps = (opts.trials.max(1) * opts.sizes.len() * opts.modes.len()) as u64;
+    let bar = crate::progress::bar(steps + 1, opts.quiet);
+    bar.set_message("preparing the device file and the io_uring file");
+    if library {
+        // A device with room for the file plus metadata segments.
+        let device_bytes = opts.file_bytes + (256 << 20);
+        format_device(&opts.exe, &bench.device, device_bytes)?;
+        bench.prepare_device()?;
+    }
+    if opts.modes.contains(&FilesMode::IoUring) {
+        crate::uring::prepare_file(&bench.uring_file, opts.file_bytes)?;
+    }
+    bar.inc(1);
+    let mut pilot_ops = BTreeMap::new();
+    let mut points = Vec::new();
+    let outcome = (|| -> Result<()> {
+        for trial in 0..opts.trials.max(1) {
+            for &size in &opts.sizes {
+                for &mode in &opts.modes {
+                    bar.set_message(format!(
+                        "trial {} · {} · {} I/O",
+                        trial + 1,
+                        mode.label(),
+                        size_label(size)
+                    ));
+                    let p = if mode == FilesMode::IoUring {
+                        bench.run_uring(size, trial, &mut pilot_ops)?
+                    } else {
+                        bench.run_library(mode, size, trial, &mut pilot_ops)?
+                    };
+                    points.push(p);
+                    bar.inc(1);
+                }
+            }
+        }
+        Ok(())
+    })();
+    bar.finish_and_clear();
+    if !opts.keep_files {
+        let _ = std::fs::remove_file(&bench.device);
+        let _ = std::fs::remove_file(&bench.uring_file);
+    }
+    outcome?;
+    Ok(summarize(opts, machine, points, &bench.peak_rss))
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Cell {
+    iops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    host_cpu_us: f64,
+    dpu_cpu_us: f64,
+}
+
+fn summarize(
+    opts: &FilesOptions,
+    machine: Machine,
+    points: Vec<FilesPoint>,
+    peak_rss: &BTreeMap<FilesMode, u64>,
+) -> Report {
+    let mut groups: BTreeMap<(FilesMode, u32), Vec<&FilesPoint>> = BTreeMap::new();
+    for p in &points {
+        groups.entry((p.mode, p.io_bytes)).or_default().push(p);
+    }
+    let cells: BTreeMap<(FilesMode, u32), Cell> = groups
+        .into_iter()
+        .map(|(k, v)| {
+            let m = |f: &dyn Fn(&FilesPoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
+            (
+                k,
+                Cell {
+                    iops: m(&|p| p.result.ops_per_sec),
+                    p50_us: m(&|p| p.result.p50_us),
+                    p99_us: m(&|p| p.result.p99_us),
+                    host_cpu_us: m(&|p| p.host_cpu_us_per_op),
+                    dpu_cpu_us: m(&|p| p.dpu_cpu_us_per_op.unwrap_or(0.0)),
+                },
+            )
+        })
+        .collect();
+    let get = |m: FilesMode, s: u32| cells.get(&(m, s)).copied().unwrap_or_default();
+    let small = *opts.sizes.iter().min().expect("sizes");
+    let large = *opts.sizes.iter().max().expect("sizes");
+    let mut summary = serde_json::Map::new();
+    summary.insert("read_ratio".into(), json!(opts.read_ratio));
+    summary.insert("threads".into(), json!(opts.threads));
+    summary.insert("depth_per_thread".into(), json!(opts.depth));
+    summary.insert("file_bytes".into(), json!(opts.file_bytes));
+    summary.insert("dma_cost_model".into(), json!(opts.dma_cost));
+    for &mode in &opts.modes {
+        let mut s = serde_json::Map::new();
+        for &size in &opts.sizes {
+            let c = get(mode, size);
+            let l = size_label(size);
+            s.insert(format!("iops_{l}"), json!(c.iops));
+            s.insert(format!("host_cpu_us_per_op_{l}"), json!(c.host_cpu_us));
+            if mode != FilesMode::IoUring {
+                s.insert(format!("dpu_cpu_us_per_op_{l}"), json!(c.dpu_cpu_us));
+            }
+            s.insert(format!("p50_us_{l}"), json!(c.p50_us));
+            s.insert(format!("p99_us_{l}"), json!(c.p99_us));
+        }
+        summary.insert(mode.name().into(), serde_json::Value::Object(s));
+    }
+    let mut targets = Vec::new();
+    let has = |m: FilesMode| opts.modes.contains(&m);
+    let ll = size_label(large);
+    if has(FilesMode::ZeroCopy) && has(FilesMode::Copy) {
+        let r = ratio(get(FilesMode::ZeroCopy, large).iops, get(FilesMode::Copy, large).iops);
+        summary.insert(format!("zero_copy_over_copy_iops_{ll}"), json!(r));
+        targets.push(Target::at_least(format!("zero-copy / copy IOPS at {ll}B"), r, 1.5));
+    }
+    if has(FilesMode::ZeroCopy) && has(FilesMode::IoUring) {
+        for size in [small, large] {
+            let l = size_label(size);
+            let (z, u) = (get(FilesMode::ZeroCopy, size), get(FilesMode::IoUring, size));
+            let r_iops = ratio(z.iops, u.iops);
+            let r_cpu = ratio(z.host_cpu_us, u.host_cpu_us);
+            summary.insert(format!("library_over_io_uring_iops_{l}"), json!(r_iops));
+            summary.insert(format!("library_over_io_uring_host_cpu_{l}"), json!(r_cpu));
+            targets.push(Target::at_least(
+                format!("library (zero-copy) / io_uring IOPS at {l}B"),
+                r_iops,
+                0.9,
+            ));
+            targets.push(Target::at_most(
+                format!("library (zero-copy) / io_uring host CPU per op at {l}B"),
+                r_cpu,
+                0.3,
+            ));
+            if size == large {
+                break;
+            }
+        }
+    }
+    if let Some(&rss) = peak_rss.get(&FilesMode::ZeroCopy) {
+        summary.insert("dpu_peak_rss_bytes".into(), json!(rss));
+        targets.push(Target::at_most(
+            "DPU process peak RSS (VmHWM), default settings, MiB",
+            rss as f64 / (1u64 << 20) as f64,
+            1024.0,
+        ));
+    }
+    if let Some(&rss) = peak_rss.get(&FilesMode::Copy) {
+        summary.insert("dpu_peak_rss_bytes_copy_mode".into(), json!(rss));
+    }
+    summary.insert("targets".into(), json!(targets));
+
+    let mut t = Table::new(
+        format!(
+            "Random I/O, {:.0}% reads, {} threads × {} outstanding, {} MiB file, medians of {} trial(s)",
+            opts.read_ratio * 100.0,
+            opts.threads,
+            opts.depth,
+            opts.file_bytes >> 20,
+            opts.trials.max(1)
+        ),
+        &[
+            "size",
+            "mode",
+            "IOPS",
+            "MB/s",
+            "p50 µs",
+            "p99 µs",
+            "host CPU µs/op",
+            "DPU CPU µs/op",
+        ],
+    );
+    for &size in &opts.sizes {
+        for &mode in &opts.modes {
+            let c = get(mode, size);
+            t.row(vec![
+                size_label(size).to_uppercase() + "iB",
+                mode.label().into(),
+                fmt_num(c.iops),
+                format!("{:.1}", c.iops * size as f64 / 1e6),
+                format!("{:.0}", c.p50_us),
+                format!("{:.0}", c.p99_us),
+                format!("{:.2}", c.host_cpu_us),
+                if mode == FilesMode::IoUring {
+                    "-".into()
+                } else {
+                    format!("{:.2}", c.dpu_cpu_us)
+                },
+            ]);
+        }
+    }
+    let mut tr = Table::new("Ratios", &["size", "zero-copy / copy IOPS", "library / io_uring IOPS", "library / io_uring host CPU per op"]);
+    for &size in &opts.sizes {
+        let (z, c, u) = (get(FilesMode::ZeroCopy, size), get(FilesMode::Copy, size), get(FilesMode::IoUring, size));
+        tr.row(vec![
+            size_label(size).to_uppercase() + "iB",
+            format!("{:.2}", ratio(z.iops, c.iops)),
+            format!("{:.2}", ratio(z.iops, u.iops)),
+            format!("{:.2}", ratio(z.host_cpu_us, u.host_cpu_us)),
+        ]);
+    }
+    let note = format!(
+        "{} CPUs, {}; DPU emulated (separate process, DMA cost model {}); {} threads x {} outstanding, {:.0}% reads",
+        machine.nproc,
+        machine.cpu_model,
+        if opts.dma_cost { "on" } else { "off" },
+        opts.threads,
+        opts.depth,
+        opts.read_ratio * 100.0
+    );
+    let series = |f: &dyn Fn(Cell) -> f64| -> Vec<Series> {
+        opts.modes
+            .iter()
+            .map(|&m| Series {
+                name: m.label().into(),
+                points: opts.sizes.iter().map(|&s| ((s / 1024) as f64, f(get(m, s)))).collect(),
+            })
+            .collect()
+    };
+    let charts = vec![
+        LineChart {
+            file: "files-iops.png".into(),
+            title: "Random file I/O: IOPS vs I/O size".into(),
+            note: note.clone(),
+            x_label: "I/O size (KiB)".into(),
+            y_label: "IOPS".into(),
+            log_y: true,
+            series: series(&|c| c.iops),
+        },
+        LineChart {
+            file: "files-host-cpu.png".into(),
+            title: "Host CPU per operation vs I/O size".into(),
+            note: note.clone(),
+            x_label: "I/O size (KiB)".into(),
+            y_label: "host CPU per op (µs)".into(),
+            log_y: false,
+            series: series(&|c| c.host_cpu_us),
+        },
+        LineChart {
+            file: "files-latency.png".into(),
+            title: "Median latency vs I/O size".into(),
+            note,
+            x_label: "I/O size (KiB)".into(),
+            y_label: "p50 latency (µs)".into(),
+            log_y: true,
+            series: series(&|c| c.p50_us),
+        },
+    ];
+    Report {
+        benchmark: "files".into(),
+        command: opts.command.clone(),
+        dpu_emulation: format!(
+            "emulated: `dds dpu` runs as a separate process and reaches host memory only through \
+             the emulated DMA engine; DMA cost model {}; the host io_uring baseline runs in the \
+             benchmark process",
+            cost_model_text(opts.dma_cost)
+        ),
+        machine,
+        config: json!(opts),
+        summary: serde_json::Value::Object(summary),
+        points: json!(points),
+        tables: vec![t, tr],
+        charts,
+    }
+}

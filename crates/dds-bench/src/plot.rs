@@ -1,0 +1,182 @@
+//! Line charts (PNG) of the benchmark results.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// One line of a chart.
+#[derive(Clone, Debug)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A chart with a log-2 x axis and a linear or logarithmic y axis.
+#[derive(Clone, Debug)]
+pub struct LineChart {
+    /// File name under the results directory (`.png`).
+    pub file: String,
+    pub title: String,
+    /// Small print under the chart (machine, DPU emulation).
+    pub note: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub log_y: bool,
+    pub series: Vec<Series>,
+}
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+];
+
+impl LineChart {
+    fn bounds(&self) -> Option<((f64, f64), (f64, f64))> {
+        let pts = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|(x, y)| x.is_finite() && y.is_finite() && *x > 0.0 && (!self.log_y || *y > 0.0));
+        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+        let mut any = false;
+        for &(x, y) in pts {
+            any = true;
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+        if !any {
+            return None;
+        }
+        let (x0, x1) = if x1 > x0 { (x0, x1) } else { (x0 / 2.0, x1 * 2.0) };
+        let (y0, y1) = if self.log_y {
+            (y0 / 2.0, y1 * 2.0)
+        } else {
+            (0.0, if y1 > 0.0 { y1 * 1.15 } else { 1.0 })
+        };
+        Some(((x0 / 1.15, x1 * 1.15), (y0, y1)))
+    }
+
+    /// Draws the chart as a PNG at `path`.
+    pub fn draw(&self, path: &Path) -> Result<()> {
+        let root = BitMapBackend::new(path, (640, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+        let (upper, lower) = root.split_vertically(396);
+        lower
+            .draw_text(
+                &self.note,
+                &("sans-serif", 11).into_font().color(&RGBColor(80, 80, 80)),
+                (8, 5),
+            )
+            .map_err(|e| anyhow!("{e}"))?;
+        let Some(((x0, x1), (y0, y1))) = self.bounds() else {
+            root.present().map_err(|e| anyhow!("{e}"))?;
+            return Ok(());
+        };
+        let mut builder = ChartBuilder::on(&upper);
+        builder
+            .caption(&self.title, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(72);
+        if self.log_y {
+            let chart = builder
+                .build_cartesian_2d((x0..x1).log_scale().base(2.0), (y0..y1).log_scale())
+                .map_err(|e| anyhow!("{e}"))?;
+            self.fill(chart, &upper)?;
+        } else {
+            let chart = builder
+                .build_cartesian_2d((x0..x1).log_scale().base(2.0), y0..y1)
+                .map_err(|e| anyhow!("{e}"))?;
+            self.fill(chart, &upper)?;
+        }
+        root.present().map_err(|e| anyhow!("{e}"))?;
+        Ok(())
+    }
+
+    fn fill<'a, X, Y>(
+        &self,
+        mut chart: ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, Y>>,
+        _area: &DrawingArea<BitMapBackend<'a>, Shift>,
+    ) -> Result<()>
+    where
+        X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    {
+        chart
+            .configure_mesh()
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .x_label_formatter(&|x| fmt_axis(*x))
+            .y_label_formatter(&|y| fmt_axis(*y))
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(RGBColor(225, 225, 225))
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        for (i, s) in self.series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .copied()
+                .filter(|(x, y)| *x > 0.0 && y.is_finite() && (!self.log_y || *y > 0.0))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| anyhow!("{e}"))?
+                .label(&s.name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(())
+    }
+}
+
+fn fmt_axis(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e9 {
+        format!("{}G", trim(v / 1e9))
+    } else if a >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e3 {
+        format!("{}k", trim(v / 1e3))
+    } else {
+        trim(v)
+    }
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_labels() {
+        assert_eq!(fmt_axis(2_000_000.0), "2M");
+        assert_eq!(fmt_axis(1536.0), "1.54k");
+        assert_eq!(fmt_axis(0.5), "0.5");
+    }
+}

@@ -1,0 +1,261 @@
+//! What a benchmark hands back: raw points, a summary with the targets' figures, tables to
+//! print, plots to draw; and writing them under the results directory.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::machine::Machine;
+use crate::plot::LineChart;
+
+/// A goal a figure of the summary is held to.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// What is compared, e.g. `progress msgs/s at 64 producers`.
+    pub name: String,
+    /// `>=` or `<=`.
+    pub op: &'static str,
+    pub goal: f64,
+    pub measured: f64,
+    pub met: bool,
+}
+
+impl Target {
+    pub fn at_least(name: impl Into<String>, measured: f64, goal: f64) -> Target {
+        Target {
+            name: name.into(),
+            op: ">=",
+            goal,
+            measured,
+            met: measured >= goal,
+        }
+    }
+
+    pub fn at_most(name: impl Into<String>, measured: f64, goal: f64) -> Target {
+        Target {
+            name: name.into(),
+            op: "<=",
+            goal,
+            measured,
+            met: measured <= goal,
+        }
+    }
+}
+
+/// A table for the terminal (rendered as Markdown).
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    pub title: String,
+    pub headers: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(title: impl Into<String>, headers: &[&str]) -> Table {
+        Table {
+            title: title.into(),
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let n = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate().take(n) {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut s = String::from("|");
+            for (i, w) in widths.iter().enumerate() {
+                let c = cells.get(i).map(String::as_str).unwrap_or("");
+                let pad = w - c.chars().count();
+                if i == 0 {
+                    let _ = write!(s, " {c}{} |", " ".repeat(pad));
+                } else {
+                    let _ = write!(s, " {}{c} |", " ".repeat(pad));
+                }
+            }
+            s
+        };
+        let mut out = String::new();
+        if !self.title.is_empty() {
+            let _ = writeln!(out, "{}\n", self.title);
+        }
+        let _ = writeln!(out, "{}", line(&self.headers));
+        let mut sep = String::from("|");
+        for (i, w) in widths.iter().enumerate() {
+            if i == 0 {
+                let _ = write!(sep, "{}|", "-".repeat(w + 2));
+            } else {
+                let _ = write!(sep, "{}:|", "-".repeat(w + 1));
+            }
+        }
+        let _ = writeln!(out, "{sep}");
+        for r in &self.rows {
+            let _ = writeln!(out, "{}", line(r));
+        }
+        out
+    }
+}
+
+/// Everything one benchmark run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub benchmark: String,
+    /// The command line that produced it.
+    pub command: String,
+    /// How the DPU was emulated in this run.
+    pub dpu_emulation: String,
+    pub machine: Machine,
+    pub config: Value,
+    pub summary: Value,
+    pub points: Value,
+    #[serde(skip)]
+    pub tables: Vec<Table>,
+    #[serde(skip)]
+    pub charts: Vec<LineChart>,
+}
+
+impl Report {
+    /// The summary's `targets` array, if any.
+    pub fn targets(&self) -> Vec<Target> {
+        self.summary
+            .get("targets")
+            .and_then(|t| t.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| {
+                        Some(Target {
+                            name: t.get("name")?.as_str()?.to_string(),
+                            op: if t.get("op")?.as_str()? == "<=" {
+                                "<="
+                            } else {
+                                ">="
+                            },
+                            goal: t.get("goal")?.as_f64()?,
+                            measured: t.get("measured")?.as_f64()?,
+                            met: t.get("met")?.as_bool()?,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The text printed at the end of a run: notes, tables and targets.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "dds bench {}", self.benchmark);
+        let _ = writeln!(out, "{}", self.machine.line());
+        let _ = writeln!(out, "DPU: {}\n", self.dpu_emulation);
+        for t in &self.tables {
+            let _ = writeln!(out, "{}", t.render());
+        }
+        let targets = self.targets();
+        if !targets.is_empty() {
+            let mut t = Table::new("Targets", &["target", "goal", "measured", "met"]);
+            for g in targets {
+                t.row(vec![
+                    g.name.clone(),
+                    format!("{} {}", g.op, fmt_num(g.goal)),
+                    fmt_num(g.measured),
+                    if g.met { "yes" } else { "no" }.into(),
+                ]);
+            }
+            let _ = writeln!(out, "{}", t.render());
+        }
+        out
+    }
+
+    /// Writes `<dir>/<benchmark>.json` and the plots; returns the paths written.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let mut written = Vec::new();
+        let json = dir.join(format!("{}.json", self.benchmark));
+        let text = serde_json::to_string_pretty(self)? + "\n";
+        std::fs::write(&json, text).with_context(|| format!("write {}", json.display()))?;
+        written.push(json);
+        for c in &self.charts {
+            let path = dir.join(&c.file);
+            c.draw(&path)
+                .with_context(|| format!("draw {}", path.display()))?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+/// A number for a table: three significant digits, with an SI suffix when large.
+pub fn fmt_num(x: f64) -> String {
+    let a = x.abs();
+    if a >= 1e9 {
+        format!("{:.3}G", x / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.3}M", x / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.1}k", x / 1e3)
+    } else if a >= 100.0 {
+        format!("{x:.0}")
+    } else if a >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// Median of a non-empty list (mean of the two middle values for even lengths).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// `a / b`, 0 when `b` is 0.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_renders_markdown() {
+        let mut t = Table::new("", &["a", "bb"]);
+        t.row(vec!["x".into(), "12345".into()]);
+        let s = t.render();
+        assert!(s.contains("| a |    bb |"), "{s}");
+        assert!(s.contains("| x | 12345 |"), "{s}");
+    }
+
+    #[test]
+    fn numbers_and_medians() {
+        assert_eq!(fmt_num(20_500_000.0), "20.500M");
+        assert_eq!(fmt_num(0.25), "0.250");
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(ratio(1.0, 0.0), 0.0);
+    }
+}

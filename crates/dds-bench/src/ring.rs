@@ -1,0 +1,319 @@
+//! `dds bench ring` — Fig. 16 of the paper: host producer threads send 8-byte messages to
+//! one DPU consumer through the progress ring, a FaRM-style ring, a lock-based ring and
+//! crossbeam's `ArrayQueue` (in process, the reference without DMA).
+//!
+//! The consumer is a thread of this process that reaches the ring only through the
+//! emulated DMA engine (`dds_dma::EmulatedDma`), with the PCIe cost model on or off. Every
+//! point runs for a fixed time budget (its message count is calibrated by a short pilot run),
+//! and the designs run side by side, trial after trial, so that the ratios compare runs made
+//! under the same machine load. The figures are medians over the trials.
+
+use std::collections::BTreeMap;
+
+use dds_dma::CostModel;
+use dds_ring::bench::{run_config, BenchConfig, BenchPoint, Design};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::cpu::self_cpu_seconds;
+use crate::machine::{cost_model_text, Machine};
+use crate::plot::{LineChart, Series};
+use crate::report::{fmt_num, median, ratio, Report, Table, Target};
+
+/// Settings of a ring benchmark run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RingOptions {
+    pub producers: Vec<usize>,
+    #[serde(skip)]
+    pub designs: Vec<Design>,
+    /// Cost-model settings to run (`true` = PCIe cost model on).
+    pub cost_model: Vec<bool>,
+    pub msg_bytes: usize,
+    /// Time budget of one point.
+    pub seconds_per_point: f64,
+    /// Rounds over all points; figures are medians over them.
+    pub trials: usize,
+    /// Messages of a pilot run (and the least of a point).
+    pub min_messages: u64,
+    /// Most messages of a point.
+    pub max_messages: u64,
+    /// Data bytes of each ring.
+    pub ring_bytes: u64,
+    #[serde(skip)]
+    pub quiet: bool,
+    pub command: String,
+}
+
+impl RingOptions {
+    /// The full run: producers 1..64, both cost-model settings, three trials.
+    pub fn full() -> RingOptions {
+        RingOptions {
+            producers: vec![1, 2, 4, 8, 16, 32, 64],
+            designs: Design::ALL.to_vec(),
+            cost_model: vec![true, false],
+            msg_bytes: 8,
+            seconds_per_point: 0.4,
+            trials: 3,
+            min_messages: 20_000,
+            max_messages: 40_000_000,
+            ring_bytes: 1 << 20,
+            quiet: false,
+            command: "dds bench ring".into(),
+        }
+    }
+
+    /// A short run for smoke tests (same points, smaller budget, one trial).
+    pub fn quick() -> RingOptions {
+        RingOptions {
+            seconds_per_point: 0.04,
+            trials: 1,
+            min_messages: 4_096,
+            command: "dds bench ring --quick".into(),
+            ..RingOptions::full()
+        }
+    }
+}
+
+/// One measured point with the CPU it cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct RingPoint {
+    pub trial: usize,
+    #[serde(flatten)]
+    pub point: BenchPoint,
+    /// CPU time of this process (producers and the DPU consumer thread) per message.
+    pub cpu_ns_per_msg: f64,
+}
+
+fn key(cost: bool) -> &'static str {
+    if cost {
+        "cost_model_on"
+    } else {
+        "cost_model_off"
+    }
+}
+
+fn label(d: Design) -> &'static str {
+    match d {
+        Design::Progress => "progress ring",
+        Design::FarmStyle => "FaRM-style",
+        Design::LockBased => "lock-based",
+        Design::CrossbeamArrayQueue => "ArrayQueue",
+    }
+}
+
+fn measure(cfg: &BenchConfig, trial: usize) -> RingPoint {
+    let cpu0 = self_cpu_seconds();
+    let point = run_config(cfg);
+    let cpu = self_cpu_seconds() - cpu0;
+    RingPoint {
+        trial,
+        cpu_ns_per_msg: cpu * 1e9 / point.messages.max(1) as f64,
+        point,
+    }
+}
+
+/// Runs the benchmark.
+///
+/// # Panics
+/// If a ring reports corruption (a bug), or the options name no producers or designs.
+pub fn run(opts: &RingOptions) -> Report {
+    assert!(!opts.producers.is_empty() && !opts.designs.is_empty() && !opts.cost_model.is_empty());
+    let machine = Machine::detect();
+    let per_trial = opts.cost_model.len() * opts.producers.len() * opts.designs.len();
+    let bar = crate::progress::bar((per_trial * opts.trials.max(1)) as u64, opts.quiet);
+    // Messages of each point, calibrated in the first trial.
+    let mut budget: BTreeMap<(bool, usize, usize), u64> = BTreeMap::new();
+    let mut points: Vec<RingPoint> = Vec::new();
+    for trial in 0..opts.trials.max(1) {
+        for &cost in &opts.cost_model {
+            for &producers in &opts.producers {
+                for (di, &design) in opts.designs.iter().enumerate() {
+                    bar.set_message(format!(
+                        "trial {} · DMA cost model {} · {} · {producers} producers",
+                        trial + 1,
+                        if cost { "on" } else { "off" },
+                        label(design)
+                    ));
+                    let model = cost.then(CostModel::bluefield2);
+                    let mut cfg = BenchConfig::new(design, producers, 1, opts.msg_bytes, model);
+                    cfg.ring_bytes = opts.ring_bytes;
+                    let every = cfg.sample_every;
+                    let per_producer = |total: u64| {
+                        (total.div_ceil(producers as u64) as usize).max(every)
+                    };
+                    let total = *budget.entry((cost, producers, di)).or_insert_with(|| {
+                        // Pilot run: also warms the design up.
+                        cfg.msgs_per_producer = per_producer(opts.min_messages);
+                        let pilot = run_config(&cfg);
+                        let rate = pilot.msgs_per_sec.max(1.0);
+                        ((rate * opts.seconds_per_point) as u64)
+                            .clamp(opts.min_messages, opts.max_messages)
+                    });
+                    cfg.msgs_per_producer = per_producer(total);
+                    points.push(measure(&cfg, trial));
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    summarize(opts, machine, points)
+}
+
+/// Median figures of one (cost model, design, producers) cell.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cell {
+    msgs_per_sec: f64,
+    median_latency_ns: f64,
+    cpu_ns_per_msg: f64,
+}
+
+fn cells(points: &[RingPoint]) -> BTreeMap<(bool, &'static str, usize), Cell> {
+    let mut groups: BTreeMap<(bool, &'static str, usize), Vec<&RingPoint>> = BTreeMap::new();
+    for p in points {
+        groups
+            .entry((p.point.cost_model, p.point.design.name(), p.point.producers))
+            .or_default()
+            .push(p);
+    }
+    groups
+        .into_iter()
+        .map(|(k, v)| {
+            let m = |f: &dyn Fn(&RingPoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
+            (
+                k,
+                Cell {
+                    msgs_per_sec: m(&|p| p.point.msgs_per_sec),
+                    median_latency_ns: m(&|p| p.point.median_latency_ns as f64),
+                    cpu_ns_per_msg: m(&|p| p.cpu_ns_per_msg),
+                },
+            )
+        })
+        .collect()
+}
+
+fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Report {
+    let cells = cells(&points);
+    let top = *opts.producers.iter().max().expect("producers");
+    let get = |cost: bool, d: Design, p: usize| cells.get(&(cost, d.name(), p)).copied();
+    let mut summary = serde_json::Map::new();
+    summary.insert("producers".into(), json!(top));
+    summary.insert("msg_bytes".into(), json!(opts.msg_bytes));
+    summary.insert("trials".into(), json!(opts.trials.max(1)));
+    let mut targets = Vec::new();
+    for &cost in &opts.cost_model {
+        let mut s = serde_json::Map::new();
+        let rate = |d: Design| get(cost, d, top).map_or(0.0, |c| c.msgs_per_sec);
+        for &d in &opts.designs {
+            if let Some(c) = get(cost, d, top) {
+                s.insert(format!("{}_msgs_per_sec", d.name()), json!(c.msgs_per_sec));
+                s.insert(
+                    format!("{}_median_latency_ns", d.name()),
+                    json!(c.median_latency_ns),
+                );
+                s.insert(format!("{}_cpu_ns_per_msg", d.name()), json!(c.cpu_ns_per_msg));
+            }
+        }
+        let progress = rate(Design::Progress);
+        let r_lock = ratio(progress, rate(Design::LockBased));
+        let r_farm = ratio(progress, rate(Design::FarmStyle));
+        let r_aq = ratio(progress, rate(Design::CrossbeamArrayQueue));
+        s.insert("progress_over_lock_based".into(), json!(r_lock));
+        s.insert("progress_over_farm_style".into(), json!(r_farm));
+        s.insert("progress_over_array_queue".into(), json!(r_aq));
+        summary.insert(key(cost).into(), serde_json::Value::Object(s));
+        if cost {
+            let at = format!("at {top} producers, DMA cost model on");
+            targets.push(Target::at_least(format!("progress ring msgs/s {at}"), progress, 20e6));
+            targets.push(Target::at_least(format!("progress / lock-based {at}"), r_lock, 4.5));
+            targets.push(Target::at_least(format!("progress / FaRM-style {at}"), r_farm, 10.0));
+            targets.push(Target::at_least(format!("progress / ArrayQueue {at}"), r_aq, 2.0));
+        }
+    }
+    summary.insert("targets".into(), json!(targets));
+
+    let note = format!(
+        "{} CPUs, {}; DPU consumer: emulated (DMA engine with PCIe cost model), {} B messages",
+        machine.nproc, machine.cpu_model, opts.msg_bytes
+    );
+    let mut tables = Vec::new();
+    let mut charts = Vec::new();
+    for &cost in &opts.cost_model {
+        let on = if cost { "on" } else { "off" };
+        let mut heads = vec!["producers".to_string()];
+        heads.extend(opts.designs.iter().map(|d| format!("{} msgs/s (CPU ns/msg)", label(*d))));
+        let heads_ref: Vec<&str> = heads.iter().map(String::as_str).collect();
+        let mut t = Table::new(
+            format!("Throughput, DMA cost model {}", cost_model_text(cost)),
+            &heads_ref,
+        );
+        let mut heads_l = vec!["producers".to_string()];
+        heads_l.extend(opts.designs.iter().map(|d| format!("{} p50 µs", label(*d))));
+        let heads_l: Vec<&str> = heads_l.iter().map(String::as_str).collect();
+        let mut tl = Table::new(format!("Median message latency, DMA cost model {on}"), &heads_l);
+        for &p in &opts.producers {
+            let mut row = vec![p.to_string()];
+            let mut row_l = vec![p.to_string()];
+            for &d in &opts.designs {
+                let c = get(cost, d, p).unwrap_or_default();
+                row.push(format!("{} ({:.0})", fmt_num(c.msgs_per_sec), c.cpu_ns_per_msg));
+                row_l.push(format!("{:.2}", c.median_latency_ns / 1e3));
+            }
+            t.row(row);
+            tl.row(row_l);
+        }
+        tables.push(t);
+        tables.push(tl);
+        let series = |f: &dyn Fn(Cell) -> f64| -> Vec<Series> {
+            opts.designs
+                .iter()
+                .map(|&d| Series {
+                    name: label(d).into(),
+                    points: opts
+                        .producers
+                        .iter()
+                        .filter_map(|&p| get(cost, d, p).map(|c| (p as f64, f(c))))
+                        .collect(),
+                })
+                .collect()
+        };
+        charts.push(LineChart {
+            file: format!("ring-throughput-dma-{on}.png"),
+            title: format!("Ring throughput, {} B messages, DMA cost model {on}", opts.msg_bytes),
+            note: note.clone(),
+            x_label: "host producer threads".into(),
+            y_label: "messages / s".into(),
+            log_y: true,
+            series: series(&|c| c.msgs_per_sec),
+        });
+        charts.push(LineChart {
+            file: format!("ring-latency-dma-{on}.png"),
+            title: format!("Median message latency, DMA cost model {on}"),
+            note: note.clone(),
+            x_label: "host producer threads".into(),
+            y_label: "median latency (µs)".into(),
+            log_y: true,
+            series: series(&|c| c.median_latency_ns / 1e3),
+        });
+    }
+    Report {
+        benchmark: "ring".into(),
+        command: opts.command.clone(),
+        dpu_emulation: format!(
+            "emulated: the DPU consumer is a thread of the benchmark process that reaches the \
+             rings only through the emulated DMA engine; DMA cost model {} (targets), {}",
+            cost_model_text(true),
+            if opts.cost_model.contains(&false) {
+                format!("and {} (reported)", cost_model_text(false))
+            } else {
+                "only".into()
+            }
+        ),
+        machine,
+        config: json!(opts),
+        summary: serde_json::Value::Object(summary),
+        points: json!(points),
+        tables,
+        charts,
+    }
+}
