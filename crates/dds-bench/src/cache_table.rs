@@ -9,7 +9,6 @@ use dds_cache::bench::{run as run_point, BenchPoint, TableKind};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::cpu::self_cpu_seconds;
 use crate::machine::Machine;
 use crate::plot::{LineChart, Series};
 use crate::report::{fmt_num, median, ratio, Report, Table, Target};
@@ -73,15 +72,15 @@ pub struct CachePoint {
     pub trial: usize,
     #[serde(flatten)]
     pub point: BenchPoint,
-    /// CPU time of the lookup phase per lookup (this process's CPU time minus the fill's,
-    /// which is one thread busy for the fill's wall time).
+    /// CPU time per lookup: readers never block (no writer runs during the lookups), so each
+    /// running reader keeps one CPU busy: `min(readers, CPUs) / lookups per second`.
     pub cpu_ns_per_lookup: f64,
 }
 
 fn items_label(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}K", n >> 10)
     } else {
         n.to_string()
@@ -111,15 +110,12 @@ pub fn run(opts: &CacheOptions) -> Report {
                         items_label(items),
                         kind.name()
                     ));
-                    let cpu0 = self_cpu_seconds();
                     let point = run_point(kind, items, readers, opts.lookups_per_reader);
-                    let cpu = self_cpu_seconds() - cpu0;
-                    let fill = items as f64 / point.inserts_per_sec.max(1.0);
-                    let lookups = (readers * opts.lookups_per_reader).max(1) as f64;
+                    let busy = readers.min(machine.nproc) as f64;
                     points.push(CachePoint {
                         trial,
+                        cpu_ns_per_lookup: busy * 1e9 / point.lookups_per_sec.max(1.0),
                         point,
-                        cpu_ns_per_lookup: ((cpu - fill).max(0.0)) * 1e9 / lookups,
                     });
                     bar.inc(1);
                 }
@@ -149,7 +145,9 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
     let cells: BTreeMap<_, Cell> = groups
         .into_iter()
         .map(|(k, v)| {
-            let m = |f: &dyn Fn(&CachePoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
+            let m = |f: &dyn Fn(&CachePoint) -> f64| {
+                median(&v.iter().map(|p| f(p)).collect::<Vec<_>>())
+            };
             (
                 k,
                 Cell {
@@ -162,7 +160,10 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
         })
         .collect();
     let get = |items: usize, readers: usize, kind: TableKind| {
-        cells.get(&(items, readers, kind.name())).copied().unwrap_or_default()
+        cells
+            .get(&(items, readers, kind.name()))
+            .copied()
+            .unwrap_or_default()
     };
     // Reader count the ratios are taken at: every CPU busy (or the largest below).
     let nproc = machine.nproc;
@@ -183,8 +184,13 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
         s.insert("items".into(), json!(items));
         let mut best = BTreeMap::new();
         for &kind in &opts.kinds {
-            let inserts =
-                median(&opts.readers.iter().map(|&r| get(items, r, kind).inserts_per_sec).collect::<Vec<_>>());
+            let inserts = median(
+                &opts
+                    .readers
+                    .iter()
+                    .map(|&r| get(items, r, kind).inserts_per_sec)
+                    .collect::<Vec<_>>(),
+            );
             let peak = opts
                 .readers
                 .iter()
@@ -195,8 +201,14 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
             let n = kind.name().replace('-', "_");
             s.insert(format!("{n}_inserts_per_sec"), json!(inserts));
             s.insert(format!("{n}_peak_lookups_per_sec"), json!(peak));
-            s.insert(format!("{n}_lookups_per_sec_at_ratio_readers"), json!(at.lookups_per_sec));
-            s.insert(format!("{n}_cpu_ns_per_lookup"), json!(at.cpu_ns_per_lookup));
+            s.insert(
+                format!("{n}_lookups_per_sec_at_ratio_readers"),
+                json!(at.lookups_per_sec),
+            );
+            s.insert(
+                format!("{n}_cpu_ns_per_lookup"),
+                json!(at.cpu_ns_per_lookup),
+            );
             s.insert(format!("{n}_memory_bytes"), json!(at.memory_bytes));
         }
         let cuckoo = best.get("cuckoo").copied().unwrap_or_default();
@@ -204,11 +216,18 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
         let rw = best.get("rwlock-hashmap").copied().unwrap_or_default();
         let r_dash = ratio(cuckoo.1, dash.1);
         s.insert("cuckoo_over_dashmap_lookups".into(), json!(r_dash));
-        s.insert("cuckoo_over_rwlock_lookups".into(), json!(ratio(cuckoo.1, rw.1)));
+        s.insert(
+            "cuckoo_over_rwlock_lookups".into(),
+            json!(ratio(cuckoo.1, rw.1)),
+        );
         let label = items_label(items);
         if opts.kinds.contains(&TableKind::Cuckoo) {
             let ins = s["cuckoo_inserts_per_sec"].as_f64().unwrap_or(0.0);
-            targets.push(Target::at_least(format!("cuckoo inserts/s, {label} items"), ins, 1.2e6));
+            targets.push(Target::at_least(
+                format!("cuckoo inserts/s, {label} items"),
+                ins,
+                1.2e6,
+            ));
             targets.push(Target::at_least(
                 format!("cuckoo aggregate lookups/s (best reader count), {label} items"),
                 cuckoo.0,
@@ -241,13 +260,25 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
         let label = items_label(items);
         let mut t = Table::new(
             format!("{label} items ({items}): lookups/s (CPU ns per lookup)"),
-            &["readers", "cuckoo", "dashmap", "RwLock<HashMap>", "cuckoo / dashmap"],
+            &[
+                "readers",
+                "cuckoo",
+                "dashmap",
+                "RwLock<HashMap>",
+                "cuckoo / dashmap",
+            ],
         );
         for &r in &opts.readers {
             let c = get(items, r, TableKind::Cuckoo);
             let d = get(items, r, TableKind::DashMap);
             let w = get(items, r, TableKind::RwLockHashMap);
-            let f = |c: Cell| format!("{} ({:.0})", fmt_num(c.lookups_per_sec), c.cpu_ns_per_lookup);
+            let f = |c: Cell| {
+                format!(
+                    "{} ({:.0})",
+                    fmt_num(c.lookups_per_sec),
+                    c.cpu_ns_per_lookup
+                )
+            };
             t.row(vec![
                 r.to_string(),
                 f(c),
@@ -262,7 +293,13 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
             &["table", "inserts/s", "memory (MiB)", "bytes per item"],
         );
         for &kind in &opts.kinds {
-            let ins = median(&opts.readers.iter().map(|&r| get(items, r, kind).inserts_per_sec).collect::<Vec<_>>());
+            let ins = median(
+                &opts
+                    .readers
+                    .iter()
+                    .map(|&r| get(items, r, kind).inserts_per_sec)
+                    .collect::<Vec<_>>(),
+            );
             let mem = get(items, opts.readers[0], kind).memory_bytes;
             ti.row(vec![
                 kind.name().into(),

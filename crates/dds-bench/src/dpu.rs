@@ -92,7 +92,10 @@ impl DpuProcess {
     /// Fails with the log's tail when the process has exited.
     pub fn check(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
-            bail!("the DPU process exited ({status}):\n{}", log_tail(&self.log));
+            bail!(
+                "the DPU process exited ({status}):\n{}",
+                log_tail(&self.log)
+            );
         }
         Ok(())
     }

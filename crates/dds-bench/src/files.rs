@@ -157,8 +157,18 @@ pub struct FilesPoint {
 
 const FILE_PATH: &str = "/bench/files.dat";
 
+/// `64 KiB` for tables and target names.
+fn size_text(b: u32) -> String {
+    if b >= 1024 && b.is_multiple_of(1024) {
+        format!("{} KiB", b / 1024)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// `64k` for summary keys.
 fn size_label(b: u32) -> String {
-    if b >= 1024 && b % 1024 == 0 {
+    if b >= 1024 && b.is_multiple_of(1024) {
         format!("{}k", b / 1024)
     } else {
         format!("{b}b")
@@ -204,7 +214,12 @@ impl Bench<'_> {
             &self.opts.exe,
             &self.device,
             &self.socket,
-            &["--mode", dpu_mode, "--dma-cost", if self.opts.dma_cost { "on" } else { "off" }],
+            &[
+                "--mode",
+                dpu_mode,
+                "--dma-cost",
+                if self.opts.dma_cost { "on" } else { "off" },
+            ],
             &log,
         )
     }
@@ -269,7 +284,11 @@ impl Bench<'_> {
         let ops = match pilot_ops.get(&(mode, io_bytes)) {
             Some(&n) => n,
             None => {
-                let pilot = workload::run(&dds, &self.spec(file.id, io_bytes, self.opts.pilot_ops, seed ^ 1), &|_| {})?;
+                let pilot = workload::run(
+                    &dds,
+                    &self.spec(file.id, io_bytes, self.opts.pilot_ops, seed ^ 1),
+                    &|_| {},
+                )?;
                 let n = self.ops_for(&pilot);
                 pilot_ops.insert((mode, io_bytes), n);
                 n
@@ -295,7 +314,12 @@ impl Bench<'_> {
         drop(dds);
         dpu.stop()?;
         if result.errors > 0 {
-            bail!("{} of {} operations failed ({} mode, {io_bytes} B)", result.errors, result.ops, mode.name());
+            bail!(
+                "{} of {} operations failed ({} mode, {io_bytes} B)",
+                result.errors,
+                result.ops,
+                mode.name()
+            );
         }
         let n = result.ops.max(1) as f64;
         Ok(FilesPoint {
@@ -318,17 +342,29 @@ impl Bench<'_> {
         let ops = match pilot_ops.get(&(FilesMode::IoUring, io_bytes)) {
             Some(&n) => n,
             None => {
-                let pilot = crate::uring::run(&self.uring_file, &self.spec(0, io_bytes, self.opts.pilot_ops, seed ^ 1), &|_| {})?;
+                let pilot = crate::uring::run(
+                    &self.uring_file,
+                    &self.spec(0, io_bytes, self.opts.pilot_ops, seed ^ 1),
+                    &|_| {},
+                )?;
                 let n = self.ops_for(&pilot);
                 pilot_ops.insert((FilesMode::IoUring, io_bytes), n);
                 n
             }
         };
         let host0 = self_cpu_seconds();
-        let result = crate::uring::run(&self.uring_file, &self.spec(0, io_bytes, ops, seed), &|_| {})?;
+        let result = crate::uring::run(
+            &self.uring_file,
+            &self.spec(0, io_bytes, ops, seed),
+            &|_| {},
+        )?;
         let host = self_cpu_seconds() - host0;
         if result.errors > 0 {
-            bail!("{} of {} io_uring operations failed ({io_bytes} B)", result.errors, result.ops);
+            bail!(
+                "{} of {} io_uring operations failed ({io_bytes} B)",
+                result.errors,
+                result.ops
+            );
         }
         Ok(FilesPoint {
             trial,
@@ -346,11 +382,10 @@ pub fn run(opts: &FilesOptions) -> Result<Report> {
     if opts.sizes.is_empty() || opts.modes.is_empty() {
         bail!("the files benchmark needs at least one size and one mode");
     }
-    if opts.sizes.iter().any(|&s| s == 0 || s % 512 != 0) {
+    if opts.sizes.iter().any(|&s| s == 0 || !s.is_multiple_of(512)) {
         bail!("I/O sizes must be positive multiples of 512 bytes (O_DIRECT)");
     }
-    std::fs::create_dir_all(&opts.dir)
-        .with_context(|| format!("create {}", opts.dir.display()))?;
+    std::fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
     let machine = Machine::detect();
     let mut bench = Bench {
         opts,
@@ -383,7 +418,7 @@ pub fn run(opts: &FilesOptions) -> Result<Report> {
                         "trial {} · {} · {} I/O",
                         trial + 1,
                         mode.label(),
-                        size_label(size)
+                        size_text(size)
                     ));
                     let p = if mode == FilesMode::IoUring {
                         bench.run_uring(size, trial, &mut pilot_ops)?
@@ -428,7 +463,9 @@ fn summarize(
     let cells: BTreeMap<(FilesMode, u32), Cell> = groups
         .into_iter()
         .map(|(k, v)| {
-            let m = |f: &dyn Fn(&FilesPoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
+            let m = |f: &dyn Fn(&FilesPoint) -> f64| {
+                median(&v.iter().map(|p| f(p)).collect::<Vec<_>>())
+            };
             (
                 k,
                 Cell {
@@ -469,25 +506,38 @@ fn summarize(
     let has = |m: FilesMode| opts.modes.contains(&m);
     let ll = size_label(large);
     if has(FilesMode::ZeroCopy) && has(FilesMode::Copy) {
-        let r = ratio(get(FilesMode::ZeroCopy, large).iops, get(FilesMode::Copy, large).iops);
+        let r = ratio(
+            get(FilesMode::ZeroCopy, large).iops,
+            get(FilesMode::Copy, large).iops,
+        );
         summary.insert(format!("zero_copy_over_copy_iops_{ll}"), json!(r));
-        targets.push(Target::at_least(format!("zero-copy / copy IOPS at {ll}B"), r, 1.5));
+        targets.push(Target::at_least(
+            format!("zero-copy / copy IOPS at {}", size_text(large)),
+            r,
+            1.5,
+        ));
     }
     if has(FilesMode::ZeroCopy) && has(FilesMode::IoUring) {
         for size in [small, large] {
             let l = size_label(size);
-            let (z, u) = (get(FilesMode::ZeroCopy, size), get(FilesMode::IoUring, size));
+            let (z, u) = (
+                get(FilesMode::ZeroCopy, size),
+                get(FilesMode::IoUring, size),
+            );
             let r_iops = ratio(z.iops, u.iops);
             let r_cpu = ratio(z.host_cpu_us, u.host_cpu_us);
             summary.insert(format!("library_over_io_uring_iops_{l}"), json!(r_iops));
             summary.insert(format!("library_over_io_uring_host_cpu_{l}"), json!(r_cpu));
             targets.push(Target::at_least(
-                format!("library (zero-copy) / io_uring IOPS at {l}B"),
+                format!("library (zero-copy) / io_uring IOPS at {}", size_text(size)),
                 r_iops,
                 0.9,
             ));
             targets.push(Target::at_most(
-                format!("library (zero-copy) / io_uring host CPU per op at {l}B"),
+                format!(
+                    "library (zero-copy) / io_uring host CPU per op at {}",
+                    size_text(size)
+                ),
                 r_cpu,
                 0.3,
             ));
@@ -533,7 +583,7 @@ fn summarize(
         for &mode in &opts.modes {
             let c = get(mode, size);
             t.row(vec![
-                size_label(size).to_uppercase() + "iB",
+                size_text(size),
                 mode.label().into(),
                 fmt_num(c.iops),
                 format!("{:.1}", c.iops * size as f64 / 1e6),
@@ -548,11 +598,23 @@ fn summarize(
             ]);
         }
     }
-    let mut tr = Table::new("Ratios", &["size", "zero-copy / copy IOPS", "library / io_uring IOPS", "library / io_uring host CPU per op"]);
+    let mut tr = Table::new(
+        "Ratios",
+        &[
+            "size",
+            "zero-copy / copy IOPS",
+            "library / io_uring IOPS",
+            "library / io_uring host CPU per op",
+        ],
+    );
     for &size in &opts.sizes {
-        let (z, c, u) = (get(FilesMode::ZeroCopy, size), get(FilesMode::Copy, size), get(FilesMode::IoUring, size));
+        let (z, c, u) = (
+            get(FilesMode::ZeroCopy, size),
+            get(FilesMode::Copy, size),
+            get(FilesMode::IoUring, size),
+        );
         tr.row(vec![
-            size_label(size).to_uppercase() + "iB",
+            size_text(size),
             format!("{:.2}", ratio(z.iops, c.iops)),
             format!("{:.2}", ratio(z.iops, u.iops)),
             format!("{:.2}", ratio(z.host_cpu_us, u.host_cpu_us)),
@@ -572,7 +634,11 @@ fn summarize(
             .iter()
             .map(|&m| Series {
                 name: m.label().into(),
-                points: opts.sizes.iter().map(|&s| ((s / 1024) as f64, f(get(m, s)))).collect(),
+                points: opts
+                    .sizes
+                    .iter()
+                    .map(|&s| ((s / 1024) as f64, f(get(m, s))))
+                    .collect(),
             })
             .collect()
     };

@@ -43,7 +43,9 @@ impl LineChart {
             .series
             .iter()
             .flat_map(|s| s.points.iter())
-            .filter(|(x, y)| x.is_finite() && y.is_finite() && *x > 0.0 && (!self.log_y || *y > 0.0));
+            .filter(|(x, y)| {
+                x.is_finite() && y.is_finite() && *x > 0.0 && (!self.log_y || *y > 0.0)
+            });
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
         let mut any = false;
         for &(x, y) in pts {
@@ -56,7 +58,11 @@ impl LineChart {
         if !any {
             return None;
         }
-        let (x0, x1) = if x1 > x0 { (x0, x1) } else { (x0 / 2.0, x1 * 2.0) };
+        let (x0, x1) = if x1 > x0 {
+            (x0, x1)
+        } else {
+            (x0 / 2.0, x1 * 2.0)
+        };
         let (y0, y1) = if self.log_y {
             (y0 / 2.0, y1 * 2.0)
         } else {

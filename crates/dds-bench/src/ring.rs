@@ -138,9 +138,8 @@ pub fn run(opts: &RingOptions) -> Report {
                     let mut cfg = BenchConfig::new(design, producers, 1, opts.msg_bytes, model);
                     cfg.ring_bytes = opts.ring_bytes;
                     let every = cfg.sample_every;
-                    let per_producer = |total: u64| {
-                        (total.div_ceil(producers as u64) as usize).max(every)
-                    };
+                    let per_producer =
+                        |total: u64| (total.div_ceil(producers as u64) as usize).max(every);
                     let total = *budget.entry((cost, producers, di)).or_insert_with(|| {
                         // Pilot run: also warms the design up.
                         cfg.msgs_per_producer = per_producer(opts.min_messages);
@@ -179,7 +178,8 @@ fn cells(points: &[RingPoint]) -> BTreeMap<(bool, &'static str, usize), Cell> {
     groups
         .into_iter()
         .map(|(k, v)| {
-            let m = |f: &dyn Fn(&RingPoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
+            let m =
+                |f: &dyn Fn(&RingPoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
             (
                 k,
                 Cell {
@@ -211,7 +211,10 @@ fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Re
                     format!("{}_median_latency_ns", d.name()),
                     json!(c.median_latency_ns),
                 );
-                s.insert(format!("{}_cpu_ns_per_msg", d.name()), json!(c.cpu_ns_per_msg));
+                s.insert(
+                    format!("{}_cpu_ns_per_msg", d.name()),
+                    json!(c.cpu_ns_per_msg),
+                );
             }
         }
         let progress = rate(Design::Progress);
@@ -224,10 +227,26 @@ fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Re
         summary.insert(key(cost).into(), serde_json::Value::Object(s));
         if cost {
             let at = format!("at {top} producers, DMA cost model on");
-            targets.push(Target::at_least(format!("progress ring msgs/s {at}"), progress, 20e6));
-            targets.push(Target::at_least(format!("progress / lock-based {at}"), r_lock, 4.5));
-            targets.push(Target::at_least(format!("progress / FaRM-style {at}"), r_farm, 10.0));
-            targets.push(Target::at_least(format!("progress / ArrayQueue {at}"), r_aq, 2.0));
+            targets.push(Target::at_least(
+                format!("progress ring msgs/s {at}"),
+                progress,
+                20e6,
+            ));
+            targets.push(Target::at_least(
+                format!("progress / lock-based {at}"),
+                r_lock,
+                4.5,
+            ));
+            targets.push(Target::at_least(
+                format!("progress / FaRM-style {at}"),
+                r_farm,
+                10.0,
+            ));
+            targets.push(Target::at_least(
+                format!("progress / ArrayQueue {at}"),
+                r_aq,
+                2.0,
+            ));
         }
     }
     summary.insert("targets".into(), json!(targets));
@@ -241,7 +260,11 @@ fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Re
     for &cost in &opts.cost_model {
         let on = if cost { "on" } else { "off" };
         let mut heads = vec!["producers".to_string()];
-        heads.extend(opts.designs.iter().map(|d| format!("{} msgs/s (CPU ns/msg)", label(*d))));
+        heads.extend(
+            opts.designs
+                .iter()
+                .map(|d| format!("{} msgs/s (CPU ns/msg)", label(*d))),
+        );
         let heads_ref: Vec<&str> = heads.iter().map(String::as_str).collect();
         let mut t = Table::new(
             format!("Throughput, DMA cost model {}", cost_model_text(cost)),
@@ -250,13 +273,20 @@ fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Re
         let mut heads_l = vec!["producers".to_string()];
         heads_l.extend(opts.designs.iter().map(|d| format!("{} p50 µs", label(*d))));
         let heads_l: Vec<&str> = heads_l.iter().map(String::as_str).collect();
-        let mut tl = Table::new(format!("Median message latency, DMA cost model {on}"), &heads_l);
+        let mut tl = Table::new(
+            format!("Median message latency, DMA cost model {on}"),
+            &heads_l,
+        );
         for &p in &opts.producers {
             let mut row = vec![p.to_string()];
             let mut row_l = vec![p.to_string()];
             for &d in &opts.designs {
                 let c = get(cost, d, p).unwrap_or_default();
-                row.push(format!("{} ({:.0})", fmt_num(c.msgs_per_sec), c.cpu_ns_per_msg));
+                row.push(format!(
+                    "{} ({:.0})",
+                    fmt_num(c.msgs_per_sec),
+                    c.cpu_ns_per_msg
+                ));
                 row_l.push(format!("{:.2}", c.median_latency_ns / 1e3));
             }
             t.row(row);
@@ -279,7 +309,10 @@ fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Re
         };
         charts.push(LineChart {
             file: format!("ring-throughput-dma-{on}.png"),
-            title: format!("Ring throughput, {} B messages, DMA cost model {on}", opts.msg_bytes),
+            title: format!(
+                "Ring throughput, {} B messages, DMA cost model {on}",
+                opts.msg_bytes
+            ),
             note: note.clone(),
             x_label: "host producer threads".into(),
             y_label: "messages / s".into(),

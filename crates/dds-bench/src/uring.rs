@@ -73,7 +73,11 @@ pub fn prepare_file(path: &Path, bytes: u64) -> Result<()> {
 
 /// Runs `spec` (its `file` field is ignored) against `path` with io_uring and O_DIRECT.
 /// `progress` is called with the operations done so far.
-pub fn run(path: &Path, spec: &WorkloadSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<WorkloadResult> {
+pub fn run(
+    path: &Path,
+    spec: &WorkloadSpec,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<WorkloadResult> {
     if spec.io_bytes == 0
         || spec.file_bytes < spec.io_bytes as u64
         || spec.threads == 0
@@ -89,7 +93,11 @@ pub fn run(path: &Path, spec: &WorkloadSpec, progress: &(dyn Fn(u64) + Sync)) ->
         .with_context(|| format!("open {} with O_DIRECT", path.display()))?;
     let len = file.metadata()?.len();
     if len < spec.file_bytes {
-        bail!("{} holds {len} bytes, fewer than {}", path.display(), spec.file_bytes);
+        bail!(
+            "{} holds {len} bytes, fewer than {}",
+            path.display(),
+            spec.file_bytes
+        );
     }
     let fd = file.as_raw_fd();
     let issued = AtomicU64::new(0);

@@ -1,7 +1,7 @@
 //! `dds bench ring|files|cache-table`: runs a benchmark of `dds-bench`, prints its tables and
 //! writes `<out>/<name>.json` and the plots.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -125,7 +125,7 @@ fn command_line() -> String {
         .join(" ")
 }
 
-fn finish(report: &Report, out: &PathBuf) -> Result<()> {
+fn finish(report: &Report, out: &Path) -> Result<()> {
     print!("{}", report.render());
     let written = report.write(out)?;
     for p in written {
@@ -137,7 +137,11 @@ fn finish(report: &Report, out: &PathBuf) -> Result<()> {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.which {
         Which::Ring(r) => {
-            let mut o = if r.common.quick { RingOptions::quick() } else { RingOptions::full() };
+            let mut o = if r.common.quick {
+                RingOptions::quick()
+            } else {
+                RingOptions::full()
+            };
             if r.producers.is_empty() || r.producers.contains(&0) {
                 bail!("--producers needs positive counts");
             }
@@ -203,7 +207,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             finish(&report, &f.common.out)
         }
         Which::CacheTable(c) => {
-            let mut o = if c.common.quick { CacheOptions::quick() } else { CacheOptions::full() };
+            let mut o = if c.common.quick {
+                CacheOptions::quick()
+            } else {
+                CacheOptions::full()
+            };
             if let Some(items) = c.items {
                 o.items = items.into_iter().map(|n| n as usize).collect();
             }
