@@ -49,6 +49,23 @@ pub struct DpuArgs {
     /// Sleep between polls once idle, microseconds (0 = always spin, as a dedicated DPU core).
     #[arg(long, default_value_t = 50)]
     pub idle_sleep_us: u64,
+    /// Resource profile: CPUs the DPU may use (e.g. `1` or `0-1`), to model a DPU's own cores.
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpus: Option<CpuList>,
+    /// Resource profile: CPU time quota in cores (cgroup cpu.max or cpu.cfs_quota_us), e.g. 0.5.
+    #[arg(long)]
+    pub cpu_quota: Option<f64>,
+    /// Resource profile: memory limit of the DPU process (cgroup).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+}
+
+/// A parsed `--cpus` list (a newtype, so clap takes it as one value).
+#[derive(Clone, Debug)]
+pub struct CpuList(pub Vec<usize>);
+
+fn parse_cpus(s: &str) -> Result<CpuList, String> {
+    dds_dpu::profile::parse_cpu_list(s).map(CpuList)
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -82,10 +99,22 @@ impl DpuArgs {
 
 pub fn run_dpu(a: DpuArgs) -> Result<()> {
     let config = a.config()?;
+    let profile = dds_dpu::profile::ResourceProfile {
+        cpus: a.cpus.as_ref().map(|c| c.0.clone()),
+        cpu_quota: a.cpu_quota,
+        memory_bytes: a.memory,
+    };
+    // Before anything listens: a SIGTERM that arrives as soon as the socket exists must take
+    // the orderly path.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
+    let mut applied = profile.apply().context("apply the DPU resource profile")?;
     let device = a.device.clone();
     let queue_depth = a.queue_depth as usize;
     let max_io = config.max_io_bytes;
-    let handle = Dpu::start(config, move || {
+    let started = Dpu::start(config, move || {
         let dev = dds_fs::UringDevice::open(&device, queue_depth)?;
         dds_fs::FileService::open(
             Box::new(dev),
@@ -94,23 +123,27 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
                 ..dds_fs::OpenConfig::default()
             },
         )
-    })
-    .with_context(|| format!("start DPU on {}", a.device.display()))?;
+    });
+    let handle = match started {
+        Ok(h) => h,
+        Err(e) => {
+            applied.remove();
+            return Err(e).with_context(|| format!("start DPU on {}", a.device.display()));
+        }
+    };
     eprintln!(
-        "dds dpu: serving {} on {} (mode {:?}, DMA cost model {})",
+        "dds dpu: serving {} on {} (mode {:?}, DMA cost model {}, profile {})",
         a.device.display(),
         a.socket.display(),
         a.mode,
-        if a.dma_cost { "on" } else { "off" }
+        if a.dma_cost { "on" } else { "off" },
+        serde_json::to_string(&applied).unwrap_or_default()
     );
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
     }
     handle.shutdown();
+    applied.remove();
     Ok(())
 }
 

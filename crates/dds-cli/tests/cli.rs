@@ -314,3 +314,65 @@ fn read_frame(s: &mut UnixStream) -> Value {
     s.read_exact(&mut body).unwrap();
     serde_json::from_slice(&body).unwrap()
 }
+
+#[test]
+fn dpu_resource_profile_pins_and_limits_the_process() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: cgroups need root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let mut child = Command::new(DDS)
+        .args([
+            "dpu",
+            "--cpus",
+            "0",
+            "--cpu-quota",
+            "0.5",
+            "--memory",
+            "256M",
+            "--device",
+        ])
+        .arg(&device)
+        .arg("--socket")
+        .arg(&socket)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "DPU did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Cpus_allowed_list:") && l.ends_with("\t0")),
+        "{status}"
+    );
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let name = format!("dds-dpu-{pid}");
+    assert!(cgroups.contains(&name), "{cgroups}");
+    let quota_file = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        format!("/sys/fs/cgroup/{name}/cpu.max")
+    } else {
+        format!("/sys/fs/cgroup/cpu/{name}/cpu.cfs_quota_us")
+    };
+    assert!(std::fs::read_to_string(&quota_file)
+        .unwrap()
+        .starts_with("50000"));
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cpu_quota"));
+    assert!(
+        !std::path::Path::new(&quota_file).exists(),
+        "cgroup left behind"
+    );
+}
