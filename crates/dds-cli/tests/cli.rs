@@ -325,7 +325,7 @@ fn dpu_resource_profile_pins_and_limits_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let device = format(dir.path());
     let socket = dir.path().join("dpu.sock");
-    let mut child = Command::new(DDS)
+    let child = Command::new(DDS)
         .args([
             "dpu",
             "--cpus",
