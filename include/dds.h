@@ -85,19 +85,19 @@ typedef int32_t dds_status;
  */
 typedef struct dds_group_config {
     /**
-     * Request ring data bytes: a power of two from 64 KiB to 1 GiB (default 2 MiB).
+     * Request ring data bytes: a power of two from 64 KiB to 1 GiB.
      */
     size_t request_ring_bytes;
     /**
-     * Response ring data bytes: a power of two from 64 KiB to 1 GiB (default 4 MiB).
+     * Response ring data bytes: a power of two from 64 KiB to 1 GiB.
      */
     size_t response_ring_bytes;
     /**
-     * Bound on request bytes in flight; 0 = the whole request ring (default 0).
+     * Bound on request bytes in flight; 0 = the whole request ring.
      */
     size_t max_inflight_bytes;
     /**
-     * Outstanding operations at most, 1..=65534 (default 1024); more fail with
+     * Outstanding operations at most, 1..=65534; more fail with
      * `DDS_TOO_MANY_OUTSTANDING`.
      */
     uint32_t max_outstanding;
@@ -113,7 +113,7 @@ typedef struct dds_config {
     struct dds_group_config default_group;
     /**
      * How long a control call (create, stat, ...) waits for the DPU, in microseconds
-     * (default 30 s). A control call that times out leaves the connection unusable.
+     * (not 0). A control call that times out leaves the connection unusable.
      */
     uint64_t rpc_timeout_us;
 } dds_config;
@@ -418,8 +418,8 @@ dds_status dds_is_connected(struct dds_t *dds, bool *connected);
 dds_status dds_get_info(struct dds_t *dds, struct dds_info *info);
 
 /**
- * CreateDirectory: creates the directory `path` (absolute, e.g. `"/db"`); its parent must
- * exist.
+ * CreateDirectory: creates the directory `path` (e.g. `"/db"`). Directories sit directly
+ * under the root; files sit in the root or in a directory (`"/db/pages"`).
  *
  * # Safety
  * `dds` is NULL or a live handle; `path` is NULL or a NUL-terminated string.
@@ -496,7 +496,8 @@ dds_status dds_change_file_size(struct dds_t *dds, dds_file_id file, uint64_t si
 dds_status dds_delete_file(struct dds_t *dds, dds_file_id file);
 
 /**
- * MoveFile: renames the file or directory `from` to `to` (the file keeps its id).
+ * MoveFile: renames (and possibly moves to another directory) the file `from` to `to`;
+ * the file keeps its id. `DDS_EXISTS` if `to` is taken.
  *
  * # Safety
  * `dds` is NULL or a live handle; `from` and `to` are NULL or NUL-terminated strings.

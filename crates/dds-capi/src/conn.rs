@@ -171,8 +171,8 @@ pub unsafe extern "C" fn dds_get_info(dds: *mut dds_t, info: *mut dds_info) -> d
     })
 }
 
-/// CreateDirectory: creates the directory `path` (absolute, e.g. `"/db"`); its parent must
-/// exist.
+/// CreateDirectory: creates the directory `path` (e.g. `"/db"`). Directories sit directly
+/// under the root; files sit in the root or in a directory (`"/db/pages"`).
 ///
 /// # Safety
 /// `dds` is NULL or a live handle; `path` is NULL or a NUL-terminated string.
@@ -322,7 +322,8 @@ pub unsafe extern "C" fn dds_delete_file(dds: *mut dds_t, file: dds_file_id) -> 
     })
 }
 
-/// MoveFile: renames the file or directory `from` to `to` (the file keeps its id).
+/// MoveFile: renames (and possibly moves to another directory) the file `from` to `to`;
+/// the file keeps its id. `DDS_EXISTS` if `to` is taken.
 ///
 /// # Safety
 /// `dds` is NULL or a live handle; `from` and `to` are NULL or NUL-terminated strings.

@@ -38,13 +38,13 @@ pub struct dds_const_iovec {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct dds_group_config {
-    /// Request ring data bytes: a power of two from 64 KiB to 1 GiB (default 2 MiB).
+    /// Request ring data bytes: a power of two from 64 KiB to 1 GiB.
     pub request_ring_bytes: usize,
-    /// Response ring data bytes: a power of two from 64 KiB to 1 GiB (default 4 MiB).
+    /// Response ring data bytes: a power of two from 64 KiB to 1 GiB.
     pub response_ring_bytes: usize,
-    /// Bound on request bytes in flight; 0 = the whole request ring (default 0).
+    /// Bound on request bytes in flight; 0 = the whole request ring.
     pub max_inflight_bytes: usize,
-    /// Outstanding operations at most, 1..=65534 (default 1024); more fail with
+    /// Outstanding operations at most, 1..=65534; more fail with
     /// `DDS_TOO_MANY_OUTSTANDING`.
     pub max_outstanding: u32,
 }
@@ -56,7 +56,7 @@ pub struct dds_config {
     /// Settings of the default notification group, created at connect.
     pub default_group: dds_group_config,
     /// How long a control call (create, stat, ...) waits for the DPU, in microseconds
-    /// (default 30 s). A control call that times out leaves the connection unusable.
+    /// (not 0). A control call that times out leaves the connection unusable.
     pub rpc_timeout_us: u64,
 }
 
