@@ -1,4 +1,12 @@
 //! Applications that run on DDS. `pagestore` is the remote storage protocol of the paper's
-//! evaluation (§8.1): clients send batches of file reads and writes over TCP.
+//! evaluation (§8.1): clients send batches of file reads and writes over TCP. `server` serves
+//! it from OS files or DDS files, `client` generates load and measures it, `echo` is the TCP
+//! echo of the network-path comparison (Fig. 18), and `plot` draws the benchmark figures.
 
+pub mod backend;
+pub mod client;
+pub mod echo;
 pub mod pagestore;
+pub mod pattern;
+pub mod plot;
+pub mod server;

@@ -168,6 +168,12 @@ impl<'a> Message<'a> {
     }
 }
 
+/// Parses the request starting at byte `at` of a message (for walking a validated message one
+/// request at a time without holding a borrow of it across calls).
+pub fn request_at(msg: &[u8], at: usize) -> Result<Request<'_>, Malformed> {
+    parse_request(msg, at)
+}
+
 fn parse_request(msg: &[u8], at: usize) -> Result<Request<'_>, Malformed> {
     let h = msg
         .get(at..at + REQ_HEADER_BYTES)

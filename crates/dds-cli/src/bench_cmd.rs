@@ -29,6 +29,8 @@ enum Which {
     /// The cache table: one writer's inserts/s, 1..N readers' lookups/s, against DashMap and
     /// RwLock<HashMap>.
     CacheTable(CacheArgs),
+    #[command(flatten)]
+    Remote(crate::remote_bench::RemoteBench), // `remote` and `echo`
 }
 
 #[derive(Args, Debug)]
@@ -162,6 +164,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             o.command = command_line();
             finish(&ring::run(&o), &r.common.out)
         }
+        Which::Remote(r) => crate::remote_bench::run(r),
         Which::Files(f) => {
             let exe = std::env::current_exe().context("locate the dds binary")?;
             let dir = std::path::absolute(&f.dir)

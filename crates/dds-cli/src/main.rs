@@ -1,9 +1,11 @@
 //! `dds`: the DPU daemon, device formatting, file operations, the demo and the benchmarks.
 
+mod app_cmd;
 mod bench_cmd;
 mod demo;
 mod dpu_cmd;
 mod fs_cmd;
+mod remote_bench;
 mod util;
 
 use std::process::ExitCode;
@@ -36,6 +38,8 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Run a benchmark; writes JSON and plots under bench/results/.
     Bench(bench_cmd::BenchArgs),
+    /// Run the remote-storage applications: pagestore server, load client, TCP echo.
+    App(app_cmd::AppArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Cmd::Fs(a) => return fs_cmd::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench_cmd::run(a),
+        Cmd::App(a) => app_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,209 @@
+//! TCP echo (the network-path comparison of the paper's Fig. 18): a server that sends every
+//! byte back on the same connection, and a client that measures messages per second and
+//! round-trip latency. The client stamps each message's first 8 bytes with its send time.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::client::now_ns;
+
+/// A running echo server: one thread per connection, blocking sockets.
+pub struct EchoServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    pub connections: Arc<AtomicU64>,
+}
+
+impl EchoServer {
+    pub fn start(listen: SocketAddr) -> Result<EchoServer> {
+        let listener = TcpListener::bind(listen).with_context(|| format!("listen {listen}"))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(AtomicU64::new(0));
+        let (s2, c2) = (stop.clone(), connections.clone());
+        let accept = std::thread::Builder::new()
+            .name("echo-accept".into())
+            .spawn(move || {
+                while !s2.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((s, peer)) => {
+                            c2.fetch_add(1, Ordering::Relaxed);
+                            let stop = s2.clone();
+                            let _ = std::thread::Builder::new().name("echo-conn".into()).spawn(
+                                move || {
+                                    if let Err(e) = echo_connection(s, &stop) {
+                                        tracing::debug!(%peer, error = %e, "echo connection ended");
+                                    }
+                                },
+                            );
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                }
+            })?;
+        Ok(EchoServer {
+            addr,
+            stop,
+            accept: Some(accept),
+            connections,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn echo_connection(mut s: TcpStream, stop: &AtomicBool) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let mut buf = vec![0u8; 64 << 10];
+    while !stop.load(Ordering::Acquire) {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => s.write_all(&buf[..n])?,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Echo client settings.
+#[derive(Clone, Debug)]
+pub struct EchoConfig {
+    pub connect: SocketAddr,
+    /// Bytes per message (at least 8).
+    pub message_size: usize,
+    /// Messages in flight per connection.
+    pub outstanding: usize,
+    pub connections: usize,
+    pub duration: Duration,
+}
+
+/// What an echo run measured.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EchoReport {
+    pub messages: u64,
+    pub seconds: f64,
+    pub messages_per_sec: f64,
+    pub mb_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+    pub message_size: usize,
+    pub outstanding: usize,
+    pub connections: usize,
+    /// Echoed bytes that differed from what was sent.
+    pub corrupt: u64,
+}
+
+/// Runs the echo client.
+pub fn run_client(cfg: &EchoConfig) -> Result<EchoReport> {
+    if cfg.message_size < 8 || cfg.outstanding == 0 || cfg.connections == 0 {
+        bail!("message size ≥ 8, outstanding ≥ 1 and connections ≥ 1");
+    }
+    let start = Instant::now();
+    let deadline = start + cfg.duration;
+    let results: Vec<Result<(u64, u64, Histogram<u64>)>> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..cfg.connections)
+            .map(|_| scope.spawn(move || echo_connection_client(cfg, deadline)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("echo client panicked")))
+            })
+            .collect()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+    let mut rep = EchoReport {
+        seconds,
+        message_size: cfg.message_size,
+        outstanding: cfg.outstanding,
+        connections: cfg.connections,
+        ..EchoReport::default()
+    };
+    for r in results {
+        let (n, corrupt, h) = r?;
+        rep.messages += n;
+        rep.corrupt += corrupt;
+        let _ = hist.add(&h);
+    }
+    rep.messages_per_sec = rep.messages as f64 / seconds.max(1e-9);
+    rep.mb_per_sec = rep.messages_per_sec * cfg.message_size as f64 / 1e6;
+    if !hist.is_empty() {
+        rep.p50_us = hist.value_at_quantile(0.5) as f64 / 1000.0;
+        rep.p99_us = hist.value_at_quantile(0.99) as f64 / 1000.0;
+        rep.mean_us = hist.mean() / 1000.0;
+    }
+    Ok(rep)
+}
+
+fn echo_connection_client(
+    cfg: &EchoConfig,
+    deadline: Instant,
+) -> Result<(u64, u64, Histogram<u64>)> {
+    let mut s =
+        TcpStream::connect(cfg.connect).with_context(|| format!("connect {}", cfg.connect))?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+    let size = cfg.message_size;
+    let mut msg = vec![0u8; size];
+    for (i, b) in msg.iter_mut().enumerate().skip(8) {
+        *b = i as u8;
+    }
+    let mut back = vec![0u8; size];
+    let (mut done, mut corrupt) = (0u64, 0u64);
+    let mut inflight = 0usize;
+    // The socket buffers hold `outstanding` messages, so writing them all before reading
+    // cannot deadlock for the sizes used here.
+    loop {
+        let go = Instant::now() < deadline;
+        while go && inflight < cfg.outstanding {
+            msg[..8].copy_from_slice(&now_ns().to_le_bytes());
+            s.write_all(&msg)?;
+            inflight += 1;
+        }
+        if inflight == 0 {
+            break;
+        }
+        s.read_exact(&mut back)?;
+        inflight -= 1;
+        let sent = u64::from_le_bytes(back[..8].try_into().expect("8 bytes"));
+        let _ = hist.record(now_ns().saturating_sub(sent).max(1));
+        if back[8..] != msg[8..] {
+            corrupt += 1;
+        }
+        done += 1;
+    }
+    Ok((done, corrupt, hist))
+}

@@ -1,0 +1,957 @@
+//! `dds bench remote` and `dds bench echo`: the remote-storage evaluation (§8, Figs. 13, 14,
+//! 18, 20) with every party a separate process on this machine.
+//!
+//! `remote` runs, side by side in one run and on the same disk:
+//! - (a) baseline: `dds app pagestore --backend os` (kernel TCP + OS files, io_uring O_DIRECT);
+//! - (b) `dds dpu` + `dds app pagestore --backend dds` (kernel TCP + DDS files);
+//! - (c) DDS offload (the traffic director serving reads on the DPU): started through
+//!   [`offload_dpu_args`], reported as not available until `dds dpu` has director flags.
+//!
+//! The load client runs inside this process. For each mode and load point it records
+//! throughput, latency percentiles and the CPU seconds of the server process ("host") and of
+//! the `dds dpu` process ("DPU") from /proc/<pid>/stat. There is no DPU hardware: the DPU is the
+//! `dds dpu` process with an emulated DMA engine, and every output says so.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use dds_apps::client::{self, ClientConfig, ClientReport};
+use dds_apps::echo::{self, EchoConfig};
+use dds_apps::plot::{self, Chart, Series};
+use serde_json::{json, Value};
+
+use crate::util::{parse_size, process_cpu_seconds};
+
+/// The remote-storage benchmarks (flattened into `dds bench`).
+#[derive(Subcommand, Debug)]
+pub enum RemoteBench {
+    /// Figs. 13/14 (and 20 with the offload engine): the pagestore server on OS files vs DDS
+    /// files (vs DDS offload), throughput, latency and host/DPU CPU per operation.
+    Remote(RemoteArgs),
+    /// Fig. 18: TCP echo served by a host process vs by a separate "DPU" process.
+    Echo(EchoBenchArgs),
+}
+
+pub fn run(b: RemoteBench) -> Result<()> {
+    match b {
+        RemoteBench::Remote(a) => run_remote(a),
+        RemoteBench::Echo(a) => run_echo(a),
+    }
+}
+
+const EMULATION_NOTE: &str = "No DPU hardware: the DPU is the `dds dpu` process with an emulated DMA engine (PCIe cost model), on the same machine as the host server and the client";
+
+#[derive(Args, Debug, Clone)]
+pub struct RemoteArgs {
+    /// Short run (about a minute): fewer load points, shorter points, smaller files.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the JSON and the plots go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Scratch directory for the OS files and the DDS device file (one disk for both).
+    #[arg(long)]
+    pub work: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    pub files: usize,
+    /// Size of each file (default 64M, 16M with --quick).
+    #[arg(long, value_parser = parse_size)]
+    pub file_size: Option<u64>,
+    #[arg(long, default_value = "1K", value_parser = parse_size)]
+    pub io_size: u64,
+    /// Requests per message.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 2)]
+    pub connections: usize,
+    /// Outstanding messages per connection, the load points (default 1,2,4,8,16,32; quick 1,4,16).
+    #[arg(long, value_delimiter = ',')]
+    pub outstanding: Vec<usize>,
+    /// Seconds per load point (default 4; quick 1.5).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Server worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Emulated PCIe DMA costs in the DPU (on or off).
+    #[arg(long, default_value = "on")]
+    pub dma_cost: String,
+    /// Skip the write curves.
+    #[arg(long)]
+    pub no_writes: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct EchoBenchArgs {
+    #[arg(long)]
+    pub quick: bool,
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Message sizes (default 64,1K,16K; quick 64,4K).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Vec<u64>,
+    /// Seconds per point (default 3; quick 1).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process (the server, the DPU, an echo server); killed when dropped.
+struct Proc {
+    child: Child,
+    name: &'static str,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn cpu(&self) -> f64 {
+        process_cpu_seconds(self.pid()).unwrap_or(0.0)
+    }
+
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        for _ in 0..500 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tracing::warn!(name = self.name, "did not stop on SIGTERM; killing");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn have_taskset() -> bool {
+    Command::new("taskset")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// `dds <args>`, pinned to `cpus` (a taskset list) when given. taskset execs the command, so
+/// the child's pid is the dds process's.
+fn dds_command(args: &[String], cpus: Option<&str>) -> Result<Command> {
+    let exe = std::env::current_exe().context("locate the dds binary")?;
+    Ok(match cpus {
+        Some(list) if have_taskset() => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(list).arg(exe).args(args);
+            c
+        }
+        Some(list) => bail!("taskset is not installed; cannot pin to CPUs {list}"),
+        None => {
+            let mut c = Command::new(exe);
+            c.args(args);
+            c
+        }
+    })
+}
+
+/// Spawns a process that prints one JSON ready line on stdout; returns it with the line.
+fn spawn_ready(name: &'static str, cmd: &mut Command, timeout: Duration) -> Result<(Proc, Value)> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {name}"))?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next();
+        let _ = tx.send(first);
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let proc = Proc { child, name };
+    let line = match rx.recv_timeout(timeout) {
+        Ok(Some(Ok(l))) => l,
+        Ok(_) => bail!("{name} exited before it was ready"),
+        Err(_) => bail!("{name} was not ready within {timeout:?}"),
+    };
+    let v: Value =
+        serde_json::from_str(&line).with_context(|| format!("{name} ready line: {line}"))?;
+    Ok((proc, v))
+}
+
+fn start_dpu(device: &Path, socket: &Path, dma_cost: &str, cpus: Option<&str>) -> Result<Proc> {
+    let args: Vec<String> = vec![
+        "dpu".into(),
+        "--device".into(),
+        device.display().to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--dma-cost".into(),
+        dma_cost.into(),
+    ];
+    let mut cmd = dds_command(&args, cpus)?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("start dds dpu")?;
+    let mut p = Proc {
+        child,
+        name: "dds dpu",
+    };
+    for _ in 0..1000 {
+        if let Some(st) = p.child.try_wait()? {
+            bail!("dds dpu exited at start ({st})");
+        }
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Ok(p);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("dds dpu did not open {} in time", socket.display())
+}
+
+/// Why mode (c) could not run.
+#[derive(Debug)]
+pub struct NotAvailable(pub String);
+
+/// EXTENSION POINT for mode (c), DDS offload: given the `dds dpu` command line, adds the
+/// traffic-director and offload-engine flags so the DPU serves the pagestore's clients itself
+/// (reads offloaded, the rest forwarded to the host server), and returns the address clients
+/// must connect to. Until `dds dpu` has those flags, mode (c) is reported as not available.
+pub fn offload_dpu_args(
+    _dpu_args: &mut Vec<String>,
+    _host_server: SocketAddr,
+) -> Result<SocketAddr, NotAvailable> {
+    let help = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Command::new(exe).args(["dpu", "--help"]).output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_lowercase())
+        .unwrap_or_default();
+    if help.contains("director") || help.contains("offload") {
+        Err(NotAvailable(
+            "`dds dpu` has director/offload flags, but remote_bench::offload_dpu_args is not wired to them yet".into(),
+        ))
+    } else {
+        Err(NotAvailable(
+            "the traffic director and offload engine (crates/dds-offload) are not available in `dds dpu` yet".into(),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The remote-storage benchmark
+
+struct Plan {
+    files: usize,
+    file_size: u64,
+    io_size: u32,
+    batch: usize,
+    connections: usize,
+    outstanding: Vec<usize>,
+    seconds: f64,
+    threads: usize,
+    writes: bool,
+    ncpu: usize,
+}
+
+fn cpu_list(n: usize) -> String {
+    if n <= 1 {
+        "0".into()
+    } else {
+        format!("0-{}", n - 1)
+    }
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "cpu_model": model,
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
+
+/// One measured load point.
+fn measure(
+    mode: &str,
+    host_cores: usize,
+    write: bool,
+    outstanding: usize,
+    plan: &Plan,
+    server: &Proc,
+    dpu: Option<&Proc>,
+    addr: SocketAddr,
+    files: &[u32],
+) -> Result<Value> {
+    let cfg = ClientConfig {
+        connect: addr,
+        files: files.to_vec(),
+        file_size: plan.file_size,
+        io_size: plan.io_size,
+        read_ratio: if write { 0.0 } else { 1.0 },
+        batch: plan.batch,
+        outstanding,
+        connections: plan.connections,
+        duration: Some(Duration::from_secs_f64(plan.seconds)),
+        requests: None,
+        verify: false,
+        seed: outstanding as u64,
+    };
+    let (h0, d0) = (server.cpu(), dpu.map(Proc::cpu).unwrap_or(0.0));
+    let rep: ClientReport = client::run(&cfg)?;
+    let (h1, d1) = (server.cpu(), dpu.map(Proc::cpu).unwrap_or(0.0));
+    let ops = rep.requests.max(1) as f64;
+    let (host_cpu, dpu_cpu) = (h1 - h0, d1 - d0);
+    let p = json!({
+        "mode": mode,
+        "op": if write { "write" } else { "read" },
+        "host_cores": host_cores,
+        "outstanding": outstanding,
+        "connections": plan.connections,
+        "batch": plan.batch,
+        "io_size": plan.io_size,
+        "requests": rep.requests,
+        "errors": rep.errors,
+        "order_violations": rep.order_violations,
+        "seconds": rep.seconds,
+        "throughput": rep.requests_per_sec,
+        "mb_per_sec": rep.mb_per_sec,
+        "p50_us": rep.p50_us,
+        "p99_us": rep.p99_us,
+        "p999_us": rep.p999_us,
+        "host_cpu_s": host_cpu,
+        "dpu_cpu_s": dpu_cpu,
+        "host_cores_used": host_cpu / rep.seconds.max(1e-9),
+        "dpu_cores_used": dpu_cpu / rep.seconds.max(1e-9),
+        "host_cpu_us_per_op": host_cpu / ops * 1e6,
+        "dpu_cpu_us_per_op": dpu_cpu / ops * 1e6,
+    });
+    eprintln!(
+        "  {mode} {:>5} cores={host_cores} outstanding={outstanding:>3}: {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  host {:>6.2} µs/op  DPU {:>6.2} µs/op  errors {}",
+        if write { "write" } else { "read" },
+        rep.requests_per_sec,
+        rep.p50_us,
+        rep.p99_us,
+        host_cpu / ops * 1e6,
+        dpu_cpu / ops * 1e6,
+        rep.errors
+    );
+    if rep.order_violations > 0 || rep.failed_connections > 0 {
+        bail!(
+            "{mode}: {} responses out of order, {} connections failed",
+            rep.order_violations,
+            rep.failed_connections
+        );
+    }
+    Ok(p)
+}
+
+fn server_args(plan: &Plan, backend: &str, where_: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "app".into(),
+        "pagestore".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--backend".into(),
+        backend.into(),
+        "--files".into(),
+        plan.files.to_string(),
+        "--file-size".into(),
+        plan.file_size.to_string(),
+        "--threads".into(),
+        plan.threads.to_string(),
+    ];
+    a.extend_from_slice(where_);
+    a
+}
+
+fn parse_ready(v: &Value) -> Result<(SocketAddr, Vec<u32>)> {
+    let addr: SocketAddr = v["listen"]
+        .as_str()
+        .context("ready line without listen")?
+        .parse()?;
+    let files = v["files"]
+        .as_array()
+        .context("ready line without files")?
+        .iter()
+        .map(|f| f.as_u64().map(|x| x as u32).context("file id"))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((addr, files))
+}
+
+/// Runs one mode: for each host core count, a server pinned to that many cores, and the load
+/// points (the full read sweep, and the write sweep, at the largest core count; the peak read
+/// point at the others).
+fn run_mode(
+    mode: &str,
+    backend: &str,
+    where_: &[String],
+    plan: &Plan,
+    dpu: Option<&Proc>,
+    points: &mut Vec<Value>,
+) -> Result<()> {
+    let max_cores = plan.ncpu.min(2);
+    let mut core_counts: Vec<usize> = vec![max_cores];
+    if max_cores > 1 {
+        core_counts.push(1);
+    }
+    for &cores in &core_counts {
+        let list = cpu_list(cores);
+        let mut cmd = dds_command(&server_args(plan, backend, where_), Some(&list))?;
+        let (server, ready) = spawn_ready("pagestore server", &mut cmd, Duration::from_secs(120))?;
+        let (addr, files) = parse_ready(&ready)?;
+        // Warm-up (connections, page tables, the DPU's first requests).
+        let _ = client::run(&ClientConfig {
+            connect: addr,
+            files: files.clone(),
+            file_size: plan.file_size,
+            io_size: plan.io_size,
+            batch: plan.batch,
+            outstanding: 2,
+            connections: 1,
+            duration: Some(Duration::from_millis(300)),
+            ..ClientConfig::default()
+        });
+        let sweep: Vec<usize> = if cores == max_cores {
+            plan.outstanding.clone()
+        } else {
+            vec![*plan.outstanding.last().expect("load points")]
+        };
+        for &o in &sweep {
+            points.push(measure(
+                mode, cores, false, o, plan, &server, dpu, addr, &files,
+            )?);
+        }
+        if plan.writes && cores == max_cores {
+            let mut ws: Vec<usize> = vec![plan.outstanding[0]];
+            if plan.outstanding.len() > 1 {
+                ws.push(*plan.outstanding.last().expect("load points"));
+            }
+            for &o in &ws {
+                points.push(measure(
+                    mode, cores, true, o, plan, &server, dpu, addr, &files,
+                )?);
+            }
+        }
+        server.stop();
+    }
+    Ok(())
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(0.0)
+}
+
+fn summarize(points: &[Value], mode: &str, label: &str) -> Value {
+    let max_cores = points
+        .iter()
+        .filter(|p| p["mode"] == mode)
+        .map(|p| p["host_cores"].as_u64().unwrap_or(0))
+        .max()
+        .unwrap_or(0);
+    let best = points
+        .iter()
+        .filter(|p| p["mode"] == mode && p["op"] == "read" && p["host_cores"] == max_cores)
+        .max_by(|a, b| f(a, "throughput").total_cmp(&f(b, "throughput")));
+    let best_write = points
+        .iter()
+        .filter(|p| p["mode"] == mode && p["op"] == "write")
+        .max_by(|a, b| f(a, "throughput").total_cmp(&f(b, "throughput")));
+    match best {
+        Some(p) => json!({
+            "available": true,
+            "label": label,
+            "at": {"op": "read", "outstanding": p["outstanding"], "host_cores": p["host_cores"]},
+            "throughput": p["throughput"],
+            "p50_us": p["p50_us"],
+            "p99_us": p["p99_us"],
+            "host_cpu_us_per_op": p["host_cpu_us_per_op"],
+            "dpu_cpu_us_per_op": p["dpu_cpu_us_per_op"],
+            "write": best_write.map(|w| json!({
+                "throughput": w["throughput"],
+                "p50_us": w["p50_us"],
+                "p99_us": w["p99_us"],
+                "host_cpu_us_per_op": w["host_cpu_us_per_op"],
+                "dpu_cpu_us_per_op": w["dpu_cpu_us_per_op"],
+            })),
+        }),
+        None => json!({"available": false, "label": label}),
+    }
+}
+
+fn series(
+    points: &[Value],
+    mode: &str,
+    op: &str,
+    cores: Option<u64>,
+    x: &str,
+    y: &str,
+) -> Vec<(f64, f64)> {
+    let mut v: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|p| p["mode"] == mode && p["op"] == op)
+        .filter(|p| cores.is_none_or(|c| p["host_cores"] == c))
+        .map(|p| (f(p, x), f(p, y)))
+        .collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v
+}
+
+const MODES: [(&str, &str); 2] = [("a", "TCP + OS files"), ("b", "TCP + DDS files")];
+
+fn draw_remote(out: &Path, points: &[Value], max_cores: u64, quick: bool) -> Result<Vec<String>> {
+    let note = format!(
+        "emulated DPU (separate `dds dpu` process){}",
+        if quick { ", quick run" } else { "" }
+    );
+    let kiops = |v: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+        v.into_iter().map(|(x, y)| (x / 1e3, y)).collect()
+    };
+    let mut charts13 = Vec::new();
+    for op in ["read", "write"] {
+        let s: Vec<Series> = MODES
+            .iter()
+            .map(|(m, label)| Series {
+                name: label.to_string(),
+                points: kiops(series(
+                    points,
+                    m,
+                    op,
+                    Some(max_cores),
+                    "throughput",
+                    "host_cores_used",
+                )),
+                secondary: false,
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        if !s.is_empty() {
+            charts13.push(Chart {
+                title: format!("Fig. 13 ({op}s): host CPU vs throughput"),
+                note: note.clone(),
+                x_label: "throughput (K IOPS)".into(),
+                y_label: "host server CPU (cores)".into(),
+                series: s,
+            });
+        }
+    }
+    // Peak read throughput vs host cores the server may use (taskset).
+    let mut by_cores = Vec::new();
+    for (m, label) in MODES {
+        let mut pts = Vec::new();
+        for c in 1..=max_cores {
+            let best = points
+                .iter()
+                .filter(|p| p["mode"] == m && p["op"] == "read" && p["host_cores"] == c)
+                .map(|p| f(p, "throughput"))
+                .fold(0.0f64, f64::max);
+            if best > 0.0 {
+                pts.push((c as f64, best / 1e3));
+            }
+        }
+        if !pts.is_empty() {
+            by_cores.push(Series {
+                name: label.into(),
+                points: pts,
+                secondary: false,
+            });
+        }
+    }
+    charts13.push(Chart {
+        title: "Fig. 13: peak read throughput vs host cores (taskset)".into(),
+        note: note.clone(),
+        x_label: "host cores available to the server".into(),
+        y_label: "throughput (K IOPS)".into(),
+        series: by_cores,
+    });
+    let mut files = Vec::new();
+    let p13 = out.join("remote-fig13.png");
+    plot::draw(&p13, &charts13)?;
+    files.push(p13.display().to_string());
+
+    let mut charts14 = Vec::new();
+    for op in ["read", "write"] {
+        let mut s = Vec::new();
+        for (m, label) in MODES {
+            let p50 = kiops(series(
+                points,
+                m,
+                op,
+                Some(max_cores),
+                "throughput",
+                "p50_us",
+            ));
+            let p99 = kiops(series(
+                points,
+                m,
+                op,
+                Some(max_cores),
+                "throughput",
+                "p99_us",
+            ));
+            if !p50.is_empty() {
+                s.push(Series {
+                    name: format!("{label} p50"),
+                    points: p50,
+                    secondary: false,
+                });
+                s.push(Series {
+                    name: format!("{label} p99"),
+                    points: p99,
+                    secondary: true,
+                });
+            }
+        }
+        if !s.is_empty() {
+            charts14.push(Chart {
+                title: format!("Fig. 14 ({op}s): latency vs throughput"),
+                note: note.clone(),
+                x_label: "throughput (K IOPS)".into(),
+                y_label: "latency (µs)".into(),
+                series: s,
+            });
+        }
+    }
+    let p14 = out.join("remote-fig14.png");
+    plot::draw(&p14, &charts14)?;
+    files.push(p14.display().to_string());
+    Ok(files)
+}
+
+pub fn run_remote(a: RemoteArgs) -> Result<()> {
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let plan = Plan {
+        files: a.files.max(1),
+        file_size: a
+            .file_size
+            .unwrap_or(if a.quick { 16 << 20 } else { 64 << 20 }),
+        io_size: u32::try_from(a.io_size).context("--io-size")?,
+        batch: a.batch.max(1),
+        connections: a.connections.max(1),
+        outstanding: if !a.outstanding.is_empty() {
+            a.outstanding.clone()
+        } else if a.quick {
+            vec![1, 4, 16]
+        } else {
+            vec![1, 2, 4, 8, 16, 32]
+        },
+        seconds: a.seconds.unwrap_or(if a.quick { 1.5 } else { 4.0 }),
+        threads: a.threads.max(1),
+        writes: !a.no_writes,
+        ncpu,
+    };
+    let work = match &a.work {
+        Some(w) => w.clone(),
+        None => std::env::temp_dir().join(format!("dds-remote-bench-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
+    let cleanup = a.work.is_none();
+    let result = run_remote_in(&a, &plan, &work);
+    if cleanup {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    result
+}
+
+fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
+    let started = Instant::now();
+    eprintln!("dds bench remote: {EMULATION_NOTE}.");
+    let mut points = Vec::new();
+    // (a) the baseline: OS files on the work directory's disk.
+    let os_dir = work.join("os-files");
+    run_mode(
+        "a",
+        "os",
+        &["--dir".into(), os_dir.display().to_string()],
+        plan,
+        None,
+        &mut points,
+    )?;
+    // (b) DDS files: a device file on the same disk, served by `dds dpu`.
+    let device = work.join("dds-device.img");
+    let device_size =
+        (plan.files as u64 * plan.file_size * 3 / 2 + (64 << 20)).next_multiple_of(1 << 20);
+    crate::dpu_cmd::format_device(&crate::dpu_cmd::FormatArgs {
+        device: device.clone(),
+        size: Some(device_size),
+        segment_size: None,
+        max_files: None,
+        max_dirs: None,
+    })?;
+    let socket = work.join("dpu.sock");
+    let dpu_cpu = (plan.ncpu - 1).to_string();
+    let dpu = start_dpu(&device, &socket, &a.dma_cost, Some(&dpu_cpu))?;
+    let r = run_mode(
+        "b",
+        "dds",
+        &["--socket".into(), socket.display().to_string()],
+        plan,
+        Some(&dpu),
+        &mut points,
+    );
+    dpu.stop();
+    r?;
+    // (c) DDS offload.
+    let mut probe = Vec::new();
+    let c = match offload_dpu_args(&mut probe, "127.0.0.1:0".parse()?) {
+        Ok(_) => {
+            json!({"available": false, "label": "DDS offload", "reason": "offload runs are not implemented in this benchmark yet"})
+        }
+        Err(NotAvailable(why)) => {
+            json!({"available": false, "label": "DDS offload", "reason": why})
+        }
+    };
+    let max_cores = plan.ncpu.min(2) as u64;
+    let plots = draw_remote(&a.out, &points, max_cores, a.quick)?;
+    let report = json!({
+        "benchmark": "remote",
+        "note": EMULATION_NOTE,
+        "quick": a.quick,
+        "machine": machine(),
+        "setup": {
+            "files": plan.files,
+            "file_size": plan.file_size,
+            "io_size": plan.io_size,
+            "batch": plan.batch,
+            "connections": plan.connections,
+            "outstanding": plan.outstanding,
+            "seconds_per_point": plan.seconds,
+            "server_threads": plan.threads,
+            "dma_cost": a.dma_cost,
+            "pinning": format!("host server: taskset -c 0 (1 core) or 0-{} ({} cores); dds dpu: taskset -c {}; client: this process, unpinned", max_cores - 1, max_cores, plan.ncpu - 1),
+            "os_backend": "regular files on the same disk as the DDS device file; io_uring with O_DIRECT (buffered descriptor for unaligned requests)",
+            "dds_backend": "DDS files through the host library; file service in `dds dpu` (io_uring O_DIRECT on its device file)",
+            "cpu": "host = the pagestore server process, DPU = the dds dpu process, from /proc/<pid>/stat over each load point",
+        },
+        "modes": {
+            "a": "host application with kernel TCP and OS files (baseline)",
+            "b": "host application with kernel TCP and DDS files",
+            "c": "DDS offload (traffic director + offload engine on the DPU)",
+        },
+        "summary": {
+            "a": summarize(&points, "a", "TCP + OS files"),
+            "b": summarize(&points, "b", "TCP + DDS files"),
+            "c": c,
+        },
+        "plots": plots,
+        "fig20": "not drawn: needs mode c (zero-copy vs copy offload engine)",
+        "points": points,
+        "elapsed_s": started.elapsed().as_secs_f64(),
+    });
+    let path = a.out.join("remote.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    print_summary(&report);
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+fn print_summary(report: &Value) {
+    println!("remote storage benchmark ({EMULATION_NOTE})");
+    println!(
+        "{:<18} {:>12} {:>10} {:>10} {:>14} {:>13}",
+        "mode", "req/s", "p50 µs", "p99 µs", "host µs/op", "DPU µs/op"
+    );
+    for m in ["a", "b", "c"] {
+        let s = &report["summary"][m];
+        if s["available"] == true {
+            println!(
+                "{:<18} {:>12.0} {:>10.1} {:>10.1} {:>14.2} {:>13.2}",
+                s["label"].as_str().unwrap_or(m),
+                f(s, "throughput"),
+                f(s, "p50_us"),
+                f(s, "p99_us"),
+                f(s, "host_cpu_us_per_op"),
+                f(s, "dpu_cpu_us_per_op")
+            );
+        } else {
+            println!(
+                "{:<18} not available: {}",
+                s["label"].as_str().unwrap_or(m),
+                s["reason"].as_str().unwrap_or("")
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The echo benchmark (Fig. 18)
+
+pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let sizes: Vec<u64> = if !a.sizes.is_empty() {
+        a.sizes.clone()
+    } else if a.quick {
+        vec![64, 4096]
+    } else {
+        vec![64, 1024, 16384]
+    };
+    let seconds = a.seconds.unwrap_or(if a.quick { 1.0 } else { 3.0 });
+    std::fs::create_dir_all(&a.out)?;
+    eprintln!("dds bench echo: {EMULATION_NOTE}; the DPU-side echo is the same code in a separate process pinned to CPU {}.", ncpu - 1);
+    let sides = [("host", "0".to_string()), ("dpu", (ncpu - 1).to_string())];
+    let mut points = Vec::new();
+    for (role, cpus) in &sides {
+        let args: Vec<String> = vec![
+            "app".into(),
+            "echo".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--role".into(),
+            role.to_string(),
+        ];
+        let mut cmd = dds_command(&args, Some(cpus))?;
+        let (server, ready) = spawn_ready("echo server", &mut cmd, Duration::from_secs(30))?;
+        let addr: SocketAddr = ready["listen"]
+            .as_str()
+            .ok_or_else(|| anyhow!("echo ready line without listen"))?
+            .parse()?;
+        for &size in &sizes {
+            for outstanding in [1usize, 8] {
+                let c0 = server.cpu();
+                let rep = echo::run_client(&EchoConfig {
+                    connect: addr,
+                    message_size: size as usize,
+                    outstanding,
+                    connections: 1,
+                    duration: Duration::from_secs_f64(seconds),
+                })?;
+                let cpu = server.cpu() - c0;
+                let per = cpu / rep.messages.max(1) as f64 * 1e6;
+                eprintln!(
+                    "  {role:<4} {size:>6} B outstanding {outstanding}: {:>9.0} msg/s  p50 {:>7.1} µs  p99 {:>7.1} µs  {per:>6.2} µs CPU/msg",
+                    rep.messages_per_sec, rep.p50_us, rep.p99_us
+                );
+                if rep.corrupt > 0 {
+                    bail!("echo returned different bytes ({} messages)", rep.corrupt);
+                }
+                points.push(json!({
+                    "side": role,
+                    "cpus": cpus,
+                    "message_size": size,
+                    "outstanding": outstanding,
+                    "messages": rep.messages,
+                    "seconds": rep.seconds,
+                    "throughput": rep.messages_per_sec,
+                    "mb_per_sec": rep.mb_per_sec,
+                    "p50_us": rep.p50_us,
+                    "p99_us": rep.p99_us,
+                    "cpu_s": cpu,
+                    "cpu_us_per_op": per,
+                }));
+            }
+        }
+        server.stop();
+    }
+    let summary_of = |side: &str| {
+        // Latency at one message in flight (smallest size); throughput at 8 in flight.
+        let lat = points
+            .iter()
+            .find(|p| p["side"] == side && p["outstanding"] == 1)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let thr = points
+            .iter()
+            .filter(|p| p["side"] == side && p["outstanding"] == 8)
+            .find(|p| p["message_size"] == sizes[0])
+            .cloned()
+            .unwrap_or(Value::Null);
+        json!({
+            "throughput": thr["throughput"],
+            "p50_us": lat["p50_us"],
+            "p99_us": lat["p99_us"],
+            "cpu_us_per_op": thr["cpu_us_per_op"],
+            "message_size": sizes[0],
+        })
+    };
+    let mut charts = Vec::new();
+    for (title, y, out) in [
+        ("Fig. 18: echo latency (1 in flight)", "p50_us", 1usize),
+        ("echo throughput (8 in flight)", "throughput", 8),
+    ] {
+        let s = sides
+            .iter()
+            .map(|(role, _)| Series {
+                name: if *role == "host" {
+                    "echo on host (kernel TCP)".into()
+                } else {
+                    "echo in the DPU process (kernel TCP)".into()
+                },
+                points: points
+                    .iter()
+                    .filter(|p| p["side"] == *role && p["outstanding"] == out)
+                    .map(|p| (f(p, "message_size") / 1024.0, f(p, y)))
+                    .collect(),
+                secondary: false,
+            })
+            .collect();
+        charts.push(Chart {
+            title: title.into(),
+            note: "emulated DPU: a separate process pinned to another core".into(),
+            x_label: "message size (KiB)".into(),
+            y_label: if y == "p50_us" {
+                "p50 latency (µs)".into()
+            } else {
+                "messages/s".into()
+            },
+            series: s,
+        });
+    }
+    let png = a.out.join("echo-fig18.png");
+    plot::draw(&png, &charts)?;
+    let report = json!({
+        "benchmark": "echo",
+        "note": format!("{EMULATION_NOTE}. The DPU-side echo is the same kernel-TCP echo code run as a separate process pinned to CPU {}; the host echo is pinned to CPU 0. No userspace TCP stack (TLDK) is involved.", ncpu - 1),
+        "quick": a.quick,
+        "machine": machine(),
+        "summary": {"host": summary_of("host"), "dpu": summary_of("dpu")},
+        "plots": [png.display().to_string()],
+        "points": points,
+    });
+    let path = a.out.join("echo.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    println!("echo benchmark ({EMULATION_NOTE})");
+    for side in ["host", "dpu"] {
+        let s = &report["summary"][side];
+        println!(
+            "{side:<5} {:>10.0} msg/s  p50 {:>7.1} µs  p99 {:>7.1} µs  {:>6.2} µs CPU/msg",
+            f(s, "throughput"),
+            f(s, "p50_us"),
+            f(s, "p99_us"),
+            f(s, "cpu_us_per_op")
+        );
+    }
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
