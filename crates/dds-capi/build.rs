@@ -32,6 +32,11 @@ fn main() {
         "cargo:rustc-env=DDS_GENERATED_HEADER={}",
         generated.display()
     );
+    // The tests build the C libraries with a nested cargo and need the target triple.
+    println!(
+        "cargo:rustc-env=DDS_BUILD_TARGET={}",
+        env::var("TARGET").unwrap_or_default()
+    );
 
     let check_only = env::var_os("CI").is_some_and(|v| !v.is_empty())
         || env::var_os("DDS_CAPI_CHECK_HEADER").is_some_and(|v| !v.is_empty());

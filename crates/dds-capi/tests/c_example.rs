@@ -133,3 +133,46 @@ fn header_compiles_strictly() {
     let _ = std::fs::remove_file(&src);
     let _ = std::fs::remove_file(&obj);
 }
+
+#[test]
+fn header_compiles_as_cpp() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        eprintln!("no C++ compiler ({cxx}): skipped");
+        return;
+    }
+    let src = out_path("header-check.cpp");
+    std::fs::write(
+        &src,
+        "#include \"dds.h\"\n\
+         int main() { dds_t *d = nullptr; return dds_disconnect(d) == DDS_INVALID_ARGUMENT ? 0 : 1; }\n",
+    )
+    .unwrap();
+    let obj = out_path("header-check-cpp.o");
+    let include = include_dir();
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-I",
+        ])
+        .args([
+            path_str(&include),
+            "-c",
+            path_str(&src),
+            "-o",
+            path_str(&obj),
+        ])
+        .output()
+        .expect("run the C++ compiler");
+    let _ = std::fs::remove_file(&src);
+    let _ = std::fs::remove_file(&obj);
+    assert!(
+        out.status.success(),
+        "C++: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -60,7 +60,7 @@ pub fn c_libs() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let dir = lib_dir();
-            let target_dir = dir.parent().expect("target directory");
+            let mut target_dir = dir.parent().expect("target directory");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
             let mut cmd = Command::new(cargo);
             cmd.args([
@@ -71,9 +71,14 @@ pub fn c_libs() -> PathBuf {
                 "dds-capi",
                 "--manifest-path",
             ])
-            .arg(crate_dir().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(target_dir);
+            .arg(crate_dir().join("Cargo.toml"));
+            // With an explicit --target the layout is target/<triple>/<profile>.
+            let triple = env!("DDS_BUILD_TARGET");
+            if !triple.is_empty() && target_dir.file_name() == Some(triple.as_ref()) {
+                cmd.args(["--target", triple]);
+                target_dir = target_dir.parent().expect("target directory");
+            }
+            cmd.arg("--target-dir").arg(target_dir);
             match dir.file_name().and_then(|n| n.to_str()) {
                 Some("debug") => {}
                 Some("release") => {
