@@ -128,24 +128,26 @@ pub(crate) fn status_code(s: Status) -> dds_status {
 /// for a code the library does not know. The string is static; never free it.
 #[no_mangle]
 pub extern "C" fn dds_status_name(code: dds_status) -> *const c_char {
-    let name = match usize::try_from(code).ok().and_then(|i| NAMES.get(i)) {
-        Some(n) => n,
-        None if code == DDS_INTERNAL => c"DDS_INTERNAL",
-        None => c"DDS_UNKNOWN_STATUS",
-    };
-    name.as_ptr()
+    static_str(
+        || match usize::try_from(code).ok().and_then(|i| NAMES.get(i)) {
+            Some(n) => n,
+            None if code == DDS_INTERNAL => c"DDS_INTERNAL",
+            None => c"DDS_UNKNOWN_STATUS",
+        },
+    )
 }
 
 /// A short English description of a status code (`"unknown file id"` for 1). The string is
 /// static; never free it.
 #[no_mangle]
 pub extern "C" fn dds_status_message(code: dds_status) -> *const c_char {
-    let msg = match usize::try_from(code).ok().and_then(|i| MESSAGES.get(i)) {
-        Some(m) => m,
-        None if code == DDS_INTERNAL => c"internal library error",
-        None => c"unknown status code",
-    };
-    msg.as_ptr()
+    static_str(
+        || match usize::try_from(code).ok().and_then(|i| MESSAGES.get(i)) {
+            Some(m) => m,
+            None if code == DDS_INTERNAL => c"internal library error",
+            None => c"unknown status code",
+        },
+    )
 }
 
 /// The message of the most recent failed `dds_*` call on the calling thread (more detail than
@@ -153,16 +155,20 @@ pub extern "C" fn dds_status_message(code: dds_status) -> *const c_char {
 /// pointer stays valid until the next `dds_*` call on the same thread; never free it.
 #[no_mangle]
 pub extern "C" fn dds_last_error_message() -> *const c_char {
-    LAST_ERROR
-        .try_with(|b| {
-            let b = b.borrow();
-            if b.is_empty() {
-                c"".as_ptr()
-            } else {
-                b.as_ptr().cast()
-            }
-        })
-        .unwrap_or(c"".as_ptr())
+    catch_unwind(|| {
+        LAST_ERROR
+            .try_with(|b| match b.try_borrow() {
+                Ok(b) if !b.is_empty() => b.as_ptr().cast(),
+                _ => c"".as_ptr(),
+            })
+            .unwrap_or(c"".as_ptr())
+    })
+    .unwrap_or(c"".as_ptr())
+}
+
+/// The string entry points: a static string, `""` should anything panic.
+fn static_str(f: impl FnOnce() -> &'static std::ffi::CStr) -> *const c_char {
+    catch_unwind(AssertUnwindSafe(f)).map_or(c"".as_ptr(), |s| s.as_ptr())
 }
 
 thread_local! {
