@@ -263,6 +263,10 @@ impl GroupState {
                 Ok(h) if h.op == Op::Write && h.bytes > self.max_io_bytes => {
                     (kind, h.request_id, 0, Some(Status::TooLarge))
                 }
+                // Cache-table records need the offload engine.
+                Ok(h) if matches!(h.op, Op::Cache | Op::Invalidate) => {
+                    (kind, h.request_id, 0, Some(Status::InvalidArgument))
+                }
                 Ok(h) => (
                     h.op.code(),
                     h.request_id,
@@ -388,6 +392,7 @@ impl GroupState {
                 unsafe { fs.submit_write(FileId(h.file_id), h.offset, src, h.bytes, user) }
             }
             Op::Flush => fs.submit_flush(user),
+            Op::Cache | Op::Invalidate => unreachable!("answered at dispatch"),
         };
         r.map_err(|e| status_of(&e))
     }

@@ -6,6 +6,10 @@ use crate::Status;
 pub const OP_READ: u16 = 1;
 pub const OP_WRITE: u16 = 2;
 pub const OP_FLUSH: u16 = 3;
+/// Host → DPU cache-table items for the offload engine (`docs/consistency.md`).
+pub const OP_CACHE: u16 = 4;
+/// Host → DPU cache-table keys to invalidate.
+pub const OP_INVALIDATE: u16 = 5;
 
 pub const REQUEST_HEADER_BYTES: usize = 32;
 pub const RESPONSE_HEADER_BYTES: usize = 16;
@@ -15,6 +19,8 @@ pub enum Op {
     Read,
     Write,
     Flush,
+    Cache,
+    Invalidate,
 }
 
 impl Op {
@@ -23,7 +29,14 @@ impl Op {
             Op::Read => OP_READ,
             Op::Write => OP_WRITE,
             Op::Flush => OP_FLUSH,
+            Op::Cache => OP_CACHE,
+            Op::Invalidate => OP_INVALIDATE,
         }
+    }
+
+    /// Whether the record carries inline data (`bytes` of it after the header).
+    pub fn carries_data(self) -> bool {
+        matches!(self, Op::Write | Op::Cache | Op::Invalidate)
     }
 
     pub fn from_code(code: u16) -> Option<Op> {
@@ -31,6 +44,8 @@ impl Op {
             OP_READ => Some(Op::Read),
             OP_WRITE => Some(Op::Write),
             OP_FLUSH => Some(Op::Flush),
+            OP_CACHE => Some(Op::Cache),
+            OP_INVALIDATE => Some(Op::Invalidate),
             _ => None,
         }
     }
@@ -94,7 +109,7 @@ pub fn encode_request_tail(h: &RequestHeader) -> [u8; REQUEST_HEADER_BYTES - 6] 
 
 /// Encodes a whole request header (framing included) into `out[..32]`.
 pub fn encode_request(h: &RequestHeader, out: &mut [u8]) {
-    let len = request_len(if h.op == Op::Write { h.bytes } else { 0 });
+    let len = request_len(if h.op.carries_data() { h.bytes } else { 0 });
     out[0..4].copy_from_slice(&len.to_le_bytes());
     out[4..6].copy_from_slice(&h.op.code().to_le_bytes());
     out[6..REQUEST_HEADER_BYTES].copy_from_slice(&encode_request_tail(h));
@@ -124,7 +139,7 @@ pub fn decode_request(rec: &[u8]) -> Result<RequestHeader, RecordError> {
         bytes: u32_at(rec, 24),
     };
     match op {
-        Op::Write if request_len(h.bytes) as usize != len => Err(malformed),
+        _ if op.carries_data() && request_len(h.bytes) as usize != len => Err(malformed),
         Op::Read | Op::Flush if len != REQUEST_HEADER_BYTES => Err(malformed),
         Op::Flush if h.bytes != 0 => Err(malformed),
         _ => Ok(h),
@@ -179,7 +194,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn op_strategy() -> impl Strategy<Value = Op> {
-        prop_oneof![Just(Op::Read), Just(Op::Write), Just(Op::Flush)]
+        prop_oneof![
+            Just(Op::Read),
+            Just(Op::Write),
+            Just(Op::Flush),
+            Just(Op::Cache),
+            Just(Op::Invalidate)
+        ]
     }
 
     proptest! {
@@ -187,7 +208,7 @@ mod tests {
         fn request_round_trip(op in op_strategy(), id: u32, file: u32, offset: u64, bytes in 0u32..100_000) {
             let bytes = if op == Op::Flush { 0 } else { bytes };
             let h = RequestHeader { op, request_id: id, file_id: file, offset, bytes };
-            let len = request_len(if op == Op::Write { bytes } else { 0 }) as usize;
+            let len = request_len(if op.carries_data() { bytes } else { 0 }) as usize;
             let mut rec = vec![0u8; len];
             encode_request(&h, &mut rec);
             prop_assert_eq!(decode_request(&rec), Ok(h));
