@@ -54,8 +54,13 @@ pub struct BenchPoint {
     pub lookups_per_reader: usize,
     /// Insert rate of one writer filling an empty (pre-sized) table with `items` items.
     pub inserts_per_sec: f64,
-    /// Aggregate lookup rate of the readers (uniformly random keys, all present).
+    /// Aggregate lookup rate of the readers (uniformly random keys, all present), one
+    /// lookup call per key.
     pub lookups_per_sec: f64,
+    /// Cuckoo table only: the same lookups through [`crate::CacheReader::get_many`] in
+    /// batches of [`BATCH`] keys, whose memory accesses overlap. The baselines have no
+    /// batched lookup.
+    pub batched_lookups_per_sec: Option<f64>,
     /// Memory of the table: exact for the cuckoo table, estimated from capacity for the
     /// baselines (one hash-table bucket of `(key, item)` plus one control byte per bucket).
     pub memory_bytes: usize,
@@ -154,48 +159,63 @@ pub fn run(kind: TableKind, items: usize, readers: usize, lookups_per_reader: us
         items > 0 && readers > 0,
         "items and readers must be positive"
     );
-    let (insert_time, lookup_time, memory_bytes) = match kind {
+    let m = match kind {
         TableKind::Cuckoo => run_cuckoo(items, readers, lookups_per_reader),
         TableKind::DashMap => run_dashmap(items, readers, lookups_per_reader),
         TableKind::RwLockHashMap => run_rwlock(items, readers, lookups_per_reader),
     };
+    let rate = |t: Duration| (readers * lookups_per_reader) as f64 / t.as_secs_f64();
     BenchPoint {
         kind,
         items,
         readers,
         lookups_per_reader,
-        inserts_per_sec: items as f64 / insert_time.as_secs_f64(),
-        lookups_per_sec: (readers * lookups_per_reader) as f64 / lookup_time.as_secs_f64(),
-        memory_bytes,
+        inserts_per_sec: items as f64 / m.insert_time.as_secs_f64(),
+        lookups_per_sec: rate(m.lookup_time),
+        batched_lookups_per_sec: m.batched_lookup_time.map(rate),
+        memory_bytes: m.memory_bytes,
     }
 }
 
-/// Run `readers` threads of `lookups` random lookups through `get` (returning the item's
-/// offset); returns the wall time from the common start to the last reader's end.
-fn lookups<F>(items: usize, readers: usize, lookups: usize, get: F) -> Duration
+/// Keys per [`crate::CacheReader::get_many`] call in the batched measurement.
+pub const BATCH: usize = 16;
+
+/// Raw measurements of one table.
+struct Measured {
+    insert_time: Duration,
+    lookup_time: Duration,
+    batched_lookup_time: Option<Duration>,
+    memory_bytes: usize,
+}
+
+/// Check the offset returned for key index `i` and fold it into `sum` (which stays zero while
+/// every item is the right one).
+#[inline(always)]
+fn account(i: u64, found: Option<u64>, sum: &mut u64, missed: &mut usize) {
+    match found {
+        Some(offset) => *sum = sum.wrapping_add(offset ^ (i * 4096)),
+        None => *missed += 1,
+    }
+}
+
+/// Run `readers` threads, each calling `body(rng, lookups)` once, and return the wall time
+/// from their common start to the last one's end. `body` returns the number of misses and
+/// the folded check sum, both zero when every lookup found the right item.
+fn lookups<F>(readers: usize, lookups: usize, body: F) -> Duration
 where
-    F: Fn(u64) -> Option<u64> + Sync,
+    F: Fn(&mut Rng, usize) -> (usize, u64) + Sync,
 {
     let barrier = Barrier::new(readers + 1);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..readers)
             .map(|t| {
-                let (get, barrier) = (&get, &barrier);
+                let (body, barrier) = (&body, &barrier);
                 s.spawn(move || {
                     let mut rng = Rng::new(0x5eed + t as u64);
-                    let n = items as u64;
                     barrier.wait();
-                    let mut sum = 0u64;
-                    let mut bad = 0usize;
-                    for _ in 0..lookups {
-                        let i = rng.below(n);
-                        match get(key_of(i)) {
-                            Some(offset) => sum = sum.wrapping_add(offset ^ (i * 4096)),
-                            None => bad += 1,
-                        }
-                    }
+                    let (missed, sum) = body(&mut rng, lookups);
                     let end = Instant::now();
-                    assert_eq!(bad, 0, "lookups of present keys missed");
+                    assert_eq!(missed, 0, "lookups of present keys missed");
                     assert_eq!(black_box(sum), 0, "lookups returned wrong items");
                     end
                 })
@@ -211,11 +231,22 @@ where
     })
 }
 
-fn run_cuckoo(
-    items: usize,
-    readers: usize,
-    lookups_per_reader: usize,
-) -> (Duration, Duration, usize) {
+/// One call of `get` (returning the item's offset) per lookup.
+fn single_lookups<G>(items: usize, readers: usize, n: usize, get: G) -> Duration
+where
+    G: Fn(u64) -> Option<u64> + Sync,
+{
+    lookups(readers, n, |rng, n| {
+        let (mut sum, mut missed) = (0u64, 0usize);
+        for _ in 0..n {
+            let i = rng.below(items as u64);
+            account(i, get(key_of(i)), &mut sum, &mut missed);
+        }
+        (missed, sum)
+    })
+}
+
+fn run_cuckoo(items: usize, readers: usize, lookups_per_reader: usize) -> Measured {
     let mut writer = CacheWriter::new(Config::for_items(items)).expect("valid configuration");
     let start = Instant::now();
     for i in 0..items as u64 {
@@ -227,17 +258,38 @@ fn run_cuckoo(
     let insert_time = start.elapsed();
     assert_eq!(writer.len(), items);
     let reader = writer.reader();
-    let lookup_time = lookups(items, readers, lookups_per_reader, |k| {
+    let lookup_time = single_lookups(items, readers, lookups_per_reader, |k| {
         reader.get(k).map(|it| it.offset)
     });
-    (insert_time, lookup_time, writer.memory_bytes())
+    let batched = lookups(readers, lookups_per_reader, |rng, n| {
+        let (mut sum, mut missed) = (0u64, 0usize);
+        let mut idx = [0u64; BATCH];
+        let mut keys = [0u64; BATCH];
+        let mut out = [None; BATCH];
+        let mut done = 0;
+        while done < n {
+            let len = BATCH.min(n - done);
+            for j in 0..len {
+                idx[j] = rng.below(items as u64);
+                keys[j] = key_of(idx[j]);
+            }
+            reader.get_many(&keys[..len], &mut out[..len]);
+            for j in 0..len {
+                account(idx[j], out[j].map(|it| it.offset), &mut sum, &mut missed);
+            }
+            done += len;
+        }
+        (missed, sum)
+    });
+    Measured {
+        insert_time,
+        lookup_time,
+        batched_lookup_time: Some(batched),
+        memory_bytes: writer.memory_bytes(),
+    }
 }
 
-fn run_dashmap(
-    items: usize,
-    readers: usize,
-    lookups_per_reader: usize,
-) -> (Duration, Duration, usize) {
+fn run_dashmap(items: usize, readers: usize, lookups_per_reader: usize) -> Measured {
     let map: DashMap<u64, CacheItem, FmixBuildHasher> =
         DashMap::with_capacity_and_hasher(items, FmixBuildHasher);
     let start = Instant::now();
@@ -246,22 +298,23 @@ fn run_dashmap(
     }
     let insert_time = start.elapsed();
     assert_eq!(map.len(), items);
-    let lookup_time = lookups(items, readers, lookups_per_reader, |k| {
+    let lookup_time = single_lookups(items, readers, lookups_per_reader, |k| {
         map.get(&k).map(|it| it.offset)
     });
     // DashMap's default shard count (it does not expose it without its `raw-api` feature).
     let parallelism = std::thread::available_parallelism().map_or(1, usize::from);
     let shards = (parallelism * 4).next_power_of_two();
     let entry = std::mem::size_of::<(u64, CacheItem)>();
-    let memory = shards * hashbrown_bytes(map.capacity() / shards, entry);
-    (insert_time, lookup_time, memory)
+    let memory_bytes = shards * hashbrown_bytes(map.capacity() / shards, entry);
+    Measured {
+        insert_time,
+        lookup_time,
+        batched_lookup_time: None,
+        memory_bytes,
+    }
 }
 
-fn run_rwlock(
-    items: usize,
-    readers: usize,
-    lookups_per_reader: usize,
-) -> (Duration, Duration, usize) {
+fn run_rwlock(items: usize, readers: usize, lookups_per_reader: usize) -> Measured {
     let map: RwLock<HashMap<u64, CacheItem, FmixBuildHasher>> =
         RwLock::new(HashMap::with_capacity_and_hasher(items, FmixBuildHasher));
     let start = Instant::now();
@@ -269,13 +322,18 @@ fn run_rwlock(
         map.write().expect("lock").insert(key_of(i), item_of(i));
     }
     let insert_time = start.elapsed();
-    let lookup_time = lookups(items, readers, lookups_per_reader, |k| {
+    let lookup_time = single_lookups(items, readers, lookups_per_reader, |k| {
         map.read().expect("lock").get(&k).map(|it| it.offset)
     });
     let map = map.into_inner().expect("lock");
     assert_eq!(map.len(), items);
-    let memory = hashbrown_bytes(map.capacity(), std::mem::size_of::<(u64, CacheItem)>());
-    (insert_time, lookup_time, memory)
+    let memory_bytes = hashbrown_bytes(map.capacity(), std::mem::size_of::<(u64, CacheItem)>());
+    Measured {
+        insert_time,
+        lookup_time,
+        batched_lookup_time: None,
+        memory_bytes,
+    }
 }
 
 #[cfg(test)]
@@ -288,6 +346,10 @@ mod tests {
             let p = run(kind, 5_000, 2, 5_000);
             assert_eq!(p.kind, kind);
             assert!(p.inserts_per_sec > 0.0 && p.lookups_per_sec > 0.0);
+            assert_eq!(
+                p.batched_lookups_per_sec.is_some(),
+                kind == TableKind::Cuckoo
+            );
             assert!(
                 p.memory_bytes >= 5_000 * 40,
                 "{kind:?}: {} bytes",

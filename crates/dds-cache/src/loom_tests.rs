@@ -45,8 +45,10 @@ fn loom_update_in_place_is_never_torn() {
             let a = r.get(1).expect("present key missed");
             assert_whole(1, a);
         });
-        w.insert(item(1, 2)).unwrap();
-        w.insert(item(1, 3)).unwrap();
+        assert_eq!(
+            w.insert(item(1, 2)),
+            Ok(InsertOutcome::Replaced(item(1, 1)))
+        );
         reader.join().unwrap();
     });
 }
@@ -105,6 +107,56 @@ fn loom_displacement_keeps_moved_key_visible() {
             if let Some(n) = r.get(new_key) {
                 assert_whole(new_key, n);
             }
+        });
+        assert_eq!(w.insert(item(new_key, 1)), Ok(InsertOutcome::Inserted));
+        assert_eq!(
+            w.stats().moves,
+            1,
+            "scenario must displace exactly one item"
+        );
+        reader.join().unwrap();
+        w.check_invariants();
+    });
+}
+
+/// The moved key sits in its *second* candidate bucket and moves into its first: a reader can
+/// find its first bucket without the key (before the copy) and its second without it (after
+/// the overwrite), and must notice the change of the first bucket and retry.
+#[test]
+fn loom_move_into_first_candidate_is_never_missed() {
+    model(|| {
+        let mut w = small_table();
+        let new_key = 0u64;
+        let (p, q) = w.candidate_buckets(new_key);
+        let cands = |k: u64| w.candidate_buckets(k);
+        let moved = (1u64..)
+            .find(|&k| cands(k).1 == p && cands(k).0 != q)
+            .unwrap();
+        let x = cands(moved).0;
+        let x_fillers: Vec<u64> = (1u64..)
+            .filter(|&k| k != moved && cands(k).0 == x)
+            .take(4)
+            .collect();
+        let pq_fillers: Vec<u64> = (1u64..)
+            .filter(|&k| {
+                let (a, b) = cands(k);
+                (a, b) == (p, q) || (a, b) == (q, p)
+            })
+            .take(7)
+            .collect();
+        for &k in &x_fillers {
+            w.insert(item(k, 1)).unwrap();
+        }
+        // Bucket x is full, so the key lands in its second candidate, p.
+        w.insert(item(moved, 1)).unwrap();
+        w.remove(x_fillers[0]);
+        for &k in &pq_fillers {
+            w.insert(item(k, 1)).unwrap();
+        }
+        let r = w.reader();
+        let reader = thread::spawn(move || {
+            let got = r.get(moved).expect("key missed while being displaced");
+            assert_whole(moved, got);
         });
         assert_eq!(w.insert(item(new_key, 1)), Ok(InsertOutcome::Inserted));
         assert_eq!(

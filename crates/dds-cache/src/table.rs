@@ -60,9 +60,27 @@ impl CacheReader {
     pub fn get(&self, key: u64) -> Option<CacheItem> {
         let t = &*self.table;
         let (i1, i2) = t.candidates(key);
-        let (b1, b2) = (t.bucket(i1), t.bucket(i2));
+        let b1 = t.bucket(i1);
         b1.prefetch(true);
-        b2.prefetch(false);
+        // Fast path: the key in its first bucket, which holds nearly all keys below ~90 %
+        // load (inserts fill the first candidate first).
+        let h1 = b1.header_acquire();
+        if let Some(slot) = b1.find_live(key, h1) {
+            let item = b1.read_item(slot, key);
+            reader_fence();
+            if !is_busy(h1) && b1.header_relaxed() == h1 {
+                return Some(item);
+            }
+        }
+        self.get_slow(key, i1, i2)
+    }
+
+    /// Both buckets, retrying until a consistent snapshot.
+    #[cold]
+    #[inline(never)]
+    fn get_slow(&self, key: u64, i1: usize, i2: usize) -> Option<CacheItem> {
+        let t = &*self.table;
+        let (b1, b2) = (t.bucket(i1), t.bucket(i2));
         loop {
             let h1 = b1.header_acquire();
             if !is_busy(h1) {
@@ -96,6 +114,27 @@ impl CacheReader {
         t.bucket(i1).prefetch(true);
         t.bucket(i2).prefetch(false);
     }
+
+    /// Look up a batch: `out[i] = self.get(keys[i])` for every `i`. While one key is read
+    /// the buckets of the next [`CacheReader::BATCH_AHEAD`] keys are prefetched, so the
+    /// memory accesses of the batch overlap (the offload engine looks up all requests of a
+    /// message together). Panics if the slices differ in length.
+    #[inline]
+    pub fn get_many(&self, keys: &[u64], out: &mut [Option<CacheItem>]) {
+        assert_eq!(keys.len(), out.len(), "one output per key");
+        for &key in keys.iter().take(Self::BATCH_AHEAD) {
+            self.prefetch(key);
+        }
+        for (i, (&key, slot)) in keys.iter().zip(out.iter_mut()).enumerate() {
+            if let Some(&next) = keys.get(i + Self::BATCH_AHEAD) {
+                self.prefetch(next);
+            }
+            *slot = self.get(key);
+        }
+    }
+
+    /// How many keys ahead [`CacheReader::get_many`] prefetches.
+    pub const BATCH_AHEAD: usize = 8;
 
     /// Whether `key` has a live item.
     #[inline]
@@ -273,6 +312,10 @@ impl CacheWriter {
     /// `Err(Full(item))` when no path exists; the table is then unchanged.
     pub fn insert(&mut self, item: CacheItem) -> Result<InsertOutcome, InsertError> {
         let (i1, i2) = self.table.candidates(item.key);
+        // Both candidates are read below and the item usually goes into the first one: start
+        // all the loads at once.
+        self.table.bucket(i1).prefetch(true);
+        self.table.bucket(i2).prefetch(false);
         if let Some(outcome) = self.update_existing(&item) {
             return Ok(outcome);
         }
