@@ -13,6 +13,8 @@ pub struct Machine {
     pub kernel: String,
     /// Physical memory, bytes.
     pub memory_bytes: u64,
+    /// 1-minute load average when the run started (other work on the machine).
+    pub load_average_at_start: f64,
 }
 
 impl Machine {
@@ -36,7 +38,12 @@ impl Machine {
                     .and_then(|kb| kb.parse::<u64>().ok())
             })
             .map_or(0, |kb| kb * 1024);
+        let load_average_at_start = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().and_then(|x| x.parse().ok()))
+            .unwrap_or(0.0);
         Machine {
+            load_average_at_start,
             nproc: std::thread::available_parallelism().map_or(1, usize::from),
             cpu_model,
             kernel,
@@ -47,11 +54,12 @@ impl Machine {
     /// One line for the printed output.
     pub fn line(&self) -> String {
         format!(
-            "machine: {} CPUs (nproc), {}, Linux {}, {:.1} GiB RAM",
+            "machine: {} CPUs (nproc), {}, Linux {}, {:.1} GiB RAM, load average {:.1} at start",
             self.nproc,
             self.cpu_model,
             self.kernel,
-            self.memory_bytes as f64 / (1u64 << 30) as f64
+            self.memory_bytes as f64 / (1u64 << 30) as f64,
+            self.load_average_at_start
         )
     }
 }

@@ -177,12 +177,34 @@ impl Report {
         out
     }
 
+    /// The JSON document: pretty-printed, with one line per raw point.
+    pub fn to_json(&self) -> Result<String> {
+        let mut v = serde_json::to_value(self)?;
+        let points = v["points"].take();
+        let text = serde_json::to_string_pretty(&v)?;
+        let lines = points
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(serde_json::to_string)
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let array = if lines.is_empty() {
+            "[]".to_string()
+        } else {
+            format!("[\n    {}\n  ]", lines.join(",\n    "))
+        };
+        Ok(text.replacen("\"points\": null", &format!("\"points\": {array}"), 1) + "\n")
+    }
+
     /// Writes `<dir>/<benchmark>.json` and the plots; returns the paths written.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let mut written = Vec::new();
         let json = dir.join(format!("{}.json", self.benchmark));
-        let text = serde_json::to_string_pretty(self)? + "\n";
+        let text = self.to_json()?;
         std::fs::write(&json, text).with_context(|| format!("write {}", json.display()))?;
         written.push(json);
         for c in &self.charts {
