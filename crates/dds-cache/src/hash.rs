@@ -16,10 +16,21 @@ pub const fn fmix64(mut k: u64) -> u64 {
 /// distinct candidates.
 #[inline(always)]
 pub(crate) fn candidates(key: u64, seeds: [u64; 2], mask: usize) -> (usize, usize) {
-    let i1 = (fmix64(key ^ seeds[0]) as usize) & mask;
-    let mut i2 = (fmix64(key ^ seeds[1]) as usize) & mask;
-    i2 ^= (i2 == i1) as usize;
-    (i1, i2)
+    let i1 = first_candidate(key, seeds, mask);
+    (i1, second_candidate(key, seeds, mask, i1))
+}
+
+/// The first candidate bucket of `key`.
+#[inline(always)]
+pub(crate) fn first_candidate(key: u64, seeds: [u64; 2], mask: usize) -> usize {
+    (fmix64(key ^ seeds[0]) as usize) & mask
+}
+
+/// The second candidate bucket of `key`, whose first candidate is `i1`.
+#[inline(always)]
+pub(crate) fn second_candidate(key: u64, seeds: [u64; 2], mask: usize, i1: usize) -> usize {
+    let i2 = (fmix64(key ^ seeds[1]) as usize) & mask;
+    i2 ^ usize::from(i2 == i1)
 }
 
 #[cfg(test)]

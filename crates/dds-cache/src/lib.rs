@@ -179,7 +179,12 @@ impl Config {
     /// [`Config::TARGET_LOAD`].
     pub fn for_items(items: usize) -> Self {
         let slots = (items as f64 / Self::TARGET_LOAD).ceil() as usize;
-        let buckets = slots.div_ceil(SLOTS).next_power_of_two().max(2);
+        // An impossible size saturates and is refused by `CacheWriter::new` (`TooLarge`).
+        let buckets = slots
+            .div_ceil(SLOTS)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX);
+        let buckets = buckets.max(2);
         Self::with_buckets(buckets)
     }
 
@@ -194,15 +199,12 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        let bytes = self.buckets.checked_mul(BUCKET_BYTES);
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(ConfigError::TooLarge(self.buckets));
+        }
         if self.buckets < 2 || !self.buckets.is_power_of_two() {
             return Err(ConfigError::Buckets(self.buckets));
-        }
-        if self
-            .buckets
-            .checked_mul(BUCKET_BYTES)
-            .is_none_or(|b| b > isize::MAX as usize)
-        {
-            return Err(ConfigError::TooLarge(self.buckets));
         }
         if self.max_path > Self::MAX_PATH_LIMIT {
             return Err(ConfigError::MaxPath(self.max_path));

@@ -4,7 +4,7 @@ use crate::bucket::{
     first_in_state, is_busy, reader_fence, state, with_state, Bucket, SlotState, BUCKET_BYTES,
     SLOTS, STATE_MASK,
 };
-use crate::hash::candidates;
+use crate::hash::{candidates, first_candidate, second_candidate};
 use crate::storage;
 use crate::sync::{spin, Arc};
 use crate::{
@@ -59,7 +59,7 @@ impl CacheReader {
     #[inline]
     pub fn get(&self, key: u64) -> Option<CacheItem> {
         let t = &*self.table;
-        let (i1, i2) = t.candidates(key);
+        let i1 = first_candidate(key, t.seeds, t.mask);
         let b1 = t.bucket(i1);
         b1.prefetch(true);
         // Fast path: the key in its first bucket, which holds nearly all keys below ~90 %
@@ -72,14 +72,15 @@ impl CacheReader {
                 return Some(item);
             }
         }
-        self.get_slow(key, i1, i2)
+        self.get_slow(key, i1)
     }
 
     /// Both buckets, retrying until a consistent snapshot.
     #[cold]
     #[inline(never)]
-    fn get_slow(&self, key: u64, i1: usize, i2: usize) -> Option<CacheItem> {
+    fn get_slow(&self, key: u64, i1: usize) -> Option<CacheItem> {
         let t = &*self.table;
+        let i2 = second_candidate(key, t.seeds, t.mask, i1);
         let (b1, b2) = (t.bucket(i1), t.bucket(i2));
         loop {
             let h1 = b1.header_acquire();

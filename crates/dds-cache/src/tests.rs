@@ -377,6 +377,10 @@ fn sizing_and_memory_formula() {
     assert_eq!(Config::for_items(1 << 20).buckets, 1 << 19);
     assert_eq!(Config::for_items(1 << 24).buckets, 1 << 23);
     assert_eq!(Config::for_items(1_000_000).buckets, 1 << 19);
+    assert!(matches!(
+        CacheWriter::new(Config::for_items(usize::MAX)).unwrap_err(),
+        ConfigError::TooLarge(_)
+    ));
     let w = CacheWriter::new(Config::with_buckets(1024)).unwrap();
     assert_eq!(w.capacity(), 4096);
     assert_eq!(w.buckets(), 1024);
