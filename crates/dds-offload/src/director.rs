@@ -498,7 +498,7 @@ impl Worker {
             scratch: Scratch {
                 host: ReqList::with_capacity(max_req),
                 dpu: ReqList::with_capacity(max_req),
-                keys: KeyList::with_capacity(app.max_forward_keys().max(1)),
+                keys: KeyList::with_capacity(app.max_forward_keys() + 1),
                 masked: FixedList::with_capacity(app.max_forward_keys().max(1)),
                 plan: vec![(ReqDesc::default(), None, 0); max_req],
                 stamp: vec![0; max_req],
@@ -1118,6 +1118,9 @@ impl Worker {
                 let d = sc.host.as_slice()[i];
                 sc.keys.clear();
                 app.invalidate_on_forward(msg, d, &mut sc.keys);
+                if sc.keys.len() == sc.keys.capacity() {
+                    return Err(Close::Malformed("too many invalidation keys for one request"));
+                }
                 for &k in sc.keys.as_slice() {
                     if sc.masked.push((k, d.pos)).is_err() {
                         return Err(Close::Malformed("too many invalidation keys in one message"));
@@ -1153,6 +1156,9 @@ impl Worker {
                 if decision.is_none() {
                     sc.keys.clear();
                     app.invalidate_on_forward(msg, d, &mut sc.keys);
+                    if sc.keys.len() == sc.keys.capacity() {
+                        return Err(Close::Malformed("too many invalidation keys for one request"));
+                    }
                     for &k in sc.keys.as_slice() {
                         if sc.masked.push((k, d.pos)).is_err() {
                             return Err(Close::Malformed("too many invalidation keys in one message"));

@@ -104,10 +104,6 @@ impl Pool {
         self.free.len()
     }
 
-    pub fn len(&self) -> usize {
-        self.ctxs.len()
-    }
-
     pub fn alloc(&mut self) -> Option<u32> {
         let i = self.free.pop()?;
         self.ctxs[i as usize] = EMPTY;
