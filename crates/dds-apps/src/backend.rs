@@ -387,9 +387,9 @@ impl WorkerIo for UringIo {
         if self.inflight >= self.max_inflight {
             return Err(SubmitError::Busy);
         }
-        let aligned = offset % self.align == 0
-            && len as u64 % self.align == 0
-            && buf as usize as u64 % self.align == 0;
+        let aligned = offset.is_multiple_of(self.align)
+            && (len as u64).is_multiple_of(self.align)
+            && (buf as usize as u64).is_multiple_of(self.align);
         let fd = io_uring::types::Fd(if aligned { direct } else { buffered });
         let sqe = if write {
             io_uring::opcode::Write::new(fd, buf, len)

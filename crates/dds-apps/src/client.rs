@@ -121,7 +121,7 @@ fn check(cfg: &ClientConfig) -> Result<()> {
     if cfg.duration.is_none() && cfg.requests.is_none() {
         bail!("give a duration or a request count");
     }
-    if cfg.verify && cfg.io_size % 8 != 0 {
+    if cfg.verify && !cfg.io_size.is_multiple_of(8) {
         bail!("--verify needs an I/O size that is a multiple of 8");
     }
     Ok(())

@@ -4,7 +4,9 @@
 //! runs an edge-triggered epoll loop over its connections and its backend's completion
 //! descriptor: it reads and validates whole messages, issues every request to the backend at
 //! once (many in flight), and writes the responses back in request order as the head of each
-//! connection's queue completes.
+//! connection's queue completes. Requests run concurrently, also within one connection: only
+//! their responses are ordered, so a read racing an in-flight write of the same range may see
+//! either content (a client wanting read-after-write waits for the write's response).
 //!
 //! Bounds per connection: at most `conn_max_ops` requests issued and not yet answered, at most
 //! `conn_max_bytes` response bytes issued or buffered (one request is always allowed), and an
@@ -784,19 +786,17 @@ impl Worker {
                 return Ok(moved);
             }
             // Validate against the served files; a bad request gets an error response.
-            let mut status = Status::Ok;
-            if !self.files.contains(req.file_id) {
-                status = Status::UnknownFile;
-            } else if req.op == OP_WRITE
-                && req
-                    .offset
-                    .checked_add(req.len as u64)
-                    .is_none_or(|end| end > self.files.file_size)
+            let end = req.offset.checked_add(req.len as u64);
+            let status = if !self.files.contains(req.file_id) {
+                Status::UnknownFile
+            } else if end.is_none()
+                || (req.op == OP_WRITE && end.is_some_and(|e| e > self.files.file_size))
             {
-                status = Status::OutOfRange;
-            } else if req.offset.checked_add(req.len as u64).is_none() {
-                status = Status::OutOfRange;
-            }
+                // Writes stay inside the served file size; reads past it are short.
+                Status::OutOfRange
+            } else {
+                Status::Ok
+            };
             let immediate = status != Status::Ok || req.len == 0;
             let buf = if immediate {
                 None

@@ -298,18 +298,26 @@ fn machine() -> Value {
     })
 }
 
-/// One measured load point.
-fn measure(
-    mode: &str,
+/// The server under load at one point.
+struct Target<'a> {
+    mode: &'a str,
     host_cores: usize,
-    write: bool,
-    outstanding: usize,
-    plan: &Plan,
-    server: &Proc,
-    dpu: Option<&Proc>,
+    server: &'a Proc,
+    dpu: Option<&'a Proc>,
     addr: SocketAddr,
-    files: &[u32],
-) -> Result<Value> {
+    files: &'a [u32],
+}
+
+/// One measured load point.
+fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Result<Value> {
+    let Target {
+        mode,
+        host_cores,
+        server,
+        dpu,
+        addr,
+        files,
+    } = *t;
     let cfg = ClientConfig {
         connect: addr,
         files: files.to_vec(),
@@ -444,10 +452,16 @@ fn run_mode(
         } else {
             vec![*plan.outstanding.last().expect("load points")]
         };
+        let t = Target {
+            mode,
+            host_cores: cores,
+            server: &server,
+            dpu,
+            addr,
+            files: &files,
+        };
         for &o in &sweep {
-            points.push(measure(
-                mode, cores, false, o, plan, &server, dpu, addr, &files,
-            )?);
+            points.push(measure(&t, false, o, plan)?);
         }
         if plan.writes && cores == max_cores {
             let mut ws: Vec<usize> = vec![plan.outstanding[0]];
@@ -455,9 +469,7 @@ fn run_mode(
                 ws.push(*plan.outstanding.last().expect("load points"));
             }
             for &o in &ws {
-                points.push(measure(
-                    mode, cores, true, o, plan, &server, dpu, addr, &files,
-                )?);
+                points.push(measure(&t, true, o, plan)?);
             }
         }
         server.stop();

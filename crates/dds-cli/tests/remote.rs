@@ -1,0 +1,189 @@
+//! `dds app` and `dds bench remote|echo` as separate processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+const DDS: &str = env!("CARGO_BIN_EXE_dds");
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ready_line(child: &mut Child) -> Value {
+    let out = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"))
+}
+
+#[test]
+fn pagestore_and_client_processes_with_verification() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut server = Killed(
+        Command::new(DDS)
+            .args([
+                "app",
+                "pagestore",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                "os",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--files", "2", "--file-size", "1M", "--threads", "2"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let ready = ready_line(&mut server.0);
+    assert_eq!(ready["backend"], "os");
+    assert_eq!(ready["files"], serde_json::json!([0, 1]));
+    assert_eq!(ready["file_size"], 1 << 20);
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    let out = Command::new(DDS)
+        .args(["app", "client", "--connect", &addr, "--files", "0,1"])
+        .args([
+            "--file-size",
+            "1M",
+            "--io-size",
+            "1K",
+            "--read-ratio",
+            "0.5",
+        ])
+        .args(["--batch", "4", "--outstanding", "2", "--connections", "2"])
+        .args(["--requests", "2000", "--verify", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in [
+        "requests",
+        "errors",
+        "requests_per_sec",
+        "mb_per_sec",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "order_violations",
+        "verify_failures",
+    ] {
+        assert!(rep.get(k).is_some(), "client JSON lacks {k}: {rep}");
+    }
+    assert_eq!(rep["requests"], 2000);
+    assert_eq!(rep["errors"], 0);
+    assert_eq!(rep["verify_failures"], 0);
+    // SIGTERM stops the server cleanly.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) };
+    let mut ok = false;
+    for _ in 0..300 {
+        if let Ok(Some(st)) = server.0.try_wait() {
+            ok = st.success();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(ok, "server did not exit cleanly on SIGTERM");
+}
+
+#[test]
+fn bench_remote_quick_reports_modes_a_and_b() {
+    let out_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = Command::new(DDS)
+        .args(["bench", "remote", "--quick"])
+        .arg("--out")
+        .arg(out_dir.path())
+        .arg("--work")
+        .arg(work.path())
+        .args(["--files", "2", "--file-size", "2M", "--outstanding", "1,2"])
+        .args(["--seconds", "0.3", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.path().join("remote.json")).unwrap())
+            .unwrap();
+    assert!(json["note"].as_str().unwrap().contains("emulated"));
+    for mode in ["a", "b"] {
+        let s = &json["summary"][mode];
+        assert_eq!(s["available"], true, "mode {mode}: {s}");
+        for k in [
+            "throughput",
+            "p50_us",
+            "p99_us",
+            "host_cpu_us_per_op",
+            "dpu_cpu_us_per_op",
+        ] {
+            assert!(
+                s[k].as_f64().is_some(),
+                "mode {mode} summary lacks {k}: {s}"
+            );
+        }
+        assert!(s["throughput"].as_f64().unwrap() > 0.0);
+        let points: Vec<&Value> = json["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["mode"] == mode)
+            .collect();
+        assert!(points.len() >= 3, "mode {mode}: {} points", points.len());
+        assert!(points.iter().all(|p| p["errors"] == 0));
+    }
+    assert!(json["summary"]["b"]["dpu_cpu_us_per_op"].as_f64().unwrap() > 0.0);
+    assert_eq!(json["summary"]["c"]["available"], false);
+    assert!(json["summary"]["c"]["reason"].as_str().is_some());
+    for png in ["remote-fig13.png", "remote-fig14.png"] {
+        let meta = std::fs::metadata(out_dir.path().join(png)).unwrap();
+        assert!(meta.len() > 1000, "{png} is empty");
+    }
+}
+
+#[test]
+fn bench_echo_quick_reports_host_and_dpu_sides() {
+    let out_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = Command::new(DDS)
+        .args([
+            "bench",
+            "echo",
+            "--quick",
+            "--sizes",
+            "64",
+            "--seconds",
+            "0.3",
+        ])
+        .arg("--out")
+        .arg(out_dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.path().join("echo.json")).unwrap()).unwrap();
+    for side in ["host", "dpu"] {
+        let s = &json["summary"][side];
+        for k in ["throughput", "p50_us", "p99_us", "cpu_us_per_op"] {
+            assert!(s[k].as_f64().is_some(), "{side} summary lacks {k}: {s}");
+        }
+    }
+}
