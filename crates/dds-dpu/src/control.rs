@@ -32,12 +32,16 @@ pub(crate) enum Command {
     },
 }
 
+type Connections = Arc<std::sync::Mutex<Vec<(u64, UnixStream)>>>;
+
 /// Starts DPU daemons.
 pub struct Dpu;
 
 /// A running DPU: its socket accepts connections until `shutdown`.
 pub struct DpuHandle {
     stop: Arc<AtomicBool>,
+    /// Every live host connection, so shutdown can hang up on them.
+    conns: Connections,
     service: Option<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     socket: PathBuf,
@@ -95,12 +99,15 @@ impl Dpu {
         let listener = UnixListener::bind(&config.socket)?;
         listener.set_nonblocking(true)?;
         let listen_stop = stop.clone();
+        let conns: Connections = Arc::default();
+        let listen_conns = conns.clone();
         let listener = std::thread::Builder::new()
             .name("dds-control".into())
-            .spawn(move || accept_loop(listener, cmd_tx, hello, listen_stop))?;
+            .spawn(move || accept_loop(listener, cmd_tx, hello, listen_stop, listen_conns))?;
         tracing::info!(socket = %config.socket.display(), "DPU listening");
         Ok(DpuHandle {
             stop,
+            conns,
             service: Some(service),
             listener: Some(listener),
             socket: config.socket,
@@ -135,6 +142,15 @@ impl DpuHandle {
         if let Some(l) = self.listener.take() {
             let _ = l.join();
         }
+        // Hosts see the hang-up on their lifeline at once, as when the DPU process dies.
+        for (_, c) in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -150,6 +166,7 @@ fn accept_loop(
     cmd_tx: Sender<Command>,
     hello: HelloInfo,
     stop: Arc<AtomicBool>,
+    conns: Connections,
 ) {
     let next_conn = AtomicU64::new(1);
     while !stop.load(Ordering::Acquire) {
@@ -158,9 +175,22 @@ fn accept_loop(
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
                 let tx = cmd_tx.clone();
                 let hello = hello.clone();
+                if let Ok(c) = sock.try_clone() {
+                    conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((conn, c));
+                }
+                let conns = conns.clone();
                 let r = std::thread::Builder::new()
                     .name(format!("dds-conn-{conn}"))
-                    .spawn(move || serve_connection(conn, sock, tx, hello));
+                    .spawn(move || {
+                        serve_connection(conn, sock, tx, hello);
+                        conns
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .retain(|(c, _)| *c != conn);
+                    });
                 if let Err(e) = r {
                     tracing::error!("cannot start connection thread: {e}");
                 }

@@ -321,3 +321,20 @@ fn sleeping_poll_wait_uses_no_cpu_and_wakes_on_completion() {
     });
     dpu.shutdown();
 }
+
+#[test]
+fn dpu_shutdown_fails_pending_calls_of_a_polling_host() {
+    let dpu = start(ExecMode::ZeroCopy, false);
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let g = dds.default_group().clone();
+    // Huge timeouts are accepted (they mean "wait for a very long time").
+    let t = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| g.poll_wait(Duration::MAX));
+        std::thread::sleep(Duration::from_millis(100));
+        dpu.shutdown();
+        let e = h.join().unwrap().unwrap_err();
+        assert_eq!(e.status, Status::DpuDead);
+    });
+    assert!(t.elapsed() < Duration::from_secs(5));
+}

@@ -571,7 +571,11 @@ impl GroupInner {
     }
 
     fn poll_wait(&self, timeout: Duration) -> Result<Option<Completion>> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to represent waits "forever" (a century).
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         loop {
             if let Some(idx) = self.ready.pop() {
                 return Ok(Some(self.take_completion(idx)));
