@@ -136,14 +136,15 @@ pub type ItemList = FixedList<CacheItem>;
 
 /// The read-only view of the cache table that user functions get.
 ///
-/// It is the shared [`CacheReader`] with two restrictions the director adds for ordering on
-/// one connection: while invalidations that this connection caused have not reached the cache
-/// writer, every lookup misses (`blind`), and keys invalidated by earlier host-bound requests
-/// of the same message miss (`masked`).
+/// It is the shared [`CacheReader`] with restrictions the director adds for request order on
+/// one connection: keys that host-bound requests of this connection may modify miss until the
+/// host has answered those requests (`pending`), and so do keys of earlier host-bound
+/// requests of the same message (`masked`).
 #[derive(Clone, Copy)]
 pub struct CacheView<'a> {
     reader: &'a CacheReader,
     blind: bool,
+    pending: &'a [u64],
     masked: &'a [(u64, u32)],
     before_pos: u32,
 }
@@ -154,6 +155,7 @@ impl<'a> CacheView<'a> {
         CacheView {
             reader,
             blind: false,
+            pending: &[],
             masked: &[],
             before_pos: 0,
         }
@@ -162,12 +164,14 @@ impl<'a> CacheView<'a> {
     pub(crate) fn restricted(
         reader: &'a CacheReader,
         blind: bool,
+        pending: &'a [u64],
         masked: &'a [(u64, u32)],
         before_pos: u32,
     ) -> Self {
         CacheView {
             reader,
             blind,
+            pending,
             masked,
             before_pos,
         }
@@ -176,7 +180,7 @@ impl<'a> CacheView<'a> {
     /// Looks a key up (lock-free, allocation-free).
     #[inline]
     pub fn get(&self, key: u64) -> Option<CacheItem> {
-        if self.blind {
+        if self.blind || self.pending.contains(&key) {
             return None;
         }
         if self

@@ -20,8 +20,8 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::api::{
-    status, CacheView, FixedList, KeyList, OffloadApp, ReadOp, ReqDesc, ReqList,
-    MAX_HEADER_ROOM, REQUEST_HEAD_BYTES,
+    status, CacheView, FixedList, KeyList, OffloadApp, ReadOp, ReqDesc, ReqList, MAX_HEADER_ROOM,
+    REQUEST_HEAD_BYTES,
 };
 use crate::engine::{CtxState, Pool};
 use crate::port::{FileReadPort, LaneHandle};
@@ -353,8 +353,9 @@ impl Buf {
         }
         &mut self.v[self.e..]
     }
-    /// Makes `n` contiguous free bytes at the tail if possible without growing beyond `max`.
-    fn room(&mut self, n: usize, max: usize) -> bool {
+    /// Makes `n` contiguous free bytes at the tail. The buffer grows only when it is empty
+    /// (so it holds at most one item larger than its initial size); otherwise false.
+    fn room(&mut self, n: usize) -> bool {
         if self.v.len() - self.e >= n {
             return true;
         }
@@ -362,12 +363,11 @@ impl Buf {
         if self.v.len() - self.e >= n {
             return true;
         }
-        let want = (self.e + n).next_power_of_two().min(max.max(self.e + n));
-        if want < self.e + n {
-            return false;
+        if self.is_empty() {
+            self.v.resize(n, 0);
+            return true;
         }
-        self.v.resize(want, 0);
-        true
+        false
     }
     /// Grows so that a whole item of `n` bytes fits (from the start of the data).
     fn fit(&mut self, n: usize) {
@@ -413,11 +413,20 @@ struct Conn {
     host_pending: usize,
     head_sent: usize,
     inval_seq: u64,
+    /// Host requests forwarded / answered (retired) on this connection.
+    host_issued: u64,
+    host_retired: u64,
+    /// Keys that forwarded host requests may modify, masked for this connection's lookups
+    /// until the request with ordinal `pend_ord[i]` is answered (FIFO from `pend_head`).
+    pend_keys: Vec<u64>,
+    pend_ord: Vec<u64>,
+    pend_head: usize,
     dpu_ctxs: usize,
     client_eof: bool,
     host_eof: bool,
     host_wr_shut: bool,
     dirty: bool,
+    retry: bool,
 }
 
 enum Close {
@@ -450,6 +459,7 @@ struct Worker {
     free_slots: Vec<usize>,
     gens: Vec<u32>,
     dirty: Vec<usize>,
+    retry: Vec<usize>,
     scratch: Scratch,
     stop: Arc<AtomicBool>,
     stats: Arc<Stats>,
@@ -459,6 +469,7 @@ struct Worker {
     conn_buf: usize,
     max_pending: usize,
     max_ctx_per_conn: usize,
+    pend_cap: usize,
     max_msg: usize,
     max_resp: usize,
     max_req: usize,
@@ -485,6 +496,7 @@ impl Worker {
         stats: Arc<Stats>,
     ) -> Worker {
         let max_req = app.max_requests().max(1);
+        let app_forward_keys = app.max_forward_keys();
         let pool = Pool::new(
             cfg.context_ring_len,
             app.header_room(),
@@ -515,6 +527,7 @@ impl Worker {
             free_slots: (0..nconn).rev().collect(),
             gens: vec![0; nconn],
             dirty: Vec::with_capacity(nconn),
+            retry: Vec::with_capacity(nconn),
             stop,
             stats,
             host_addr: cfg.host,
@@ -523,6 +536,7 @@ impl Worker {
             conn_buf: cfg.conn_buffer_bytes.max(4096),
             max_pending: cfg.max_pending_requests.max(max_req),
             max_ctx_per_conn: cfg.max_contexts_per_conn.max(1),
+            pend_cap: app_forward_keys.max(64),
         }
     }
 
@@ -536,17 +550,27 @@ impl Worker {
                 last_applied = applied;
                 // Held host responses may now go out.
                 for i in 0..self.conns.len() {
-                    if self.conns[i]
-                        .as_ref()
-                        .is_some_and(|c| matches!(c.order.front(), Some(Entry::Host { gate }) if *gate > 0))
-                    {
+                    if self.conns[i].as_ref().is_some_and(
+                        |c| matches!(c.order.front(), Some(Entry::Host { gate }) if *gate > 0),
+                    ) {
                         self.mark(i);
                     }
                 }
             }
+            for k in 0..self.retry.len() {
+                let slot = self.retry[k];
+                if let Some(c) = self.conns[slot].as_mut() {
+                    c.retry = false;
+                }
+                self.mark(slot);
+            }
+            let retrying = !self.retry.is_empty();
+            self.retry.clear();
             self.drive_dirty();
             let timeout = if !self.dirty.is_empty() {
                 Some(Duration::ZERO)
+            } else if retrying || !self.retry.is_empty() {
+                Some(Duration::from_millis(1))
             } else if self.lane.prepare_sleep() {
                 if self.lane.invalidations_applied() != last_applied {
                     Some(Duration::ZERO)
@@ -690,11 +714,17 @@ impl Worker {
                 host_pending: 0,
                 head_sent: 0,
                 inval_seq: 0,
+                host_issued: 0,
+                host_retired: 0,
+                pend_keys: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
+                pend_ord: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
+                pend_head: 0,
                 dpu_ctxs: 0,
                 client_eof: false,
                 host_eof: false,
                 host_wr_shut: false,
                 dirty: false,
+                retry: false,
             }));
             tracing::debug!(%peer, split, "connection accepted");
             self.mark(slot);
@@ -743,13 +773,8 @@ impl Worker {
             let (room, data) = pool.room_and_data(i);
             let room_len = room.len();
             let cap = data.len();
-            let built = app.build_response(
-                &ctx.head[..ctx.head_len as usize],
-                &ctx.op,
-                res,
-                room,
-                data,
-            );
+            let built =
+                app.build_response(&ctx.head[..ctx.head_len as usize], &ctx.op, res, room, data);
             let slot = ctx.conn as usize;
             match built {
                 Ok(l)
@@ -781,7 +806,10 @@ impl Worker {
         });
         for &slot in &failed[..nfailed] {
             if self.conns[slot].is_some() {
-                self.close(slot, Close::Malformed("offload app built an invalid response"));
+                self.close(
+                    slot,
+                    Close::Malformed("offload app built an invalid response"),
+                );
             }
         }
     }
@@ -932,7 +960,12 @@ impl Worker {
                 &stats.client_bytes_in,
             )?;
             if c.host_connected {
-                p |= Self::write_from(&mut c.host, &mut c.cin, &mut c.h_writable, &stats.host_bytes_out)?;
+                p |= Self::write_from(
+                    &mut c.host,
+                    &mut c.cin,
+                    &mut c.h_writable,
+                    &stats.host_bytes_out,
+                )?;
                 p |= Self::read_into(
                     &mut c.host,
                     &mut c.hin,
@@ -941,7 +974,12 @@ impl Worker {
                     &stats.host_bytes_in,
                 )?;
             }
-            p |= Self::write_from(&mut c.client, &mut c.hin, &mut c.c_writable, &stats.client_bytes_out)?;
+            p |= Self::write_from(
+                &mut c.client,
+                &mut c.hin,
+                &mut c.c_writable,
+                &stats.client_bytes_out,
+            )?;
             if c.client_eof && c.cin.is_empty() && c.host_connected && !c.host_wr_shut {
                 let _ = c.host.shutdown(Shutdown::Write);
                 c.host_wr_shut = true;
@@ -985,7 +1023,12 @@ impl Worker {
             p |= self.process_messages(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
             if c.host_connected {
-                p |= Self::write_from(&mut c.host, &mut c.hout, &mut c.h_writable, &stats.host_bytes_out)?;
+                p |= Self::write_from(
+                    &mut c.host,
+                    &mut c.hout,
+                    &mut c.h_writable,
+                    &stats.host_bytes_out,
+                )?;
                 let before = c.hin.len();
                 p |= Self::read_into(
                     &mut c.host,
@@ -1014,13 +1057,19 @@ impl Worker {
             p |= self.flush_client(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
             // Half-close: after the client's last message went out to the host.
-            if c.client_eof && c.cin.is_empty() && c.hout.is_empty() && c.host_connected && !c.host_wr_shut {
+            if c.client_eof
+                && c.cin.is_empty()
+                && c.hout.is_empty()
+                && c.host_connected
+                && !c.host_wr_shut
+            {
                 let _ = c.host.shutdown(Shutdown::Write);
                 c.host_wr_shut = true;
             }
             if c.client_eof && !c.cin.is_empty() {
                 // The stream ended inside a message: nothing more will complete it.
-                let complete = matches!(self.app.message_len(c.cin.data()), Ok(Some(n)) if n <= c.cin.len());
+                let complete =
+                    matches!(self.app.message_len(c.cin.data()), Ok(Some(n)) if n <= c.cin.len());
                 if !complete {
                     return Err(Close::Malformed("stream truncated inside a message"));
                 }
@@ -1059,6 +1108,7 @@ impl Worker {
                 scratch: sc,
                 stats,
                 conns,
+                retry: retry_list,
                 ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
@@ -1083,22 +1133,32 @@ impl Worker {
             if self.max_pending - c.order.len() < self.max_req {
                 return Ok(progress);
             }
-            if !c.hout.room(n, 2 * self.max_msg) {
+            if !c.hout.room(n) {
                 return Ok(progress);
             }
             let msg = &c.cin.data()[..n];
-            let blind = lane.invalidations_applied() < c.inval_seq;
+            // Release pending keys of answered host requests; make room for this message.
+            if c.pend_head > 0 {
+                c.pend_keys.drain(..c.pend_head);
+                c.pend_ord.drain(..c.pend_head);
+                c.pend_head = 0;
+            }
+            let blind = false;
             sc.host.clear();
             sc.dpu.clear();
-            let view = CacheView::restricted(cache, blind, &[], 0);
+            let view = CacheView::restricted(cache, blind, &c.pend_keys, &[], 0);
             if let Err(m) = app.offload_predicate(msg, &view, &mut sc.host, &mut sc.dpu) {
                 tracing::warn!(peer = %c.peer, reason = m.0, "offload predicate rejected a message");
-                return Err(Close::Malformed("message rejected by the offload predicate"));
+                return Err(Close::Malformed(
+                    "message rejected by the offload predicate",
+                ));
             }
             // Validate the descriptors: inside the message, positions a permutation.
             let total = sc.host.len() + sc.dpu.len();
             if total == 0 || total > self.max_req {
-                return Err(Close::Malformed("offload predicate returned no or too many requests"));
+                return Err(Close::Malformed(
+                    "offload predicate returned no or too many requests",
+                ));
             }
             sc.stamp_now = sc.stamp_now.wrapping_add(1);
             if sc.stamp_now == 0 {
@@ -1107,8 +1167,13 @@ impl Worker {
             }
             for d in sc.host.as_slice().iter().chain(sc.dpu.as_slice()) {
                 let end = d.offset as u64 + d.len as u64;
-                if end > n as u64 || d.pos as usize >= total || sc.stamp[d.pos as usize] == sc.stamp_now {
-                    return Err(Close::Malformed("offload predicate returned an invalid descriptor"));
+                if end > n as u64
+                    || d.pos as usize >= total
+                    || sc.stamp[d.pos as usize] == sc.stamp_now
+                {
+                    return Err(Close::Malformed(
+                        "offload predicate returned an invalid descriptor",
+                    ));
                 }
                 sc.stamp[d.pos as usize] = sc.stamp_now;
             }
@@ -1119,11 +1184,15 @@ impl Worker {
                 sc.keys.clear();
                 app.invalidate_on_forward(msg, d, &mut sc.keys);
                 if sc.keys.len() == sc.keys.capacity() {
-                    return Err(Close::Malformed("too many invalidation keys for one request"));
+                    return Err(Close::Malformed(
+                        "too many invalidation keys for one request",
+                    ));
                 }
                 for &k in sc.keys.as_slice() {
                     if sc.masked.push((k, d.pos)).is_err() {
-                        return Err(Close::Malformed("too many invalidation keys in one message"));
+                        return Err(Close::Malformed(
+                            "too many invalidation keys in one message",
+                        ));
                     }
                 }
             }
@@ -1140,9 +1209,12 @@ impl Worker {
             let mut offloaded = 0usize;
             for i in 0..sc.dpu.len() {
                 let d = sc.dpu.as_slice()[i];
-                let view = CacheView::restricted(cache, blind, sc.masked.as_slice(), d.pos);
+                let view =
+                    CacheView::restricted(cache, blind, &c.pend_keys, sc.masked.as_slice(), d.pos);
                 let decision = match app.offload_function(msg, d, &view) {
-                    crate::api::Offload::Read(op) if (op.size as usize) <= pool.capacity() && budget > 0 => {
+                    crate::api::Offload::Read(op)
+                        if (op.size as usize) <= pool.capacity() && budget > 0 =>
+                    {
                         budget -= 1;
                         offloaded += 1;
                         Some(op)
@@ -1157,11 +1229,15 @@ impl Worker {
                     sc.keys.clear();
                     app.invalidate_on_forward(msg, d, &mut sc.keys);
                     if sc.keys.len() == sc.keys.capacity() {
-                        return Err(Close::Malformed("too many invalidation keys for one request"));
+                        return Err(Close::Malformed(
+                            "too many invalidation keys for one request",
+                        ));
                     }
                     for &k in sc.keys.as_slice() {
                         if sc.masked.push((k, d.pos)).is_err() {
-                            return Err(Close::Malformed("too many invalidation keys in one message"));
+                            return Err(Close::Malformed(
+                                "too many invalidation keys in one message",
+                            ));
                         }
                     }
                     if sc.host.push(d).is_err() {
@@ -1171,10 +1247,31 @@ impl Worker {
                 sc.plan[d.pos as usize] = (d, decision, 0);
             }
             if sc.masked.len() > lane.invalidation_room() {
-                // The cache writer is behind: try again later.
+                // The cache writer is behind: try again shortly.
+                if !c.retry {
+                    c.retry = true;
+                    retry_list.push(slot);
+                }
+                return Ok(progress);
+            }
+            if !c.pend_keys.is_empty()
+                && c.pend_keys.len() + sc.masked.len() > c.pend_keys.capacity()
+            {
+                // Too many keys awaiting host answers: continue when the host answers.
                 return Ok(progress);
             }
             // Commit: invalidations first, then the host message, then the reads.
+            sc.host.as_mut_slice().sort_unstable_by_key(|d| d.pos);
+            for &(k, pos) in sc.masked.as_slice() {
+                let rank = sc
+                    .host
+                    .as_slice()
+                    .binary_search_by_key(&pos, |d| d.pos)
+                    .unwrap_or(0) as u64;
+                c.pend_keys.push(k);
+                c.pend_ord.push(c.host_issued + rank + 1);
+            }
+            c.host_issued += sc.host.len() as u64;
             let mut gate = 0;
             if !sc.masked.is_empty() {
                 let version = lane.current_version();
@@ -1194,11 +1291,12 @@ impl Worker {
                     out[..n].copy_from_slice(msg);
                     n
                 } else {
-                    sc.host.as_mut_slice().sort_unstable_by_key(|d| d.pos);
                     match app.build_host_message(msg, sc.host.as_slice(), &mut out[..n]) {
                         Ok(len) if len > 0 && len <= n => len,
                         Ok(_) => {
-                            return Err(Close::Malformed("host-message builder returned a bad length"))
+                            return Err(Close::Malformed(
+                                "host-message builder returned a bad length",
+                            ))
                         }
                         Err(m) => {
                             tracing::warn!(peer = %c.peer, reason = m.0, "host-message builder failed");
@@ -1223,7 +1321,8 @@ impl Worker {
                         cx.conn = slot as u32;
                         cx.gen = c.gen;
                         cx.op = op;
-                        cx.head[..hl].copy_from_slice(&msg[d.offset as usize..d.offset as usize + hl]);
+                        cx.head[..hl]
+                            .copy_from_slice(&msg[d.offset as usize..d.offset as usize + hl]);
                         cx.head_len = hl as u8;
                         let dst = pool.data_ptr(ctx);
                         // SAFETY: the buffer holds `capacity() >= op.size` bytes and is not
@@ -1233,7 +1332,13 @@ impl Worker {
                             pool.ctxs[ctx as usize].state = CtxState::Ready;
                             let (room, data) = pool.room_and_data(ctx);
                             let l = app
-                                .build_response(&msg[d.offset as usize..d.offset as usize + hl], &op, Err(status::BUSY), room, data)
+                                .build_response(
+                                    &msg[d.offset as usize..d.offset as usize + hl],
+                                    &op,
+                                    Err(status::BUSY),
+                                    room,
+                                    data,
+                                )
                                 .unwrap_or_default();
                             pool.ctxs[ctx as usize].layout = l;
                         }
@@ -1258,7 +1363,12 @@ impl Worker {
         let applied = self.lane.invalidations_applied();
         loop {
             let Worker {
-                app, pool, conns, stats, copy_mode, ..
+                app,
+                pool,
+                conns,
+                stats,
+                copy_mode,
+                ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
             if *copy_mode {
@@ -1267,7 +1377,7 @@ impl Worker {
                     match *e {
                         Entry::Dpu { ctx } if pool.ctxs[ctx as usize].state == CtxState::Ready => {
                             let resp = pool.response(ctx);
-                            if !c.cout.room(resp.len(), usize::MAX) {
+                            if !c.cout.room(resp.len()) {
                                 break;
                             }
                             let len = resp.len();
@@ -1364,6 +1474,12 @@ impl Worker {
                     Entry::Host { .. } => {
                         c.hin.consume(full);
                         c.host_pending -= 1;
+                        c.host_retired += 1;
+                        while c.pend_head < c.pend_ord.len()
+                            && c.pend_ord[c.pend_head] <= c.host_retired
+                        {
+                            c.pend_head += 1;
+                        }
                     }
                     Entry::Dpu { ctx } => {
                         pool.release(ctx);

@@ -74,8 +74,7 @@ impl Pool {
         let data_off = room.next_multiple_of(align);
         let cap = cap.max(8).next_multiple_of(align);
         let stride = data_off + cap;
-        let layout =
-            Layout::from_size_align((stride * n).max(align), align).expect("pool layout");
+        let layout = Layout::from_size_align((stride * n).max(align), align).expect("pool layout");
         // SAFETY: non-zero size.
         let base = unsafe { alloc_zeroed(layout) };
         if base.is_null() {
@@ -124,7 +123,10 @@ impl Pool {
 
     /// Header room and data of a buffer whose read is not in flight.
     pub fn room_and_data(&mut self, i: u32) -> (&mut [u8], &mut [u8]) {
-        assert!(matches!(self.ctxs[i as usize].state, CtxState::Ready | CtxState::Free));
+        assert!(matches!(
+            self.ctxs[i as usize].state,
+            CtxState::Ready | CtxState::Free
+        ));
         let data = self.data_ptr(i);
         // SAFETY: the read completed (or never started), so nothing else touches the buffer;
         // room and data are disjoint parts of buffer `i`.

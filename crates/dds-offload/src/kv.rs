@@ -113,7 +113,7 @@ pub fn kv_response_len(buf: &[u8]) -> Result<Option<usize>, Malformed> {
         return Ok(None);
     }
     let n = u32_at(buf, 0) as usize;
-    if n < KV_RESP_HEADER || n > KV_RESP_HEADER + KV_VALUE_MAX as usize || n % 8 != 0 {
+    if n < KV_RESP_HEADER || n > KV_RESP_HEADER + KV_VALUE_MAX as usize || !n.is_multiple_of(8) {
         return Err(Malformed("response length out of range"));
     }
     Ok(Some(n))

@@ -37,7 +37,9 @@ pub struct CacheMaintainer {
 
 impl std::fmt::Debug for CacheMaintainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CacheMaintainer").field("stats", &self.stats).finish()
+        f.debug_struct("CacheMaintainer")
+            .field("stats", &self.stats)
+            .finish()
     }
 }
 
@@ -94,7 +96,8 @@ impl CacheMaintainer {
     /// completion is published to the host.
     pub fn write_completed(&mut self, file_id: u32, offset: u64, data: &[u8], version: u64) {
         self.items.clear();
-        self.app.cache_on_write(file_id, offset, data, &mut self.items);
+        self.app
+            .cache_on_write(file_id, offset, data, &mut self.items);
         if self.items.len() == self.items.capacity() {
             self.stats.truncated += 1;
         }
@@ -110,7 +113,8 @@ impl CacheMaintainer {
     /// A host write failed: drop whatever the write may have (partially) replaced.
     pub fn write_failed(&mut self, file_id: u32, offset: u64, data: &[u8], version: u64) {
         self.items.clear();
-        self.app.cache_on_write(file_id, offset, data, &mut self.items);
+        self.app
+            .cache_on_write(file_id, offset, data, &mut self.items);
         for i in 0..self.items.len() {
             let key = self.items.as_slice()[i].key;
             self.writer.invalidate(key, version);

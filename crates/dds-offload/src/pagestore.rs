@@ -379,7 +379,9 @@ impl OffloadApp for PagestoreApp {
         let mut at = MSG_HEADER_BYTES;
         for d in host {
             let (s, e) = (d.offset as usize, d.offset as usize + d.len as usize);
-            let src = msg.get(s..e).ok_or(Malformed("descriptor outside message"))?;
+            let src = msg
+                .get(s..e)
+                .ok_or(Malformed("descriptor outside message"))?;
             out.get_mut(at..at + src.len())
                 .ok_or(Malformed("host message too large"))?
                 .copy_from_slice(src);

@@ -94,65 +94,71 @@ pub struct PluginV1 {
     /// Framing of the host stream.
     pub response_len: Option<FrameFn>,
     /// Offload predicate.
-    pub offload_predicate: Option<
-        unsafe extern "C" fn(
-            *mut c_void,
-            *const u8,
-            usize,
-            *const CCacheView,
-            *mut CList<ReqDesc>,
-            *mut CList<ReqDesc>,
-        ) -> i32,
-    >,
+    pub offload_predicate: Option<PredicateFn>,
     /// Offload function.
-    pub offload_function: Option<
-        unsafe extern "C" fn(
-            *mut c_void,
-            *const u8,
-            usize,
-            ReqDesc,
-            *const CCacheView,
-            *mut ReadOp,
-        ) -> i32,
-    >,
+    pub offload_function: Option<OffloadFn>,
     /// Response builder.
-    pub build_response: Option<
-        unsafe extern "C" fn(
-            *mut c_void,
-            *const u8,
-            usize,
-            *const ReadOp,
-            i64,
-            *mut u8,
-            usize,
-            *mut u8,
-            usize,
-            *mut u32,
-            *mut u32,
-        ) -> i32,
-    >,
+    pub build_response: Option<BuildResponseFn>,
     /// Host-message builder.
-    pub build_host_message: Option<
-        unsafe extern "C" fn(
-            *mut c_void,
-            *const u8,
-            usize,
-            *const ReqDesc,
-            usize,
-            *mut u8,
-            usize,
-        ) -> i64,
-    >,
+    pub build_host_message: Option<HostMessageFn>,
     /// Keys of a host-bound request (nullable).
-    pub invalidate_on_forward:
-        Option<unsafe extern "C" fn(*mut c_void, *const u8, usize, ReqDesc, *mut CList<u64>)>,
+    pub invalidate_on_forward: Option<ForwardKeysFn>,
     /// Cache-on-write (nullable).
-    pub cache_on_write: Option<
-        unsafe extern "C" fn(*mut c_void, u32, u64, *const u8, usize, *mut CList<CCacheItem>),
-    >,
+    pub cache_on_write: Option<CacheOnWriteFn>,
     /// Invalidate-on-read (nullable).
-    pub invalidate_on_read: Option<unsafe extern "C" fn(*mut c_void, u32, u64, u32, *mut CList<u64>)>,
+    pub invalidate_on_read: Option<InvalidateOnReadFn>,
 }
+
+/// `offload_predicate`.
+pub type PredicateFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const u8,
+    usize,
+    *const CCacheView,
+    *mut CList<ReqDesc>,
+    *mut CList<ReqDesc>,
+) -> i32;
+/// `offload_function`.
+pub type OffloadFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const u8,
+    usize,
+    ReqDesc,
+    *const CCacheView,
+    *mut ReadOp,
+) -> i32;
+/// `build_response`.
+pub type BuildResponseFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const u8,
+    usize,
+    *const ReadOp,
+    i64,
+    *mut u8,
+    usize,
+    *mut u8,
+    usize,
+    *mut u32,
+    *mut u32,
+) -> i32;
+/// `build_host_message`.
+pub type HostMessageFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const u8,
+    usize,
+    *const ReqDesc,
+    usize,
+    *mut u8,
+    usize,
+) -> i64;
+/// `invalidate_on_forward`.
+pub type ForwardKeysFn =
+    unsafe extern "C" fn(*mut c_void, *const u8, usize, ReqDesc, *mut CList<u64>);
+/// `cache_on_write`.
+pub type CacheOnWriteFn =
+    unsafe extern "C" fn(*mut c_void, u32, u64, *const u8, usize, *mut CList<CCacheItem>);
+/// `invalidate_on_read`.
+pub type InvalidateOnReadFn = unsafe extern "C" fn(*mut c_void, u32, u64, u32, *mut CList<u64>);
 
 const _: () = assert!(std::mem::size_of::<PluginV1>() == 120);
 const _: () = assert!(std::mem::size_of::<CCacheItem>() == 40);
@@ -185,7 +191,9 @@ unsafe impl Sync for PluginApp {}
 
 impl std::fmt::Debug for PluginApp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginApp").field("name", &self.name).finish()
+        f.debug_struct("PluginApp")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -231,7 +239,10 @@ impl PluginApp {
             .ok_or_else(|| bad("name must be 1..=63 bytes of UTF-8"))?
             .to_string();
         if t.header_room as usize > MAX_HEADER_ROOM {
-            return Err(bad(format!("header_room {} above {MAX_HEADER_ROOM}", t.header_room)));
+            return Err(bad(format!(
+                "header_room {} above {MAX_HEADER_ROOM}",
+                t.header_room
+            )));
         }
         if t.max_message_len < 4 || t.max_message_len > 1 << 30 {
             return Err(bad("max_message_len outside 4 ..= 1 GiB"));
@@ -433,7 +444,9 @@ impl OffloadApp for PluginApp {
             return Err(Malformed("plugin response builder failed"));
         }
         if hl as usize > room.len() || tl < hl || (tl - hl) as usize > data.len() {
-            return Err(Malformed("plugin response builder returned an out-of-range layout"));
+            return Err(Malformed(
+                "plugin response builder returned an out-of-range layout",
+            ));
         }
         Ok(ResponseLayout {
             header_len: hl,
@@ -471,7 +484,9 @@ impl OffloadApp for PluginApp {
             return;
         };
         // SAFETY: valid pointers for the call.
-        let r = with_list(keys, |k| unsafe { f(self.t.user, msg.as_ptr(), msg.len(), req, k) });
+        let r = with_list(keys, |k| unsafe {
+            f(self.t.user, msg.as_ptr(), msg.len(), req, k)
+        });
         if r.is_err() {
             // Overfilled: leave the list full, which the director treats as an error.
             while keys.push(0).is_ok() {}
@@ -495,7 +510,16 @@ impl OffloadApp for PluginApp {
                 len: 0,
             };
             // SAFETY: valid buffers for the call.
-            unsafe { f(self.t.user, file_id, offset, data.as_ptr(), data.len(), &mut c) };
+            unsafe {
+                f(
+                    self.t.user,
+                    file_id,
+                    offset,
+                    data.as_ptr(),
+                    data.len(),
+                    &mut c,
+                )
+            };
             let n = (c.len.min(c.capacity)) as usize;
             for it in &s[..n] {
                 let _ = items.push(CacheItem {

@@ -56,16 +56,18 @@ pub fn encode_cache_items(items: &[CacheRecordItem], out: &mut [u8]) -> Option<u
 pub fn decode_cache_items(
     data: &[u8],
 ) -> Result<impl Iterator<Item = CacheRecordItem> + '_, Malformed> {
-    if data.len() % CACHE_ITEM_BYTES != 0 {
+    if !data.len().is_multiple_of(CACHE_ITEM_BYTES) {
         return Err(Malformed("CACHE record length not a multiple of 32"));
     }
-    Ok(data.chunks_exact(CACHE_ITEM_BYTES).map(|c| CacheRecordItem {
-        key: u64_at(c, 0),
-        offset: u64_at(c, 8),
-        file_id: u32::from_le_bytes([c[16], c[17], c[18], c[19]]),
-        size: u32::from_le_bytes([c[20], c[21], c[22], c[23]]),
-        tag: u64_at(c, 24),
-    }))
+    Ok(data
+        .chunks_exact(CACHE_ITEM_BYTES)
+        .map(|c| CacheRecordItem {
+            key: u64_at(c, 0),
+            offset: u64_at(c, 8),
+            file_id: u32::from_le_bytes([c[16], c[17], c[18], c[19]]),
+            size: u32::from_le_bytes([c[20], c[21], c[22], c[23]]),
+            tag: u64_at(c, 24),
+        }))
 }
 
 /// Encodes INVALIDATE keys into `out`; returns the bytes written.
@@ -80,7 +82,7 @@ pub fn encode_invalidate_items(keys: &[u64], out: &mut [u8]) -> Option<usize> {
 
 /// Decodes the data of an INVALIDATE record.
 pub fn decode_invalidate_items(data: &[u8]) -> Result<impl Iterator<Item = u64> + '_, Malformed> {
-    if data.len() % INVALIDATE_ITEM_BYTES != 0 {
+    if !data.len().is_multiple_of(INVALIDATE_ITEM_BYTES) {
         return Err(Malformed("INVALIDATE record length not a multiple of 8"));
     }
     Ok(data.chunks_exact(8).map(|c| u64_at(c, 0)))
@@ -93,8 +95,20 @@ mod tests {
     #[test]
     fn round_trip() {
         let items = [
-            CacheRecordItem { key: 1, offset: 2, file_id: 3, size: 4, tag: 5 },
-            CacheRecordItem { key: u64::MAX, offset: 7, file_id: u32::MAX, size: 9, tag: 0 },
+            CacheRecordItem {
+                key: 1,
+                offset: 2,
+                file_id: 3,
+                size: 4,
+                tag: 5,
+            },
+            CacheRecordItem {
+                key: u64::MAX,
+                offset: 7,
+                file_id: u32::MAX,
+                size: 9,
+                tag: 0,
+            },
         ];
         let mut buf = [0u8; 64];
         assert_eq!(encode_cache_items(&items, &mut buf), Some(64));
@@ -105,7 +119,10 @@ mod tests {
         assert_eq!(encode_cache_items(&items, &mut buf[..40]), None);
         let mut kb = [0u8; 16];
         assert_eq!(encode_invalidate_items(&[9, 10], &mut kb), Some(16));
-        assert_eq!(decode_invalidate_items(&kb).unwrap().collect::<Vec<_>>(), vec![9, 10]);
+        assert_eq!(
+            decode_invalidate_items(&kb).unwrap().collect::<Vec<_>>(),
+            vec![9, 10]
+        );
         assert!(decode_invalidate_items(&kb[..9]).is_err());
     }
 }

@@ -60,23 +60,36 @@ fn parse_endpoint(s: &str) -> Result<Endpoint, SignatureError> {
             .or_else(|_| err(format!("`{s}`: bad port")))?,
     };
     if addr_part == "*" {
-        return Ok(Endpoint { addr: None, prefix: 0, port });
+        return Ok(Endpoint {
+            addr: None,
+            prefix: 0,
+            port,
+        });
     }
     let (ip, prefix) = match addr_part.split_once('/') {
         Some((ip, p)) => (ip, Some(p)),
         None => (addr_part, None),
     };
-    let ip = ip.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(ip);
+    let ip = ip
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(ip);
     let ip = IpAddr::from_str(ip).or_else(|_| err(format!("`{s}`: bad address")))?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     let prefix = match prefix {
         None => max,
-        Some(p) => p.parse::<u8>().or_else(|_| err(format!("`{s}`: bad prefix")))?,
+        Some(p) => p
+            .parse::<u8>()
+            .or_else(|_| err(format!("`{s}`: bad prefix")))?,
     };
     if prefix > max {
         return err(format!("`{s}`: prefix above {max}"));
     }
-    Ok(Endpoint { addr: Some(ip), prefix, port })
+    Ok(Endpoint {
+        addr: Some(ip),
+        prefix,
+        port,
+    })
 }
 
 fn prefix_match(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
@@ -86,11 +99,19 @@ fn prefix_match(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
     };
     match (net, ip) {
         (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
+            let mask = if prefix == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(prefix))
+            };
             u32::from(n) & mask == u32::from(a) & mask
         }
         (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = if prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(prefix)) };
+            let mask = if prefix == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(prefix))
+            };
             u128::from(n) & mask == u128::from(a) & mask
         }
         _ => false,
@@ -101,15 +122,25 @@ impl Endpoint {
     /// Whether `a` is inside this endpoint.
     pub fn matches(&self, a: SocketAddr) -> bool {
         (self.port == 0 || self.port == a.port())
-            && self.addr.is_none_or(|n| prefix_match(n, self.prefix, a.ip()))
+            && self
+                .addr
+                .is_none_or(|n| prefix_match(n, self.prefix, a.ip()))
     }
 }
 
 impl Signature {
     /// A signature matching every TCP flow.
     pub fn any_tcp() -> Self {
-        let any = Endpoint { addr: None, prefix: 0, port: 0 };
-        Signature { src: any, dst: any, proto: Some(Proto::Tcp) }
+        let any = Endpoint {
+            addr: None,
+            prefix: 0,
+            port: 0,
+        };
+        Signature {
+            src: any,
+            dst: any,
+            proto: Some(Proto::Tcp),
+        }
     }
 
     /// Whether the flow `src → dst` over `proto` matches.
@@ -131,7 +162,11 @@ impl FromStr for Signature {
             "*" => None,
             p => return err(format!("unknown protocol `{p}`")),
         };
-        Ok(Signature { src: parse_endpoint(src)?, dst: parse_endpoint(dst)?, proto })
+        Ok(Signature {
+            src: parse_endpoint(src)?,
+            dst: parse_endpoint(dst)?,
+            proto,
+        })
     }
 }
 

@@ -93,7 +93,11 @@ fn acknowledged_puts_are_never_followed_by_older_gets() {
                 acked[key as usize].store(seq, Ordering::SeqCst);
                 let (st, id, v) = read_kv(&mut s);
                 assert_eq!(id, i * 2 + 1);
-                assert_eq!(seq_of(key, st, &v), seq, "GET behind a PUT on one connection");
+                assert_eq!(
+                    seq_of(key, st, &v),
+                    seq,
+                    "GET behind a PUT on one connection"
+                );
             }
         }));
     }
@@ -120,7 +124,10 @@ fn acknowledged_puts_are_never_followed_by_older_gets() {
                     let (st, id, v) = read_kv(&mut s);
                     assert_eq!(id, n * 8 + j as u64);
                     let seen = seq_of(key, st, &v);
-                    assert!(seen >= floor, "key {key}: GET returned seq {seen} after seq {floor} was acknowledged");
+                    assert!(
+                        seen >= floor,
+                        "key {key}: GET returned seq {seen} after seq {floor} was acknowledged"
+                    );
                 }
                 n += 1;
             }
@@ -170,7 +177,10 @@ fn maintainer_floors_versions_and_records() {
     assert_eq!(lane.invalidations_applied(), 1);
     assert!(r.get(5).is_none());
     m.write_completed(1, 8192, &rec, v3);
-    assert!(r.get(5).is_none(), "older version after an invalidation is a no-op");
+    assert!(
+        r.get(5).is_none(),
+        "older version after an invalidation is a no-op"
+    );
     // A write submitted after the invalidation is cached.
     let v4 = m.next_version();
     m.write_completed(1, 12288, &rec, v4);
@@ -178,7 +188,10 @@ fn maintainer_floors_versions_and_records() {
     // Explicit batches from the host (ring opcodes 4 and 5).
     let mut buf = [0u8; 64];
     let n = dds_offload::records::encode_invalidate_items(&[5, 6], &mut buf).unwrap();
-    assert_eq!(m.apply_record(dds_offload::records::OP_INVALIDATE, &buf[..n]), Ok(2));
+    assert_eq!(
+        m.apply_record(dds_offload::records::OP_INVALIDATE, &buf[..n]),
+        Ok(2)
+    );
     assert!(r.get(5).is_none() && r.get(6).is_none());
     let items = [dds_offload::records::CacheRecordItem {
         key: 9,
@@ -188,7 +201,10 @@ fn maintainer_floors_versions_and_records() {
         tag: 0,
     }];
     let n = dds_offload::records::encode_cache_items(&items, &mut buf).unwrap();
-    assert_eq!(m.apply_record(dds_offload::records::OP_CACHE, &buf[..n]), Ok(1));
+    assert_eq!(
+        m.apply_record(dds_offload::records::OP_CACHE, &buf[..n]),
+        Ok(1)
+    );
     assert_eq!(r.get(9).unwrap().offset, 100);
     assert!(m.apply_record(3, &buf[..n]).is_err());
     assert!(m

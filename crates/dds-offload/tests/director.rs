@@ -72,12 +72,16 @@ impl Client {
                 }
                 self.model[off..off + len].copy_from_slice(&data);
                 b.write(self.file, off as u64, &data, id);
-                self.expect.push_back((id, OP_WRITE, off as u64, len as u32, Vec::new()));
+                self.expect
+                    .push_back((id, OP_WRITE, off as u64, len as u32, Vec::new()));
             } else {
                 b.read(self.file, off as u64, len as u32, id);
-                let end = (off + len).min(self.model.len()).max(off.min(self.model.len()));
+                let end = (off + len)
+                    .min(self.model.len())
+                    .max(off.min(self.model.len()));
                 let want = self.model[off.min(self.model.len())..end].to_vec();
-                self.expect.push_back((id, OP_READ, off as u64, len as u32, want));
+                self.expect
+                    .push_back((id, OP_READ, off as u64, len as u32, want));
             }
         }
         self.s.write_all(b.finish()).unwrap();
@@ -87,7 +91,11 @@ impl Client {
         for _ in 0..n {
             let (id, op, off, len, want) = self.expect.pop_front().unwrap();
             let (h, body) = read_response(&mut self.s).unwrap();
-            assert_eq!((h.req_id, h.op, h.status), (id, op, 0), "response order/status");
+            assert_eq!(
+                (h.req_id, h.op, h.status),
+                (id, op, 0),
+                "response order/status"
+            );
             if op == OP_READ {
                 let want = &want[..];
                 assert_eq!(h.len as usize, want.len());
@@ -169,9 +177,7 @@ fn fragmented_pipelined_and_huge_messages() {
     let reqs: Vec<_> = (0..12).map(|i| (true, i * 256, 256)).collect();
     c.send(&reqs, 7);
     c.check(12);
-    let reqs: Vec<_> = (0..12)
-        .map(|i| (i % 3 == 0, i * 256, 256))
-        .collect();
+    let reqs: Vec<_> = (0..12).map(|i| (i % 3 == 0, i * 256, 256)).collect();
     c.send(&reqs, 8);
     c.check(12);
     // Messages sent a few bytes at a time, many in flight.
@@ -199,7 +205,7 @@ fn fragmented_pipelined_and_huge_messages() {
     for (k, id) in ids.iter().enumerate() {
         let (h, body) = read_response(&mut c.s).unwrap();
         assert_eq!(h.req_id, *id);
-        let m = (k / 2) as usize;
+        let m = k / 2;
         let (off, len) = if k % 2 == 0 {
             (m * 4096, 4096)
         } else {
@@ -264,7 +270,10 @@ fn half_close_delivers_all_responses() {
     c.send(&[(true, 0, 4)], 1);
     c.check(1);
     for i in 0..20u64 {
-        c.send(&[(false, 0, 1), (true, 5 + i as usize, 1), (false, 1, 2)], 10 + i);
+        c.send(
+            &[(false, 0, 1), (true, 5 + i as usize, 1), (false, 1, 2)],
+            10 + i,
+        );
     }
     c.s.shutdown(Shutdown::Write).unwrap();
     c.check(60);
@@ -284,7 +293,12 @@ fn malformed_frames_and_truncated_streams_close_only_that_connection() {
         // length below the minimum
         vec![4, 0, 0, 0, 1, 0, 0, 0],
         // length above 16 MiB
-        (u32::MAX).to_le_bytes().iter().copied().chain([0u8; 60]).collect(),
+        (u32::MAX)
+            .to_le_bytes()
+            .iter()
+            .copied()
+            .chain([0u8; 60])
+            .collect(),
         // unknown op
         {
             let mut b = MessageBuilder::new();
@@ -348,7 +362,12 @@ fn host_death_and_restart() {
     c.send(&[(true, 0, 2)], 1);
     c.check(1);
     // The host dies: the client connection is closed.
-    let Setup { dpu, host, file, app } = st;
+    let Setup {
+        dpu,
+        host,
+        file,
+        app,
+    } = st;
     host.kill();
     assert!(closed(&mut c.s));
     // New connections while the host is down are closed.
@@ -383,5 +402,9 @@ fn unmatched_connections_are_spliced() {
     let mut b = [0u8; 1];
     assert_eq!(c.s.read(&mut b).unwrap(), 0);
     let s = d.stats();
-    assert_eq!((s.spliced, s.split, s.offloaded, s.messages), (1, 0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.spliced, s.split, s.offloaded, s.messages),
+        (1, 0, 0, 0),
+        "{s:?}"
+    );
 }

@@ -67,7 +67,12 @@ fn c_pagestore_plugin_end_to_end() {
         model[(p + 1) * 4096..(p + 2) * 4096].copy_from_slice(&new);
         let want3 = new.clone();
         let want4 = model[100..5100].to_vec();
-        for (id, want) in [(1u64, Some(want1)), (2, None), (3, Some(want3)), (4, Some(want4))] {
+        for (id, want) in [
+            (1u64, Some(want1)),
+            (2, None),
+            (3, Some(want3)),
+            (4, Some(want4)),
+        ] {
             let (h, body) = read_response(&mut s).unwrap();
             assert_eq!((h.req_id, h.status), (id, 0));
             if let Some(w) = want {
@@ -106,7 +111,10 @@ fn faulty_plugin_closes_only_the_connection_and_bad_abi_is_refused() {
     let mut b = MessageBuilder::new();
     b.read(file, 0, 16, 0xBADBAD);
     evil.write_all(b.finish()).unwrap();
-    assert!(closed(&mut evil), "out-of-range descriptor closes the connection");
+    assert!(
+        closed(&mut evil),
+        "out-of-range descriptor closes the connection"
+    );
     b.clear();
     b.read(file, 0, 8192, 5);
     good.write_all(b.finish()).unwrap();

@@ -22,8 +22,7 @@ use dds_offload::api::status;
 use dds_offload::kv::*;
 use dds_offload::pagestore::{self as ps, OP_READ, OP_WRITE};
 use dds_offload::{
-    CacheMaintainer, Director, DirectorConfig, DirectorHandle, FileReadPort, OffloadApp,
-    PortConfig,
+    CacheMaintainer, Director, DirectorConfig, DirectorHandle, FileReadPort, OffloadApp, PortConfig,
 };
 
 const HOST_TAG: u64 = 1 << 62;
@@ -38,9 +37,14 @@ enum HostOp {
     Read(u32, u64, u32, Sender<Result<Vec<u8>, u16>>),
 }
 
+type WriteReply = Sender<Result<u32, u16>>;
+type ReadReply = Sender<Result<Vec<u8>, u16>>;
+/// KV host state: log tail and index key -> (value offset, length).
+pub type KvIndex = (u64, HashMap<u64, (u64, u32)>);
+
 struct Pending {
-    write: Option<(u32, u64, Vec<u8>, u64, Sender<Result<u32, u16>>)>,
-    read: Option<(Vec<u8>, Sender<Result<Vec<u8>, u16>>)>,
+    write: Option<(u32, u64, Vec<u8>, u64, WriteReply)>,
+    read: Option<(Vec<u8>, ReadReply)>,
 }
 
 /// The emulated DPU: file service thread, cache, port.
@@ -346,7 +350,13 @@ pub fn pagestore_server(addr: SocketAddr, files: HostFiles) -> HostServer {
                 match r.op {
                     OP_READ => match files.read(r.file_id, r.offset, r.len) {
                         Ok(data) => {
-                            ps::encode_response_header(&mut hdr, 0, OP_READ, r.req_id, data.len() as u32);
+                            ps::encode_response_header(
+                                &mut hdr,
+                                0,
+                                OP_READ,
+                                r.req_id,
+                                data.len() as u32,
+                            );
                             out.extend_from_slice(&hdr);
                             out.extend_from_slice(&data);
                             out.resize(out.len().next_multiple_of(8), 0);
@@ -378,7 +388,7 @@ pub fn pagestore_server(addr: SocketAddr, files: HostFiles) -> HostServer {
 pub struct KvState {
     pub files: HostFiles,
     pub log: u32,
-    pub inner: Mutex<(u64, HashMap<u64, (u64, u32)>)>,
+    pub inner: Mutex<KvIndex>,
 }
 
 pub fn kv_server(addr: SocketAddr, state: Arc<KvState>) -> HostServer {
@@ -496,7 +506,9 @@ pub fn closed(s: &mut TcpStream) -> bool {
         match s.read(&mut b) {
             Ok(0) => return true,
             Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut =>
+            {
                 return false
             }
             Err(_) => return true,
