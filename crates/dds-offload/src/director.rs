@@ -32,7 +32,7 @@ const WAKER: Token = Token(usize::MAX - 2);
 const IOV_MAX: usize = 64;
 
 /// Director options.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DirectorConfig {
     /// Public address the director listens on.
     pub listen: SocketAddr,
@@ -62,6 +62,22 @@ pub struct DirectorConfig {
     pub max_pending_requests: usize,
     /// Contexts one connection may hold (so one slow reader cannot take them all).
     pub max_contexts_per_conn: usize,
+    /// Called first on each director thread with its index (e.g. to pin it to a core).
+    pub on_thread_start: Option<Arc<dyn Fn(usize) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for DirectorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectorConfig")
+            .field("listen", &self.listen)
+            .field("host", &self.host)
+            .field("signature", &self.signature.to_string())
+            .field("threads", &self.threads)
+            .field("copy_mode", &self.copy_mode)
+            .field("context_ring_len", &self.context_ring_len)
+            .field("buffer_bytes", &self.buffer_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DirectorConfig {
@@ -80,6 +96,7 @@ impl DirectorConfig {
             max_connections: 1024,
             max_pending_requests: 4096,
             max_contexts_per_conn: 64,
+            on_thread_start: None,
         }
     }
 }
@@ -291,10 +308,16 @@ impl Director {
                 stats.clone(),
             );
             wakers.push(waker);
+            let hook = cfg.on_thread_start.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("dds-director-{i}"))
-                    .spawn(move || worker.run())?,
+                    .spawn(move || {
+                        if let Some(h) = hook {
+                            h(i);
+                        }
+                        worker.run()
+                    })?,
             );
         }
         tracing::info!(%local, host = %cfg.host, signature = %cfg.signature, threads, app = app.name(), "traffic director started");
