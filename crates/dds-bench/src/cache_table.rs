@@ -46,8 +46,8 @@ impl CacheOptions {
         CacheOptions {
             items: vec![1 << 20, 1 << 24],
             readers: default_readers(),
-            lookups_per_reader: 4_000_000,
-            trials: 2,
+            lookups_per_reader: 3_000_000,
+            trials: 3,
             kinds: TableKind::ALL.to_vec(),
             quiet: false,
             command: "dds bench cache-table".into(),

@@ -45,15 +45,15 @@ pub struct RingOptions {
 }
 
 impl RingOptions {
-    /// The full run: producers 1..64, both cost-model settings, three trials.
+    /// The full run: producers 1..64, both cost-model settings, five trials.
     pub fn full() -> RingOptions {
         RingOptions {
             producers: vec![1, 2, 4, 8, 16, 32, 64],
             designs: Design::ALL.to_vec(),
             cost_model: vec![true, false],
             msg_bytes: 8,
-            seconds_per_point: 0.4,
-            trials: 3,
+            seconds_per_point: 0.3,
+            trials: 5,
             min_messages: 20_000,
             max_messages: 40_000_000,
             ring_bytes: 1 << 20,

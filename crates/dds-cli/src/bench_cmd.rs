@@ -41,7 +41,7 @@ struct Common {
     /// Directory of the JSON results and the plots.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
-    /// Rounds over all points (figures are medians); default 3 for ring, 2 for files and
+    /// Rounds over all points (figures are medians); default 5 for ring and files, 3 for
     /// cache-table, 1 with --quick.
     #[arg(long)]
     trials: Option<usize>,
@@ -60,7 +60,7 @@ struct RingArgs {
     /// DMA cost model settings to run: on, off or both.
     #[arg(long, default_value = "both")]
     dma_cost: String,
-    /// Time budget of one point, seconds (default 0.4, 0.04 with --quick).
+    /// Time budget of one point, seconds (default 0.3, 0.04 with --quick).
     #[arg(long)]
     seconds: Option<f64>,
 }
@@ -91,7 +91,7 @@ struct FilesArgs {
     /// Fraction of reads.
     #[arg(long, default_value_t = 0.5)]
     read_ratio: f64,
-    /// Time budget of one run, seconds (default 3, 0.6 with --quick).
+    /// Time budget of one run, seconds (default 2, 0.6 with --quick).
     #[arg(long)]
     seconds: Option<f64>,
     /// PCIe DMA cost model of the DPU: on or off.
@@ -112,7 +112,7 @@ struct CacheArgs {
     /// Reader thread counts (default 1,2,4,... up to twice the CPUs, at least 4).
     #[arg(long, value_delimiter = ',')]
     readers: Option<Vec<usize>>,
-    /// Lookups per reader (default 4M, 1M with --quick).
+    /// Lookups per reader (default 3M, 1M with --quick).
     #[arg(long, value_parser = parse_size)]
     lookups: Option<u64>,
 }
