@@ -81,6 +81,20 @@ fn c_pagestore_plugin_end_to_end() {
             }
         }
     }
+    // A read the file service refuses is answered on the DPU with its status code.
+    b.clear();
+    b.read(999, 0, 64, 77).read(file, 1 << 30, 64, 78);
+    s.write_all(b.finish()).unwrap();
+    let (h, _) = read_response(&mut s).unwrap();
+    assert_eq!(
+        (h.req_id, h.status, h.len),
+        (77, dds_offload::api::status::UNKNOWN_FILE, 0)
+    );
+    let (h, _) = read_response(&mut s).unwrap();
+    assert_eq!(
+        (h.req_id, h.status),
+        (78, dds_offload::api::status::OUT_OF_RANGE)
+    );
     let st = d.stats();
     // Reads overlapping the WRITE of their message stay with the host.
     assert!(st.offloaded >= 35 && st.forwarded >= 36, "{st:?}");

@@ -49,7 +49,9 @@ fn run(copy_mode: bool, splice: bool, io: u32, batch: usize) -> (f64, f64) {
                 for m in 0..msgs {
                     b.clear();
                     for j in 0..batch {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
                         let off = (x >> 20) % ((16 << 20) - u64::from(io));
                         b.read(file, off & !511, io, (m * batch + j) as u64);
                     }
