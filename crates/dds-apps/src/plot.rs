@@ -10,7 +10,7 @@ use plotters::prelude::*;
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
-    /// Dashed-looking (drawn thinner, hollow points), e.g. for p99 next to p50.
+    /// Drawn thinner with hollow points in the previous series' color (e.g. p99 after p50).
     pub secondary: bool,
 }
 
@@ -83,8 +83,13 @@ pub fn draw(path: &Path, charts: &[Chart]) -> Result<()> {
             .y_desc(chart.y_label.as_str())
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
+        // A secondary series (e.g. p99) takes the color of the primary one before it.
+        let mut color_index = 0usize;
         for (i, s) in chart.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
+            if i > 0 && !s.secondary {
+                color_index += 1;
+            }
+            let color = COLORS[color_index % COLORS.len()];
             let pts: Vec<(f64, f64)> = s
                 .points
                 .iter()

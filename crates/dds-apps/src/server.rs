@@ -389,12 +389,13 @@ impl Worker {
                 }
             }
             let mut accept = false;
+            let mut completions = false;
             for ev in &events {
                 let data = ev.data.u64();
                 let flags = ev.flags;
                 match data {
                     WAKE => accept = true,
-                    IO => {}
+                    IO => completions = true,
                     idx => {
                         if let Some(Some(c)) = self.conns.get_mut(idx as usize) {
                             use epoll::EventFlags as F;
@@ -409,7 +410,9 @@ impl Worker {
                     }
                 }
             }
-            self.reap();
+            if completions {
+                self.reap();
+            }
             self.retry_waiting();
             let dirty = std::mem::take(&mut self.dirty);
             for &ci in &dirty {
@@ -697,23 +700,31 @@ impl Worker {
             return Ok(false);
         }
         // Compact, then bound the buffer to one message plus slack.
-        if c.in_start > 0 && (c.in_start == c.in_end || c.in_start > c.inbuf.len() / 2) {
+        if c.in_start > 0
+            && (c.in_start == c.in_end
+                || c.in_end == c.inbuf.len()
+                || c.in_start > c.inbuf.len() / 2)
+        {
             c.inbuf.copy_within(c.in_start..c.in_end, 0);
             c.in_end -= c.in_start;
             c.in_start = 0;
+        }
+        if c.in_end == 0 && c.inbuf.len() > (1 << 20) {
+            // Give back the room a large message needed.
+            c.inbuf = vec![0u8; IN_SLACK];
         }
         let need = match message_len(&c.inbuf[c.in_start..c.in_end]) {
             Ok(Some(len)) => len,
             _ => 0,
         };
         let limit = need + IN_SLACK;
-        if c.inbuf.len() < limit {
-            c.inbuf.resize(limit, 0);
-        }
-        if c.in_end - c.in_start >= limit || c.in_end == c.inbuf.len() {
+        if c.in_end - c.in_start >= limit {
             return Ok(false);
         }
-        let end = (c.in_start + limit).min(c.inbuf.len());
+        if c.inbuf.len() < c.in_start + limit {
+            c.inbuf.resize(c.in_start + limit, 0);
+        }
+        let end = c.in_start + limit;
         match c.stream.read(&mut c.inbuf[c.in_end..end]) {
             Ok(0) => {
                 c.eof = true;

@@ -953,7 +953,10 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
     });
     let path = a.out.join("echo.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
-    println!("echo benchmark ({EMULATION_NOTE})");
+    println!(
+        "echo benchmark (no DPU hardware: the DPU-side echo is the same kernel-TCP echo in a separate process pinned to CPU {})",
+        ncpu - 1
+    );
     for side in ["host", "dpu"] {
         let s = &report["summary"][side];
         println!(
