@@ -316,7 +316,11 @@ impl Director {
                         if let Some(h) = hook {
                             h(i);
                         }
-                        worker.run()
+                        let r =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run()));
+                        if r.is_err() {
+                            tracing::error!(thread = i, "director thread panicked");
+                        }
                     })?,
             );
         }

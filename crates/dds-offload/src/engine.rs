@@ -160,7 +160,18 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
+        // Never free memory the file service may still write (e.g. a director thread
+        // unwinding with reads in flight): leak it instead.
+        let busy = self
+            .ctxs
+            .iter()
+            .filter(|c| matches!(c.state, CtxState::InFlight | CtxState::Orphan))
+            .count();
+        if busy > 0 {
+            tracing::error!(busy, "buffer pool dropped with reads in flight: leaking it");
+            return;
+        }
+        // SAFETY: allocated in `new` with this layout; no read in flight.
         unsafe { dealloc(self.base, self.layout) }
     }
 }
