@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Instant;
 
 use crate::{CostModel, DmaCompletion, DmaDir, DmaEngine, DmaError, DmaOp, RegionId, SharedRegion};
@@ -242,18 +242,19 @@ impl std::fmt::Debug for EmulatedDma {
 }
 
 /// Copies host memory (shared, concurrently updated by host threads with atomics) into local
-/// memory: `Acquire` loads of aligned `u64` words in ascending address order, bytes at the
-/// ragged edges.
+/// memory: `Acquire` loads of aligned `u64` words in ascending address order; at the ragged
+/// edges the widest naturally aligned atomic that fits (`u32`, `u16`, `u8`), so that a DMA of
+/// a narrow field (the response ring's `u32` `Waiters`) accesses it with its own size.
 ///
 /// # Safety
 /// `src..src+len` is mapped, `dst..dst+len` is valid for writes and not shared.
 unsafe fn copy_from_host(src: *const u8, dst: *mut u8, len: usize) {
     let mut i = 0;
-    // SAFETY (whole function): within the ranges above; atomics on the shared side.
+    // SAFETY (whole function): within the ranges above; atomics on the shared side, each at
+    // an address aligned to its size.
     unsafe {
         while i < len && (src as usize + i) % 8 != 0 {
-            *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Acquire);
-            i += 1;
+            i += read_narrow(src.add(i), dst.add(i), len - i);
         }
         while i + 8 <= len {
             let w = AtomicU64::from_ptr(src.add(i) as *mut u64).load(Ordering::Acquire);
@@ -261,24 +262,48 @@ unsafe fn copy_from_host(src: *const u8, dst: *mut u8, len: usize) {
             i += 8;
         }
         while i < len {
-            *dst.add(i) = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Ordering::Acquire);
-            i += 1;
+            i += read_narrow(src.add(i), dst.add(i), len - i);
         }
     }
 }
 
-/// Copies local memory into host memory with `Relaxed` word stores (the caller issues the
-/// `Release` fence first).
+/// One narrow atomic load (`u32`, `u16` or `u8`, the widest aligned one that fits in `left`);
+/// returns the bytes copied.
+///
+/// # Safety
+/// As for [`copy_from_host`], for `left` bytes.
+unsafe fn read_narrow(src: *const u8, dst: *mut u8, left: usize) -> usize {
+    let a = src as usize;
+    // SAFETY: see the caller.
+    unsafe {
+        if a % 4 == 0 && left >= 4 {
+            let v = AtomicU32::from_ptr(src as *mut u32).load(Ordering::Acquire);
+            (dst as *mut u32).write_unaligned(v);
+            4
+        } else if a % 2 == 0 && left >= 2 {
+            let v = AtomicU16::from_ptr(src as *mut u16).load(Ordering::Acquire);
+            (dst as *mut u16).write_unaligned(v);
+            2
+        } else {
+            *dst = AtomicU8::from_ptr(src as *mut u8).load(Ordering::Acquire);
+            1
+        }
+    }
+}
+
+/// Copies local memory into host memory with `Relaxed` stores (the caller issues the
+/// `Release` fence first): aligned `u64` words, narrower atomics at the ragged edges as in
+/// [`copy_from_host`].
 ///
 /// # Safety
 /// `dst..dst+len` is mapped, `src..src+len` is valid for reads.
 unsafe fn copy_to_host(src: *const u8, dst: *mut u8, len: usize) {
     let mut i = 0;
-    // SAFETY (whole function): within the ranges above; atomics on the shared side.
+    // SAFETY (whole function): within the ranges above; atomics on the shared side, each at
+    // an address aligned to its size.
     unsafe {
         while i < len && (dst as usize + i) % 8 != 0 {
-            AtomicU8::from_ptr(dst.add(i)).store(*src.add(i), Ordering::Relaxed);
-            i += 1;
+            i += write_narrow(src.add(i), dst.add(i), len - i);
         }
         while i + 8 <= len {
             let w = (src.add(i) as *const u64).read_unaligned();
@@ -286,8 +311,30 @@ unsafe fn copy_to_host(src: *const u8, dst: *mut u8, len: usize) {
             i += 8;
         }
         while i < len {
-            AtomicU8::from_ptr(dst.add(i)).store(*src.add(i), Ordering::Relaxed);
-            i += 1;
+            i += write_narrow(src.add(i), dst.add(i), len - i);
+        }
+    }
+}
+
+/// One narrow atomic store; returns the bytes copied.
+///
+/// # Safety
+/// As for [`copy_to_host`], for `left` bytes.
+unsafe fn write_narrow(src: *const u8, dst: *mut u8, left: usize) -> usize {
+    let a = dst as usize;
+    // SAFETY: see the caller.
+    unsafe {
+        if a % 4 == 0 && left >= 4 {
+            let v = (src as *const u32).read_unaligned();
+            AtomicU32::from_ptr(dst as *mut u32).store(v, Ordering::Relaxed);
+            4
+        } else if a % 2 == 0 && left >= 2 {
+            let v = (src as *const u16).read_unaligned();
+            AtomicU16::from_ptr(dst as *mut u16).store(v, Ordering::Relaxed);
+            2
+        } else {
+            AtomicU8::from_ptr(dst).store(*src, Ordering::Relaxed);
+            1
         }
     }
 }

@@ -21,7 +21,8 @@
 //! [`EmulatedDma`] performs the copy of an operation when it completes (inside `poll`), in
 //! submission order. Host threads update ring pointers with atomics while the DPU copies, so
 //! the copy itself must not be a data race in Rust terms: it is done with per-`u64` atomic
-//! accesses on aligned words (`AtomicU8` for ragged edges). Ordering:
+//! accesses on aligned words (narrower atomics, `u32` down to `u8`, for ragged edges, so a
+//! 4-byte field read on its own is accessed as one `u32`). Ordering:
 //! * a read (host → local) loads every word with `Acquire`, in ascending address order. A
 //!   single PCIe read of a few cache lines returns them as one request; DDS relies on that when
 //!   it fetches `Progress` and `Tail` with one read (`Progress` first), and relaxed loads would

@@ -1,0 +1,359 @@
+//! The ring benchmark of the paper's Fig. 16: host producer threads send small messages as
+//! fast as they can, one DPU consumer thread drains them.
+//!
+//! The DMA-based designs run through the real [`EmulatedDma`] over a [`SharedRegion`]; with a
+//! [`CostModel`] their DMA operations cost what PCIe would charge. crossbeam's `ArrayQueue`
+//! is the in-process reference (no DMA at all).
+//!
+//! Every `sample_every`-th message of a producer carries its enqueue timestamp (taken before
+//! the first attempt, so waiting for room counts); the consumer records the time to
+//! consumption of those in a histogram. Other messages carry the producer id and sequence.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use dds_dma::{CostModel, DmaEngine, EmulatedDma, SharedRegion};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::baseline::{
+    FarmConsumer, FarmProducer, LockedProducer, RingConsumer, RingProducer, FARM_SLOT_HEADER,
+};
+use crate::format::POINTER_AREA_BYTES;
+use crate::request::{RequestConsumer, RequestProducer};
+use crate::{RingError, RingFault};
+
+/// The designs compared in Fig. 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Design {
+    /// DDS's progress ring (lock-free, batched DMA).
+    Progress,
+    /// One slot and valid flag per message; two DMA operations per message.
+    FarmStyle,
+    /// Producers serialize on a lock; batched DMA consumer.
+    LockBased,
+    /// crossbeam `ArrayQueue`, in process, no DMA.
+    CrossbeamArrayQueue,
+}
+
+impl Design {
+    pub const ALL: [Design; 4] = [
+        Design::Progress,
+        Design::FarmStyle,
+        Design::LockBased,
+        Design::CrossbeamArrayQueue,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Progress => "progress",
+            Design::FarmStyle => "farm_style",
+            Design::LockBased => "lock_based",
+            Design::CrossbeamArrayQueue => "crossbeam_array_queue",
+        }
+    }
+}
+
+impl std::str::FromStr for Design {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Design::ALL
+            .into_iter()
+            .find(|d| d.name() == s.replace('-', "_"))
+            .ok_or_else(|| format!("unknown ring design {s:?} (progress, farm_style, lock_based, crossbeam_array_queue)"))
+    }
+}
+
+/// Settings of one benchmark run.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub design: Design,
+    pub producers: usize,
+    pub msgs_per_producer: usize,
+    /// ≥ 8.
+    pub msg_bytes: usize,
+    pub cost: Option<CostModel>,
+    /// Data bytes of the ring (FaRM: slots × slot size; ArrayQueue: this / 16 entries).
+    pub ring_bytes: u64,
+    /// Every n-th message of a producer carries a timestamp.
+    pub sample_every: usize,
+}
+
+impl BenchConfig {
+    pub fn new(
+        design: Design,
+        producers: usize,
+        msgs_per_producer: usize,
+        msg_bytes: usize,
+        cost: Option<CostModel>,
+    ) -> Self {
+        BenchConfig {
+            design,
+            producers,
+            msgs_per_producer,
+            msg_bytes,
+            cost,
+            ring_bytes: 1 << 20,
+            sample_every: 16,
+        }
+    }
+}
+
+/// Result of one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchPoint {
+    pub design: Design,
+    pub producers: usize,
+    pub msgs_per_producer: usize,
+    pub msg_bytes: usize,
+    pub cost_model: bool,
+    pub ring_bytes: u64,
+    pub messages: u64,
+    pub elapsed_ns: u64,
+    pub msgs_per_sec: f64,
+    pub median_latency_ns: u64,
+    pub p99_latency_ns: u64,
+    pub latency_samples: u64,
+    /// Consumer polls that returned messages.
+    pub batches: u64,
+    pub mean_batch: f64,
+    /// DMA operations the consumer issued (0 for the in-process queue).
+    pub dma_ops: u64,
+    pub dma_ops_per_msg: f64,
+    /// `Retry` answers the producers got.
+    pub producer_retries: u64,
+}
+
+/// Runs one point with the default ring size (1 MiB) and sampling (1 in 16).
+pub fn run(
+    design: Design,
+    producers: usize,
+    msgs_per_producer: usize,
+    msg_bytes: usize,
+    cost: Option<CostModel>,
+) -> BenchPoint {
+    run_config(&BenchConfig::new(
+        design,
+        producers,
+        msgs_per_producer,
+        msg_bytes,
+        cost,
+    ))
+}
+
+const SAMPLED: u64 = 1 << 63;
+
+/// Runs one point.
+///
+/// # Panics
+/// If `msg_bytes < 8`, `producers == 0`, or a ring reports corruption.
+pub fn run_config(cfg: &BenchConfig) -> BenchPoint {
+    assert!(cfg.msg_bytes >= 8, "messages carry an 8-byte stamp");
+    assert!(cfg.producers > 0 && cfg.sample_every > 0);
+    let mut engine = EmulatedDma::new(64, cfg.cost);
+    let (producer, consumer): (Arc<dyn RingProducer>, Box<dyn RingConsumer>) = match cfg.design {
+        Design::Progress | Design::LockBased => {
+            let capacity = cfg.ring_bytes;
+            let region = Arc::new(
+                SharedRegion::create("dds-ring-bench", POINTER_AREA_BYTES + capacity as usize)
+                    .expect("shared memory for the ring"),
+            );
+            let id = engine.register_shared(&region).expect("register the ring");
+            let consumer = Box::new(RequestConsumer::new(id, 0, capacity));
+            let producer: Arc<dyn RingProducer> = if cfg.design == Design::Progress {
+                Arc::new(RequestProducer::with_region(region, 0, capacity, capacity))
+            } else {
+                Arc::new(LockedProducer::with_region(region, 0, capacity, capacity))
+            };
+            (producer, consumer)
+        }
+        Design::FarmStyle => {
+            let slot_bytes = FARM_SLOT_HEADER + cfg.msg_bytes.next_multiple_of(8);
+            let slots = (cfg.ring_bytes / slot_bytes as u64).max(1);
+            let region = Arc::new(
+                SharedRegion::create("dds-farm-bench", (slots as usize * slot_bytes).max(64))
+                    .expect("shared memory for the ring"),
+            );
+            let id = engine.register_shared(&region).expect("register the ring");
+            let producer = FarmProducer::with_region(region, 0, slots, slot_bytes);
+            producer.init();
+            (
+                Arc::new(producer),
+                Box::new(FarmConsumer::new(id, 0, slots, slot_bytes)),
+            )
+        }
+        Design::CrossbeamArrayQueue => {
+            let entries = (cfg.ring_bytes / 16).max(1) as usize;
+            if cfg.msg_bytes == 8 {
+                let q = Arc::new(ArrayQueue::new(entries));
+                (Arc::new(WordQueue(q.clone())), Box::new(WordQueue(q)))
+            } else {
+                let q = Arc::new(ArrayQueue::new(entries));
+                (Arc::new(BoxQueue(q.clone())), Box::new(BoxQueue(q)))
+            }
+        }
+    };
+    drive(cfg, producer, consumer, engine)
+}
+
+fn drive(
+    cfg: &BenchConfig,
+    producer: Arc<dyn RingProducer>,
+    mut consumer: Box<dyn RingConsumer>,
+    mut engine: EmulatedDma,
+) -> BenchPoint {
+    let total = (cfg.producers * cfg.msgs_per_producer) as u64;
+    let start_gate = Arc::new(Barrier::new(cfg.producers + 1));
+    let epoch = Instant::now();
+    let retries = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::with_capacity(cfg.producers);
+    for id in 0..cfg.producers {
+        let producer = producer.clone();
+        let gate = start_gate.clone();
+        let retries = retries.clone();
+        let failed = failed.clone();
+        let (n, every, bytes) = (cfg.msgs_per_producer, cfg.sample_every, cfg.msg_bytes);
+        handles.push(std::thread::spawn(move || {
+            // The message buffer is allocated once, before the timed part.
+            let mut msg = vec![0u8; bytes];
+            let mut my_retries = 0u64;
+            gate.wait();
+            for i in 0..n {
+                let word = if i % every == 0 {
+                    SAMPLED | epoch.elapsed().as_nanos() as u64
+                } else {
+                    (id as u64) << 32 | i as u64
+                };
+                msg[..8].copy_from_slice(&word.to_le_bytes());
+                loop {
+                    match producer.try_send(&msg) {
+                        Ok(()) => break,
+                        Err(RingError::Retry) => {
+                            my_retries += 1;
+                            if failed.load(Ordering::Relaxed) {
+                                return;
+                            }
+                            std::thread::yield_now();
+                        }
+                        Err(RingError::TooLarge) => {
+                            panic!("benchmark message too large for the ring")
+                        }
+                    }
+                }
+            }
+            retries.fetch_add(my_retries, Ordering::Relaxed);
+        }));
+    }
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram bounds");
+    let mut received = 0u64;
+    let mut batches = 0u64;
+    let dma_before = engine.stats();
+    start_gate.wait();
+    let start = Instant::now();
+    let mut result: Result<(), RingFault> = Ok(());
+    while received < total {
+        let mut on_msg = |m: &[u8]| {
+            let word = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+            if word & SAMPLED != 0 {
+                let now = epoch.elapsed().as_nanos() as u64;
+                hist.saturating_record(now.saturating_sub(word & !SAMPLED).max(1));
+            }
+            received += 1;
+        };
+        match consumer.poll_batch(&mut engine, &mut on_msg) {
+            Ok(0) => std::thread::yield_now(),
+            Ok(_) => batches += 1,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let elapsed = start.elapsed().max(Duration::from_nanos(1));
+    if result.is_err() {
+        failed.store(true, Ordering::Relaxed);
+    }
+    for h in handles {
+        h.join().expect("producer thread");
+    }
+    if let Err(e) = result {
+        panic!("ring benchmark: {e}");
+    }
+    let stats = engine.stats();
+    let dma_ops = (stats.reads + stats.writes) - (dma_before.reads + dma_before.writes);
+    BenchPoint {
+        design: cfg.design,
+        producers: cfg.producers,
+        msgs_per_producer: cfg.msgs_per_producer,
+        msg_bytes: cfg.msg_bytes,
+        cost_model: cfg.cost.is_some(),
+        ring_bytes: cfg.ring_bytes,
+        messages: received,
+        elapsed_ns: elapsed.as_nanos() as u64,
+        msgs_per_sec: received as f64 / elapsed.as_secs_f64(),
+        median_latency_ns: hist.value_at_quantile(0.5),
+        p99_latency_ns: hist.value_at_quantile(0.99),
+        latency_samples: hist.len(),
+        batches,
+        mean_batch: received as f64 / batches.max(1) as f64,
+        dma_ops,
+        dma_ops_per_msg: dma_ops as f64 / received.max(1) as f64,
+        producer_retries: retries.load(Ordering::Relaxed),
+    }
+}
+
+/// The in-process reference for 8-byte messages: the message is the queue element.
+struct WordQueue(Arc<ArrayQueue<u64>>);
+
+impl RingProducer for WordQueue {
+    fn try_send(&self, msg: &[u8]) -> Result<(), RingError> {
+        let w = u64::from_le_bytes(msg.try_into().map_err(|_| RingError::TooLarge)?);
+        self.0.push(w).map_err(|_| RingError::Retry)
+    }
+}
+
+impl RingConsumer for WordQueue {
+    fn poll_batch(
+        &mut self,
+        _engine: &mut dyn DmaEngine,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, RingFault> {
+        let mut n = 0;
+        while let Some(w) = self.0.pop() {
+            f(&w.to_le_bytes());
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// The in-process reference for larger messages: each message is an owned buffer (the
+/// allocation and copy are what handing a variable-size message over in process costs).
+struct BoxQueue(Arc<ArrayQueue<Box<[u8]>>>);
+
+impl RingProducer for BoxQueue {
+    fn try_send(&self, msg: &[u8]) -> Result<(), RingError> {
+        self.0.push(msg.into()).map_err(|_| RingError::Retry)
+    }
+}
+
+impl RingConsumer for BoxQueue {
+    fn poll_batch(
+        &mut self,
+        _engine: &mut dyn DmaEngine,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, RingFault> {
+        let mut n = 0;
+        while let Some(m) = self.0.pop() {
+            f(&m);
+            n += 1;
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,613 @@
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dds_dma::{EmulatedDma, SharedRegion};
+
+use crate::bench::{self, BenchConfig, Design};
+use crate::*;
+
+struct ReqRing {
+    producer: Arc<RequestProducer>,
+    consumer: RequestConsumer,
+    dma: EmulatedDma,
+}
+
+/// A request ring at offset 4096 of a region (something else in front of it).
+fn req_ring(capacity: u64, m: u64) -> ReqRing {
+    let offset = 4096;
+    let region = Arc::new(
+        SharedRegion::create("req", offset + POINTER_AREA_BYTES + capacity as usize).unwrap(),
+    );
+    let mut dma = EmulatedDma::new(16, None);
+    let id = dma.register_shared(&region).unwrap();
+    let producer = RequestProducer::with_region(region, offset, capacity, m);
+    producer.init();
+    ReqRing {
+        producer: Arc::new(producer),
+        consumer: RequestConsumer::new(id, offset as u64, capacity),
+        dma,
+    }
+}
+
+/// Drains everything available: (pos, kind, bytes) of each record; releases it all.
+fn drain(r: &mut ReqRing) -> Vec<(u64, u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    while r.consumer.poll(&mut r.dma).unwrap() {
+        let (from, to) = (r.consumer.released(), r.consumer.fetched());
+        for rec in r.consumer.records(from..to) {
+            let rec = rec.unwrap();
+            out.push((rec.pos, rec.kind, rec.bytes.to_vec()));
+        }
+        r.consumer.release(to, &mut r.dma).unwrap();
+    }
+    out
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+#[test]
+fn request_records_round_trip_with_gather_and_alignment() {
+    let mut r = req_ring(1 << 16, 1 << 16);
+    let header: Vec<u8> = (0..26).collect();
+    let a: Vec<u8> = (0..300).map(|i| i as u8).collect();
+    let b: Vec<u8> = (0..213).map(|i| (i * 7) as u8).collect();
+    let p0 = r.producer.try_push(2, &header, &[&a, &b], 512).unwrap();
+    let p1 = r.producer.try_push(1, &header[..2], &[], 8).unwrap();
+    let recs = drain(&mut r);
+    assert_eq!(recs.len(), 2);
+    let (pos, kind, bytes) = &recs[0];
+    assert_eq!((*pos, *kind), (p0, 2));
+    // 32-byte header, data at a multiple of 512.
+    assert_eq!((pos + 32) % 512, 0);
+    assert_eq!(le32(bytes, 0) as usize, bytes.len());
+    assert_eq!(bytes.len(), 32 + 520);
+    assert_eq!(&bytes[6..32], &header[..]);
+    assert_eq!(&bytes[32..332], &a[..]);
+    assert_eq!(&bytes[332..545], &b[..]);
+    assert!(
+        bytes[545..].iter().all(|&x| x == 0),
+        "tail padding is zeroed"
+    );
+    // The data is 512-aligned in the mirror too (zero-copy O_DIRECT).
+    let data_addr =
+        r.consumer.mirror_ptr() as usize + ((pos + 32) % r.consumer.capacity()) as usize;
+    assert_eq!(data_addr % 512, 0);
+    let (pos, kind, bytes) = &recs[1];
+    assert_eq!((*pos, *kind, bytes.len()), (p1, 1, 8));
+    assert_eq!(&bytes[6..8], &header[..2]);
+    assert_eq!(r.producer.head(), r.producer.tail());
+    assert_eq!(r.consumer.released(), r.producer.tail());
+}
+
+#[test]
+fn request_ring_wraps_with_pads() {
+    let cap = 4096u64;
+    let mut r = req_ring(cap, cap);
+    let mut expected = Vec::new();
+    let mut got = Vec::new();
+    for i in 0..200u32 {
+        // Sizes that do not divide the ring, some aligned: pads at the end and for alignment.
+        let len = (i * 37 % 700) as usize;
+        let data: Vec<u8> = (0..len).map(|j| (i as usize + j) as u8).collect();
+        let align = if i % 3 == 0 { 256 } else { 8 };
+        loop {
+            match r.producer.try_push(7, &i.to_le_bytes(), &[&data], align) {
+                Ok(_) => break,
+                Err(RingError::Retry) => got.extend(drain(&mut r)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        expected.push((i, data, align));
+    }
+    got.extend(drain(&mut r));
+    assert_eq!(got.len(), expected.len());
+    for ((pos, kind, bytes), (i, data, align)) in got.iter().zip(&expected) {
+        assert_eq!(*kind, 7);
+        assert_eq!(le32(bytes, 6), *i);
+        assert_eq!(&bytes[16..16 + data.len()], &data[..]);
+        assert_eq!((pos + 16) % *align as u64, 0);
+        // Never crosses the end of the ring.
+        assert!(pos % cap + bytes.len() as u64 <= cap);
+    }
+    assert!(r.producer.tail() > 10 * cap, "wrapped many times");
+}
+
+#[test]
+fn retry_on_max_progress_and_too_large() {
+    // M = 64 bytes: four 16-byte messages, then Retry until the DPU releases.
+    let mut r = req_ring(4096, 64);
+    for _ in 0..4 {
+        r.producer.try_send(&[1; 8]).unwrap();
+    }
+    assert_eq!(r.producer.try_send(&[1; 8]), Err(RingError::Retry));
+    assert_eq!(drain(&mut r).len(), 4);
+    r.producer.try_send(&[1; 8]).unwrap();
+    // Larger than half the ring: never fits.
+    assert_eq!(
+        r.producer.try_push(1, &[], &[&[0u8; 2041]], 8),
+        Err(RingError::TooLarge)
+    );
+    assert_eq!(
+        r.producer.try_push(1, &[], &[&[0u8; 2040]], 8).map(|_| ()),
+        Err(RingError::Retry)
+    );
+    drain(&mut r);
+    // An empty ring admits a record larger than M.
+    r.producer.try_push(1, &[], &[&[0u8; 2040]], 8).unwrap();
+    assert!(r.producer.fits(8, 2040, 8) && !r.producer.fits(8, 2040, 16));
+}
+
+#[test]
+fn consumer_waits_for_progress_and_skips_abandoned_reservations() {
+    let mut r = req_ring(4096, 4096);
+    let mut res = r.producer.reserve(3, 16, 8, 8).unwrap();
+    res.header_mut().copy_from_slice(&[9; 10]);
+    res.data_mut().copy_from_slice(&[5; 8]);
+    r.producer.try_push(4, &[], &[b"after"], 8).unwrap();
+    // Tail is ahead of Progress: Retry.
+    assert!(!r.consumer.poll(&mut r.dma).unwrap());
+    assert_eq!(r.consumer.fetched(), 0);
+    res.commit();
+    // An abandoned reservation becomes a PAD.
+    drop(r.producer.reserve(5, 8, 100, 8).unwrap());
+    r.producer.try_push(6, &[], &[b"last"], 8).unwrap();
+    let recs = drain(&mut r);
+    let kinds: Vec<u16> = recs.iter().map(|x| x.1).collect();
+    assert_eq!(kinds, [3, 4, 6]);
+    assert_eq!(&recs[0].2[6..16], &[9; 10]);
+    assert_eq!(&recs[0].2[16..24], &[5; 8]);
+    assert_eq!(&recs[1].2[8..13], b"after");
+}
+
+#[test]
+fn consumer_reports_corrupt_pointers() {
+    let capacity = 4096;
+    let region = SharedRegion::create("bad", POINTER_AREA_BYTES + capacity).unwrap();
+    let mut dma = EmulatedDma::new(4, None);
+    let id = dma.register_shared(&region).unwrap();
+    let mut c = RequestConsumer::new(id, 0, capacity as u64);
+    // SAFETY: the test owns the region; nothing else touches it.
+    unsafe {
+        let p = region.as_ptr();
+        (p.add(REQ_PROGRESS) as *mut u64).write(8192);
+        (p.add(REQ_TAIL) as *mut u64).write(8192);
+    }
+    assert!(matches!(c.poll(&mut dma), Err(RingFault::Corrupt(_))));
+    // SAFETY: as above.
+    unsafe {
+        let p = region.as_ptr();
+        (p.add(REQ_PROGRESS) as *mut u64).write(16);
+        (p.add(REQ_TAIL) as *mut u64).write(16);
+        // A record claiming 24 bytes where only 16 exist.
+        p.add(POINTER_AREA_BYTES).write(24);
+    }
+    assert!(c.poll(&mut dma).unwrap());
+    let mut it = c.records(0..16);
+    assert!(matches!(it.next(), Some(Err(RingFault::Corrupt(_)))));
+    assert!(it.next().is_none());
+}
+
+/// 64 producer threads through the real EmulatedDma; a DPU consumer thread checks that every
+/// message arrives exactly once and in per-producer order.
+#[test]
+fn stress_64_producers_exactly_once_in_order() {
+    const PRODUCERS: usize = 64;
+    const PER: u32 = 2000;
+    let mut r = req_ring(1 << 15, 1 << 14);
+    let producer = r.producer.clone();
+    let handles: Vec<_> = (0..PRODUCERS as u32)
+        .map(|id| {
+            let p = producer.clone();
+            std::thread::spawn(move || {
+                for seq in 0..PER {
+                    // Mixed sizes and alignments: pads of both kinds appear.
+                    let extra = (seq % 5) as usize * 24;
+                    let mut msg = vec![0u8; 8 + extra];
+                    msg[..4].copy_from_slice(&id.to_le_bytes());
+                    msg[4..8].copy_from_slice(&seq.to_le_bytes());
+                    let align = if seq % 7 == 0 { 128 } else { 8 };
+                    while let Err(e) = p.try_push(9, &[], &[&msg], align) {
+                        assert_eq!(e, RingError::Retry);
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let consumer = std::thread::spawn(move || {
+        let mut next = vec![0u32; PRODUCERS];
+        let mut total = 0usize;
+        while total < PRODUCERS * PER as usize {
+            if !r.consumer.poll(&mut r.dma).unwrap() {
+                std::thread::yield_now();
+                continue;
+            }
+            let (from, to) = (r.consumer.released(), r.consumer.fetched());
+            for rec in r.consumer.records(from..to) {
+                let rec = rec.unwrap();
+                let id = le32(rec.bytes, 8) as usize;
+                let seq = le32(rec.bytes, 12);
+                assert_eq!(seq, next[id], "producer {id} out of order");
+                assert_eq!(rec.bytes.len(), 8 + 8 + (seq % 5) as usize * 24);
+                next[id] += 1;
+                total += 1;
+            }
+            r.consumer.release(to, &mut r.dma).unwrap();
+        }
+        // Nothing more arrives.
+        assert!(!r.consumer.poll(&mut r.dma).unwrap());
+        next
+    });
+    for h in handles {
+        h.join().unwrap();
+    }
+    let next = consumer.join().unwrap();
+    assert!(next.iter().all(|&n| n == PER));
+}
+
+struct RespRing {
+    consumer: Arc<ResponseConsumer>,
+    producer: ResponseProducer,
+    dma: EmulatedDma,
+}
+
+fn resp_ring(capacity: u64) -> RespRing {
+    let offset = 8192;
+    let region = Arc::new(
+        SharedRegion::create("resp", offset + POINTER_AREA_BYTES + capacity as usize).unwrap(),
+    );
+    let mut dma = EmulatedDma::new(16, None);
+    let id = dma.register_shared(&region).unwrap();
+    let consumer = ResponseConsumer::with_region(region, offset, capacity);
+    consumer.init();
+    RespRing {
+        consumer: Arc::new(consumer),
+        producer: ResponseProducer::new(id, offset as u64, capacity),
+        dma,
+    }
+}
+
+/// Allocates and fills one response carrying `value` in its header and `data_len` bytes.
+fn respond(r: &mut RespRing, value: u32, data_len: u32, align: u32) -> Option<Placement> {
+    let p = r
+        .producer
+        .alloc(&mut r.dma, 2, 16, data_len, align)
+        .unwrap()?;
+    let rec = r.producer.record_mut(&p);
+    rec[8..12].copy_from_slice(&value.to_le_bytes());
+    rec[12..16].copy_from_slice(&data_len.to_le_bytes());
+    for (i, b) in rec[16..16 + data_len as usize].iter_mut().enumerate() {
+        *b = (value as usize + i) as u8;
+    }
+    Some(p)
+}
+
+fn check_response(rec: &[u8]) -> u32 {
+    let value = le32(rec, 8);
+    let data_len = le32(rec, 12) as usize;
+    assert_eq!(le32(rec, 0) as usize, rec.len());
+    assert_eq!(u16::from_le_bytes([rec[4], rec[5]]), 2);
+    for (i, b) in rec[16..16 + data_len].iter().enumerate() {
+        assert_eq!(*b, (value as usize + i) as u8);
+    }
+    value
+}
+
+#[test]
+fn response_ring_delivers_in_order_and_reuses_space() {
+    let cap = 4096;
+    let mut r = resp_ring(cap);
+    assert!(r.consumer.try_pop(|_| ()).is_none());
+    let mut next_value = 0u32;
+    let mut popped = Vec::new();
+    for round in 0..50u32 {
+        // Fill until the DPU finds no room, deliver, then consume part of it.
+        let mut placed = 0;
+        while let Some(p) = respond(
+            &mut r,
+            next_value,
+            (round * 53 + next_value * 11) % 900,
+            64 << (next_value % 3),
+        ) {
+            assert_eq!(p.end, r.producer.allocated());
+            next_value += 1;
+            placed += 1;
+        }
+        assert!(placed > 0 || round > 0);
+        let upto = r.producer.allocated();
+        assert!(!r.producer.deliver(upto, &mut r.dma).unwrap(), "no sleeper");
+        assert_eq!(r.consumer.tail(), upto);
+        while let Some(v) = r.consumer.try_pop(check_response) {
+            popped.push(v);
+        }
+        assert!(r.consumer.is_empty());
+    }
+    assert_eq!(popped, (0..next_value).collect::<Vec<_>>());
+    assert!(r.producer.delivered() > 20 * cap);
+    assert_eq!(r.consumer.head_done(), r.producer.delivered());
+}
+
+#[test]
+fn response_alloc_waits_for_consumers_and_reports_waiters() {
+    let mut r = resp_ring(4096);
+    // Two records of 2 KiB fill the ring.
+    assert!(respond(&mut r, 1, 2032, 8).is_some());
+    assert!(respond(&mut r, 2, 2032, 8).is_some());
+    assert!(respond(&mut r, 3, 8, 8).is_none());
+    assert_eq!(
+        r.producer.alloc(&mut r.dma, 2, 16, 4096, 8),
+        Err(RingFault::TooLarge)
+    );
+    r.consumer.waiters().fetch_add(1, Ordering::SeqCst);
+    assert!(r
+        .producer
+        .deliver(r.producer.allocated(), &mut r.dma)
+        .unwrap());
+    r.consumer.waiters().fetch_sub(1, Ordering::SeqCst);
+    // A claimed but unfinished record keeps the space: HeadDone != HeadClaim.
+    let c = r.consumer.clone();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let slow = std::thread::spawn(move || {
+        c.try_pop(|rec| {
+            started_tx.send(()).unwrap();
+            rx.recv().unwrap();
+            check_response(rec)
+        })
+    });
+    started_rx.recv().unwrap();
+    assert_eq!(r.consumer.try_pop(check_response), Some(2));
+    assert!(
+        respond(&mut r, 3, 8, 8).is_none(),
+        "HeadDone is not trusted while a claim is open"
+    );
+    tx.send(()).unwrap();
+    assert_eq!(slow.join().unwrap(), Some(1));
+    assert!(respond(&mut r, 3, 8, 8).is_some());
+    assert_eq!(r.producer.freed(), r.producer.delivered());
+}
+
+#[test]
+fn response_ring_many_consumers_exactly_once() {
+    const N: u32 = 20_000;
+    const CONSUMERS: usize = 6;
+    let mut r = resp_ring(1 << 14);
+    let done = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::with_capacity(N as usize)));
+    let handles: Vec<_> = (0..CONSUMERS)
+        .map(|_| {
+            let c = r.consumer.clone();
+            let done = done.clone();
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                loop {
+                    match c.try_pop(check_response) {
+                        Some(v) => mine.push(v),
+                        None if done.load(Ordering::Acquire) && c.is_empty() => break,
+                        None => std::thread::yield_now(),
+                    }
+                }
+                // Each consumer sees its records in delivery order.
+                assert!(mine.windows(2).all(|w| w[0] < w[1]));
+                seen.lock().unwrap().extend(mine);
+            })
+        })
+        .collect();
+    let mut v = 0;
+    while v < N {
+        match respond(&mut r, v, v % 300, if v % 4 == 0 { 512 } else { 8 }) {
+            Some(_) => v += 1,
+            None => {
+                let upto = r.producer.allocated();
+                r.producer.deliver(upto, &mut r.dma).unwrap();
+                std::thread::yield_now();
+            }
+        }
+        if v % 16 == 0 {
+            let upto = r.producer.allocated();
+            r.producer.deliver(upto, &mut r.dma).unwrap();
+        }
+    }
+    let upto = r.producer.allocated();
+    r.producer.deliver(upto, &mut r.dma).unwrap();
+    done.store(true, Ordering::Release);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let mut seen = Arc::try_unwrap(seen).unwrap().into_inner().unwrap();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..N).collect::<Vec<_>>());
+}
+
+/// Runs `producers` threads sending `per` messages each through a baseline ring and checks
+/// exactly-once, per-producer-order delivery.
+fn check_message_ring(
+    producer: Arc<dyn RingProducer>,
+    mut consumer: Box<dyn RingConsumer>,
+    mut dma: EmulatedDma,
+) {
+    const PRODUCERS: u32 = 8;
+    const PER: u32 = 500;
+    let handles: Vec<_> = (0..PRODUCERS)
+        .map(|id| {
+            let p = producer.clone();
+            std::thread::spawn(move || {
+                for seq in 0..PER {
+                    let mut msg = [0u8; 12];
+                    msg[..4].copy_from_slice(&id.to_le_bytes());
+                    msg[4..8].copy_from_slice(&seq.to_le_bytes());
+                    while p.try_send(&msg[..8 + (seq % 2) as usize * 4]) == Err(RingError::Retry) {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut next = [0u32; PRODUCERS as usize];
+    let mut total = 0;
+    while total < PRODUCERS * PER {
+        let n = consumer
+            .poll_batch(&mut dma, &mut |m| {
+                let id = le32(m, 0) as usize;
+                let seq = le32(m, 4);
+                assert_eq!(seq, next[id]);
+                assert_eq!(m.len(), 8 + (seq % 2) as usize * 4);
+                next[id] += 1;
+            })
+            .unwrap();
+        total += n as u32;
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(
+        consumer
+            .poll_batch(&mut dma, &mut |_| panic!("extra message"))
+            .unwrap(),
+        0
+    );
+}
+
+#[test]
+fn progress_ring_through_message_interface() {
+    let r = req_ring(4096, 4096);
+    check_message_ring(r.producer, Box::new(r.consumer), r.dma);
+}
+
+#[test]
+fn lock_based_ring_delivers_exactly_once() {
+    let capacity = 4096;
+    let region = Arc::new(SharedRegion::create("lock", POINTER_AREA_BYTES + capacity).unwrap());
+    let mut dma = EmulatedDma::new(8, None);
+    let id = dma.register_shared(&region).unwrap();
+    let p = LockedProducer::with_region(region, 0, capacity as u64, capacity as u64);
+    p.init();
+    check_message_ring(
+        Arc::new(p),
+        Box::new(RequestConsumer::new(id, 0, capacity as u64)),
+        dma,
+    );
+}
+
+#[test]
+fn farm_ring_delivers_exactly_once_with_two_dma_ops_per_message() {
+    let (slots, slot_bytes) = (16u64, 32usize);
+    let region = Arc::new(SharedRegion::create("farm", 4096).unwrap());
+    let mut dma = EmulatedDma::new(8, None);
+    let id = dma.register_shared(&region).unwrap();
+    let p = FarmProducer::with_region(region, 64, slots, slot_bytes);
+    p.init();
+    assert_eq!(p.try_send(&[0; 17]), Err(RingError::TooLarge));
+    check_message_ring(
+        Arc::new(p),
+        Box::new(FarmConsumer::new(id, 64, slots, slot_bytes)),
+        dma,
+    );
+}
+
+#[test]
+fn farm_consumer_issues_a_read_and_a_write_per_message() {
+    let region = Arc::new(SharedRegion::create("farm", 4096).unwrap());
+    let mut dma = EmulatedDma::new(8, None);
+    let id = dma.register_shared(&region).unwrap();
+    let p = FarmProducer::with_region(region, 0, 8, 24);
+    p.init();
+    let mut c = FarmConsumer::new(id, 0, 8, 24);
+    for i in 0..5u64 {
+        p.try_send(&i.to_le_bytes()).unwrap();
+    }
+    let mut got = Vec::new();
+    assert_eq!(
+        c.poll_batch(&mut dma, &mut |m| got.push(m.to_vec()))
+            .unwrap(),
+        5
+    );
+    assert_eq!(got[4], 4u64.to_le_bytes());
+    let s = dma.stats();
+    // One read per message plus the final empty poll; one write per message.
+    assert_eq!((s.reads, s.writes), (6, 5));
+    // Ring of 8: full after 8 more, free again after the DPU clears.
+    for i in 0..8u64 {
+        p.try_send(&i.to_le_bytes()).unwrap();
+    }
+    assert_eq!(p.try_send(&[0; 8]), Err(RingError::Retry));
+    assert_eq!(c.poll_batch(&mut dma, &mut |_| ()).unwrap(), 8);
+    p.try_send(&[0; 8]).unwrap();
+}
+
+#[test]
+fn progress_consumer_uses_three_dma_ops_per_batch() {
+    let mut r = req_ring(1 << 16, 1 << 16);
+    for i in 0..1000u64 {
+        r.producer.try_send(&i.to_le_bytes()).unwrap();
+    }
+    let mut seen = HashSet::new();
+    let n = r
+        .consumer
+        .poll_batch(&mut r.dma, &mut |m| {
+            seen.insert(u64::from_le_bytes(m.try_into().unwrap()));
+        })
+        .unwrap();
+    assert_eq!((n, seen.len()), (1000, 1000));
+    let s = r.dma.stats();
+    assert_eq!((s.reads, s.writes), (2, 1));
+}
+
+#[test]
+fn bench_smoke_all_designs() {
+    for design in Design::ALL {
+        for bytes in [8, 24] {
+            let mut cfg = BenchConfig::new(design, 4, 2000, bytes, None);
+            cfg.ring_bytes = 1 << 14;
+            let p = bench::run_config(&cfg);
+            assert_eq!(p.messages, 8000, "{design:?}");
+            assert!(p.msgs_per_sec > 0.0);
+            assert_eq!(p.latency_samples, 4 * 2000 / 16);
+            assert!(p.median_latency_ns <= p.p99_latency_ns);
+            match design {
+                Design::FarmStyle => assert!(p.dma_ops_per_msg >= 2.0),
+                Design::CrossbeamArrayQueue => assert_eq!(p.dma_ops, 0),
+                _ => assert!(p.dma_ops_per_msg < 2.0),
+            }
+        }
+    }
+    assert_eq!("lock-based".parse::<Design>(), Ok(Design::LockBased));
+    assert!("nope".parse::<Design>().is_err());
+}
+
+#[test]
+fn bench_with_cost_model_counts_dma() {
+    let mut cfg = BenchConfig::new(
+        Design::Progress,
+        2,
+        500,
+        8,
+        Some(dds_dma::CostModel::bluefield2()),
+    );
+    cfg.ring_bytes = 1 << 14;
+    let p = bench::run_config(&cfg);
+    assert_eq!(p.messages, 1000);
+    assert!(p.cost_model && p.batches > 0);
+    // At least 1 µs per DMA operation, three operations per batch at least.
+    assert!(p.elapsed_ns >= p.batches * 3 * 1000);
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["design"], "progress");
+    assert_eq!(json["messages"], 1000);
+}
+
+#[test]
+fn counters_are_exposed() {
+    let r = req_ring(4096, 4096);
+    r.producer.try_send(&[0; 8]).unwrap();
+    assert_eq!(
+        (r.producer.tail(), r.producer.progress(), r.producer.head()),
+        (16, 16, 0)
+    );
+}
