@@ -1098,7 +1098,12 @@ impl Worker {
                 let complete =
                     matches!(self.app.message_len(c.cin.data()), Ok(Some(n)) if n <= c.cin.len());
                 if !complete {
-                    return Err(Close::Malformed("stream truncated inside a message"));
+                    // Answer what came before, then close as after a half-close.
+                    tracing::warn!(peer = %c.peer, bytes = c.cin.len(), "stream truncated inside a message");
+                    add(&self.stats.malformed, 1);
+                    let n = c.cin.len();
+                    c.cin.consume(n);
+                    p = true;
                 }
             }
             if c.host_eof {

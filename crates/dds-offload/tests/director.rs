@@ -327,12 +327,22 @@ fn malformed_frames_and_truncated_streams_close_only_that_connection() {
         s.write_all(&bad).unwrap();
         assert!(closed(&mut s), "connection closed after malformed input");
     }
-    // A truncated stream: half a message then EOF.
+    // A truncated stream: a whole message, half a message, then EOF. The first message is
+    // answered, then the connection is closed.
     let mut s = connect(d.local_addr());
     let mut b = MessageBuilder::new();
+    b.read(st.file, 0, 16, 6);
+    s.write_all(b.finish()).unwrap();
+    b.clear();
     b.read(st.file, 0, 16, 7);
     b.write(st.file, 0, &[1u8; 100], 8);
     let m = b.finish().to_vec();
+    s.write_all(&m[..m.len() / 2]).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let (h, _) = read_response(&mut s).unwrap();
+    assert_eq!(h.req_id, 6);
+    assert!(closed(&mut s));
+    let mut s = connect(d.local_addr());
     s.write_all(&m[..m.len() / 2]).unwrap();
     s.shutdown(Shutdown::Write).unwrap();
     assert!(closed(&mut s));
@@ -350,7 +360,7 @@ fn malformed_frames_and_truncated_streams_close_only_that_connection() {
     good.send(&[(false, 0, 2), (true, 2, 1), (false, 2, 1)], 5);
     good.check(3);
     let stats = d.stats();
-    assert!(stats.malformed >= 5, "{stats:?}");
+    assert!(stats.malformed >= 6, "{stats:?}");
 }
 
 #[test]
