@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -14,6 +14,9 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::client::now_ns;
+
+/// Open echo connections at most (one thread each).
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// A running echo server: one thread per connection, blocking sockets.
 pub struct EchoServer {
@@ -31,21 +34,33 @@ impl EchoServer {
         let stop = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(AtomicU64::new(0));
         let (s2, c2) = (stop.clone(), connections.clone());
+        let open = Arc::new(AtomicUsize::new(0));
         let accept = std::thread::Builder::new()
             .name("echo-accept".into())
             .spawn(move || {
                 while !s2.load(Ordering::Acquire) {
                     match listener.accept() {
                         Ok((s, peer)) => {
+                            if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+                                tracing::warn!(%peer, "too many echo connections: refused");
+                                continue;
+                            }
                             c2.fetch_add(1, Ordering::Relaxed);
+                            open.fetch_add(1, Ordering::AcqRel);
                             let stop = s2.clone();
-                            let _ = std::thread::Builder::new().name("echo-conn".into()).spawn(
-                                move || {
+                            let open2 = open.clone();
+                            let spawned = std::thread::Builder::new()
+                                .name("echo-conn".into())
+                                .spawn(move || {
                                     if let Err(e) = echo_connection(s, &stop) {
                                         tracing::debug!(%peer, error = %e, "echo connection ended");
                                     }
-                                },
-                            );
+                                    open2.fetch_sub(1, Ordering::AcqRel);
+                                });
+                            if spawned.is_err() {
+                                open.fetch_sub(1, Ordering::AcqRel);
+                                tracing::warn!(%peer, "cannot start an echo thread");
+                            }
                         }
                         Err(e) if e.kind() == ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(5))

@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub conn_max_bytes: usize,
     /// Requests issued and not yet answered, per connection.
     pub conn_max_ops: usize,
+    /// Open connections at most; more are closed at accept (with a log line).
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +57,7 @@ impl Default for ServerConfig {
             threads: 1,
             conn_max_bytes: 4 << 20,
             conn_max_ops: 2048,
+            max_connections: 1024,
         }
     }
 }
@@ -150,7 +153,9 @@ impl Server {
         handles.push(
             std::thread::Builder::new()
                 .name("pagestore-accept".into())
-                .spawn(move || accept_loop(listener, inboxes, &stop2, &stats2))?,
+                .spawn(move || {
+                    accept_loop(listener, inboxes, &stop2, &stats2, config.max_connections)
+                })?,
         );
         Ok(Server {
             addr,
@@ -203,6 +208,7 @@ fn accept_loop(
     inboxes: Vec<Arc<Inbox>>,
     stop: &AtomicBool,
     stats: &ServerStats,
+    max_connections: usize,
 ) {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let mut next = 0usize;
@@ -218,7 +224,14 @@ fn accept_loop(
         loop {
             match listener.accept() {
                 Ok((s, peer)) => {
+                    let open = stats.connections.load(Ordering::Relaxed)
+                        - stats.closed.load(Ordering::Relaxed);
                     stats.connections.fetch_add(1, Ordering::Relaxed);
+                    if open >= max_connections as u64 {
+                        tracing::warn!(%peer, open, "too many connections: connection refused");
+                        stats.closed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let inbox = &inboxes[next % inboxes.len()];
                     next = next.wrapping_add(1);
                     if inbox.queue.push((s, peer)).is_err() {

@@ -482,3 +482,31 @@ fn dds_files_are_created_once_and_reopened() {
     assert_eq!(b.file_ids(), &ids[..]);
     assert_eq!(b.file_size(), 1 << 20);
 }
+
+#[test]
+fn connections_beyond_the_limit_are_refused_and_the_rest_served() {
+    let fx = Fixture::os(ServerConfig {
+        max_connections: 2,
+        ..small_config()
+    });
+    let f = fx.files()[0];
+    let mut a = connect(fx.addr());
+    let mut b = connect(fx.addr());
+    let mut extra = connect(fx.addr());
+    assert!(
+        closed_by_server(&mut extra),
+        "the third connection is closed"
+    );
+    let mut m = MessageBuilder::new();
+    m.read(f, 0, 64, 1);
+    for s in [&mut a, &mut b] {
+        s.write_all(m.finish()).unwrap();
+        assert_eq!(read_response(s).unwrap().0.req_id, 1);
+    }
+    // Once one closes, a new connection is accepted.
+    drop(a);
+    assert!(wait_for(|| fx.server.stats().closed >= 2));
+    let mut c = connect(fx.addr());
+    c.write_all(m.finish()).unwrap();
+    assert_eq!(read_response(&mut c).unwrap().0.req_id, 1);
+}

@@ -86,6 +86,9 @@ pub struct PagestoreArgs {
     /// Requests in flight per connection.
     #[arg(long, default_value_t = 2048)]
     conn_max_ops: usize,
+    /// Open connections at most.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
 }
 
 #[derive(Args, Debug)]
@@ -191,6 +194,7 @@ fn run_pagestore(a: PagestoreArgs) -> Result<()> {
             threads,
             conn_max_bytes: usize::try_from(a.conn_max_bytes).context("--conn-max-bytes")?,
             conn_max_ops: a.conn_max_ops.max(1),
+            max_connections: a.max_connections.max(1),
         },
         storage.clone(),
     )?;

@@ -333,7 +333,9 @@ fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Resu
         seed: outstanding as u64,
     };
     let (h0, d0) = (server.cpu(), dpu.map(Proc::cpu).unwrap_or(0.0));
+    let c0 = crate::util::self_cpu_seconds();
     let rep: ClientReport = client::run(&cfg)?;
+    let client_cpu = crate::util::self_cpu_seconds() - c0;
     let (h1, d1) = (server.cpu(), dpu.map(Proc::cpu).unwrap_or(0.0));
     let ops = rep.requests.max(1) as f64;
     let (host_cpu, dpu_cpu) = (h1 - h0, d1 - d0);
@@ -358,6 +360,7 @@ fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Resu
         "dpu_cpu_s": dpu_cpu,
         "host_cores_used": host_cpu / rep.seconds.max(1e-9),
         "dpu_cores_used": dpu_cpu / rep.seconds.max(1e-9),
+        "client_cores_used": client_cpu / rep.seconds.max(1e-9),
         "host_cpu_us_per_op": host_cpu / ops * 1e6,
         "dpu_cpu_us_per_op": dpu_cpu / ops * 1e6,
     });
@@ -763,7 +766,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
             "pinning": format!("host server: taskset -c 0 (1 core) or 0-{} ({} cores); dds dpu: taskset -c {}; client: this process, unpinned", max_cores - 1, max_cores, plan.ncpu - 1),
             "os_backend": "regular files on the same disk as the DDS device file; io_uring with O_DIRECT (buffered descriptor for unaligned requests)",
             "dds_backend": "DDS files through the host library; file service in `dds dpu` (io_uring O_DIRECT on its device file)",
-            "cpu": "host = the pagestore server process, DPU = the dds dpu process, from /proc/<pid>/stat over each load point",
+            "cpu": "host = the pagestore server process, DPU = the dds dpu process, from /proc/<pid>/stat over each load point; client_cores_used = this process (the load client), from getrusage",
         },
         "modes": {
             "a": "host application with kernel TCP and OS files (baseline)",
