@@ -449,6 +449,12 @@ struct Conn {
     pend_ord: Vec<u64>,
     pend_head: usize,
     dpu_ctxs: usize,
+    /// Offloaded reads of this connection in the file service.
+    dpu_inflight: usize,
+    /// Write-after-read barrier: only this many bytes of `hout` may go to the host until
+    /// `dpu_inflight` is 0 (a host request that modifies keys must not overtake earlier
+    /// offloaded reads of the connection).
+    hold: Option<usize>,
     client_eof: bool,
     host_eof: bool,
     host_wr_shut: bool,
@@ -746,6 +752,8 @@ impl Worker {
                 pend_keys: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
                 pend_ord: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
                 pend_head: 0,
+                dpu_inflight: 0,
+                hold: None,
                 dpu_ctxs: 0,
                 client_eof: false,
                 host_eof: false,
@@ -825,9 +833,15 @@ impl Worker {
                 }
             }
             if let Some(c) = conns.get_mut(slot).and_then(|c| c.as_mut()) {
-                if c.gen == ctx.gen && !c.dirty {
-                    c.dirty = true;
-                    dirty.push(slot);
+                if c.gen == ctx.gen {
+                    c.dpu_inflight -= 1;
+                    if c.dpu_inflight == 0 {
+                        c.hold = None;
+                    }
+                    if !c.dirty {
+                        c.dirty = true;
+                        dirty.push(slot);
+                    }
                 }
             }
         });
@@ -932,13 +946,15 @@ impl Worker {
     fn write_from(
         s: &mut TcpStream,
         buf: &mut Buf,
+        limit: usize,
         writable: &mut bool,
         counter: &AtomicU64,
     ) -> Result<bool, Close> {
-        if !*writable || buf.is_empty() {
+        let n = buf.len().min(limit);
+        if !*writable || n == 0 {
             return Ok(false);
         }
-        match s.write(buf.data()) {
+        match s.write(&buf.data()[..n]) {
             Ok(n) => {
                 buf.consume(n);
                 add(counter, n as u64);
@@ -990,6 +1006,7 @@ impl Worker {
                 p |= Self::write_from(
                     &mut c.host,
                     &mut c.cin,
+                    usize::MAX,
                     &mut c.h_writable,
                     &stats.host_bytes_out,
                 )?;
@@ -1004,6 +1021,7 @@ impl Worker {
             p |= Self::write_from(
                 &mut c.client,
                 &mut c.hin,
+                usize::MAX,
                 &mut c.c_writable,
                 &stats.client_bytes_out,
             )?;
@@ -1050,12 +1068,18 @@ impl Worker {
             p |= self.process_messages(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
             if c.host_connected {
+                let allowed = c.hold.unwrap_or(usize::MAX);
+                let queued = c.hout.len();
                 p |= Self::write_from(
                     &mut c.host,
                     &mut c.hout,
+                    allowed,
                     &mut c.h_writable,
                     &stats.host_bytes_out,
                 )?;
+                if let Some(h) = c.hold.as_mut() {
+                    *h -= queued - c.hout.len();
+                }
                 let before = c.hin.len();
                 p |= Self::read_into(
                     &mut c.host,
@@ -1144,7 +1168,7 @@ impl Worker {
                 ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
-            if c.host_eof {
+            if c.host_eof || c.hold.is_some() {
                 return Ok(progress);
             }
             let n = match app.message_len(c.cin.data()) {
@@ -1317,6 +1341,7 @@ impl Worker {
                 add(&stats.invalidations, sc.masked.len() as u64);
             }
             let nhost = sc.host.len();
+            let hout_before = c.hout.len();
             if nhost > 0 {
                 let out = c.hout.tail();
                 let len = if offloaded == 0 {
@@ -1373,11 +1398,18 @@ impl Worker {
                                 )
                                 .unwrap_or_default();
                             pool.ctxs[ctx as usize].layout = l;
+                        } else {
+                            c.dpu_inflight += 1;
                         }
                         c.order.push_back(Entry::Dpu { ctx });
                         c.dpu_ctxs += 1;
                     }
                 }
+            }
+            if !sc.masked.is_empty() && nhost > 0 && c.dpu_inflight > 0 {
+                // Keep this message's host part until the connection's offloaded reads
+                // (earlier ones and this message's) have read the device.
+                c.hold = Some(hout_before);
             }
             c.cin.consume(n);
             add(&stats.messages, 1);

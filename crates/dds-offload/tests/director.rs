@@ -418,3 +418,47 @@ fn unmatched_connections_are_spliced() {
         "{s:?}"
     );
 }
+
+#[test]
+fn random_garbage_never_hurts_other_connections() {
+    let st = setup();
+    let d = director(&st.dpu, st.app.clone(), st.host.addr, |c| c.threads = 2);
+    let mut good = Client::new(d.local_addr(), st.file, Vec::new());
+    good.send(&[(true, 0, 4)], 1);
+    good.check(1);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
+    let mut b = MessageBuilder::new();
+    for round in 0..40u64 {
+        let mut s = connect(d.local_addr());
+        // A valid prefix, sometimes, then random bytes with a plausible length field.
+        let mut bytes = Vec::new();
+        if rng.gen_bool(0.5) {
+            b.clear();
+            b.read(st.file, 0, 64, round)
+                .write(st.file, 1 << 20, &[3u8; 40], round);
+            bytes.extend_from_slice(b.finish());
+        }
+        let n = rng.gen_range(1..300);
+        let start = bytes.len();
+        bytes.extend((0..n).map(|_| rng.gen::<u8>()));
+        if n >= 8 && rng.gen_bool(0.5) {
+            let len = rng.gen_range(40..400u32);
+            bytes[start..start + 4].copy_from_slice(&len.to_le_bytes());
+            bytes[start + 4..start + 8].copy_from_slice(&[1, 0, 0, 0]);
+        }
+        let _ = s.write_all(&bytes);
+        if rng.gen_bool(0.5) {
+            let _ = s.shutdown(Shutdown::Write);
+        }
+        if rng.gen_bool(0.3) {
+            rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO)).unwrap();
+        }
+        drop(s);
+        if round % 10 == 9 {
+            good.send(&[(false, 0, 2), (true, 1, 1), (false, 1, 1)], round);
+            good.check(3);
+        }
+    }
+    good.send(&[(false, 0, 4)], 1000);
+    good.check(1);
+}
