@@ -58,6 +58,91 @@ pub struct DpuArgs {
     /// Resource profile: memory limit of the DPU process (cgroup).
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<u64>,
+    /// Offload engine and traffic director: `pagestore` or `kv` (built in), or the path of
+    /// an offload plugin (`.so`, include/dds_offload.h). Needs --director-listen and --host-app.
+    #[arg(long, requires_all = ["director_listen", "host_app"])]
+    pub offload: Option<String>,
+    /// Public address the traffic director listens on (the storage server's address).
+    #[arg(long)]
+    pub director_listen: Option<std::net::SocketAddr>,
+    /// Address of the host application that requests not served on the DPU go to.
+    #[arg(long)]
+    pub host_app: Option<std::net::SocketAddr>,
+    /// Application signature: "srcIP/prefix:port dstIP/prefix:port proto" (port 0 = any);
+    /// connections that do not match are spliced to the host uninspected.
+    #[arg(long, default_value = "0.0.0.0/0:0 0.0.0.0/0:0 tcp")]
+    pub signature: String,
+    /// Director threads.
+    #[arg(long, default_value_t = 1)]
+    pub director_threads: usize,
+    /// Offload engine copy mode (the Fig. 20 baseline) instead of zero copy.
+    #[arg(long)]
+    pub offload_copy: bool,
+    /// Pagestore: offload every read, also of pages not written through this DPU (a DBMS
+    /// whose pages are located by id); by default only pages with live cache entries.
+    #[arg(long)]
+    pub offload_uncached: bool,
+    /// Cache table capacity (items).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub cache_items: usize,
+}
+
+/// The traffic director and the service-thread hooks of the offload engine.
+struct Offload {
+    hooks: dds_dpu::OffloadHooks,
+    director: dds_offload::DirectorHandle,
+}
+
+fn start_offload(a: &DpuArgs) -> Result<Option<Offload>> {
+    let Some(name) = &a.offload else {
+        return Ok(None);
+    };
+    let listen = a.director_listen.context("--director-listen is required")?;
+    let host = a.host_app.context("--host-app is required")?;
+    let signature: dds_offload::Signature = a
+        .signature
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--signature: {e}"))?;
+    let app: std::sync::Arc<dyn dds_offload::OffloadApp> = match name.as_str() {
+        "pagestore" => std::sync::Arc::new(dds_offload::PagestoreApp::new(
+            dds_offload::PagestoreConfig {
+                require_cached: !a.offload_uncached,
+                ..dds_offload::PagestoreConfig::default()
+            },
+        )),
+        "kv" => std::sync::Arc::new(dds_offload::KvApp),
+        path => dds_offload::plugin::PluginApp::load(path)
+            .map_err(|e| anyhow::anyhow!("load offload plugin {path}: {e}"))?,
+    };
+    let threads = a.director_threads.max(1);
+    let port = dds_offload::FileReadPort::new(dds_offload::PortConfig {
+        lanes: threads,
+        depth: 256,
+        invalidations: 16384,
+    });
+    let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(a.cache_items))
+        .map_err(|e| anyhow::anyhow!("cache table: {e}"))?;
+    let maintainer = dds_offload::CacheMaintainer::new(writer, app.clone(), port.clone());
+    let port_svc = port.service().context("port already claimed")?;
+    let director = dds_offload::Director::start(
+        dds_offload::DirectorConfig {
+            signature,
+            threads,
+            copy_mode: a.offload_copy,
+            ..dds_offload::DirectorConfig::new(listen, host)
+        },
+        app,
+        maintainer.reader(),
+        port,
+    )
+    .with_context(|| format!("start the traffic director on {listen}"))?;
+    Ok(Some(Offload {
+        hooks: dds_dpu::OffloadHooks {
+            maintainer,
+            port: port_svc,
+        },
+        director,
+    }))
 }
 
 /// A parsed `--cpus` list (a newtype, so clap takes it as one value).
@@ -114,16 +199,28 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     let device = a.device.clone();
     let queue_depth = a.queue_depth as usize;
     let max_io = config.max_io_bytes;
-    let started = Dpu::start(config, move || {
-        let dev = dds_fs::UringDevice::open(&device, queue_depth)?;
-        dds_fs::FileService::open(
-            Box::new(dev),
-            dds_fs::OpenConfig {
-                max_io_bytes: max_io,
-                ..dds_fs::OpenConfig::default()
-            },
-        )
-    });
+    let (hooks, director) = match start_offload(&a) {
+        Ok(Some(o)) => (Some(o.hooks), Some(o.director)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            applied.remove();
+            return Err(e);
+        }
+    };
+    let started = Dpu::start_with(
+        config,
+        move || {
+            let dev = dds_fs::UringDevice::open(&device, queue_depth)?;
+            dds_fs::FileService::open(
+                Box::new(dev),
+                dds_fs::OpenConfig {
+                    max_io_bytes: max_io,
+                    ..dds_fs::OpenConfig::default()
+                },
+            )
+        },
+        hooks,
+    );
     let handle = match started {
         Ok(h) => h,
         Err(e) => {
@@ -141,6 +238,10 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     );
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
+    }
+    if let Some(d) = director {
+        eprintln!("dds dpu: director {:?}", d.stats());
+        d.shutdown();
     }
     handle.shutdown();
     applied.remove();

@@ -15,7 +15,7 @@ use dds_proto::control::{self, FrameError, HelloInfo, Reply, Request, PROTOCOL_V
 use dds_proto::Status;
 
 use crate::service::Service;
-use crate::DpuConfig;
+use crate::{DpuConfig, OffloadHooks};
 
 /// Control requests queued for the service thread at most.
 const COMMAND_QUEUE_MAX: usize = 256;
@@ -54,6 +54,18 @@ impl Dpu {
     where
         F: FnOnce() -> Result<FileService, dds_fs::FsError> + Send + 'static,
     {
+        Dpu::start_with(config, open_fs, None)
+    }
+
+    /// As [`Dpu::start`], with the offload engine's hooks moved to the service thread.
+    pub fn start_with<F>(
+        config: DpuConfig,
+        open_fs: F,
+        offload: Option<OffloadHooks>,
+    ) -> io::Result<DpuHandle>
+    where
+        F: FnOnce() -> Result<FileService, dds_fs::FsError> + Send + 'static,
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let (cmd_tx, cmd_rx) = bounded::<Command>(COMMAND_QUEUE_MAX);
         let (ready_tx, ready_rx) = bounded::<Result<HelloInfo, String>>(1);
@@ -69,7 +81,7 @@ impl Dpu {
                         return;
                     }
                 };
-                let mut svc = Service::new(service_cfg, fs, cmd_rx);
+                let mut svc = Service::new(service_cfg, fs, cmd_rx, offload);
                 let _ = ready_tx.send(Ok(svc.hello()));
                 svc.run(&service_stop);
             })?;

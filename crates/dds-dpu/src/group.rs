@@ -12,6 +12,7 @@ use std::os::fd::OwnedFd;
 
 use dds_dma::{DmaEngine, LocalBuf, RegionId};
 use dds_fs::{FileId, FileService, FsError};
+use dds_offload::CacheMaintainer;
 use dds_proto::record::{
     self, Op, RecordError, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
@@ -32,6 +33,18 @@ struct Pending {
     /// Bytes of the read slot (0 for writes and flushes).
     read_len: u32,
     done: bool,
+    /// For cache-on-write at completion: a WRITE's file, offset, data position in the request
+    /// mirror, length and cache version.
+    write: Option<WriteInfo>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct WriteInfo {
+    file_id: u32,
+    offset: u64,
+    data_pos: u64,
+    len: u32,
+    version: u64,
 }
 
 /// Buffers of the copy mode: device I/O goes through them, with a copy on each side.
@@ -216,6 +229,7 @@ impl GroupState {
         dma: &mut dyn DmaEngine,
         user_base: u64,
         fs_inflight_max: usize,
+        mut hooks: Option<&mut CacheMaintainer>,
     ) -> Result<Dispatch, RingFault> {
         while self.dispatched < self.req.fetched() && !self.broken {
             let pos = self.dispatched;
@@ -263,9 +277,20 @@ impl GroupState {
                 Ok(h) if h.op == Op::Write && h.bytes > self.max_io_bytes => {
                     (kind, h.request_id, 0, Some(Status::TooLarge))
                 }
-                // Cache-table records need the offload engine.
+                // Cache-table records are applied here, by the cache's single writer.
                 Ok(h) if matches!(h.op, Op::Cache | Op::Invalidate) => {
-                    (kind, h.request_id, 0, Some(Status::InvalidArgument))
+                    let status = match hooks.as_deref_mut() {
+                        None => Status::InvalidArgument,
+                        Some(m) => {
+                            let data =
+                                &rec[REQUEST_HEADER_BYTES..REQUEST_HEADER_BYTES + h.bytes as usize];
+                            match m.apply_record(h.op.code(), data) {
+                                Ok(_) => Status::Ok,
+                                Err(_) => Status::BadRequest,
+                            }
+                        }
+                    };
+                    (kind, h.request_id, 0, Some(status))
                 }
                 Ok(h) => (
                     h.op.code(),
@@ -330,8 +355,26 @@ impl GroupState {
                 resp_end,
                 read_len,
                 done: false,
+                write: None,
             };
             self.dispatched = pos + len;
+            if let (None, Ok(h), Some(m)) = (early, header, hooks.as_deref_mut()) {
+                match h.op {
+                    // Invalidate-on-read: the host is reading these objects.
+                    Op::Read => m.host_read(h.file_id, h.offset, h.bytes),
+                    // The write's cache version is taken at submission (docs/consistency.md).
+                    Op::Write => {
+                        self.pending_at(seq).write = Some(WriteInfo {
+                            file_id: h.file_id,
+                            offset: h.offset,
+                            data_pos: pos + REQUEST_HEADER_BYTES as u64,
+                            len: h.bytes,
+                            version: m.next_version(),
+                        })
+                    }
+                    _ => {}
+                }
+            }
             let user = user_base | (seq & 0xFFFF_FFFF);
             let submitted = match (early, header) {
                 (Some(status), _) => Err(status),
@@ -398,7 +441,12 @@ impl GroupState {
     }
 
     /// A file-service completion for this group.
-    pub fn on_complete(&mut self, user: u64, result: Result<u32, FsError>) {
+    pub fn on_complete(
+        &mut self,
+        user: u64,
+        result: Result<u32, FsError>,
+        hooks: Option<&mut CacheMaintainer>,
+    ) {
         assert!(
             self.io_outstanding > 0,
             "completion without outstanding I/O"
@@ -409,6 +457,16 @@ impl GroupState {
         let seq =
             self.pending_head + (low.wrapping_sub(self.pending_head & 0xFFFF_FFFF) & 0xFFFF_FFFF);
         assert!(seq < self.pending_tail, "completion for an unknown request");
+        if let (Some(w), Some(m)) = (self.pending_at(seq).write, hooks) {
+            // SAFETY: the write's record is not released before its response is buffered.
+            let data =
+                unsafe { std::slice::from_raw_parts(self.req_ptr(w.data_pos), w.len as usize) };
+            // Cache-on-write runs before the response can be delivered (advance runs later).
+            match result {
+                Ok(_) => m.write_completed(w.file_id, w.offset, data, w.version),
+                Err(_) => m.write_failed(w.file_id, w.offset, data, w.version),
+            }
+        }
         match result {
             Ok(bytes) => self.complete_seq(seq, Status::Ok, bytes),
             Err(e) => self.complete_seq(seq, status_of(&e), 0),

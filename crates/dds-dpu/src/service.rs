@@ -14,7 +14,7 @@ use dds_proto::Status;
 
 use crate::control::Command;
 use crate::group::{fs_status, group_memory, Dispatch, GroupParams, GroupState};
-use crate::DpuConfig;
+use crate::{DpuConfig, OffloadHooks};
 
 /// Control commands handled per loop iteration at most, so the data path keeps moving.
 const COMMANDS_PER_ROUND: usize = 4;
@@ -30,10 +30,19 @@ pub(crate) struct Service {
     next_group_id: u32,
     memory_used: u64,
     fs_inflight_max: usize,
+    offload: Option<OffloadHooks>,
 }
 
+/// Offloaded reads handed from the port to the file service per round at most.
+const PORT_READS_PER_ROUND: usize = 64;
+
 impl Service {
-    pub fn new(config: DpuConfig, fs: FileService, commands: Receiver<Command>) -> Service {
+    pub fn new(
+        config: DpuConfig,
+        fs: FileService,
+        commands: Receiver<Command>,
+        offload: Option<OffloadHooks>,
+    ) -> Service {
         let dma = EmulatedDma::new(config.dma_queue_depth, config.dma_cost);
         let fs_inflight_max = fs.max_inflight() as usize;
         Service {
@@ -45,6 +54,7 @@ impl Service {
             next_group_id: 1,
             memory_used: 0,
             fs_inflight_max,
+            offload,
         }
     }
 
@@ -86,14 +96,27 @@ impl Service {
     /// One pass of the data plane over every group. Returns true when anything moved.
     fn data_round(&mut self) -> bool {
         let mut worked = false;
+        if let Some(o) = self.offload.as_mut() {
+            // The director's invalidations first, so a forwarded write's keys are dropped
+            // before anything else this round.
+            worked |= o.maintainer.apply_port_invalidations(&mut o.port) > 0;
+            worked |= o.port.submit_to_fs(&mut self.fs, PORT_READS_PER_ROUND) > 0;
+        }
         for (index, slot) in self.groups.iter_mut().enumerate() {
             let Some(g) = slot.as_mut() else { continue };
             if g.broken {
                 continue;
             }
             let user_base = (index as u64) << 32;
+            let hooks = self.offload.as_mut().map(|o| &mut o.maintainer);
             let r = g.fetch(&mut self.dma).and_then(|fetched| {
-                let d = g.dispatch(&mut self.fs, &mut self.dma, user_base, self.fs_inflight_max)?;
+                let d = g.dispatch(
+                    &mut self.fs,
+                    &mut self.dma,
+                    user_base,
+                    self.fs_inflight_max,
+                    hooks,
+                )?;
                 Ok(fetched || d == Dispatch::Blocked)
             });
             match r {
@@ -102,10 +125,17 @@ impl Service {
             }
         }
         let groups = &mut self.groups;
+        let offload = &mut self.offload;
         let completed = self.fs.poll(|user, result| {
+            if let Some(o) = offload.as_mut() {
+                if o.port.on_fs_completion(user, &result) {
+                    return;
+                }
+            }
             let index = (user >> 32) as usize;
+            let hooks = offload.as_mut().map(|o| &mut o.maintainer);
             match groups.get_mut(index).and_then(|g| g.as_mut()) {
-                Some(g) => g.on_complete(user, result),
+                Some(g) => g.on_complete(user, result, hooks),
                 None => tracing::error!(user, "completion for a vanished group"),
             }
         });
