@@ -137,3 +137,40 @@ fn faulty_plugin_closes_only_the_connection_and_bad_abi_is_refused() {
     assert_eq!(body, pattern(1, 8192));
     assert_eq!(d.stats().malformed, 1);
 }
+
+#[test]
+fn header_layout_matches_the_documented_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("layout.c");
+    std::fs::write(
+        &src,
+        r#"
+#include <stddef.h>
+#include "dds_offload.h"
+#define AT(t, f, o) _Static_assert(offsetof(t, f) == o, #t "." #f)
+_Static_assert(sizeof(dds_req_desc) == 12, "req_desc");
+_Static_assert(sizeof(dds_read_op) == 16, "read_op");
+_Static_assert(sizeof(dds_cache_item) == 40, "cache_item");
+_Static_assert(sizeof(dds_req_list) == 16, "list");
+_Static_assert(sizeof(dds_cache_view) == 16, "view");
+_Static_assert(sizeof(dds_offload_plugin_v1_t) == 120, "plugin");
+AT(dds_read_op, offset, 8);
+AT(dds_cache_item, offset, 16); AT(dds_cache_item, tag, 24); AT(dds_cache_item, file_id, 32);
+AT(dds_offload_plugin_v1_t, name, 8); AT(dds_offload_plugin_v1_t, max_message_len, 16);
+AT(dds_offload_plugin_v1_t, max_read_keys, 36); AT(dds_offload_plugin_v1_t, user, 40);
+AT(dds_offload_plugin_v1_t, message_len, 48); AT(dds_offload_plugin_v1_t, build_host_message, 88);
+AT(dds_offload_plugin_v1_t, invalidate_on_read, 112);
+"#,
+    )
+    .unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-c", "-I"])
+        .arg(root.join("include"))
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join("layout.o"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "documented offsets hold");
+}
