@@ -1,0 +1,216 @@
+//! The offload configuration end to end with real processes: `dds dpu` with the traffic
+//! director and the pagestore offload app, the host application (`dds app pagestore` on DDS
+//! files) and the load client, over real TCP.
+
+use std::io::BufRead;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const DDS: &str = env!("CARGO_BIN_EXE_dds");
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(path).is_err() {
+        assert!(Instant::now() < deadline, "{} not ready", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn start_dpu(dir: &Path, director: u16, host: u16) -> Proc {
+    let device = dir.join("dev.img");
+    if !device.exists() {
+        let out = Command::new(DDS)
+            .args([
+                "format",
+                "--size",
+                "256M",
+                "--segment-size",
+                "4M",
+                "--device",
+            ])
+            .arg(&device)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    }
+    let socket = dir.join("dpu.sock");
+    let child = Command::new(DDS)
+        .args([
+            "dpu",
+            "--dma-cost",
+            "on",
+            "--offload",
+            "pagestore",
+            "--device",
+        ])
+        .arg(&device)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--director-listen", &format!("127.0.0.1:{director}")])
+        .args(["--host-app", &format!("127.0.0.1:{host}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&socket);
+    Proc(child)
+}
+
+/// Starts the host application; returns it and its file ids.
+fn start_app(dir: &Path, host: u16) -> (Proc, Vec<u64>) {
+    let mut child = Command::new(DDS)
+        .args([
+            "app",
+            "pagestore",
+            "--backend",
+            "dds",
+            "--files",
+            "2",
+            "--file-size",
+            "8M",
+        ])
+        .arg("--socket")
+        .arg(dir.join("dpu.sock"))
+        .args(["--listen", &format!("127.0.0.1:{host}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap();
+    let files = ready["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_u64().unwrap())
+        .collect();
+    (Proc(child), files)
+}
+
+fn client(director: u16, files: &[u64], extra: &[&str]) -> Value {
+    let ids: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+    let out = Command::new(DDS)
+        .args(["app", "client", "--json", "--file-size", "8M"])
+        .args(["--connect", &format!("127.0.0.1:{director}")])
+        .args(["--files", &ids.join(",")])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("{}");
+    serde_json::from_str(json).unwrap()
+}
+
+/// Stops the DPU (SIGTERM) and returns its director's `offloaded` and `forwarded` counts.
+fn stop_dpu(mut dpu: Proc) -> (u64, u64) {
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(dpu.0.id() as i32, libc::SIGTERM) };
+    let mut err = String::new();
+    use std::io::Read;
+    dpu.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let stat = |name: &str| -> u64 {
+        let at = err
+            .find(&format!("{name}: "))
+            .unwrap_or_else(|| panic!("no {name} in {err}"));
+        err[at + name.len() + 2..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (stat("offloaded"), stat("forwarded"))
+}
+
+#[test]
+fn reads_are_served_on_the_dpu_with_verified_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (director, host) = (free_port(), free_port());
+    let dpu = start_dpu(dir.path(), director, host);
+    let (_app, files) = start_app(dir.path(), host);
+    // --verify writes the pattern through the director (forwarded to the host, which writes
+    // DDS files: cache-on-write fills the cache table), then checks every read.
+    let r = client(
+        director,
+        &files,
+        &["--verify", "--requests", "3000", "--batch", "4"],
+    );
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["verify_failures"], 0, "{r}");
+    assert_eq!(r["order_violations"], 0, "{r}");
+    assert_eq!(r["requests"], 3000);
+    let (offloaded, forwarded) = stop_dpu(dpu);
+    assert!(offloaded >= 3000, "offloaded {offloaded}");
+    assert!(forwarded > 0, "the verify pass's writes go to the host");
+}
+
+#[test]
+fn host_death_fails_clients_and_the_director_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (director, host) = (free_port(), free_port());
+    let dpu = start_dpu(dir.path(), director, host);
+    let (app, files) = start_app(dir.path(), host);
+    let r = client(
+        director,
+        &files,
+        &["--read-ratio", "0.5", "--requests", "500"],
+    );
+    assert_eq!(r["errors"], 0, "{r}");
+    drop(app); // SIGKILL the host application
+               // Writes need the host: the client's connection fails instead of hanging.
+    let t = Instant::now();
+    let r = client(
+        director,
+        &files,
+        &["--read-ratio", "0", "--requests", "200"],
+    );
+    assert!(t.elapsed() < Duration::from_secs(30));
+    assert!(
+        r["failed_connections"].as_u64().unwrap_or(0) > 0 || r["errors"].as_u64().unwrap_or(0) > 0,
+        "{r}"
+    );
+    // The host comes back: the director serves new connections.
+    let (_app2, files2) = start_app(dir.path(), host);
+    assert_eq!(files, files2);
+    let r = client(
+        director,
+        &files2,
+        &["--read-ratio", "0.5", "--requests", "500"],
+    );
+    assert_eq!(r["errors"], 0, "{r}");
+    let (_, forwarded) = stop_dpu(dpu);
+    assert!(forwarded > 0);
+}
