@@ -83,6 +83,15 @@ static int32_t response_len(void *user, const uint8_t *buf, size_t len, size_t *
     return DDS_FRAME_OK;
 }
 
+/* 1 if any page of the read is masked by an unanswered earlier WRITE of the connection. */
+static int any_masked(const dds_cache_view *cache, const struct req *r) {
+    uint64_t first = r->offset >> PAGE_SHIFT;
+    uint64_t end = ((r->offset + (r->len ? r->len : 1) - 1) >> PAGE_SHIFT) + 1;
+    for (uint64_t p = first; p < end; p++)
+        if (cache->masked(cache->ctx, page_key(r->file_id, p))) return 1;
+    return 0;
+}
+
 static int overlaps(const struct req *w, const struct req *r) {
     return w->file_id == r->file_id && w->offset < r->offset + r->len &&
            r->offset < w->offset + w->len;
@@ -91,7 +100,6 @@ static int overlaps(const struct req *w, const struct req *r) {
 static int32_t predicate(void *user, const uint8_t *msg, size_t len, const dds_cache_view *cache,
                          dds_req_list *host, dds_req_list *dpu) {
     (void)user;
-    (void)cache;
     size_t n;
     if (message_len(NULL, msg, len, &n) != DDS_FRAME_OK || n != len) return -1;
     uint32_t count = (uint32_t)msg[4] | (uint32_t)msg[5] << 8;
@@ -101,7 +109,7 @@ static int32_t predicate(void *user, const uint8_t *msg, size_t len, const dds_c
     for (uint32_t pos = 0; pos < count; pos++) {
         struct req r;
         if (parse_req(msg, len, at, &r)) return -1;
-        int offload = r.op == OP_READ;
+        int offload = r.op == OP_READ && !any_masked(cache, &r);
         if (offload && writes) {
             size_t at2 = MSG_HDR;
             while (at2 < at) {
@@ -127,9 +135,8 @@ static int32_t predicate(void *user, const uint8_t *msg, size_t len, const dds_c
 static int32_t offload_function(void *user, const uint8_t *msg, size_t len, dds_req_desc req,
                                 const dds_cache_view *cache, dds_read_op *out) {
     (void)user;
-    (void)cache;
     struct req r;
-    if (parse_req(msg, len, req.offset, &r) || r.op != OP_READ) return 0;
+    if (parse_req(msg, len, req.offset, &r) || r.op != OP_READ || any_masked(cache, &r)) return 0;
     out->file_id = r.file_id;
     out->size = r.len;
     out->offset = r.offset;

@@ -94,11 +94,17 @@ typedef struct dds_item_list {
     uint32_t len;
 } dds_item_list;
 
-/* Read-only view of the cache table (16 bytes): 0 ctx pointer | 8 get function pointer.
- * get() returns 1 and fills *out on a hit, 0 on a miss. Lock-free, never blocks. */
+/* Read-only view of the cache table (24 bytes):
+ *   0 ctx pointer | 8 get function pointer | 16 masked function pointer
+ * get() returns 1 and fills *out on a hit, 0 on a miss. Lock-free, never blocks.
+ * masked() returns 1 when an earlier host-bound request of the same connection that may
+ * modify `key` (per invalidate_on_forward) is not answered yet; get() misses on such keys.
+ * A plugin that maps requests to reads without get() (direct mapping) must send a request
+ * touching a masked key to the host, or it could read before that earlier write. */
 typedef struct dds_cache_view {
     const void *ctx;
     int32_t (*get)(const void *ctx, uint64_t key, dds_cache_item *out);
+    int32_t (*masked)(const void *ctx, uint64_t key);
 } dds_cache_view;
 
 /* The plugin table. Byte offsets (LP64):

@@ -177,20 +177,26 @@ impl<'a> CacheView<'a> {
         }
     }
 
-    /// Looks a key up (lock-free, allocation-free).
+    /// Looks a key up (lock-free, allocation-free). Masked keys miss.
     #[inline]
     pub fn get(&self, key: u64) -> Option<CacheItem> {
-        if self.blind || self.pending.contains(&key) {
-            return None;
-        }
-        if self
-            .masked
-            .iter()
-            .any(|&(k, pos)| k == key && pos < self.before_pos)
-        {
+        if self.is_masked(key) {
             return None;
         }
         self.reader.get(key)
+    }
+
+    /// Whether `key` may be modified by a host-bound request that comes earlier on this
+    /// connection and is not answered yet. Apps that map requests to file reads without
+    /// looking the cache up (direct mapping) must send such requests to the host.
+    #[inline]
+    pub fn is_masked(&self, key: u64) -> bool {
+        self.blind
+            || self.pending.contains(&key)
+            || self
+                .masked
+                .iter()
+                .any(|&(k, pos)| k == key && pos < self.before_pos)
     }
 }
 

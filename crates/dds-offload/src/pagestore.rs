@@ -229,6 +229,18 @@ impl PagestoreApp {
         first..end
     }
 
+    /// Whether a READ may be served on the DPU: all pages cached (`require_cached`) or, with
+    /// direct mapping, no page masked by an unanswered earlier WRITE of the connection.
+    fn servable(&self, cache: &CacheView<'_>, file_id: u32, offset: u64, len: u32) -> bool {
+        if self.cfg.require_cached {
+            return self.all_cached(cache, file_id, offset, len);
+        }
+        let pages = self.pages(offset, u64::from(len.max(1)));
+        pages
+            .into_iter()
+            .all(|p| !cache.is_masked(Self::page_key(file_id, p)))
+    }
+
     fn all_cached(&self, cache: &CacheView<'_>, file_id: u32, offset: u64, len: u32) -> bool {
         let pages = self.pages(offset, u64::from(len.max(1)));
         if pages.end - pages.start > u64::from(IO_BYTES_MAX >> 9) + 1 {
@@ -300,7 +312,7 @@ impl OffloadApp for PagestoreApp {
             };
             let mut offload = r.op == OP_READ
                 && r.len <= self.cfg.max_offload_bytes
-                && (!self.cfg.require_cached || self.all_cached(cache, r.file_id, r.offset, r.len));
+                && self.servable(cache, r.file_id, r.offset, r.len);
             if offload && writes_seen {
                 // A READ after a WRITE of the same message: keep the host's order when they
                 // overlap (checked against every earlier WRITE of the message).
@@ -329,9 +341,7 @@ impl OffloadApp for PagestoreApp {
         let Ok(r) = parse_request(msg, req.offset as usize) else {
             return Offload::Host;
         };
-        if r.op != OP_READ
-            || (self.cfg.require_cached && !self.all_cached(cache, r.file_id, r.offset, r.len))
-        {
+        if r.op != OP_READ || !self.servable(cache, r.file_id, r.offset, r.len) {
             return Offload::Host;
         }
         Offload::Read(ReadOp {

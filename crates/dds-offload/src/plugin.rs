@@ -53,7 +53,7 @@ pub struct CList<T> {
     pub len: u32,
 }
 
-/// `dds_cache_view`.
+/// `dds_cache_view` (24 bytes).
 #[repr(C)]
 #[derive(Debug)]
 pub struct CCacheView {
@@ -61,6 +61,9 @@ pub struct CCacheView {
     pub ctx: *const c_void,
     /// Lookup: 1 and `*out` filled on a hit, 0 on a miss.
     pub get: extern "C" fn(*const c_void, u64, *mut CCacheItem) -> i32,
+    /// 1 if the key is masked for this connection (an earlier host-bound request that may
+    /// modify it is unanswered), else 0.
+    pub masked: extern "C" fn(*const c_void, u64) -> i32,
 }
 
 type FrameFn = unsafe extern "C" fn(*mut c_void, *const u8, usize, *mut usize) -> i32;
@@ -310,10 +313,20 @@ extern "C" fn view_get(ctx: *const c_void, key: u64, out: *mut CCacheItem) -> i3
     }
 }
 
+extern "C" fn view_masked(ctx: *const c_void, key: u64) -> i32 {
+    if ctx.is_null() {
+        return 1;
+    }
+    // SAFETY: `ctx` is the `CacheView` the bridge passed for the duration of the call.
+    let view = unsafe { &*(ctx as *const CacheView<'_>) };
+    i32::from(view.is_masked(key))
+}
+
 fn c_view(view: &CacheView<'_>) -> CCacheView {
     CCacheView {
         ctx: view as *const CacheView<'_> as *const c_void,
         get: view_get,
+        masked: view_masked,
     }
 }
 

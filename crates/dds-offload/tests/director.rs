@@ -23,7 +23,11 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::new(PagestoreConfig::default()));
+    setup_with(PagestoreConfig::default())
+}
+
+fn setup_with(cfg: PagestoreConfig) -> Setup {
+    let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::new(cfg));
     let dpu = Dpu::start(app.clone(), 2);
     let files = dpu.files();
     let file = files.create("/pages");
@@ -114,8 +118,11 @@ impl Client {
     }
 }
 
-fn run_mixed(copy_mode: bool) {
-    let st = setup();
+fn run_mixed(copy_mode: bool, require_cached: bool) {
+    let st = setup_with(PagestoreConfig {
+        require_cached,
+        ..PagestoreConfig::default()
+    });
     let d = director(&st.dpu, st.app.clone(), st.host.addr, |c| {
         c.copy_mode = copy_mode;
         c.threads = 2;
@@ -130,7 +137,7 @@ fn run_mixed(copy_mode: bool) {
     let before = d.stats();
     // Interleaved pipelined traffic: reads (offloaded) and writes (host), some reads of
     // pages written in the same or an earlier pipelined message.
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(copy_mode as u64);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(copy_mode as u64 + 2 * require_cached as u64);
     for round in 0..40u64 {
         let n = rng.gen_range(1..12);
         let reqs: Vec<_> = (0..n)
@@ -157,12 +164,17 @@ fn run_mixed(copy_mode: bool) {
 
 #[test]
 fn interleaved_offloaded_and_forwarded_in_order_zero_copy() {
-    run_mixed(false);
+    run_mixed(false, true);
+}
+
+#[test]
+fn interleaved_in_order_with_direct_mapping() {
+    run_mixed(false, false);
 }
 
 #[test]
 fn interleaved_offloaded_and_forwarded_in_order_copy_mode() {
-    run_mixed(true);
+    run_mixed(true, true);
 }
 
 #[test]

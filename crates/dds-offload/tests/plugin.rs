@@ -81,6 +81,30 @@ fn c_pagestore_plugin_end_to_end() {
             }
         }
     }
+    // Pipelined across messages: a READ right behind a WRITE of the same page (next message)
+    // must see the write, a READ before it must not.
+    for round in 0..30u64 {
+        let p = (round % 16) as usize;
+        let new = pattern(500 + round, 4096);
+        b.clear();
+        b.read(file, (p * 4096) as u64, 4096, 10);
+        s.write_all(b.finish()).unwrap();
+        b.clear();
+        b.write(file, (p * 4096) as u64, &new, 11);
+        s.write_all(b.finish()).unwrap();
+        b.clear();
+        b.read(file, (p * 4096) as u64, 4096, 12);
+        s.write_all(b.finish()).unwrap();
+        let old = model[p * 4096..(p + 1) * 4096].to_vec();
+        model[p * 4096..(p + 1) * 4096].copy_from_slice(&new);
+        for (id, want) in [(10u64, Some(old)), (11, None), (12, Some(new))] {
+            let (h, body) = read_response(&mut s).unwrap();
+            assert_eq!((h.req_id, h.status), (id, 0));
+            if let Some(w) = want {
+                assert!(body[..4096] == w[..], "pipelined round {round} req {id}");
+            }
+        }
+    }
     // A read the file service refuses is answered on the DPU with its status code.
     b.clear();
     b.read(999, 0, 64, 77).read(file, 1 << 30, 64, 78);
@@ -152,7 +176,7 @@ _Static_assert(sizeof(dds_req_desc) == 12, "req_desc");
 _Static_assert(sizeof(dds_read_op) == 16, "read_op");
 _Static_assert(sizeof(dds_cache_item) == 40, "cache_item");
 _Static_assert(sizeof(dds_req_list) == 16, "list");
-_Static_assert(sizeof(dds_cache_view) == 16, "view");
+_Static_assert(sizeof(dds_cache_view) == 24, "view");
 _Static_assert(sizeof(dds_offload_plugin_v1_t) == 120, "plugin");
 AT(dds_read_op, offset, 8);
 AT(dds_cache_item, offset, 16); AT(dds_cache_item, tag, 24); AT(dds_cache_item, file_id, 32);
