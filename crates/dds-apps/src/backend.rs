@@ -562,6 +562,7 @@ impl DdsStorage {
 /// The completion thread: PollWait (sleeping) on the group, routing by the I/O context.
 fn poll_completions(s: &DdsShared) {
     let group = s.dds.default_group().clone();
+    let mut dead = false;
     while !s.stop.load(Ordering::Acquire) {
         match group.poll_wait(Duration::from_millis(50)) {
             Ok(Some(c)) => {
@@ -584,8 +585,13 @@ fn poll_completions(s: &DdsShared) {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::error!(error = %e, "DDS completion thread stops");
-                return;
+                // The DPU is gone: every pending request was completed with `DpuDead` above,
+                // and new ones fail when issued. Keep sweeping for requests issued in between.
+                if !dead {
+                    tracing::error!(error = %e, "the DPU is gone; requests fail with DpuDead");
+                    dead = true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
     }

@@ -67,7 +67,7 @@ struct Fixture {
     server: Server,
     // Kept alive for the server's lifetime (dropped after it).
     _dir: Option<tempfile::TempDir>,
-    _dpu: Option<DpuHandle>,
+    dpu: Option<DpuHandle>,
 }
 
 impl Fixture {
@@ -78,7 +78,7 @@ impl Fixture {
         Fixture {
             server: Server::start(config, storage).unwrap(),
             _dir: Some(dir),
-            _dpu: None,
+            dpu: None,
         }
     }
 
@@ -98,7 +98,7 @@ impl Fixture {
         Fixture {
             server: Server::start(config, storage).unwrap(),
             _dir: None,
-            _dpu: Some(dpu),
+            dpu: Some(dpu),
         }
     }
 
@@ -509,4 +509,27 @@ fn connections_beyond_the_limit_are_refused_and_the_rest_served() {
     let mut c = connect(fx.addr());
     c.write_all(m.finish()).unwrap();
     assert_eq!(read_response(&mut c).unwrap().0.req_id, 1);
+}
+
+#[test]
+fn dds_backend_answers_dpu_dead_once_the_dpu_is_gone() {
+    let mut fx = Fixture::dds(small_config());
+    let f = fx.files()[0];
+    let mut s = connect(fx.addr());
+    let mut m = MessageBuilder::new();
+    m.read(f, 0, 512, 1);
+    s.write_all(m.finish()).unwrap();
+    assert_eq!(read_response(&mut s).unwrap().0.status, 0);
+    fx.dpu.take().unwrap().shutdown();
+    // Every request is still answered, with DpuDead, and the connection stays open.
+    for id in 2..5u64 {
+        m.clear();
+        m.read(f, 512, 512, id).write(f, 0, &[1u8; 64], id + 100);
+        s.write_all(m.finish()).unwrap();
+        let (h1, _) = read_response(&mut s).unwrap();
+        let (h2, _) = read_response(&mut s).unwrap();
+        assert_eq!((h1.req_id, h2.req_id), (id, id + 100));
+        assert_eq!(h1.status, Status::DpuDead.code(), "read {id}");
+        assert_eq!(h2.status, Status::DpuDead.code(), "write {id}");
+    }
 }

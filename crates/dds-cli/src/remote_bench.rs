@@ -484,32 +484,37 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(0.0)
 }
 
+/// The summary of a mode: the read point at the highest load of the sweep at the most host
+/// cores (the same load point for every mode), with the peak read throughput of the sweep and
+/// the write point at the highest load next to it.
 fn summarize(points: &[Value], mode: &str, label: &str) -> Value {
-    let max_cores = points
-        .iter()
-        .filter(|p| p["mode"] == mode)
+    let of_mode = || points.iter().filter(move |p| p["mode"] == mode);
+    let max_cores = of_mode()
         .map(|p| p["host_cores"].as_u64().unwrap_or(0))
         .max()
         .unwrap_or(0);
-    let best = points
-        .iter()
-        .filter(|p| p["mode"] == mode && p["op"] == "read" && p["host_cores"] == max_cores)
-        .max_by(|a, b| f(a, "throughput").total_cmp(&f(b, "throughput")));
-    let best_write = points
-        .iter()
-        .filter(|p| p["mode"] == mode && p["op"] == "write")
-        .max_by(|a, b| f(a, "throughput").total_cmp(&f(b, "throughput")));
-    match best {
+    let at_load = |op: &str| {
+        of_mode()
+            .filter(|p| p["op"] == op && p["host_cores"] == max_cores)
+            .max_by_key(|p| p["outstanding"].as_u64().unwrap_or(0))
+    };
+    let peak = of_mode()
+        .filter(|p| p["op"] == "read")
+        .map(|p| f(p, "throughput"))
+        .fold(0.0f64, f64::max);
+    match at_load("read") {
         Some(p) => json!({
             "available": true,
             "label": label,
-            "at": {"op": "read", "outstanding": p["outstanding"], "host_cores": p["host_cores"]},
+            "at": {"op": "read", "outstanding": p["outstanding"], "connections": p["connections"], "batch": p["batch"], "host_cores": p["host_cores"]},
             "throughput": p["throughput"],
             "p50_us": p["p50_us"],
             "p99_us": p["p99_us"],
             "host_cpu_us_per_op": p["host_cpu_us_per_op"],
             "dpu_cpu_us_per_op": p["dpu_cpu_us_per_op"],
-            "write": best_write.map(|w| json!({
+            "peak_read_throughput": peak,
+            "write": at_load("write").map(|w| json!({
+                "outstanding": w["outstanding"],
                 "throughput": w["throughput"],
                 "p50_us": w["p50_us"],
                 "p99_us": w["p99_us"],
