@@ -533,3 +533,59 @@ fn dds_backend_answers_dpu_dead_once_the_dpu_is_gone() {
         assert_eq!(h2.status, Status::DpuDead.code(), "write {id}");
     }
 }
+
+#[test]
+fn random_bytes_and_mutated_messages_never_take_the_server_down() {
+    use rand::{Rng, SeedableRng};
+    let fx = Fixture::os(ServerConfig {
+        threads: 1,
+        ..small_config()
+    });
+    let files = fx.files();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
+    let mut b = MessageBuilder::new();
+    b.read(files[0], 0, 64, 1)
+        .write(files[1], 8, &[7u8; 24], 2)
+        .read(files[1], 4096, 1024, 3);
+    let valid = b.finish().to_vec();
+    for i in 0..60u64 {
+        let bytes: Vec<u8> = if i % 2 == 0 {
+            let n = rng.gen_range(1..300);
+            (0..n).map(|_| rng.gen()).collect()
+        } else {
+            let mut m = valid.clone();
+            for _ in 0..rng.gen_range(1..4) {
+                let at = rng.gen_range(0..m.len());
+                m[at] = rng.gen();
+            }
+            if rng.gen_bool(0.3) {
+                m.truncate(rng.gen_range(0..m.len()));
+            }
+            m
+        };
+        let mut s = connect(fx.addr());
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let _ = s.write_all(&bytes);
+        let _ = s.shutdown(Shutdown::Write);
+        // Whatever comes back must be well-formed responses, then the end of the stream.
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        let mut at = 0;
+        while let Ok(Some(len)) = response_len(&all[at..]) {
+            if all.len() - at < len {
+                break;
+            }
+            parse_response_header(&all[at..at + len]).expect("well-formed response");
+            at += len;
+        }
+        // The (single) worker still serves a fresh connection.
+        let mut h = connect(fx.addr());
+        b.clear();
+        b.read(files[0], 512, 512, 1000 + i);
+        h.write_all(b.finish()).unwrap();
+        let (hdr, d) = read_response(&mut h).unwrap();
+        assert_eq!((hdr.req_id, hdr.status), (1000 + i, 0), "case {i}");
+        assert_eq!(pattern::check(files[0], 512, &d), None);
+    }
+}
