@@ -303,7 +303,17 @@ impl LaneHandle {
 
 impl Drop for LaneHandle {
     fn drop(&mut self) {
-        self.lane().claimed.store(false, Ordering::Release);
+        // A lane with reads still outstanding stays claimed: their completions must never
+        // reach a later owner.
+        if self.inflight() == 0 {
+            self.lane().claimed.store(false, Ordering::Release);
+        } else {
+            tracing::error!(
+                lane = self.i,
+                inflight = self.inflight(),
+                "lane dropped with reads outstanding: retired"
+            );
+        }
     }
 }
 
