@@ -460,6 +460,7 @@ struct Conn {
     host_wr_shut: bool,
     dirty: bool,
     retry: bool,
+    gated: bool,
 }
 
 enum Close {
@@ -493,6 +494,8 @@ struct Worker {
     gens: Vec<u32>,
     dirty: Vec<usize>,
     retry: Vec<usize>,
+    /// Connections whose next response waits for the cache writer.
+    gated: Vec<usize>,
     scratch: Scratch,
     stop: Arc<AtomicBool>,
     stats: Arc<Stats>,
@@ -561,6 +564,7 @@ impl Worker {
             gens: vec![0; nconn],
             dirty: Vec::with_capacity(nconn),
             retry: Vec::with_capacity(nconn),
+            gated: Vec::with_capacity(nconn),
             stop,
             stats,
             host_addr: cfg.host,
@@ -582,13 +586,14 @@ impl Worker {
             if applied != last_applied {
                 last_applied = applied;
                 // Held host responses may now go out.
-                for i in 0..self.conns.len() {
-                    if self.conns[i].as_ref().is_some_and(
-                        |c| matches!(c.order.front(), Some(Entry::Host { gate }) if *gate > 0),
-                    ) {
-                        self.mark(i);
+                for k in 0..self.gated.len() {
+                    let slot = self.gated[k];
+                    if let Some(c) = self.conns[slot].as_mut() {
+                        c.gated = false;
                     }
+                    self.mark(slot);
                 }
+                self.gated.clear();
             }
             for k in 0..self.retry.len() {
                 let slot = self.retry[k];
@@ -760,6 +765,7 @@ impl Worker {
                 host_wr_shut: false,
                 dirty: false,
                 retry: false,
+                gated: false,
             }));
             tracing::debug!(%peer, split, "connection accepted");
             self.mark(slot);
@@ -1432,6 +1438,7 @@ impl Worker {
                 conns,
                 stats,
                 copy_mode,
+                gated,
                 ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
@@ -1473,6 +1480,10 @@ impl Worker {
                 let bytes: &[u8] = match *e {
                     Entry::Host { gate } => {
                         if gate > applied {
+                            if !c.gated {
+                                c.gated = true;
+                                gated.push(slot);
+                            }
                             break;
                         }
                         match app.response_len(&hin[hoff..]) {
