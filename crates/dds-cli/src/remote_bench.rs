@@ -68,9 +68,10 @@ pub struct RemoteArgs {
     /// Requests per message.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    #[arg(long, default_value_t = 2)]
-    pub connections: usize,
-    /// Outstanding messages per connection, the load points (default 1,2,4,8,16,32; quick 1,4,16).
+    /// Connections, swept with --outstanding (default 1,2,4; quick 2).
+    #[arg(long, value_delimiter = ',')]
+    pub connections: Vec<usize>,
+    /// Outstanding messages per connection, swept (default 1,2,4,8,16,32; quick 1,4,16).
     #[arg(long, value_delimiter = ',')]
     pub outstanding: Vec<usize>,
     /// Seconds per load point (default 4; quick 1.5).
@@ -267,7 +268,7 @@ struct Plan {
     file_size: u64,
     io_size: u32,
     batch: usize,
-    connections: usize,
+    connections: Vec<usize>,
     outstanding: Vec<usize>,
     seconds: f64,
     threads: usize,
@@ -309,7 +310,12 @@ struct Target<'a> {
 }
 
 /// One measured load point.
-fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Result<Value> {
+fn measure(
+    t: &Target<'_>,
+    write: bool,
+    (connections, outstanding): (usize, usize),
+    plan: &Plan,
+) -> Result<Value> {
     let Target {
         mode,
         host_cores,
@@ -326,7 +332,7 @@ fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Resu
         read_ratio: if write { 0.0 } else { 1.0 },
         batch: plan.batch,
         outstanding,
-        connections: plan.connections,
+        connections,
         duration: Some(Duration::from_secs_f64(plan.seconds)),
         requests: None,
         verify: false,
@@ -344,7 +350,7 @@ fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Resu
         "op": if write { "write" } else { "read" },
         "host_cores": host_cores,
         "outstanding": outstanding,
-        "connections": plan.connections,
+        "connections": connections,
         "batch": plan.batch,
         "io_size": plan.io_size,
         "requests": rep.requests,
@@ -365,7 +371,7 @@ fn measure(t: &Target<'_>, write: bool, outstanding: usize, plan: &Plan) -> Resu
         "dpu_cpu_us_per_op": dpu_cpu / ops * 1e6,
     });
     eprintln!(
-        "  {mode} {:>5} cores={host_cores} outstanding={outstanding:>3}: {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  host {:>6.2} µs/op  DPU {:>6.2} µs/op  errors {}",
+        "  {mode} {:>5} cores={host_cores} conns={connections} outstanding={outstanding:>3}: {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  host {:>6.2} µs/op  DPU {:>6.2} µs/op  errors {}",
         if write { "write" } else { "read" },
         rep.requests_per_sec,
         rep.p50_us,
@@ -450,10 +456,18 @@ fn run_mode(
             duration: Some(Duration::from_millis(300)),
             ..ClientConfig::default()
         });
-        let sweep: Vec<usize> = if cores == max_cores {
-            plan.outstanding.clone()
+        let (c_max, o_min, o_max) = (
+            *plan.connections.iter().max().expect("connections"),
+            *plan.outstanding.iter().min().expect("load points"),
+            *plan.outstanding.iter().max().expect("load points"),
+        );
+        let sweep: Vec<(usize, usize)> = if cores == max_cores {
+            plan.connections
+                .iter()
+                .flat_map(|&c| plan.outstanding.iter().map(move |&o| (c, o)))
+                .collect()
         } else {
-            vec![*plan.outstanding.last().expect("load points")]
+            vec![(c_max, o_max)]
         };
         let t = Target {
             mode,
@@ -463,16 +477,16 @@ fn run_mode(
             addr,
             files: &files,
         };
-        for &o in &sweep {
-            points.push(measure(&t, false, o, plan)?);
+        for &load in &sweep {
+            points.push(measure(&t, false, load, plan)?);
         }
         if plan.writes && cores == max_cores {
-            let mut ws: Vec<usize> = vec![plan.outstanding[0]];
-            if plan.outstanding.len() > 1 {
-                ws.push(*plan.outstanding.last().expect("load points"));
+            let mut ws = vec![(c_max, o_min)];
+            if o_max != o_min {
+                ws.push((c_max, o_max));
             }
-            for &o in &ws {
-                points.push(measure(&t, true, o, plan)?);
+            for &load in &ws {
+                points.push(measure(&t, true, load, plan)?);
             }
         }
         server.stop();
@@ -496,7 +510,9 @@ fn summarize(points: &[Value], mode: &str, label: &str) -> Value {
     let at_load = |op: &str| {
         of_mode()
             .filter(|p| p["op"] == op && p["host_cores"] == max_cores)
-            .max_by_key(|p| p["outstanding"].as_u64().unwrap_or(0))
+            .max_by_key(|p| {
+                p["outstanding"].as_u64().unwrap_or(0) * p["connections"].as_u64().unwrap_or(0)
+            })
     };
     let peak = of_mode()
         .filter(|p| p["op"] == "read")
@@ -676,7 +692,13 @@ pub fn run_remote(a: RemoteArgs) -> Result<()> {
             .unwrap_or(if a.quick { 16 << 20 } else { 64 << 20 }),
         io_size: u32::try_from(a.io_size).context("--io-size")?,
         batch: a.batch.max(1),
-        connections: a.connections.max(1),
+        connections: if !a.connections.is_empty() {
+            a.connections.iter().map(|&c| c.max(1)).collect()
+        } else if a.quick {
+            vec![2]
+        } else {
+            vec![1, 2, 4]
+        },
         outstanding: if !a.outstanding.is_empty() {
             a.outstanding.clone()
         } else if a.quick {
