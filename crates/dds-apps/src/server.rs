@@ -329,6 +329,8 @@ struct Worker {
     ops: Vec<Option<Op>>,
     free_ops: Vec<usize>,
     waiting: VecDeque<usize>,
+    /// Connections that stopped parsing because `waiting` was full.
+    stalled: Vec<usize>,
     dirty: Vec<usize>,
     completions: Vec<Completion>,
     pool: BufPool,
@@ -371,6 +373,7 @@ impl Worker {
             ops: Vec::new(),
             free_ops: Vec::new(),
             waiting: VecDeque::new(),
+            stalled: Vec::new(),
             dirty: Vec::new(),
             completions: Vec::new(),
             pool: BufPool::new(256),
@@ -427,6 +430,13 @@ impl Worker {
                 self.reap();
             }
             self.retry_waiting();
+            if self.waiting.len() < WAITING_MAX {
+                for ci in std::mem::take(&mut self.stalled) {
+                    if let Some(Some(c)) = self.conns.get_mut(ci) {
+                        mark_dirty(&mut self.dirty, c, ci);
+                    }
+                }
+            }
             let dirty = std::mem::take(&mut self.dirty);
             for &ci in &dirty {
                 if let Some(Some(c)) = self.conns.get_mut(ci) {
@@ -761,6 +771,9 @@ impl Worker {
         let mut moved = false;
         loop {
             if self.waiting.len() >= WAITING_MAX {
+                if !self.stalled.contains(&ci) {
+                    self.stalled.push(ci);
+                }
                 return Ok(moved);
             }
             let Some(Some(c)) = self.conns.get_mut(ci) else {

@@ -589,3 +589,52 @@ fn random_bytes_and_mutated_messages_never_take_the_server_down() {
         assert_eq!(pattern::check(files[0], 512, &d), None);
     }
 }
+
+/// More requests in flight than the backend takes (io_uring depth 256, 512 waiting): connections
+/// stall on the worker's waiting queue and resume when it drains.
+fn deep_queues(fx: &Fixture) {
+    let rep = client::run(&ClientConfig {
+        connect: fx.addr(),
+        files: fx.files(),
+        file_size: FILE_SIZE,
+        io_size: 4096,
+        read_ratio: 0.8,
+        batch: 1024,
+        outstanding: 2,
+        connections: 4,
+        duration: None,
+        requests: Some(24 * 1024),
+        verify: true,
+        seed: 11,
+    })
+    .unwrap();
+    assert_eq!(
+        (
+            rep.requests,
+            rep.errors,
+            rep.order_violations,
+            rep.verify_failures
+        ),
+        (24 * 1024, 0, 0, 0),
+        "{rep:?}"
+    );
+}
+
+fn deep_config() -> ServerConfig {
+    ServerConfig {
+        threads: 1,
+        conn_max_ops: 4096,
+        conn_max_bytes: 64 << 20,
+        ..ServerConfig::default()
+    }
+}
+
+#[test]
+fn os_backend_with_more_requests_in_flight_than_the_device_queue() {
+    deep_queues(&Fixture::os(deep_config()));
+}
+
+#[test]
+fn dds_backend_with_more_requests_in_flight_than_the_group_slots() {
+    deep_queues(&Fixture::dds(deep_config()));
+}
