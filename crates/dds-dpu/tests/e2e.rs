@@ -338,3 +338,85 @@ fn dpu_shutdown_fails_pending_calls_of_a_polling_host() {
     });
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+fn start_with_offload() -> (DpuHandle, dds_cache::CacheReader) {
+    use dds_offload::{CacheMaintainer, FileReadPort, PagestoreApp, PortConfig};
+    let app: std::sync::Arc<dyn dds_offload::OffloadApp> =
+        std::sync::Arc::new(PagestoreApp::default());
+    let port = FileReadPort::new(PortConfig::default());
+    let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(1 << 12)).unwrap();
+    let maintainer = CacheMaintainer::new(writer, app, port.clone());
+    let reader = maintainer.reader();
+    let hooks = dds_dpu::OffloadHooks {
+        maintainer,
+        port: port.service().unwrap(),
+    };
+    let config = DpuConfig {
+        socket: socket_path(),
+        ..DpuConfig::default()
+    };
+    let dpu = Dpu::start_with(
+        config,
+        || {
+            let mut dev = MemDevice::new(64 << 20, 512);
+            format(
+                &mut dev,
+                FormatConfig {
+                    segment_size: 1 << 20,
+                    ..FormatConfig::default()
+                },
+            )?;
+            FileService::open(Box::new(dev), OpenConfig::default())
+        },
+        Some(hooks),
+    )
+    .unwrap();
+    (dpu, reader)
+}
+
+#[test]
+fn host_writes_and_explicit_batches_maintain_the_cache_table() {
+    let (dpu, cache) = start_with_offload();
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let f = dds.create_file("/pages").unwrap();
+    // Cache-on-write: a completed host write of page 2 makes it cached (with a version).
+    let key = dds_offload::PagestoreApp::page_key(f.id, 2);
+    assert!(cache.get(key).is_none());
+    dds.write_sync(f.id, 2 * 4096, &[1u8; 4096]).unwrap();
+    let item = cache.get(key).expect("cached at write completion");
+    assert!(item.version > 0);
+    // Explicit batches from the host library, ordered with its writes.
+    let items = [
+        dds_host::CacheRecordItem {
+            key: 1 << 60,
+            offset: 512,
+            file_id: f.id,
+            size: 100,
+            tag: 9,
+        },
+        dds_host::CacheRecordItem {
+            key: (1 << 60) + 1,
+            offset: 1024,
+            file_id: f.id,
+            size: 8,
+            tag: 0,
+        },
+    ];
+    dds.cache_items(&items).unwrap();
+    let got = cache.get(1 << 60).expect("host-supplied item");
+    assert_eq!((got.offset, got.size, got.file_id), (512, 100, f.id));
+    dds.invalidate_keys(&[1 << 60, key]).unwrap();
+    assert!(cache.get(1 << 60).is_none());
+    assert!(cache.get(key).is_none());
+    assert!(cache.get((1 << 60) + 1).is_some());
+    dpu.shutdown();
+}
+
+#[test]
+fn cache_batches_without_an_offload_engine_are_refused() {
+    let dpu = start(ExecMode::ZeroCopy, false);
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let e = dds.invalidate_keys(&[1]).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
+    dpu.shutdown();
+}

@@ -8,9 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use dds_proto::cache_records::{
+    encode_cache_items, encode_invalidate_items, CacheRecordItem, CACHE_ITEM_BYTES,
+    INVALIDATE_ITEM_BYTES,
+};
 use dds_proto::control::{
     self, DirEntry, FileInfo, FrameError, HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
 };
+use dds_proto::record::Op;
 use dds_proto::Status;
 use serde::de::DeserializeOwned;
 
@@ -406,6 +411,38 @@ impl Dds {
             g.issue_write(file, offset, &[data], fctx, 0, Some(waiter.clone()))?;
             g.wait(&waiter).map(|n| n as usize)
         })
+    }
+
+    /// Sends cache-table items to the DPU's offload engine, for state that lives in host
+    /// memory (`docs/consistency.md`). Goes through the default group's ring, so it is ordered
+    /// with the writes issued there before it; returns once the DPU applied it.
+    pub fn cache_items(&self, items: &[CacheRecordItem]) -> Result<()> {
+        let per = (self.shared.hello.max_io_bytes as usize / CACHE_ITEM_BYTES).max(1);
+        for chunk in items.chunks(per) {
+            let mut data = vec![0u8; chunk.len() * CACHE_ITEM_BYTES];
+            encode_cache_items(chunk, &mut data).expect("sized to the items");
+            self.data_record_sync(Op::Cache, &data)?;
+        }
+        Ok(())
+    }
+
+    /// Drops keys from the DPU's cache table (the host is about to change those objects).
+    /// Later offloaded reads of them go to the host until cache-on-write re-inserts them.
+    pub fn invalidate_keys(&self, keys: &[u64]) -> Result<()> {
+        let per = (self.shared.hello.max_io_bytes as usize / INVALIDATE_ITEM_BYTES).max(1);
+        for chunk in keys.chunks(per) {
+            let mut data = vec![0u8; chunk.len() * INVALIDATE_ITEM_BYTES];
+            encode_invalidate_items(chunk, &mut data).expect("sized to the keys");
+            self.data_record_sync(Op::Invalidate, &data)?;
+        }
+        Ok(())
+    }
+
+    fn data_record_sync(&self, op: Op, data: &[u8]) -> Result<()> {
+        let g = self.default_group.inner();
+        let waiter = crate::group::WaiterInner::new();
+        g.issue_data(op, 0, 0, &[data], 0, 0, Some(waiter.clone()))?;
+        g.wait(&waiter).map(|_| ())
     }
 
     /// Flushes `file`'s group and waits.

@@ -417,6 +417,22 @@ impl GroupInner {
         io_ctx: u64,
         waiter: Option<Waiter>,
     ) -> Result<()> {
+        self.issue_data(Op::Write, file, offset, bufs, file_ctx, io_ctx, waiter)
+    }
+
+    /// Issues a record that carries data: WRITE, CACHE or INVALIDATE.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn issue_data(
+        &self,
+        op: Op,
+        file: u32,
+        offset: u64,
+        bufs: &[&[u8]],
+        file_ctx: u64,
+        io_ctx: u64,
+        waiter: Option<Waiter>,
+    ) -> Result<()> {
+        debug_assert!(op.carries_data());
         self.check_issue()?;
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         if total > self.max_io_bytes as u64 {
@@ -426,7 +442,7 @@ impl GroupInner {
             ));
         }
         let (idx, request_id) = self.take_slot(|d| {
-            d.op = Op::Write;
+            d.op = op;
             d.file_ctx = file_ctx;
             d.io_ctx = io_ctx;
             d.iov_count = 0;
@@ -434,13 +450,13 @@ impl GroupInner {
             d.waiter = waiter;
         })?;
         let h = RequestHeader {
-            op: Op::Write,
+            op,
             request_id,
             file_id: file,
             offset,
             bytes: total as u32,
         };
-        self.push(Op::Write, idx, &h, bufs)
+        self.push(op, idx, &h, bufs)
     }
 
     pub(crate) fn issue_flush(

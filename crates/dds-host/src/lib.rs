@@ -12,6 +12,7 @@ mod error;
 mod group;
 
 pub use conn::{Config, Dds};
+pub use dds_proto::cache_records::CacheRecordItem;
 pub use dds_proto::control::{DirEntry, EntryKind, FileInfo, HelloInfo, SpaceInfo};
 pub use dds_proto::Status;
 pub use error::{DdsError, Result};

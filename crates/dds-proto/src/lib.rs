@@ -2,6 +2,7 @@
 //! the rings (`docs/records.md`), the status codes, and the control protocol
 //! (`docs/control-protocol.md`).
 
+pub mod cache_records;
 pub mod control;
 pub mod record;
 mod status;
