@@ -253,7 +253,7 @@ unsafe fn copy_from_host(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY (whole function): within the ranges above; atomics on the shared side, each at
     // an address aligned to its size.
     unsafe {
-        while i < len && (src as usize + i) % 8 != 0 {
+        while i < len && !(src as usize + i).is_multiple_of(8) {
             i += read_narrow(src.add(i), dst.add(i), len - i);
         }
         while i + 8 <= len {
@@ -276,11 +276,11 @@ unsafe fn read_narrow(src: *const u8, dst: *mut u8, left: usize) -> usize {
     let a = src as usize;
     // SAFETY: see the caller.
     unsafe {
-        if a % 4 == 0 && left >= 4 {
+        if a.is_multiple_of(4) && left >= 4 {
             let v = AtomicU32::from_ptr(src as *mut u32).load(Ordering::Acquire);
             (dst as *mut u32).write_unaligned(v);
             4
-        } else if a % 2 == 0 && left >= 2 {
+        } else if a.is_multiple_of(2) && left >= 2 {
             let v = AtomicU16::from_ptr(src as *mut u16).load(Ordering::Acquire);
             (dst as *mut u16).write_unaligned(v);
             2
@@ -302,7 +302,7 @@ unsafe fn copy_to_host(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY (whole function): within the ranges above; atomics on the shared side, each at
     // an address aligned to its size.
     unsafe {
-        while i < len && (dst as usize + i) % 8 != 0 {
+        while i < len && !(dst as usize + i).is_multiple_of(8) {
             i += write_narrow(src.add(i), dst.add(i), len - i);
         }
         while i + 8 <= len {
@@ -324,11 +324,11 @@ unsafe fn write_narrow(src: *const u8, dst: *mut u8, left: usize) -> usize {
     let a = dst as usize;
     // SAFETY: see the caller.
     unsafe {
-        if a % 4 == 0 && left >= 4 {
+        if a.is_multiple_of(4) && left >= 4 {
             let v = (src as *const u32).read_unaligned();
             AtomicU32::from_ptr(dst as *mut u32).store(v, Ordering::Relaxed);
             4
-        } else if a % 2 == 0 && left >= 2 {
+        } else if a.is_multiple_of(2) && left >= 2 {
             let v = (src as *const u16).read_unaligned();
             AtomicU16::from_ptr(dst as *mut u16).store(v, Ordering::Relaxed);
             2

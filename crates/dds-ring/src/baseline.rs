@@ -141,7 +141,7 @@ impl LockedProducer {
         max_inflight_bytes: u64,
     ) -> Self {
         assert!(
-            offset % 64 == 0
+            offset.is_multiple_of(64)
                 && offset as u64 + POINTER_AREA_BYTES as u64 + capacity <= region.len() as u64
         );
         assert!((8..=capacity).contains(&max_inflight_bytes));
@@ -234,9 +234,10 @@ impl FarmProducer {
         slots: u64,
         slot_bytes: usize,
     ) -> Self {
-        assert!(slots > 0 && slot_bytes >= FARM_SLOT_HEADER + 8 && slot_bytes % 8 == 0);
+        assert!(slots > 0 && slot_bytes >= FARM_SLOT_HEADER + 8 && slot_bytes.is_multiple_of(8));
         assert!(
-            offset % 64 == 0 && offset as u64 + slots * slot_bytes as u64 <= region.len() as u64
+            offset.is_multiple_of(64)
+                && offset as u64 + slots * slot_bytes as u64 <= region.len() as u64
         );
         FarmProducer {
             // SAFETY: inside the region, which the producer keeps alive.
@@ -316,7 +317,7 @@ pub struct FarmConsumer {
 
 impl FarmConsumer {
     pub fn new(region: RegionId, offset: u64, slots: u64, slot_bytes: usize) -> Self {
-        assert!(slots > 0 && slot_bytes >= FARM_SLOT_HEADER + 8 && slot_bytes % 8 == 0);
+        assert!(slots > 0 && slot_bytes >= FARM_SLOT_HEADER + 8 && slot_bytes.is_multiple_of(8));
         FarmConsumer {
             region,
             offset,

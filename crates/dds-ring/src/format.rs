@@ -132,14 +132,17 @@ pub fn place(tail: u64, capacity: u64, header_len: u32, data_len: u32, align: u3
         "bad ring capacity {capacity}"
     );
     assert!(
-        header_len >= RECORD_ALIGN && header_len % RECORD_ALIGN == 0,
+        header_len >= RECORD_ALIGN && header_len.is_multiple_of(RECORD_ALIGN),
         "bad header length {header_len}"
     );
     assert!(
         align.is_power_of_two() && align <= MAX_DATA_ALIGN,
         "bad data alignment {align}"
     );
-    assert!(tail % RECORD_ALIGN as u64 == 0, "unaligned tail {tail}");
+    assert!(
+        tail.is_multiple_of(RECORD_ALIGN as u64),
+        "unaligned tail {tail}"
+    );
     assert!(
         fits(capacity, header_len, data_len, align),
         "record does not fit the ring"

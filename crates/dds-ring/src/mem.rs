@@ -43,14 +43,14 @@ impl RingMem {
 
     /// The `u64` counter at `offset` of the pointer area.
     pub fn counter(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 64 == 0 && offset < POINTER_AREA_BYTES);
+        debug_assert!(offset.is_multiple_of(64) && offset < POINTER_AREA_BYTES);
         // SAFETY: inside the pointer area, 8-aligned; the memory outlives `self` (`new`).
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(offset).cast()) }
     }
 
     /// The `u32` at `offset` of the pointer area.
     pub fn counter32(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 64 == 0 && offset < POINTER_AREA_BYTES);
+        debug_assert!(offset.is_multiple_of(64) && offset < POINTER_AREA_BYTES);
         // SAFETY: as above, 4-aligned.
         unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast()) }
     }
@@ -119,7 +119,7 @@ impl RingMem {
     /// Reads the framing at data-area position `at` with one `Acquire` load of its word, for
     /// bytes that may be written concurrently by DMA (a record not claimed yet).
     pub fn frame_atomic(&self, at: u64) -> (u32, u16) {
-        debug_assert!(at % 8 == 0 && at < self.capacity);
+        debug_assert!(at.is_multiple_of(8) && at < self.capacity);
         // SAFETY: inside the data area, 8-aligned (the base is 64-aligned).
         let w = unsafe { AtomicU64::from_ptr(self.data_ptr(at).cast()) }.load(Ordering::Acquire);
         parse_frame(&w.to_ne_bytes())

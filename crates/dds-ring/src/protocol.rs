@@ -84,7 +84,7 @@ pub(crate) fn fetch_decision(
     if tail - released > capacity {
         return Err("Tail more than a ring ahead of Head");
     }
-    if tail % RECORD_ALIGN as u64 != 0 {
+    if !tail.is_multiple_of(RECORD_ALIGN as u64) {
         return Err("unaligned Tail");
     }
     Ok((tail > fetched).then_some(tail))
