@@ -296,6 +296,8 @@ fn machine() -> Value {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu_model": model,
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        // Load averages (1, 5, 15 min) when the report was written: other work on the machine.
+        "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" "),
     })
 }
 
