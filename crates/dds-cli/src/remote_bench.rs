@@ -4,8 +4,10 @@
 //! `remote` runs, side by side in one run and on the same disk:
 //! - (a) baseline: `dds app pagestore --backend os` (kernel TCP + OS files, io_uring O_DIRECT);
 //! - (b) `dds dpu` + `dds app pagestore --backend dds` (kernel TCP + DDS files);
-//! - (c) DDS offload (the traffic director serving reads on the DPU): started through
-//!   [`offload_dpu_args`], reported as not available until `dds dpu` has director flags.
+//! - (c) DDS offload: `dds dpu --offload pagestore` with its traffic director in front of the
+//!   host server of (b), reads served on the DPU, the rest forwarded to the host; the flags come
+//!   from [`offload_dpu_args`], and the mode is reported as not available when `dds dpu` lacks
+//!   them. It runs once more with the offload engine's copy mode for Fig. 20.
 //!
 //! The load client runs inside this process. For each mode and load point it records
 //! throughput, latency percentiles and the CPU seconds of the server process ("host") and of
@@ -200,8 +202,8 @@ fn spawn_ready(name: &'static str, cmd: &mut Command, timeout: Duration) -> Resu
     Ok((proc, v))
 }
 
-fn start_dpu(device: &Path, socket: &Path, dma_cost: &str, cpus: Option<&str>) -> Result<Proc> {
-    let args: Vec<String> = vec![
+fn dpu_args(device: &Path, socket: &Path, dma_cost: &str) -> Vec<String> {
+    vec![
         "dpu".into(),
         "--device".into(),
         device.display().to_string(),
@@ -209,8 +211,11 @@ fn start_dpu(device: &Path, socket: &Path, dma_cost: &str, cpus: Option<&str>) -
         socket.display().to_string(),
         "--dma-cost".into(),
         dma_cost.into(),
-    ];
-    let mut cmd = dds_command(&args, cpus)?;
+    ]
+}
+
+fn start_dpu(args: &[String], socket: &Path, cpus: Option<&str>) -> Result<Proc> {
+    let mut cmd = dds_command(args, cpus)?;
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -238,26 +243,56 @@ pub struct NotAvailable(pub String);
 
 /// EXTENSION POINT for mode (c), DDS offload: given the `dds dpu` command line, adds the
 /// traffic-director and offload-engine flags so the DPU serves the pagestore's clients itself
-/// (reads offloaded, the rest forwarded to the host server), and returns the address clients
-/// must connect to. Until `dds dpu` has those flags, mode (c) is reported as not available.
+/// (reads offloaded to the DPU's file service, the rest forwarded to the host server at
+/// `host_server`), and returns the address clients must connect to. `copy` selects the offload
+/// engine's copy mode (the Fig. 20 baseline). Reports [`NotAvailable`] when `dds dpu` lacks the
+/// flags.
 pub fn offload_dpu_args(
-    _dpu_args: &mut Vec<String>,
-    _host_server: SocketAddr,
+    dpu_args: &mut Vec<String>,
+    host_server: SocketAddr,
+    copy: bool,
 ) -> Result<SocketAddr, NotAvailable> {
     let help = std::env::current_exe()
         .ok()
         .and_then(|exe| Command::new(exe).args(["dpu", "--help"]).output().ok())
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_lowercase())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    if help.contains("director") || help.contains("offload") {
-        Err(NotAvailable(
-            "`dds dpu` has director/offload flags, but remote_bench::offload_dpu_args is not wired to them yet".into(),
-        ))
-    } else {
-        Err(NotAvailable(
-            "the traffic director and offload engine (crates/dds-offload) are not available in `dds dpu` yet".into(),
-        ))
+    for flag in [
+        "--offload ",
+        "--director-listen",
+        "--host-app",
+        "--offload-uncached",
+    ] {
+        if !help.contains(flag) {
+            return Err(NotAvailable(format!(
+                "`dds dpu` has no {} flag: the traffic director and offload engine are not available",
+                flag.trim()
+            )));
+        }
     }
+    if copy && !help.contains("--offload-copy") {
+        return Err(NotAvailable("`dds dpu` has no --offload-copy flag".into()));
+    }
+    let director = free_port().map_err(|e| NotAvailable(format!("no free port: {e}")))?;
+    dpu_args.extend([
+        "--offload".to_string(),
+        "pagestore".to_string(),
+        "--director-listen".to_string(),
+        director.to_string(),
+        "--host-app".to_string(),
+        host_server.to_string(),
+        // The files were written by the host server, not through this DPU: serve every read.
+        "--offload-uncached".to_string(),
+    ]);
+    if copy {
+        dpu_args.push("--offload-copy".into());
+    }
+    Ok(director)
+}
+
+/// A loopback address with a port nothing listens on right now.
+fn free_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,12 +427,12 @@ fn measure(
     Ok(p)
 }
 
-fn server_args(plan: &Plan, backend: &str, where_: &[String]) -> Vec<String> {
+fn server_args(plan: &Plan, backend: &str, where_: &[String], listen: SocketAddr) -> Vec<String> {
     let mut a: Vec<String> = vec![
         "app".into(),
         "pagestore".into(),
         "--listen".into(),
-        "127.0.0.1:0".into(),
+        listen.to_string(),
         "--backend".into(),
         backend.into(),
         "--files".into(),
@@ -428,12 +463,38 @@ fn parse_ready(v: &Value) -> Result<(SocketAddr, Vec<u32>)> {
 /// Runs one mode: for each host core count, a server pinned to that many cores, and the load
 /// points (the full read sweep, and the write sweep, at the largest core count; the peak read
 /// point at the others).
+/// Waits until something accepts connections at `addr`.
+fn wait_listening(addr: SocketAddr) -> Result<()> {
+    for _ in 0..500 {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("nothing listens on {addr}")
+}
+
+/// How clients reach a mode's server.
+#[derive(Clone, Copy)]
+enum Front {
+    /// The host server itself, on a port it picks.
+    Host,
+    /// The traffic director on the DPU, forwarding to the host server at `host`.
+    Director {
+        director: SocketAddr,
+        host: SocketAddr,
+    },
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_mode(
     mode: &str,
     backend: &str,
     where_: &[String],
     plan: &Plan,
     dpu: Option<&Proc>,
+    front: Front,
+    reads_only_at_max_cores: bool,
     points: &mut Vec<Value>,
 ) -> Result<()> {
     let max_cores = plan.ncpu.min(2);
@@ -441,11 +502,22 @@ fn run_mode(
     if max_cores > 1 {
         core_counts.push(1);
     }
+    if reads_only_at_max_cores {
+        core_counts.truncate(1);
+    }
     for &cores in &core_counts {
         let list = cpu_list(cores);
-        let mut cmd = dds_command(&server_args(plan, backend, where_), Some(&list))?;
+        let listen = match front {
+            Front::Host => "127.0.0.1:0".parse()?,
+            Front::Director { host, .. } => host,
+        };
+        let mut cmd = dds_command(&server_args(plan, backend, where_, listen), Some(&list))?;
         let (server, ready) = spawn_ready("pagestore server", &mut cmd, Duration::from_secs(120))?;
-        let (addr, files) = parse_ready(&ready)?;
+        let (mut addr, files) = parse_ready(&ready)?;
+        if let Front::Director { director, .. } = front {
+            addr = director;
+            wait_listening(director)?;
+        }
         // Warm-up (connections, page tables, the DPU's first requests).
         let _ = client::run(&ClientConfig {
             connect: addr,
@@ -482,7 +554,7 @@ fn run_mode(
         for &load in &sweep {
             points.push(measure(&t, false, load, plan)?);
         }
-        if plan.writes && cores == max_cores {
+        if plan.writes && cores == max_cores && !reads_only_at_max_cores {
             let mut ws = vec![(c_max, o_min)];
             if o_max != o_min {
                 ws.push((c_max, o_max));
@@ -562,7 +634,11 @@ fn series(
     v
 }
 
-const MODES: [(&str, &str); 2] = [("a", "TCP + OS files"), ("b", "TCP + DDS files")];
+const MODES: [(&str, &str); 3] = [
+    ("a", "TCP + OS files"),
+    ("b", "TCP + DDS files"),
+    ("c", "DDS offload"),
+];
 
 fn draw_remote(out: &Path, points: &[Value], max_cores: u64, quick: bool) -> Result<Vec<String>> {
     let note = format!(
@@ -680,6 +756,53 @@ fn draw_remote(out: &Path, points: &[Value], max_cores: u64, quick: bool) -> Res
     let p14 = out.join("remote-fig14.png");
     plot::draw(&p14, &charts14)?;
     files.push(p14.display().to_string());
+
+    // Fig. 20: the offload engine with and without zero copy (reads, latency vs throughput).
+    let mut s20 = Vec::new();
+    for (m, label) in [("c", "zero copy"), ("c-copy", "copy")] {
+        let p50 = kiops(series(
+            points,
+            m,
+            "read",
+            Some(max_cores),
+            "throughput",
+            "p50_us",
+        ));
+        let p99 = kiops(series(
+            points,
+            m,
+            "read",
+            Some(max_cores),
+            "throughput",
+            "p99_us",
+        ));
+        if !p50.is_empty() {
+            s20.push(Series {
+                name: format!("{label} p50"),
+                points: p50,
+                secondary: false,
+            });
+            s20.push(Series {
+                name: format!("{label} p99"),
+                points: p99,
+                secondary: true,
+            });
+        }
+    }
+    if s20.len() == 4 {
+        let p20 = out.join("remote-fig20.png");
+        plot::draw(
+            &p20,
+            &[Chart {
+                title: "Fig. 20: DDS offload, zero copy vs copy (reads)".into(),
+                note,
+                x_label: "throughput (K IOPS)".into(),
+                y_label: "latency (µs)".into(),
+                series: s20,
+            }],
+        )?;
+        files.push(p20.display().to_string());
+    }
     Ok(files)
 }
 
@@ -739,6 +862,8 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         &["--dir".into(), os_dir.display().to_string()],
         plan,
         None,
+        Front::Host,
+        false,
         &mut points,
     )?;
     // (b) DDS files: a device file on the same disk, served by `dds dpu`.
@@ -754,26 +879,57 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
     })?;
     let socket = work.join("dpu.sock");
     let dpu_cpu = (plan.ncpu - 1).to_string();
-    let dpu = start_dpu(&device, &socket, &a.dma_cost, Some(&dpu_cpu))?;
+    let base_args = dpu_args(&device, &socket, &a.dma_cost);
+    let where_b = ["--socket".to_string(), socket.display().to_string()];
+    let dpu = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
     let r = run_mode(
         "b",
         "dds",
-        &["--socket".into(), socket.display().to_string()],
+        &where_b,
         plan,
         Some(&dpu),
+        Front::Host,
+        false,
         &mut points,
     );
     dpu.stop();
     r?;
-    // (c) DDS offload.
-    let mut probe = Vec::new();
-    let c = match offload_dpu_args(&mut probe, "127.0.0.1:0".parse()?) {
-        Ok(_) => {
-            json!({"available": false, "label": "DDS offload", "reason": "offload runs are not implemented in this benchmark yet"})
+    // (c) DDS offload: the DPU's traffic director in front of the host server of mode (b),
+    // reads served on the DPU; zero copy, then the copy mode for Fig. 20 (reads only).
+    let mut c = Value::Null;
+    for (mode, copy) in [("c", false), ("c-copy", true)] {
+        let host: SocketAddr = free_port()?;
+        let mut args = base_args.clone();
+        match offload_dpu_args(&mut args, host, copy) {
+            Ok(director) => {
+                let dpu = start_dpu(&args, &socket, Some(&dpu_cpu))?;
+                let r = run_mode(
+                    mode,
+                    "dds",
+                    &where_b,
+                    plan,
+                    Some(&dpu),
+                    Front::Director { director, host },
+                    copy,
+                    &mut points,
+                );
+                dpu.stop();
+                r?;
+            }
+            Err(NotAvailable(why)) => {
+                eprintln!("  mode {mode}: not available: {why}");
+                c = json!({"available": false, "label": "DDS offload", "reason": why});
+                break;
+            }
         }
-        Err(NotAvailable(why)) => {
-            json!({"available": false, "label": "DDS offload", "reason": why})
-        }
+    }
+    if c.is_null() {
+        c = summarize(&points, "c", "DDS offload");
+    }
+    let c_copy = if points.iter().any(|p| p["mode"] == "c-copy") {
+        summarize(&points, "c-copy", "DDS offload, copy mode")
+    } else {
+        json!({"available": false, "label": "DDS offload, copy mode"})
     };
     let max_cores = plan.ncpu.min(2) as u64;
     let plots = draw_remote(&a.out, &points, max_cores, a.quick)?;
@@ -800,15 +956,16 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         "modes": {
             "a": "host application with kernel TCP and OS files (baseline)",
             "b": "host application with kernel TCP and DDS files",
-            "c": "DDS offload (traffic director + offload engine on the DPU)",
+            "c": "DDS offload: clients connect to the traffic director in `dds dpu` (--offload pagestore --offload-uncached), which serves reads on the DPU and forwards the rest to the mode-b host server",
+            "c-copy": "mode c with the offload engine's copy mode (--offload-copy), the Fig. 20 baseline",
         },
         "summary": {
             "a": summarize(&points, "a", "TCP + OS files"),
             "b": summarize(&points, "b", "TCP + DDS files"),
             "c": c,
+            "c_copy": c_copy,
         },
         "plots": plots,
-        "fig20": "not drawn: needs mode c (zero-copy vs copy offload engine)",
         "points": points,
         "elapsed_s": started.elapsed().as_secs_f64(),
     });
