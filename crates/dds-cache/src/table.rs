@@ -106,14 +106,14 @@ impl CacheReader {
         }
     }
 
-    /// Hint that `key` will be looked up soon: starts loading its buckets into the cache.
-    /// Issuing it a few lookups ahead lets the memory accesses of a batch overlap.
+    /// Hint that `key` will be looked up soon: starts loading its first candidate bucket
+    /// (where nearly all keys live) into the cache. Issuing it a few lookups ahead lets the
+    /// memory accesses of a batch overlap.
     #[inline]
     pub fn prefetch(&self, key: u64) {
         let t = &*self.table;
-        let (i1, i2) = t.candidates(key);
-        t.bucket(i1).prefetch(true);
-        t.bucket(i2).prefetch(false);
+        t.bucket(first_candidate(key, t.seeds, t.mask))
+            .prefetch(true);
     }
 
     /// Look up a batch: `out[i] = self.get(keys[i])` for every `i`. While one key is read
