@@ -88,6 +88,9 @@ pub struct RemoteArgs {
     /// Skip the write curves.
     #[arg(long)]
     pub no_writes: bool,
+    /// CPUs of the `dds dpu` process (a taskset list; default: the last CPU).
+    #[arg(long)]
+    pub dpu_cpus: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -878,7 +881,10 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         max_dirs: None,
     })?;
     let socket = work.join("dpu.sock");
-    let dpu_cpu = (plan.ncpu - 1).to_string();
+    let dpu_cpu = a
+        .dpu_cpus
+        .clone()
+        .unwrap_or_else(|| (plan.ncpu - 1).to_string());
     let base_args = dpu_args(&device, &socket, &a.dma_cost);
     let where_b = ["--socket".to_string(), socket.display().to_string()];
     let dpu = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
@@ -948,7 +954,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
             "seconds_per_point": plan.seconds,
             "server_threads": plan.threads,
             "dma_cost": a.dma_cost,
-            "pinning": format!("host server: taskset -c 0 (1 core) or 0-{} ({} cores); dds dpu: taskset -c {}; client: this process, unpinned", max_cores - 1, max_cores, plan.ncpu - 1),
+            "pinning": format!("host server: taskset -c 0 (1 core) or 0-{} ({} cores); dds dpu: taskset -c {}; client: this process, unpinned", max_cores - 1, max_cores, a.dpu_cpus.clone().unwrap_or_else(|| (plan.ncpu - 1).to_string())),
             "os_backend": "regular files on the same disk as the DDS device file; io_uring with O_DIRECT (buffered descriptor for unaligned requests)",
             "dds_backend": "DDS files through the host library; file service in `dds dpu` (io_uring O_DIRECT on its device file)",
             "cpu": "host = the pagestore server process, DPU = the dds dpu process, from /proc/<pid>/stat over each load point; client_cores_used = this process (the load client), from getrusage",
