@@ -217,13 +217,33 @@ fn dpu_args(device: &Path, socket: &Path, dma_cost: &str) -> Vec<String> {
     ]
 }
 
-fn start_dpu(args: &[String], socket: &Path, cpus: Option<&str>) -> Result<Proc> {
+/// The DPU's stderr is passed through; its last traffic-director statistics line (printed at
+/// exit) is what the join handle returns.
+type DirectorStatsLine = std::thread::JoinHandle<Option<String>>;
+
+fn start_dpu(
+    args: &[String],
+    socket: &Path,
+    cpus: Option<&str>,
+) -> Result<(Proc, DirectorStatsLine)> {
     let mut cmd = dds_command(args, cpus)?;
-    let child = cmd
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .context("start dds dpu")?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let stats = std::thread::spawn(move || {
+        let mut last = None;
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            eprintln!("{line}");
+            if line.contains("director DirectorStats") {
+                last = Some(line);
+            }
+        }
+        last
+    });
     let mut p = Proc {
         child,
         name: "dds dpu",
@@ -233,11 +253,29 @@ fn start_dpu(args: &[String], socket: &Path, cpus: Option<&str>) -> Result<Proc>
             bail!("dds dpu exited at start ({st})");
         }
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok(p);
+            return Ok((p, stats));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     bail!("dds dpu did not open {} in time", socket.display())
+}
+
+/// The counters of a `DirectorStats { name: n, ... }` line.
+fn parse_director_stats(line: Option<&str>) -> Value {
+    let Some(line) = line else {
+        return Value::Null;
+    };
+    let mut m = serde_json::Map::new();
+    if let Some(body) = line.split_once('{').and_then(|(_, b)| b.rsplit_once('}')) {
+        for kv in body.0.split(',') {
+            if let Some((k, v)) = kv.split_once(':') {
+                if let Ok(n) = v.trim().parse::<u64>() {
+                    m.insert(k.trim().to_string(), json!(n));
+                }
+            }
+        }
+    }
+    Value::Object(m)
 }
 
 /// Why mode (c) could not run.
@@ -887,7 +925,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         .unwrap_or_else(|| (plan.ncpu - 1).to_string());
     let base_args = dpu_args(&device, &socket, &a.dma_cost);
     let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let dpu = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
+    let (dpu, _) = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
     let r = run_mode(
         "b",
         "dds",
@@ -903,12 +941,13 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
     // (c) DDS offload: the DPU's traffic director in front of the host server of mode (b),
     // reads served on the DPU; zero copy, then the copy mode for Fig. 20 (reads only).
     let mut c = Value::Null;
+    let mut director_stats = serde_json::Map::new();
     for (mode, copy) in [("c", false), ("c-copy", true)] {
         let host: SocketAddr = free_port()?;
         let mut args = base_args.clone();
         match offload_dpu_args(&mut args, host, copy) {
             Ok(director) => {
-                let dpu = start_dpu(&args, &socket, Some(&dpu_cpu))?;
+                let (dpu, stats) = start_dpu(&args, &socket, Some(&dpu_cpu))?;
                 let r = run_mode(
                     mode,
                     "dds",
@@ -920,6 +959,8 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
                     &mut points,
                 );
                 dpu.stop();
+                let line = stats.join().ok().flatten();
+                director_stats.insert(mode.to_string(), parse_director_stats(line.as_deref()));
                 r?;
             }
             Err(NotAvailable(why)) => {
@@ -971,6 +1012,10 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
             "c": c,
             "c_copy": c_copy,
         },
+        // Requests the traffic director served on the DPU (`offloaded`) or sent to the host
+        // (`forwarded`; `fallback` = reads forwarded because the DPU's file port was full),
+        // over all points of the mode, warm-up included.
+        "director": director_stats,
         "plots": plots,
         "points": points,
         "elapsed_s": started.elapsed().as_secs_f64(),
@@ -1164,4 +1209,19 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
     }
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn director_stats_line_is_parsed() {
+        let v = parse_director_stats(Some(
+            "dds dpu: director DirectorStats { accepted: 8, split: 8, offloaded: 80938, forwarded: 59254, fallback: 59254 }",
+        ));
+        assert_eq!(v["offloaded"], 80938);
+        assert_eq!(v["fallback"], 59254);
+        assert_eq!(parse_director_stats(None), Value::Null);
+    }
 }

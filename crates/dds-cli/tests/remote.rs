@@ -154,6 +154,11 @@ fn bench_remote_quick_reports_modes_a_b_and_c() {
         assert!(c["throughput"].as_f64().unwrap() > 0.0, "{c}");
         assert!(c["dpu_cpu_us_per_op"].as_f64().is_some(), "{c}");
         assert!(out_dir.path().join("remote-fig20.png").exists());
+        assert!(
+            json["director"]["c"]["offloaded"].as_u64().unwrap_or(0) > 0,
+            "{}",
+            json["director"]
+        );
     } else {
         assert!(c["reason"].as_str().is_some(), "{c}");
     }
