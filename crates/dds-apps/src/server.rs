@@ -744,10 +744,12 @@ impl Worker {
         if c.in_end - c.in_start >= limit {
             return Ok(false);
         }
-        if c.inbuf.len() < c.in_start + limit {
-            c.inbuf.resize(c.in_start + limit, 0);
+        // Grow with the bytes that actually arrive (doubling), never past the bound.
+        if c.in_end == c.inbuf.len() && c.inbuf.len() < c.in_start + limit {
+            let grown = (c.inbuf.len() * 2).clamp(IN_SLACK, c.in_start + limit);
+            c.inbuf.resize(grown, 0);
         }
-        let end = c.in_start + limit;
+        let end = (c.in_start + limit).min(c.inbuf.len());
         match c.stream.read(&mut c.inbuf[c.in_end..end]) {
             Ok(0) => {
                 c.eof = true;

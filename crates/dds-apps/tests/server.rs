@@ -638,3 +638,34 @@ fn os_backend_with_more_requests_in_flight_than_the_device_queue() {
 fn dds_backend_with_more_requests_in_flight_than_the_group_slots() {
     deep_queues(&Fixture::dds(deep_config()));
 }
+
+#[test]
+fn megabyte_requests_in_multi_megabyte_messages() {
+    for fx in [Fixture::os(small_config()), Fixture::dds(small_config())] {
+        let rep = client::run(&ClientConfig {
+            connect: fx.addr(),
+            files: fx.files(),
+            file_size: FILE_SIZE,
+            io_size: 1 << 20,
+            read_ratio: 0.5,
+            batch: 4,
+            outstanding: 2,
+            connections: 2,
+            duration: None,
+            requests: Some(48),
+            verify: true,
+            seed: 5,
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                rep.requests,
+                rep.errors,
+                rep.order_violations,
+                rep.verify_failures
+            ),
+            (48, 0, 0, 0),
+            "{rep:?}"
+        );
+    }
+}
