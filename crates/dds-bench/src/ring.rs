@@ -9,6 +9,9 @@
 //! under the same machine load. The figures are medians over the trials.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
 
 use dds_dma::CostModel;
 use dds_ring::bench::{run_config, BenchConfig, BenchPoint, Design};
@@ -101,22 +104,55 @@ fn label(d: Design) -> &'static str {
     }
 }
 
-fn measure(cfg: &BenchConfig, trial: usize) -> RingPoint {
-    let cpu0 = self_cpu_seconds();
-    let point = run_config(cfg);
-    let cpu = self_cpu_seconds() - cpu0;
-    RingPoint {
-        trial,
-        cpu_ns_per_msg: cpu * 1e9 / point.messages.max(1) as f64,
-        point,
+/// Runs one point on its own thread and waits at most `limit` for it: a producer thread that
+/// fails leaves the consumer waiting for messages that never come, which must end the run
+/// with an error rather than hang it.
+fn run_guarded(cfg: &BenchConfig, limit: Duration) -> Result<BenchPoint> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = cfg.clone();
+    std::thread::Builder::new()
+        .name("ring-bench".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(|| run_config(&c));
+            let _ = tx.send(r);
+        })?;
+    let what = || {
+        format!(
+            "ring benchmark: {} with {} producers (DMA cost model {})",
+            label(cfg.design),
+            cfg.producers,
+            if cfg.cost.is_some() { "on" } else { "off" }
+        )
+    };
+    match rx.recv_timeout(limit) {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(_)) => bail!("{} failed (see the panic message above)", what()),
+        Err(_) => bail!(
+            "{} did not finish within {} s: a producer thread failed or the consumer stopped \
+             receiving (see any panic message above)",
+            what(),
+            limit.as_secs()
+        ),
     }
 }
 
-/// Runs the benchmark.
+fn measure(cfg: &BenchConfig, trial: usize, limit: Duration) -> Result<RingPoint> {
+    let cpu0 = self_cpu_seconds();
+    let point = run_guarded(cfg, limit)?;
+    let cpu = self_cpu_seconds() - cpu0;
+    Ok(RingPoint {
+        trial,
+        cpu_ns_per_msg: cpu * 1e9 / point.messages.max(1) as f64,
+        point,
+    })
+}
+
+/// Runs the benchmark. Fails when a point fails (a ring reports corruption, a producer
+/// thread panics) or does not finish in time.
 ///
 /// # Panics
-/// If a ring reports corruption (a bug), or the options name no producers or designs.
-pub fn run(opts: &RingOptions) -> Report {
+/// If the options name no producers, designs or cost-model settings.
+pub fn run(opts: &RingOptions) -> Result<Report> {
     assert!(!opts.producers.is_empty() && !opts.designs.is_empty() && !opts.cost_model.is_empty());
     let machine = Machine::detect();
     let per_trial = opts.cost_model.len() * opts.producers.len() * opts.designs.len();
@@ -124,6 +160,7 @@ pub fn run(opts: &RingOptions) -> Report {
     // Messages of each point, calibrated in the first trial.
     let mut budget: BTreeMap<(bool, usize, usize), u64> = BTreeMap::new();
     let mut points: Vec<RingPoint> = Vec::new();
+    let limit = Duration::from_secs_f64((opts.seconds_per_point * 50.0).max(120.0));
     for trial in 0..opts.trials.max(1) {
         for &cost in &opts.cost_model {
             for &producers in &opts.producers {
@@ -140,23 +177,28 @@ pub fn run(opts: &RingOptions) -> Report {
                     let every = cfg.sample_every;
                     let per_producer =
                         |total: u64| (total.div_ceil(producers as u64) as usize).max(every);
-                    let total = *budget.entry((cost, producers, di)).or_insert_with(|| {
-                        // Pilot run: also warms the design up.
-                        cfg.msgs_per_producer = per_producer(opts.min_messages);
-                        let pilot = run_config(&cfg);
-                        let rate = pilot.msgs_per_sec.max(1.0);
-                        ((rate * opts.seconds_per_point) as u64)
-                            .clamp(opts.min_messages, opts.max_messages)
-                    });
+                    let total = match budget.get(&(cost, producers, di)) {
+                        Some(&n) => n,
+                        None => {
+                            // Pilot run: also warms the design up.
+                            cfg.msgs_per_producer = per_producer(opts.min_messages);
+                            let pilot = run_guarded(&cfg, limit)?;
+                            let rate = pilot.msgs_per_sec.max(1.0);
+                            let n = ((rate * opts.seconds_per_point) as u64)
+                                .clamp(opts.min_messages, opts.max_messages);
+                            budget.insert((cost, producers, di), n);
+                            n
+                        }
+                    };
                     cfg.msgs_per_producer = per_producer(total);
-                    points.push(measure(&cfg, trial));
+                    points.push(measure(&cfg, trial, limit)?);
                     bar.inc(1);
                 }
             }
         }
     }
     bar.finish_and_clear();
-    summarize(opts, machine, points)
+    Ok(summarize(opts, machine, points))
 }
 
 /// Median figures of one (cost model, design, producers) cell.

@@ -57,7 +57,7 @@ fn ring_summary_has_documented_keys() {
         quiet: true,
         ..RingOptions::quick()
     };
-    let report = dds_bench::ring::run(&opts);
+    let report = dds_bench::ring::run(&opts).expect("ring benchmark");
     let json = written_json(&report, "ring");
     let s = &json["summary"];
     assert_eq!(s["producers"], 3);

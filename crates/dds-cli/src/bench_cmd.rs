@@ -162,7 +162,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
             o.quiet = r.common.quiet;
             o.command = command_line();
-            finish(&ring::run(&o), &r.common.out)
+            finish(&ring::run(&o)?, &r.common.out)
         }
         Which::Remote(r) => crate::remote_bench::run(r),
         Which::Files(f) => {
