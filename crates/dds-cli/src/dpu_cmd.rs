@@ -85,6 +85,16 @@ pub struct DpuArgs {
     /// Cache table capacity (items).
     #[arg(long, default_value_t = 1 << 20)]
     pub cache_items: usize,
+    /// Offloaded reads in flight per director thread (the context ring); when all are taken,
+    /// reads go to the host.
+    #[arg(long, default_value_t = 1024)]
+    pub offload_contexts: usize,
+    /// Of which one client connection may hold at most.
+    #[arg(long, default_value_t = 512)]
+    pub offload_contexts_per_conn: usize,
+    /// Largest read served on the DPU (size of each pre-allocated read buffer).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub offload_buffer: u64,
 }
 
 /// The traffic director and the service-thread hooks of the offload engine.
@@ -115,9 +125,10 @@ fn start_offload(a: &DpuArgs) -> Result<Option<Offload>> {
             .map_err(|e| anyhow::anyhow!("load offload plugin {path}: {e}"))?,
     };
     let threads = a.director_threads.max(1);
+    let contexts = a.offload_contexts.max(1);
     let port = dds_offload::FileReadPort::new(dds_offload::PortConfig {
         lanes: threads,
-        depth: 256,
+        depth: contexts,
         invalidations: 16384,
     });
     let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(a.cache_items))
@@ -129,6 +140,9 @@ fn start_offload(a: &DpuArgs) -> Result<Option<Offload>> {
             signature,
             threads,
             copy_mode: a.offload_copy,
+            context_ring_len: contexts,
+            max_contexts_per_conn: a.offload_contexts_per_conn.clamp(1, contexts),
+            buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
             ..dds_offload::DirectorConfig::new(listen, host)
         },
         app,
