@@ -29,7 +29,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "1K", value_parser = parse_size)]
     io_size: u64,
     /// Operations in all.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 100_000)]
     ops: u64,
     /// Fraction of reads.
     #[arg(long, default_value_t = 0.5)]
@@ -43,6 +43,12 @@ pub struct DemoArgs {
     /// Emulated PCIe DMA cost model of the DPU.
     #[arg(long, default_value = "on")]
     dma_cost: String,
+    /// Run only the storage-path part (skip the three-way remote comparison).
+    #[arg(long)]
+    storage_only: bool,
+    /// Seconds of load per server configuration in the remote comparison.
+    #[arg(long, default_value_t = 3.0)]
+    remote_seconds: f64,
 }
 
 /// The DPU child process; killed when dropped.
@@ -199,5 +205,30 @@ pub fn run(a: DemoArgs) -> Result<()> {
     if result.errors > 0 {
         bail!("{} operations failed", result.errors);
     }
-    Ok(())
+    if a.storage_only {
+        return Ok(());
+    }
+    println!();
+    println!(
+        "Remote storage: clients send batches of random {io_bytes}-byte reads over TCP to (a) a host server on OS files, (b) a host server on DDS files, (c) DDS offload (the DPU's traffic director serves reads itself, the host sees only writes and misses)"
+    );
+    let out = std::env::temp_dir().join(format!("dds-demo-results-{}", std::process::id()));
+    let r = crate::remote_bench::run_remote(crate::remote_bench::RemoteArgs {
+        quick: true,
+        out: out.clone(),
+        work: None,
+        files: 2,
+        file_size: Some(16 << 20),
+        io_size: a.io_size,
+        batch: 8,
+        connections: vec![2],
+        outstanding: vec![16],
+        seconds: Some(a.remote_seconds),
+        threads: 2,
+        dma_cost: a.dma_cost.clone(),
+        no_writes: true,
+        dpu_cpus: None,
+    });
+    let _ = std::fs::remove_dir_all(&out);
+    r
 }

@@ -376,3 +376,41 @@ fn dpu_resource_profile_pins_and_limits_the_process() {
         "cgroup left behind"
     );
 }
+
+#[test]
+fn demo_storage_path_runs_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(DDS)
+        .args([
+            "demo",
+            "--storage-only",
+            "--ops",
+            "3000",
+            "--device-size",
+            "128M",
+            "--file-size",
+            "16M",
+        ])
+        .arg("--device")
+        .arg(dir.path().join("demo.img"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("DPU emulated as a separate process"));
+    let row = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no {name}"));
+        line.split('│').nth(2).unwrap().trim().parse().unwrap()
+    };
+    assert_eq!(row("operations"), 3000.0);
+    assert_eq!(row("errors"), 0.0);
+    assert!(row("throughput (ops/s)") > 0.0);
+    assert!(row("DPU CPU per op (µs)") > 0.0);
+}
