@@ -9,13 +9,14 @@
 //! under the same machine load. The figures are medians over the trials.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-
+use anyhow::{anyhow, bail, Context, Result};
 use dds_dma::CostModel;
 use dds_ring::bench::{run_config, BenchConfig, BenchPoint, Design};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::cpu::self_cpu_seconds;
@@ -36,7 +37,8 @@ pub struct RingOptions {
     pub seconds_per_point: f64,
     /// Rounds over all points; figures are medians over them.
     pub trials: usize,
-    /// Messages of a pilot run (and the least of a point).
+    /// Messages of a pilot run (and the least of a point); at least four ring-fulls are
+    /// sent in any case, so that no point fits in the ring and measures only its filling.
     pub min_messages: u64,
     /// Most messages of a point.
     pub max_messages: u64,
@@ -45,6 +47,12 @@ pub struct RingOptions {
     #[serde(skip)]
     pub quiet: bool,
     pub command: String,
+    /// Run every point in its own process (`<exe> bench ring-point`), so that a point whose
+    /// producer thread fails is killed and run again instead of ending the run.
+    #[serde(skip)]
+    pub isolate: Option<PathBuf>,
+    /// Attempts per point when isolated.
+    pub attempts: usize,
 }
 
 impl RingOptions {
@@ -62,29 +70,115 @@ impl RingOptions {
             ring_bytes: 1 << 20,
             quiet: false,
             command: "dds bench ring".into(),
+            isolate: None,
+            attempts: 3,
         }
     }
 
-    /// A short run for smoke tests (same points, smaller budget, one trial).
+    /// A short run for smoke tests (same points, a 256 KiB ring, smaller budget, one trial).
     pub fn quick() -> RingOptions {
         RingOptions {
             seconds_per_point: 0.04,
             trials: 1,
             min_messages: 4_096,
+            ring_bytes: 256 << 10,
             command: "dds bench ring --quick".into(),
             ..RingOptions::full()
         }
     }
 }
 
-/// One measured point with the CPU it cost.
+/// The settings of one point.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PointSpec {
+    pub design: String,
+    pub producers: usize,
+    pub msgs_per_producer: usize,
+    pub msg_bytes: usize,
+    pub cost_model: bool,
+    pub ring_bytes: u64,
+}
+
+impl PointSpec {
+    fn config(&self) -> Result<BenchConfig> {
+        let design: Design = self.design.parse().map_err(|e: String| anyhow!(e))?;
+        if self.producers == 0 || self.msgs_per_producer == 0 || self.msg_bytes < 8 {
+            bail!("a ring point needs producers, messages and messages of at least 8 bytes");
+        }
+        let mut cfg = BenchConfig::new(
+            design,
+            self.producers,
+            self.msgs_per_producer,
+            self.msg_bytes,
+            self.cost_model.then(CostModel::bluefield2),
+        );
+        cfg.ring_bytes = self.ring_bytes;
+        Ok(cfg)
+    }
+}
+
+/// The figures of one point.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PointFigures {
+    pub design: String,
+    pub producers: usize,
+    pub msgs_per_producer: usize,
+    pub msg_bytes: usize,
+    pub cost_model: bool,
+    pub ring_bytes: u64,
+    pub messages: u64,
+    pub elapsed_ns: u64,
+    pub msgs_per_sec: f64,
+    /// Time from a producer's first attempt to send a message to its consumption.
+    pub median_latency_ns: u64,
+    pub p99_latency_ns: u64,
+    pub latency_samples: u64,
+    pub mean_batch: f64,
+    pub dma_ops_per_msg: f64,
+    pub producer_retries: u64,
+    /// CPU time of the process running the point (producers and the DPU consumer thread) per
+    /// message.
+    pub cpu_ns_per_msg: f64,
+}
+
+impl PointFigures {
+    fn new(p: &BenchPoint, cpu_seconds: f64) -> PointFigures {
+        PointFigures {
+            design: p.design.name().into(),
+            producers: p.producers,
+            msgs_per_producer: p.msgs_per_producer,
+            msg_bytes: p.msg_bytes,
+            cost_model: p.cost_model,
+            ring_bytes: p.ring_bytes,
+            messages: p.messages,
+            elapsed_ns: p.elapsed_ns,
+            msgs_per_sec: p.msgs_per_sec,
+            median_latency_ns: p.median_latency_ns,
+            p99_latency_ns: p.p99_latency_ns,
+            latency_samples: p.latency_samples,
+            mean_batch: p.mean_batch,
+            dma_ops_per_msg: p.dma_ops_per_msg,
+            producer_retries: p.producer_retries,
+            cpu_ns_per_msg: cpu_seconds * 1e9 / p.messages.max(1) as f64,
+        }
+    }
+}
+
+/// Runs one point in this process and returns its figures (what `dds bench ring-point`
+/// prints).
+pub fn run_point(spec: &PointSpec) -> Result<PointFigures> {
+    let cfg = spec.config()?;
+    let cpu0 = self_cpu_seconds();
+    let p = run_config(&cfg);
+    Ok(PointFigures::new(&p, self_cpu_seconds() - cpu0))
+}
+
+/// One measured point of a trial.
 #[derive(Clone, Debug, Serialize)]
 pub struct RingPoint {
     pub trial: usize,
     #[serde(flatten)]
-    pub point: BenchPoint,
-    /// CPU time of this process (producers and the DPU consumer thread) per message.
-    pub cpu_ns_per_msg: f64,
+    pub figures: PointFigures,
 }
 
 fn key(cost: bool) -> &'static str {
@@ -104,47 +198,116 @@ fn label(d: Design) -> &'static str {
     }
 }
 
+fn describe(spec: &PointSpec) -> String {
+    format!(
+        "ring benchmark: {} with {} producers (DMA cost model {})",
+        spec.design,
+        spec.producers,
+        if spec.cost_model { "on" } else { "off" }
+    )
+}
+
 /// Runs one point on its own thread and waits at most `limit` for it: a producer thread that
 /// fails leaves the consumer waiting for messages that never come, which must end the run
 /// with an error rather than hang it.
-fn run_guarded(cfg: &BenchConfig, limit: Duration) -> Result<BenchPoint> {
+fn run_in_process(spec: &PointSpec, limit: Duration) -> Result<PointFigures> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let c = cfg.clone();
+    let s = spec.clone();
     std::thread::Builder::new()
         .name("ring-bench".into())
         .spawn(move || {
-            let r = std::panic::catch_unwind(|| run_config(&c));
+            let r = std::panic::catch_unwind(|| run_point(&s));
             let _ = tx.send(r);
         })?;
-    let what = || {
-        format!(
-            "ring benchmark: {} with {} producers (DMA cost model {})",
-            label(cfg.design),
-            cfg.producers,
-            if cfg.cost.is_some() { "on" } else { "off" }
-        )
-    };
     match rx.recv_timeout(limit) {
-        Ok(Ok(p)) => Ok(p),
-        Ok(Err(_)) => bail!("{} failed (see the panic message above)", what()),
+        Ok(Ok(p)) => p,
+        Ok(Err(_)) => bail!("{} failed (see the panic message above)", describe(spec)),
         Err(_) => bail!(
             "{} did not finish within {} s: a producer thread failed or the consumer stopped \
              receiving (see any panic message above)",
-            what(),
+            describe(spec),
             limit.as_secs()
         ),
     }
 }
 
-fn measure(cfg: &BenchConfig, trial: usize, limit: Duration) -> Result<RingPoint> {
-    let cpu0 = self_cpu_seconds();
-    let point = run_guarded(cfg, limit)?;
-    let cpu = self_cpu_seconds() - cpu0;
-    Ok(RingPoint {
-        trial,
-        cpu_ns_per_msg: cpu * 1e9 / point.messages.max(1) as f64,
-        point,
-    })
+/// Runs one point as `<exe> bench ring-point --spec <json>`, killed after `limit`.
+fn run_isolated(exe: &std::path::Path, spec: &PointSpec, limit: Duration) -> Result<PointFigures> {
+    let err_path =
+        std::env::temp_dir().join(format!("dds-bench-ring-{}.stderr", std::process::id()));
+    let err = std::fs::File::create(&err_path)
+        .with_context(|| format!("create {}", err_path.display()))?;
+    let mut child = Command::new(exe)
+        .args([
+            "bench",
+            "ring-point",
+            "--spec",
+            &serde_json::to_string(spec)?,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("start {} bench ring-point", exe.display()))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&err_path);
+    let first_error = stderr
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.starts_with("thread ") && !l.starts_with("note:"))
+        .unwrap_or("no message")
+        .trim()
+        .to_string();
+    let Some(status) = status else {
+        bail!(
+            "{} did not finish within {} s ({first_error})",
+            describe(spec),
+            limit.as_secs()
+        );
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().context("child stdout")?, &mut out)?;
+    if !status.success() {
+        bail!("{} failed ({status}: {first_error})", describe(spec));
+    }
+    serde_json::from_str(out.trim())
+        .with_context(|| format!("{}: bad output {out:?}", describe(spec)))
+}
+
+/// Runs one point as the options say; isolated points are tried up to `attempts` times, and
+/// the failed attempts are appended to `failures`.
+fn run_one(
+    opts: &RingOptions,
+    spec: &PointSpec,
+    limit: Duration,
+    failures: &mut Vec<String>,
+) -> Result<PointFigures> {
+    let Some(exe) = &opts.isolate else {
+        return run_in_process(spec, limit);
+    };
+    let attempts = opts.attempts.max(1);
+    for attempt in 1..=attempts {
+        match run_isolated(exe, spec, limit) {
+            Ok(p) => return Ok(p),
+            Err(e) if attempt < attempts => failures.push(format!("{e:#}")),
+            Err(e) => {
+                failures.push(format!("{e:#}"));
+                return Err(e.context(format!("{attempts} attempts failed")));
+            }
+        }
+    }
+    unreachable!("the last attempt returns")
 }
 
 /// Runs the benchmark. Fails when a point fails (a ring reports corruption, a producer
@@ -160,7 +323,10 @@ pub fn run(opts: &RingOptions) -> Result<Report> {
     // Messages of each point, calibrated in the first trial.
     let mut budget: BTreeMap<(bool, usize, usize), u64> = BTreeMap::new();
     let mut points: Vec<RingPoint> = Vec::new();
-    let limit = Duration::from_secs_f64((opts.seconds_per_point * 50.0).max(120.0));
+    let mut failures: Vec<String> = Vec::new();
+    let limit = Duration::from_secs_f64((opts.seconds_per_point * 60.0).max(10.0));
+    // Four ring-fulls of 16-byte records (an 8-byte message and its header).
+    let min_total = opts.min_messages.max(opts.ring_bytes / 4);
     for trial in 0..opts.trials.max(1) {
         for &cost in &opts.cost_model {
             for &producers in &opts.producers {
@@ -171,34 +337,40 @@ pub fn run(opts: &RingOptions) -> Result<Report> {
                         if cost { "on" } else { "off" },
                         label(design)
                     ));
-                    let model = cost.then(CostModel::bluefield2);
-                    let mut cfg = BenchConfig::new(design, producers, 1, opts.msg_bytes, model);
-                    cfg.ring_bytes = opts.ring_bytes;
-                    let every = cfg.sample_every;
+                    let mut spec = PointSpec {
+                        design: design.name().into(),
+                        producers,
+                        msgs_per_producer: 1,
+                        msg_bytes: opts.msg_bytes,
+                        cost_model: cost,
+                        ring_bytes: opts.ring_bytes,
+                    };
+                    let every = BenchConfig::new(design, 1, 1, 8, None).sample_every;
                     let per_producer =
                         |total: u64| (total.div_ceil(producers as u64) as usize).max(every);
                     let total = match budget.get(&(cost, producers, di)) {
                         Some(&n) => n,
                         None => {
                             // Pilot run: also warms the design up.
-                            cfg.msgs_per_producer = per_producer(opts.min_messages);
-                            let pilot = run_guarded(&cfg, limit)?;
+                            spec.msgs_per_producer = per_producer(min_total);
+                            let pilot = run_one(opts, &spec, limit, &mut failures)?;
                             let rate = pilot.msgs_per_sec.max(1.0);
                             let n = ((rate * opts.seconds_per_point) as u64)
-                                .clamp(opts.min_messages, opts.max_messages);
+                                .clamp(min_total, opts.max_messages.max(min_total));
                             budget.insert((cost, producers, di), n);
                             n
                         }
                     };
-                    cfg.msgs_per_producer = per_producer(total);
-                    points.push(measure(&cfg, trial, limit)?);
+                    spec.msgs_per_producer = per_producer(total);
+                    let figures = run_one(opts, &spec, limit, &mut failures)?;
+                    points.push(RingPoint { trial, figures });
                     bar.inc(1);
                 }
             }
         }
     }
     bar.finish_and_clear();
-    Ok(summarize(opts, machine, points))
+    Ok(summarize(opts, machine, points, failures))
 }
 
 /// Median figures of one (cost model, design, producers) cell.
@@ -209,11 +381,15 @@ struct Cell {
     cpu_ns_per_msg: f64,
 }
 
-fn cells(points: &[RingPoint]) -> BTreeMap<(bool, &'static str, usize), Cell> {
-    let mut groups: BTreeMap<(bool, &'static str, usize), Vec<&RingPoint>> = BTreeMap::new();
+fn cells(points: &[RingPoint]) -> BTreeMap<(bool, String, usize), Cell> {
+    let mut groups: BTreeMap<(bool, String, usize), Vec<&RingPoint>> = BTreeMap::new();
     for p in points {
         groups
-            .entry((p.point.cost_model, p.point.design.name(), p.point.producers))
+            .entry((
+                p.figures.cost_model,
+                p.figures.design.clone(),
+                p.figures.producers,
+            ))
             .or_default()
             .push(p);
     }
@@ -225,23 +401,32 @@ fn cells(points: &[RingPoint]) -> BTreeMap<(bool, &'static str, usize), Cell> {
             (
                 k,
                 Cell {
-                    msgs_per_sec: m(&|p| p.point.msgs_per_sec),
-                    median_latency_ns: m(&|p| p.point.median_latency_ns as f64),
-                    cpu_ns_per_msg: m(&|p| p.cpu_ns_per_msg),
+                    msgs_per_sec: m(&|p| p.figures.msgs_per_sec),
+                    median_latency_ns: m(&|p| p.figures.median_latency_ns as f64),
+                    cpu_ns_per_msg: m(&|p| p.figures.cpu_ns_per_msg),
                 },
             )
         })
         .collect()
 }
 
-fn summarize(opts: &RingOptions, machine: Machine, points: Vec<RingPoint>) -> Report {
+fn summarize(
+    opts: &RingOptions,
+    machine: Machine,
+    points: Vec<RingPoint>,
+    failures: Vec<String>,
+) -> Report {
     let cells = cells(&points);
     let top = *opts.producers.iter().max().expect("producers");
-    let get = |cost: bool, d: Design, p: usize| cells.get(&(cost, d.name(), p)).copied();
+    let get =
+        |cost: bool, d: Design, p: usize| cells.get(&(cost, d.name().to_string(), p)).copied();
     let mut summary = serde_json::Map::new();
     summary.insert("producers".into(), json!(top));
     summary.insert("msg_bytes".into(), json!(opts.msg_bytes));
     summary.insert("trials".into(), json!(opts.trials.max(1)));
+    summary.insert("isolated_points".into(), json!(opts.isolate.is_some()));
+    summary.insert("failed_attempts".into(), json!(failures.len()));
+    summary.insert("failures".into(), json!(failures));
     let mut targets = Vec::new();
     for &cost in &opts.cost_model {
         let mut s = serde_json::Map::new();

@@ -29,8 +29,19 @@ enum Which {
     /// The cache table: one writer's inserts/s, 1..N readers' lookups/s, against DashMap and
     /// RwLock<HashMap>.
     CacheTable(CacheArgs),
+    /// One point of the ring benchmark, run in its own process (used by `dds bench ring`);
+    /// prints the point's figures as JSON.
+    #[command(hide = true)]
+    RingPoint(RingPointArgs),
     #[command(flatten)]
     Remote(crate::remote_bench::RemoteBench), // `remote` and `echo`
+}
+
+#[derive(Args, Debug)]
+struct RingPointArgs {
+    /// The point's settings (JSON).
+    #[arg(long)]
+    spec: String,
 }
 
 #[derive(Args, Debug)]
@@ -63,6 +74,10 @@ struct RingArgs {
     /// Time budget of one point, seconds (default 0.3, 0.04 with --quick).
     #[arg(long)]
     seconds: Option<f64>,
+    /// Run the points in this process instead of one process per point (a point whose
+    /// producer thread fails then ends the run instead of being run again).
+    #[arg(long)]
+    in_process: bool,
 }
 
 #[derive(Args, Debug)]
@@ -162,7 +177,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
             o.quiet = r.common.quiet;
             o.command = command_line();
+            if !r.in_process {
+                o.isolate = Some(std::env::current_exe().context("locate the dds binary")?);
+            }
             finish(&ring::run(&o)?, &r.common.out)
+        }
+        Which::RingPoint(p) => {
+            let spec: ring::PointSpec =
+                serde_json::from_str(&p.spec).context("--spec is not a ring point")?;
+            println!("{}", serde_json::to_string(&ring::run_point(&spec)?)?);
+            Ok(())
         }
         Which::Remote(r) => crate::remote_bench::run(r),
         Which::Files(f) => {
