@@ -4,7 +4,8 @@
 //! cargo run -p dds-ring --release --example ring_bench -- [producers] [msgs_per_producer] [msg_bytes] [cost|nocost] [designs...]
 //! ```
 //!
-//! Prints one JSON line per design.
+//! Prints one JSON line per design. Environment: `RING_BYTES` (ring size), `CONSUMER_NICE`
+//! (nice value of the consumer thread, `none` for normal priority).
 
 use dds_dma::CostModel;
 use dds_ring::bench::{self, BenchConfig, Design};
@@ -33,6 +34,10 @@ fn main() {
         let mut cfg = BenchConfig::new(design, producers, msgs, msg_bytes, cost);
         if let Ok(b) = std::env::var("RING_BYTES") {
             cfg.ring_bytes = b.parse().expect("RING_BYTES");
+        }
+        // CONSUMER_NICE=none keeps the consumer at normal priority.
+        if let Ok(n) = std::env::var("CONSUMER_NICE") {
+            cfg.consumer_nice = n.parse().ok();
         }
         // FaRM-style moves two DMA operations per message: fewer messages keep the run short.
         if design == Design::FarmStyle && cost.is_some() {

@@ -81,6 +81,13 @@ pub struct BenchConfig {
     pub ring_bytes: u64,
     /// Every n-th message of a producer carries a timestamp.
     pub sample_every: usize,
+    /// Nice value for the consumer thread. A DPU poller has cores of its own; here it shares
+    /// the host's with every producer thread and, at normal priority, gets 1/(producers+1) of
+    /// the CPU. A raised priority stands in for its own core. Ignored (normal priority) if the
+    /// process may not raise priorities; see [`BenchPoint::consumer_nice`].
+    pub consumer_nice: Option<i32>,
+    /// What a producer does on `Retry`: sleep this long, or (`None`) yield its core.
+    pub retry_sleep: Option<Duration>,
 }
 
 impl BenchConfig {
@@ -99,6 +106,8 @@ impl BenchConfig {
             cost,
             ring_bytes: 1 << 20,
             sample_every: 16,
+            consumer_nice: Some(DEFAULT_CONSUMER_NICE),
+            retry_sleep: None,
         }
     }
 }
@@ -121,11 +130,18 @@ pub struct BenchPoint {
     /// Consumer polls that returned messages.
     pub batches: u64,
     pub mean_batch: f64,
-    /// DMA operations the consumer issued (0 for the in-process queue).
+    /// DMA operations the consumer issued (0 for the in-process queue), polls that found
+    /// nothing included.
     pub dma_ops: u64,
+    pub dma_reads: u64,
+    /// DMA writes: one `Head` write per batch for the progress and lock-based rings, one flag
+    /// write per message for the FaRM-style ring.
+    pub dma_writes: u64,
     pub dma_ops_per_msg: f64,
     /// `Retry` answers the producers got.
     pub producer_retries: u64,
+    /// The consumer thread's nice value if it was raised, else `None` (normal priority).
+    pub consumer_nice: Option<i32>,
 }
 
 /// Runs one point with the default ring size (1 MiB) and sampling (1 in 16).
@@ -146,6 +162,10 @@ pub fn run(
 }
 
 const SAMPLED: u64 = 1 << 63;
+/// Default nice value of the consumer thread (see [`BenchConfig::consumer_nice`]).
+pub const DEFAULT_CONSUMER_NICE: i32 = -15;
+/// Empty consumer polls in a row before the consumer thread yields its core.
+const IDLE_POLLS_BEFORE_YIELD: u32 = 64;
 
 /// Runs one point.
 ///
@@ -218,7 +238,10 @@ fn drive(
         let retries = retries.clone();
         let failed = failed.clone();
         let (n, every, bytes) = (cfg.msgs_per_producer, cfg.sample_every, cfg.msg_bytes);
+        let retry_sleep = cfg.retry_sleep;
         handles.push(std::thread::spawn(move || {
+            // A producer that panics stops the consumer instead of leaving it waiting.
+            let _flag = PanicFlag(failed.clone());
             // The message buffer is allocated once, before the timed part.
             let mut msg = vec![0u8; bytes];
             let mut my_retries = 0u64;
@@ -238,7 +261,10 @@ fn drive(
                             if failed.load(Ordering::Relaxed) {
                                 return;
                             }
-                            std::thread::yield_now();
+                            match retry_sleep {
+                                Some(d) => std::thread::sleep(d),
+                                None => std::thread::yield_now(),
+                            }
                         }
                         Err(RingError::TooLarge) => {
                             panic!("benchmark message too large for the ring")
@@ -249,44 +275,74 @@ fn drive(
             retries.fetch_add(my_retries, Ordering::Relaxed);
         }));
     }
-    let mut hist =
-        Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram bounds");
-    let mut received = 0u64;
-    let mut batches = 0u64;
-    let dma_before = engine.stats();
-    start_gate.wait();
-    let start = Instant::now();
-    let mut result: Result<(), RingFault> = Ok(());
-    while received < total {
-        let mut on_msg = |m: &[u8]| {
-            let word = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
-            if word & SAMPLED != 0 {
-                let now = epoch.elapsed().as_nanos() as u64;
-                hist.saturating_record(now.saturating_sub(word & !SAMPLED).max(1));
-            }
-            received += 1;
-        };
-        match consumer.poll_batch(&mut engine, &mut on_msg) {
-            Ok(0) => std::thread::yield_now(),
-            Ok(_) => batches += 1,
-            Err(e) => {
-                result = Err(e);
+    // The consumer runs on a thread of its own, so that a raised priority ends with it.
+    let nice = cfg.consumer_nice;
+    let gate = start_gate.clone();
+    let failed_c = failed.clone();
+    let consumer_thread = std::thread::spawn(move || {
+        let mut hist =
+            Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram bounds");
+        let mut received = 0u64;
+        let mut batches = 0u64;
+        let dma_before = engine.stats();
+        let consumer_nice = nice.filter(|&n| raise_priority(n));
+        gate.wait();
+        let start = Instant::now();
+        let mut result: Result<(), RingFault> = Ok(());
+        let mut idle_polls = 0u32;
+        while received < total {
+            if failed_c.load(Ordering::Relaxed) {
                 break;
             }
+            let mut on_msg = |m: &[u8]| {
+                let word = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+                if word & SAMPLED != 0 {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    hist.saturating_record(now.saturating_sub(word & !SAMPLED).max(1));
+                }
+                received += 1;
+            };
+            match consumer.poll_batch(&mut engine, &mut on_msg) {
+                Ok(0) => {
+                    // A DPU poller owns its core and just polls again. Here it shares the
+                    // host's cores, so after a while without messages it lets others run.
+                    idle_polls += 1;
+                    if idle_polls >= IDLE_POLLS_BEFORE_YIELD {
+                        idle_polls = 0;
+                        std::thread::yield_now();
+                    }
+                }
+                Ok(_) => {
+                    batches += 1;
+                    idle_polls = 0;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let elapsed = start.elapsed().max(Duration::from_nanos(1));
+        if result.is_err() {
+            failed_c.store(true, Ordering::Relaxed);
+        }
+        let stats = engine.stats();
+        let dma = (
+            stats.reads - dma_before.reads,
+            stats.writes - dma_before.writes,
+        );
+        (result, hist, received, batches, elapsed, dma, consumer_nice)
+    });
+    for h in handles {
+        if h.join().is_err() {
+            panic!("ring benchmark: a producer thread panicked");
         }
     }
-    let elapsed = start.elapsed().max(Duration::from_nanos(1));
-    if result.is_err() {
-        failed.store(true, Ordering::Relaxed);
-    }
-    for h in handles {
-        h.join().expect("producer thread");
-    }
+    let (result, hist, received, batches, elapsed, (dma_reads, dma_writes), consumer_nice) =
+        consumer_thread.join().expect("consumer thread");
     if let Err(e) = result {
         panic!("ring benchmark: {e}");
     }
-    let stats = engine.stats();
-    let dma_ops = (stats.reads + stats.writes) - (dma_before.reads + dma_before.writes);
     BenchPoint {
         design: cfg.design,
         producers: cfg.producers,
@@ -302,9 +358,29 @@ fn drive(
         latency_samples: hist.len(),
         batches,
         mean_batch: received as f64 / batches.max(1) as f64,
-        dma_ops,
-        dma_ops_per_msg: dma_ops as f64 / received.max(1) as f64,
+        dma_ops: dma_reads + dma_writes,
+        dma_reads,
+        dma_writes,
+        dma_ops_per_msg: (dma_reads + dma_writes) as f64 / received.max(1) as f64,
         producer_retries: retries.load(Ordering::Relaxed),
+        consumer_nice,
+    }
+}
+
+/// Sets the calling thread's nice value; whether it worked.
+fn raise_priority(nice: i32) -> bool {
+    // SAFETY: plain system calls on the calling thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) == 0 }
+}
+
+/// Raises the flag if the thread that owns it panics.
+struct PanicFlag(Arc<AtomicBool>);
+
+impl Drop for PanicFlag {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
     }
 }
 

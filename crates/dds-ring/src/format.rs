@@ -150,8 +150,9 @@ pub fn place(tail: u64, capacity: u64, header_len: u32, data_len: u32, align: u3
     let a = align.max(RECORD_ALIGN) as u64;
     let h = header_len as u64;
     let len = record_len(header_len, data_len);
-    let pos = tail % capacity;
-    let gap = (a - (pos + h) % a) % a;
+    // Powers of two: masks instead of divisions (this runs on every insertion).
+    let pos = tail & (capacity - 1);
+    let gap = (a - ((pos + h) & (a - 1))) & (a - 1);
     if pos + gap + len <= capacity {
         let pads = [(gap > 0).then_some((tail, gap as u32)), None];
         return Placement {
@@ -164,7 +165,7 @@ pub fn place(tail: u64, capacity: u64, header_len: u32, data_len: u32, align: u3
     // Pad the rest of the ring and start over at position 0 of the next lap.
     let end_pad = capacity - pos;
     let lap = tail + end_pad;
-    let gap0 = (a - h % a) % a;
+    let gap0 = (a - (h & (a - 1))) & (a - 1);
     let pads = [
         Some((tail, end_pad as u32)),
         (gap0 > 0).then_some((lap, gap0 as u32)),

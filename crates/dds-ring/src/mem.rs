@@ -70,7 +70,7 @@ impl RingMem {
         unsafe {
             self.base
                 .as_ptr()
-                .add(POINTER_AREA_BYTES + (pos % self.capacity) as usize)
+                .add(POINTER_AREA_BYTES + (pos & (self.capacity - 1)) as usize)
         }
     }
 

@@ -173,14 +173,20 @@ impl RequestProducer {
             for (pos, plen) in placement.pads.iter().flatten() {
                 self.mem.write_pad(*pos, *plen);
             }
+            // The framing word also zeroes bytes 6..8.
             self.mem.write_frame(placement.header_at, len, kind);
-            self.mem
-                .slice_mut(placement.header_at + 6, header_len as usize - 6)
-                .fill(0);
+            if header_len > 8 {
+                self.mem
+                    .slice_mut(placement.header_at + 8, header_len as usize - 8)
+                    .fill(0);
+            }
             let data_end = placement.data_at(header_len) + data_len as u64;
-            self.mem
+            for b in self
+                .mem
                 .slice_mut(data_end, (placement.end - data_end) as usize)
-                .fill(0);
+            {
+                *b = 0; // at most 7 bytes
+            }
         }
         Ok(Reservation {
             producer: self,
