@@ -5,7 +5,7 @@
 //! ```
 //!
 //! Prints one JSON line per design. Environment: `RING_BYTES` (ring size), `CONSUMER_NICE`
-//! (nice value of the consumer thread, `none` for normal priority).
+//! (nice value of the consumer thread; normal priority if unset or not a number).
 
 use dds_dma::CostModel;
 use dds_ring::bench::{self, BenchConfig, Design};
@@ -35,7 +35,7 @@ fn main() {
         if let Ok(b) = std::env::var("RING_BYTES") {
             cfg.ring_bytes = b.parse().expect("RING_BYTES");
         }
-        // CONSUMER_NICE=none keeps the consumer at normal priority.
+        // CONSUMER_NICE=-15 (for example) raises the consumer thread's priority.
         if let Ok(n) = std::env::var("CONSUMER_NICE") {
             cfg.consumer_nice = n.parse().ok();
         }
