@@ -214,3 +214,46 @@ fn host_death_fails_clients_and_the_director_survives() {
     let (_, forwarded) = stop_dpu(dpu);
     assert!(forwarded > 0);
 }
+
+#[test]
+fn dpu_restart_under_the_director_keeps_acknowledged_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (director, host) = (free_port(), free_port());
+    let mut dpu = start_dpu(dir.path(), director, host);
+    let (app, files) = start_app(dir.path(), host);
+    // Writes acknowledged through the director (forwarded to the host, stored in DDS files).
+    let r = client(director, &files, &["--verify", "--requests", "200"]);
+    assert_eq!(
+        (r["errors"].as_u64(), r["verify_failures"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    // The DPU dies: the host application loses its file service, clients lose the director.
+    dpu.0.kill().unwrap();
+    dpu.0.wait().unwrap();
+    drop(app);
+    let r = client(director, &files, &["--requests", "50"]);
+    let refused = r.as_object().is_none_or(|o| o.is_empty()); // the client gave up: no report
+    assert!(
+        refused || r["failed_connections"].as_u64().unwrap_or(0) > 0,
+        "{r}"
+    );
+    // Restart both: the files and their ids survive, and the director serves again.
+    let _dpu = start_dpu(dir.path(), director, host);
+    let (_app, files2) = start_app(dir.path(), host);
+    assert_eq!(files, files2, "the files survive the restart");
+    // The bytes acknowledged before the crash are on the device.
+    let dds = dds_host::Dds::connect(dir.path().join("dpu.sock")).unwrap();
+    for &f in &files {
+        let mut buf = vec![0u8; 1 << 20];
+        dds.read_sync(f as u32, 0, &mut buf).unwrap();
+        assert_eq!(
+            dds_apps::pattern::check(f as u32, 0, &buf),
+            None,
+            "file {f} lost data"
+        );
+    }
+    let r = client(director, &files2, &["--requests", "500"]);
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["order_violations"], 0, "{r}");
+}
