@@ -24,8 +24,8 @@ pub const RESP_HEAD_CLAIM: usize = 128;
 /// Response ring: `Waiters` (`u32`: host threads asleep).
 pub const RESP_WAITERS: usize = 192;
 /// Response ring: offset and length of the single DMA read of `HeadDone`, `HeadClaim` and
-/// `Waiters`.
-pub const RESP_POINTER_READ: (usize, usize) = (RESP_HEAD_DONE, 192);
+/// the `u32` `Waiters` (its four bytes only, so it is accessed with its own size).
+pub const RESP_POINTER_READ: (usize, usize) = (RESP_HEAD_DONE, RESP_WAITERS + 4 - RESP_HEAD_DONE);
 
 /// Records start at multiples of this and their lengths are multiples of it.
 pub const RECORD_ALIGN: u32 = 8;

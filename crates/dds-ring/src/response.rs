@@ -7,7 +7,7 @@ use dds_dma::{run_sync, DmaDir, DmaEngine, DmaOp, LocalBuf, RegionId, SharedRegi
 
 use crate::format::{
     fits, place, valid_capacity, Placement, KIND_PAD, POINTER_AREA_BYTES, RESP_HEAD_CLAIM,
-    RESP_HEAD_DONE, RESP_TAIL, RESP_WAITERS,
+    RESP_HEAD_DONE, RESP_POINTER_READ, RESP_TAIL, RESP_WAITERS,
 };
 use crate::mem::{frame_bytes, RingMem};
 use crate::protocol::{trusted_head, ResponsePtrs};
@@ -169,8 +169,6 @@ pub struct ResponseProducer {
     freed: u64,
 }
 
-/// Bytes of the pointer read: `HeadDone`, `HeadClaim` and the `u32` `Waiters`.
-const REFRESH_READ_LEN: u32 = (RESP_WAITERS - RESP_HEAD_DONE + 4) as u32;
 const TAIL_STAGING: usize = 192;
 const WAITERS_STAGING: usize = 200;
 
@@ -277,9 +275,9 @@ impl ResponseProducer {
     pub fn refresh(&mut self, engine: &mut dyn DmaEngine) -> Result<u32, RingFault> {
         let read = DmaOp::read(
             self.region,
-            self.offset + RESP_HEAD_DONE as u64,
+            self.offset + RESP_POINTER_READ.0 as u64,
             self.ptrs.as_mut_ptr(),
-            REFRESH_READ_LEN,
+            RESP_POINTER_READ.1 as u32,
             0,
         );
         // SAFETY: staging bytes are ours until run_sync returns.

@@ -371,6 +371,33 @@ fn response_alloc_waits_for_consumers_and_reports_waiters() {
 }
 
 #[test]
+fn sleepers_announce_themselves_and_are_reported() {
+    let mut r = resp_ring(4096);
+    assert!(r.consumer.announce_sleep(), "empty: sleep");
+    assert_eq!(r.consumer.waiters().load(Ordering::SeqCst), 1);
+    respond(&mut r, 7, 8, 8).unwrap();
+    assert!(
+        r.producer
+            .deliver(r.producer.allocated(), &mut r.dma)
+            .unwrap(),
+        "signal the sleeper"
+    );
+    r.consumer.end_sleep();
+    // A record is there: do not sleep.
+    assert!(!r.consumer.announce_sleep());
+    r.consumer.end_sleep();
+    assert_eq!(r.consumer.try_pop(check_response), Some(7));
+    respond(&mut r, 8, 8, 8).unwrap();
+    assert!(
+        !r.producer
+            .deliver(r.producer.allocated(), &mut r.dma)
+            .unwrap(),
+        "nobody sleeps"
+    );
+    assert_eq!(r.producer.refresh(&mut r.dma).unwrap(), 0);
+}
+
+#[test]
 fn response_ring_many_consumers_exactly_once() {
     const N: u32 = 20_000;
     const CONSUMERS: usize = 6;
