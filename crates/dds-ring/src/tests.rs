@@ -646,3 +646,23 @@ fn counters_are_exposed() {
         (16, 16, 0)
     );
 }
+
+/// Fig. 16's robust claim with the cost model on: batching moves far more messages than one
+/// DMA read and one DMA write per message can. Release mode:
+/// `cargo test -p dds-ring --release -- --ignored fig16`.
+#[test]
+#[ignore = "benchmark; run in release mode"]
+fn fig16_progress_ring_beats_farm_style_tenfold() {
+    let cost = Some(dds_dma::CostModel::bluefield2());
+    let progress = bench::run(Design::Progress, 64, 20_000, 8, cost);
+    let farm = bench::run(Design::FarmStyle, 64, 1_000, 8, cost);
+    println!(
+        "progress {:.2} M msgs/s, FaRM-style {:.3} M msgs/s",
+        progress.msgs_per_sec / 1e6,
+        farm.msgs_per_sec / 1e6
+    );
+    // Two DMA operations of at least 1 µs each per message.
+    assert!(farm.msgs_per_sec <= 500_000.0 * 1.05);
+    assert!(progress.msgs_per_sec >= 10.0 * farm.msgs_per_sec);
+    assert!(progress.dma_ops_per_msg < 0.5);
+}
