@@ -250,7 +250,7 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
     let mut tables = Vec::new();
     let mut charts = Vec::new();
     let note = format!(
-        "{} CPUs, {}; {} lookups per reader; medians of {} trial(s)",
+        "{} CPUs, {}; table in process (offload engine of the emulated DPU, no DMA); {} lookups per reader; medians of {} trial(s)",
         machine.nproc,
         machine.cpu_model,
         opts.lookups_per_reader,

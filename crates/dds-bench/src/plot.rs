@@ -71,6 +71,43 @@ impl LineChart {
         Some(((x0 / 1.15, x1 * 1.15), (y0, y1)))
     }
 
+    /// The corner (or right middle) of the plot area that covers the fewest data points.
+    fn legend_position(&self) -> SeriesLabelPosition {
+        let Some(((x0, x1), (y0, y1))) = self.bounds() else {
+            return SeriesLabelPosition::UpperRight;
+        };
+        let nx = |x: f64| (x / x0).ln() / (x1 / x0).ln();
+        let ny = |y: f64| {
+            if self.log_y {
+                (y / y0).ln() / (y1 / y0).ln()
+            } else {
+                (y - y0) / (y1 - y0)
+            }
+        };
+        let pts: Vec<(f64, f64)> = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|(x, y)| *x > 0.0 && y.is_finite() && (!self.log_y || *y > 0.0))
+            .map(|&(x, y)| (nx(x), ny(y)))
+            .collect();
+        let boxes = [
+            (SeriesLabelPosition::UpperRight, (0.6, 1.0), (0.7, 1.0)),
+            (SeriesLabelPosition::UpperLeft, (0.0, 0.4), (0.7, 1.0)),
+            (SeriesLabelPosition::MiddleRight, (0.6, 1.0), (0.35, 0.65)),
+            (SeriesLabelPosition::LowerRight, (0.6, 1.0), (0.0, 0.3)),
+            (SeriesLabelPosition::LowerLeft, (0.0, 0.4), (0.0, 0.3)),
+        ];
+        boxes
+            .into_iter()
+            .min_by_key(|(_, (xa, xb), (ya, yb))| {
+                pts.iter()
+                    .filter(|(x, y)| (*xa..=*xb).contains(x) && (*ya..=*yb).contains(y))
+                    .count()
+            })
+            .map_or(SeriesLabelPosition::UpperRight, |b| b.0)
+    }
+
     /// Draws the chart as a PNG at `path`.
     pub fn draw(&self, path: &Path) -> Result<()> {
         let root = BitMapBackend::new(path, (640, 420)).into_drawing_area();
@@ -150,7 +187,7 @@ impl LineChart {
             .configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(180, 180, 180))
-            .position(SeriesLabelPosition::UpperRight)
+            .position(self.legend_position())
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
         Ok(())
