@@ -4,8 +4,6 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,41 +15,19 @@ use dds_apps::pagestore::{
 use dds_apps::pattern;
 use dds_apps::server::{Server, ServerConfig};
 use dds_dpu::{Dpu, DpuConfig, DpuHandle, ExecMode};
-use dds_fs::{format, FileService, FormatConfig, MemDevice, OpenConfig};
 use dds_host::Status;
 
 const FILE_SIZE: u64 = 2 << 20;
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-fn socket_path() -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "dds-apps-{}-{}.sock",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
 fn start_dpu() -> DpuHandle {
     let config = DpuConfig {
-        socket: socket_path(),
+        socket: dds_dpu::temp_socket_path("apps"),
         exec_mode: ExecMode::ZeroCopy,
         dma_cost: Some(dds_dma::CostModel::bluefield2()),
         memory_budget_bytes: 256 << 20,
         ..DpuConfig::default()
     };
-    Dpu::start(config, || {
-        let mut dev = MemDevice::new(64 << 20, 512);
-        format(
-            &mut dev,
-            FormatConfig {
-                segment_size: 1 << 20,
-                ..FormatConfig::default()
-            },
-        )?;
-        FileService::open(Box::new(dev), OpenConfig::default())
-    })
-    .expect("DPU starts")
+    Dpu::start_in_memory(config, 64 << 20).expect("DPU starts")
 }
 
 fn small_config() -> ServerConfig {

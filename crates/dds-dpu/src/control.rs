@@ -127,6 +127,35 @@ impl Dpu {
     }
 }
 
+/// A socket path in the temporary directory, unique to this process and call.
+pub fn temp_socket_path(tag: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "dds-{tag}-{}-{}.sock",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+impl Dpu {
+    /// Starts a DPU on a fresh in-memory device of `device_bytes` bytes (512-byte blocks,
+    /// 1 MiB segments): the real control socket, rings, DMA engine and file service, without a
+    /// device file. For application tests and examples.
+    pub fn start_in_memory(config: DpuConfig, device_bytes: u64) -> io::Result<DpuHandle> {
+        Dpu::start(config, move || {
+            let mut dev = dds_fs::MemDevice::new(device_bytes, 512);
+            dds_fs::format(
+                &mut dev,
+                dds_fs::FormatConfig {
+                    segment_size: 1 << 20,
+                    ..dds_fs::FormatConfig::default()
+                },
+            )?;
+            FileService::open(Box::new(dev), dds_fs::OpenConfig::default())
+        })
+    }
+}
+
 impl DpuHandle {
     pub fn socket(&self) -> &std::path::Path {
         &self.socket

@@ -15,7 +15,7 @@ mod service;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use control::{Dpu, DpuHandle};
+pub use control::{temp_socket_path, Dpu, DpuHandle};
 
 /// The offload engine's hooks on the service thread (§6.2): the single cache-table writer
 /// with the application's cache-on-write / invalidate-on-read functions, and the service side

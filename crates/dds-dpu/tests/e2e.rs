@@ -1,44 +1,21 @@
 //! The host library against a DPU running in this process on an in-memory device: the real
 //! control socket, shared memory, emulated DMA engine, rings and file service.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dds_dpu::{Dpu, DpuConfig, DpuHandle, ExecMode};
 use dds_fs::{format, FileService, FormatConfig, MemDevice, OpenConfig};
 use dds_host::{Dds, GroupConfig, Status};
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-fn socket_path() -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "dds-e2e-{}-{}.sock",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
 fn start(mode: ExecMode, cost: bool) -> DpuHandle {
     let config = DpuConfig {
-        socket: socket_path(),
+        socket: dds_dpu::temp_socket_path("e2e"),
         exec_mode: mode,
         dma_cost: cost.then(dds_dma::CostModel::bluefield2),
         memory_budget_bytes: 256 << 20,
         ..DpuConfig::default()
     };
-    Dpu::start(config, || {
-        let mut dev = MemDevice::new(256 << 20, 512);
-        format(
-            &mut dev,
-            FormatConfig {
-                segment_size: 1 << 20,
-                ..FormatConfig::default()
-            },
-        )?;
-        FileService::open(Box::new(dev), OpenConfig::default())
-    })
-    .expect("DPU starts")
+    Dpu::start_in_memory(config, 256 << 20).expect("DPU starts")
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -352,7 +329,7 @@ fn start_with_offload() -> (DpuHandle, dds_cache::CacheReader) {
         port: port.service().unwrap(),
     };
     let config = DpuConfig {
-        socket: socket_path(),
+        socket: dds_dpu::temp_socket_path("e2e"),
         ..DpuConfig::default()
     };
     let dpu = Dpu::start_with(

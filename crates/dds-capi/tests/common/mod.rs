@@ -5,41 +5,18 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use dds_dpu::{Dpu, DpuConfig, DpuHandle};
-use dds_fs::{format, FileService, FormatConfig, MemDevice, OpenConfig};
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-fn socket_path() -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "dds-capi-{}-{}.sock",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-}
 
 /// Starts a DPU on a fresh 64 MiB in-memory device (1 MiB segments).
 pub fn start_dpu() -> DpuHandle {
     let config = DpuConfig {
-        socket: socket_path(),
+        socket: dds_dpu::temp_socket_path("capi"),
         memory_budget_bytes: 128 << 20,
         ..DpuConfig::default()
     };
-    Dpu::start(config, || {
-        let mut dev = MemDevice::new(64 << 20, 512);
-        format(
-            &mut dev,
-            FormatConfig {
-                segment_size: 1 << 20,
-                ..FormatConfig::default()
-            },
-        )?;
-        FileService::open(Box::new(dev), OpenConfig::default())
-    })
-    .expect("DPU starts")
+    Dpu::start_in_memory(config, 64 << 20).expect("DPU starts")
 }
 
 /// The directory of the built libraries (`target/<profile>`): test executables live in its
