@@ -81,13 +81,14 @@ impl Service {
                 idle_rounds = 0;
             } else {
                 idle_rounds = idle_rounds.saturating_add(1);
-                if idle_rounds > SPIN_ROUNDS
-                    && !self.config.idle_sleep.is_zero()
-                    && self.fs.inflight() == 0
-                {
+                if idle_rounds <= SPIN_ROUNDS || self.config.idle_sleep.is_zero() {
+                    std::hint::spin_loop();
+                } else if self.fs.inflight() == 0 {
                     std::thread::sleep(self.config.idle_sleep);
                 } else {
-                    std::hint::spin_loop();
+                    // Waiting on the device: keep polling, but let other threads of this CPU
+                    // run (the emulated DPU shares CPUs with the host).
+                    std::thread::yield_now();
                 }
             }
         }

@@ -323,6 +323,16 @@ impl Dds {
         Ok(())
     }
 
+    /// The group and file context of `file`, cloned out of the map so that a caller may block
+    /// without holding the map's lock.
+    fn group_of(&self, file: u32) -> (Group, u64) {
+        let map = self.bindings.read().unwrap_or_else(|p| p.into_inner());
+        match map.get(&file) {
+            Some((g, ctx)) => (g.clone(), *ctx),
+            None => (self.default_group.clone(), 0),
+        }
+    }
+
     fn route<T>(&self, file: u32, f: impl FnOnce(&GroupInner, u64) -> T) -> T {
         let map = self.bindings.read().unwrap_or_else(|p| p.into_inner());
         match map.get(&file) {
@@ -395,22 +405,32 @@ impl Dds {
             ptr: buf.as_mut_ptr(),
             len,
         }];
-        self.route(file, |g, fctx| {
-            let waiter = crate::group::WaiterInner::new();
-            // SAFETY: `buf` is borrowed mutably for the whole call, and `wait` returns only
-            // once the slot has completed (or failed), after which nothing writes to it.
-            unsafe { g.issue_read(file, offset, &iov, fctx, 0, Some(waiter.clone()))? };
-            g.wait(&waiter).map(|n| n as usize)
-        })
+        let (g, fctx) = self.group_of(file);
+        let waiter = crate::group::WaiterInner::new();
+        // SAFETY: `buf` is borrowed mutably for the whole call, and `wait` returns only once
+        // the slot has completed (or failed), after which nothing writes to it.
+        unsafe {
+            g.inner()
+                .issue_read(file, offset, &iov, fctx, 0, Some(waiter.clone()))?
+        };
+        g.inner().wait(&waiter).map(|n| n as usize)
     }
 
     /// Writes and waits for the result.
     pub fn write_sync(&self, file: u32, offset: u64, data: &[u8]) -> Result<usize> {
-        self.route(file, |g, fctx| {
-            let waiter = crate::group::WaiterInner::new();
-            g.issue_write(file, offset, &[data], fctx, 0, Some(waiter.clone()))?;
-            g.wait(&waiter).map(|n| n as usize)
-        })
+        let (g, fctx) = self.group_of(file);
+        let waiter = crate::group::WaiterInner::new();
+        g.inner()
+            .issue_write(file, offset, &[data], fctx, 0, Some(waiter.clone()))?;
+        g.inner().wait(&waiter).map(|n| n as usize)
+    }
+
+    /// Flushes `file`'s group and waits.
+    pub fn flush_sync(&self, file: u32) -> Result<()> {
+        let (g, fctx) = self.group_of(file);
+        let waiter = crate::group::WaiterInner::new();
+        g.inner().issue_flush(fctx, 0, Some(waiter.clone()))?;
+        g.inner().wait(&waiter).map(|_| ())
     }
 
     /// Sends cache-table items to the DPU's offload engine, for state that lives in host
@@ -443,14 +463,5 @@ impl Dds {
         let waiter = crate::group::WaiterInner::new();
         g.issue_data(op, 0, 0, &[data], 0, 0, Some(waiter.clone()))?;
         g.wait(&waiter).map(|_| ())
-    }
-
-    /// Flushes `file`'s group and waits.
-    pub fn flush_sync(&self, file: u32) -> Result<()> {
-        self.route(file, |g, fctx| {
-            let waiter = crate::group::WaiterInner::new();
-            g.issue_flush(fctx, 0, Some(waiter.clone()))?;
-            g.wait(&waiter).map(|_| ())
-        })
     }
 }
