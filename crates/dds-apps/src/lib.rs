@@ -6,7 +6,7 @@
 pub mod backend;
 pub mod client;
 pub mod echo;
-pub mod pagestore;
+pub use dds_pagestore as pagestore;
 pub mod pattern;
 pub mod plot;
 pub mod server;

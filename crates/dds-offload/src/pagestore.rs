@@ -14,22 +14,11 @@ use crate::api::{
 };
 use dds_cache::CacheItem;
 
-/// Message header bytes.
-pub const MSG_HEADER_BYTES: usize = 8;
-/// Request header bytes.
-pub const REQ_HEADER_BYTES: usize = 32;
-/// Response header bytes.
-pub const RESP_HEADER_BYTES: usize = 24;
-/// Largest message.
-pub const MSG_BYTES_MAX: usize = 16 << 20;
-/// Most requests per message.
-pub const REQUESTS_PER_MSG_MAX: usize = 1024;
-/// Largest read or write.
-pub const IO_BYTES_MAX: u32 = 1 << 20;
-/// READ opcode.
-pub const OP_READ: u8 = 1;
-/// WRITE opcode.
-pub const OP_WRITE: u8 = 2;
+pub use dds_pagestore::{
+    encode_response_header, parse_response_header, MessageBuilder, ResponseHeader, IO_BYTES_MAX,
+    MSG_BYTES_MAX, MSG_HEADER_BYTES, OP_READ, OP_WRITE, REQUESTS_PER_MSG_MAX, REQ_HEADER_BYTES,
+    RESP_HEADER_BYTES,
+};
 
 #[inline]
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -104,29 +93,12 @@ pub fn parse_request(msg: &[u8], at: usize) -> Result<PsRequest, Malformed> {
 
 /// Framing of the client stream.
 pub fn message_len(buf: &[u8]) -> Result<Option<usize>, Malformed> {
-    if buf.len() < 4 {
-        return Ok(None);
-    }
-    let len = u32_at(buf, 0) as usize;
-    if !(MSG_HEADER_BYTES + REQ_HEADER_BYTES..=MSG_BYTES_MAX).contains(&len) {
-        return Err(Malformed("message length outside 40 ..= 16 MiB"));
-    }
-    Ok(Some(len))
+    dds_pagestore::message_len(buf).map_err(|_| Malformed("message length outside 40 ..= 16 MiB"))
 }
 
 /// Framing of the response stream.
 pub fn response_len(buf: &[u8]) -> Result<Option<usize>, Malformed> {
-    if buf.len() < 4 {
-        return Ok(None);
-    }
-    let len = u32_at(buf, 0) as usize;
-    if len < RESP_HEADER_BYTES
-        || len > RESP_HEADER_BYTES + IO_BYTES_MAX as usize
-        || !len.is_multiple_of(8)
-    {
-        return Err(Malformed("response length invalid"));
-    }
-    Ok(Some(len))
+    dds_pagestore::response_len(buf).map_err(|_| Malformed("response length invalid"))
 }
 
 /// Validates a whole message and calls `f(position, byte offset, request)` for each request.
@@ -154,18 +126,6 @@ pub fn for_each_request(
         return Err(Malformed("message length does not match its requests"));
     }
     Ok(count)
-}
-
-/// Writes a response header into `out[..24]`.
-pub fn encode_response_header(out: &mut [u8], status: u16, op: u8, req_id: u64, len: u32) {
-    let data = if op == OP_READ && status == 0 { len } else { 0 };
-    let total = (RESP_HEADER_BYTES + pad8(data as usize)) as u32;
-    out[..RESP_HEADER_BYTES].fill(0);
-    out[0..4].copy_from_slice(&total.to_le_bytes());
-    out[4..6].copy_from_slice(&status.to_le_bytes());
-    out[6..8].copy_from_slice(&u16::from(op).to_le_bytes());
-    out[8..16].copy_from_slice(&req_id.to_le_bytes());
-    out[16..20].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Options of [`PagestoreApp`].
@@ -440,92 +400,6 @@ impl OffloadApp for PagestoreApp {
             }
         }
     }
-}
-
-/// Builds pagestore messages (client side, tests and tools).
-#[derive(Default, Debug)]
-pub struct MessageBuilder {
-    buf: Vec<u8>,
-    count: u16,
-}
-
-impl MessageBuilder {
-    /// An empty builder.
-    pub fn new() -> Self {
-        let mut b = MessageBuilder::default();
-        b.clear();
-        b
-    }
-
-    /// Starts a new message.
-    pub fn clear(&mut self) {
-        self.buf.clear();
-        self.buf.extend_from_slice(&[0u8; MSG_HEADER_BYTES]);
-        self.count = 0;
-    }
-
-    fn header(&mut self, op: u8, file_id: u32, offset: u64, len: u32, req_id: u64) {
-        let mut h = [0u8; REQ_HEADER_BYTES];
-        h[0] = op;
-        h[4..8].copy_from_slice(&file_id.to_le_bytes());
-        h[8..16].copy_from_slice(&offset.to_le_bytes());
-        h[16..20].copy_from_slice(&len.to_le_bytes());
-        h[24..32].copy_from_slice(&req_id.to_le_bytes());
-        self.buf.extend_from_slice(&h);
-        self.count += 1;
-    }
-
-    /// Adds a READ.
-    pub fn read(&mut self, file_id: u32, offset: u64, len: u32, req_id: u64) -> &mut Self {
-        self.header(OP_READ, file_id, offset, len, req_id);
-        self
-    }
-
-    /// Adds a WRITE.
-    pub fn write(&mut self, file_id: u32, offset: u64, data: &[u8], req_id: u64) -> &mut Self {
-        self.header(OP_WRITE, file_id, offset, data.len() as u32, req_id);
-        self.buf.extend_from_slice(data);
-        self.buf.resize(pad8(self.buf.len()), 0);
-        self
-    }
-
-    /// Finishes the message and returns its bytes.
-    pub fn finish(&mut self) -> &[u8] {
-        let len = self.buf.len() as u32;
-        self.buf[0..4].copy_from_slice(&len.to_le_bytes());
-        self.buf[4..6].copy_from_slice(&self.count.to_le_bytes());
-        &self.buf
-    }
-}
-
-/// A decoded response header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ResponseHeader {
-    /// Bytes of the response.
-    pub resp_len: u32,
-    /// Status code.
-    pub status: u16,
-    /// The request's op.
-    pub op: u8,
-    /// The request's id.
-    pub req_id: u64,
-    /// Data bytes (READ) or bytes written (WRITE).
-    pub len: u32,
-}
-
-/// Decodes a response header (`buf` holds at least 24 bytes).
-pub fn parse_response_header(buf: &[u8]) -> Result<ResponseHeader, Malformed> {
-    let resp_len = response_len(buf)?.ok_or(Malformed("short response"))? as u32;
-    if buf.len() < RESP_HEADER_BYTES {
-        return Err(Malformed("short response"));
-    }
-    Ok(ResponseHeader {
-        resp_len,
-        status: u16_at(buf, 4),
-        op: u16_at(buf, 6) as u8,
-        req_id: u64_at(buf, 8),
-        len: u32_at(buf, 16),
-    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The pagestore wire protocol (`docs/pagestore-protocol.md`): framing, parsing and encoding.
-//! Parsing borrows from the input and allocates nothing.
+//! The pagestore wire protocol (`docs/pagestore-protocol.md`), the remote storage application
+//! of the DDS evaluation (§8.1): framing, parsing and encoding, shared by the host server, the
+//! load client and the DPU's offload app. Parsing borrows from the input and allocates nothing.
 
 use std::ops::Range;
 
