@@ -213,21 +213,33 @@ where
                 s.spawn(move || {
                     let mut rng = Rng::new(0x5eed + t as u64);
                     barrier.wait();
+                    // Each reader takes its own start: the spawning thread may be descheduled
+                    // past the readers' whole run on a busy machine.
+                    let start = Instant::now();
                     let (missed, sum) = body(&mut rng, lookups);
                     let end = Instant::now();
                     assert_eq!(missed, 0, "lookups of present keys missed");
                     assert_eq!(black_box(sum), 0, "lookups returned wrong items");
-                    end
+                    (start, end)
                 })
             })
             .collect();
         barrier.wait();
-        let start = Instant::now();
-        let end = handles
+        let spans: Vec<(Instant, Instant)> = handles
             .into_iter()
             .map(|h| h.join().expect("reader panicked"))
-            .max();
-        end.expect("at least one reader").duration_since(start)
+            .collect();
+        let start = spans
+            .iter()
+            .map(|s| s.0)
+            .min()
+            .expect("at least one reader");
+        let end = spans
+            .iter()
+            .map(|s| s.1)
+            .max()
+            .expect("at least one reader");
+        end.duration_since(start)
     })
 }
 
