@@ -186,28 +186,8 @@ pub fn run(
             .collect()
     });
     let seconds = epoch.elapsed().as_secs_f64();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-    let (mut reads, mut writes, mut errors) = (0, 0, 0);
-    for r in results {
-        let (h, rd, wr, er) = r?;
-        hist.add(h)?;
-        reads += rd;
-        writes += wr;
-        errors += er;
-    }
     progress(completed.load(Ordering::Relaxed));
-    let ops = hist.len();
-    Ok(WorkloadResult {
-        ops,
-        reads,
-        writes,
-        errors,
-        seconds,
-        ops_per_sec: ops as f64 / seconds,
-        p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
-        p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
-        p999_us: hist.value_at_quantile(0.999) as f64 / 1e3,
-    })
+    crate::workload::summarize(results, seconds)
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub struct WorkloadResult {
 }
 
 /// One thread's latency histogram and its read, write and error counts.
-type ThreadTotals = (Histogram<u64>, u64, u64, u64);
+pub(crate) type ThreadTotals = (Histogram<u64>, u64, u64, u64);
 
 /// Per-operation buffers and start times, shared by all threads.
 struct Slots {
@@ -179,6 +179,15 @@ pub fn run(
             .collect()
     });
     let seconds = epoch.elapsed().as_secs_f64();
+    progress(completed.load(Ordering::Relaxed));
+    summarize(results, seconds)
+}
+
+/// Merges the threads' histograms and counts into the run's figures.
+pub(crate) fn summarize(
+    results: Vec<Result<ThreadTotals>>,
+    seconds: f64,
+) -> Result<WorkloadResult> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let (mut reads, mut writes, mut errors) = (0, 0, 0);
     for r in results {
@@ -188,7 +197,6 @@ pub fn run(
         writes += wr;
         errors += er;
     }
-    progress(completed.load(Ordering::Relaxed));
     let ops = hist.len();
     Ok(WorkloadResult {
         ops,
