@@ -97,65 +97,37 @@ pub struct DpuArgs {
     pub offload_buffer: u64,
 }
 
-/// The traffic director and the service-thread hooks of the offload engine.
-struct Offload {
-    hooks: dds_dpu::OffloadHooks,
-    director: dds_offload::DirectorHandle,
-}
-
-fn start_offload(a: &DpuArgs) -> Result<Option<Offload>> {
+/// The offload engine of `--offload`, if given: the app resolved by name (the applications'
+/// registry) or as a C plugin path, and the director's options.
+fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
     let Some(name) = &a.offload else {
         return Ok(None);
     };
     let listen = a.director_listen.context("--director-listen is required")?;
     let host = a.host_app.context("--host-app is required")?;
-    let signature: dds_offload::Signature = a
+    let signature: dds_director::Signature = a
         .signature
         .parse()
         .map_err(|e| anyhow::anyhow!("--signature: {e}"))?;
-    let app: std::sync::Arc<dyn dds_offload::OffloadApp> = match name.as_str() {
-        "pagestore" => std::sync::Arc::new(dds_offload::PagestoreApp::new(
-            dds_offload::PagestoreConfig {
-                require_cached: !a.offload_uncached,
-                ..dds_offload::PagestoreConfig::default()
-            },
-        )),
-        "kv" => std::sync::Arc::new(dds_offload::KvApp),
-        path => dds_offload::plugin::PluginApp::load(path)
-            .map_err(|e| anyhow::anyhow!("load offload plugin {path}: {e}"))?,
+    let opts = dds_offload_api::AppOptions {
+        uncached: a.offload_uncached,
     };
-    let threads = a.director_threads.max(1);
+    let app = dds_apps::offload::registry().resolve(name, &opts)?;
     let contexts = a.offload_contexts.max(1);
-    let port = dds_offload::FileReadPort::new(dds_offload::PortConfig {
-        lanes: threads,
-        depth: contexts,
-        invalidations: 16384,
-    });
-    let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(a.cache_items))
-        .map_err(|e| anyhow::anyhow!("cache table: {e}"))?;
-    let maintainer = dds_offload::CacheMaintainer::new(writer, app.clone(), port.clone());
-    let port_svc = port.service().context("port already claimed")?;
-    let director = dds_offload::Director::start(
-        dds_offload::DirectorConfig {
-            signature,
-            threads,
-            copy_mode: a.offload_copy,
-            context_ring_len: contexts,
-            max_contexts_per_conn: a.offload_contexts_per_conn.clamp(1, contexts),
-            buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
-            ..dds_offload::DirectorConfig::new(listen, host)
-        },
-        app,
-        maintainer.reader(),
-        port,
-    )
-    .with_context(|| format!("start the traffic director on {listen}"))?;
-    Ok(Some(Offload {
-        hooks: dds_dpu::OffloadHooks {
-            maintainer,
-            port: port_svc,
-        },
-        director,
+    Ok(Some(dds_dpu::OffloadConfig {
+        cache_items: a.cache_items,
+        ..dds_dpu::OffloadConfig::new(
+            app,
+            Some(dds_director::DirectorConfig {
+                signature,
+                threads: a.director_threads.max(1),
+                copy_mode: a.offload_copy,
+                context_ring_len: contexts,
+                max_contexts_per_conn: a.offload_contexts_per_conn,
+                buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
+                ..dds_director::DirectorConfig::new(listen, host)
+            }),
+        )
     }))
 }
 
@@ -213,9 +185,8 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     let device = a.device.clone();
     let queue_depth = a.queue_depth as usize;
     let max_io = config.max_io_bytes;
-    let (hooks, director) = match start_offload(&a) {
-        Ok(Some(o)) => (Some(o.hooks), Some(o.director)),
-        Ok(None) => (None, None),
+    let offload = match offload_config(&a) {
+        Ok(o) => o,
         Err(e) => {
             applied.remove();
             return Err(e);
@@ -233,7 +204,7 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
                 },
             )
         },
-        hooks,
+        offload,
     );
     let handle = match started {
         Ok(h) => h,
@@ -253,9 +224,8 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
     }
-    if let Some(d) = director {
+    if let Some(d) = handle.director() {
         eprintln!("dds dpu: director {:?}", d.stats());
-        d.shutdown();
     }
     handle.shutdown();
     applied.remove();

@@ -14,8 +14,9 @@ use dds_fs::FileService;
 use dds_proto::control::{self, FrameError, HelloInfo, Reply, Request, PROTOCOL_VERSION};
 use dds_proto::Status;
 
+use crate::offload::{OffloadConfig, OffloadRuntime};
 use crate::service::Service;
-use crate::{DpuConfig, OffloadHooks};
+use crate::DpuConfig;
 
 /// Control requests queued for the service thread at most.
 const COMMAND_QUEUE_MAX: usize = 256;
@@ -45,6 +46,7 @@ pub struct DpuHandle {
     service: Option<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     socket: PathBuf,
+    offload: Option<OffloadRuntime>,
 }
 
 impl Dpu {
@@ -57,15 +59,20 @@ impl Dpu {
         Dpu::start_with(config, open_fs, None)
     }
 
-    /// As [`Dpu::start`], with the offload engine's hooks moved to the service thread.
+    /// As [`Dpu::start`], with the offload engine: its cache hooks run on the service thread,
+    /// its traffic director (if configured) is started here and owned by the handle.
     pub fn start_with<F>(
         config: DpuConfig,
         open_fs: F,
-        offload: Option<OffloadHooks>,
+        offload: Option<OffloadConfig>,
     ) -> io::Result<DpuHandle>
     where
         F: FnOnce() -> Result<FileService, dds_fs::FsError> + Send + 'static,
     {
+        let (offload, runtime) = match offload.map(crate::offload::build).transpose()? {
+            Some((hooks, runtime)) => (Some(hooks), Some(runtime)),
+            None => (None, None),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let (cmd_tx, cmd_rx) = bounded::<Command>(COMMAND_QUEUE_MAX);
         let (ready_tx, ready_rx) = bounded::<Result<HelloInfo, String>>(1);
@@ -123,8 +130,23 @@ impl Dpu {
             service: Some(service),
             listener: Some(listener),
             socket: config.socket,
+            offload: runtime,
         })
     }
+}
+
+/// A file service on a fresh in-memory device of `device_bytes` bytes (512-byte blocks, 1 MiB
+/// segments), for [`Dpu::start_in_memory`] and tests that start a DPU with options.
+pub fn memory_file_service(device_bytes: u64) -> Result<FileService, dds_fs::FsError> {
+    let mut dev = dds_fs::MemDevice::new(device_bytes, 512);
+    dds_fs::format(
+        &mut dev,
+        dds_fs::FormatConfig {
+            segment_size: 1 << 20,
+            ..dds_fs::FormatConfig::default()
+        },
+    )?;
+    FileService::open(Box::new(dev), dds_fs::OpenConfig::default())
 }
 
 /// A socket path in the temporary directory, unique to this process and call.
@@ -142,17 +164,7 @@ impl Dpu {
     /// 1 MiB segments): the real control socket, rings, DMA engine and file service, without a
     /// device file. For application tests and examples.
     pub fn start_in_memory(config: DpuConfig, device_bytes: u64) -> io::Result<DpuHandle> {
-        Dpu::start(config, move || {
-            let mut dev = dds_fs::MemDevice::new(device_bytes, 512);
-            dds_fs::format(
-                &mut dev,
-                dds_fs::FormatConfig {
-                    segment_size: 1 << 20,
-                    ..dds_fs::FormatConfig::default()
-                },
-            )?;
-            FileService::open(Box::new(dev), dds_fs::OpenConfig::default())
-        })
+        Dpu::start(config, move || memory_file_service(device_bytes))
     }
 }
 
@@ -175,7 +187,37 @@ impl DpuHandle {
         self.shutdown_inner();
     }
 
+    /// The offload engine's cache table (read side), if offload is configured.
+    pub fn offload_cache(&self) -> Option<&dds_cache::CacheReader> {
+        self.offload.as_ref().map(|o| &o.cache)
+    }
+
+    /// Starts another traffic director on free lanes of the offload engine's port (for an
+    /// application that comes up after the DPU). The caller owns it.
+    pub fn start_director(
+        &self,
+        config: dds_director::DirectorConfig,
+    ) -> io::Result<dds_director::DirectorHandle> {
+        match &self.offload {
+            Some(o) => o.start_director(config),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this DPU runs no offload engine",
+            )),
+        }
+    }
+
+    /// The traffic director started with the DPU, if any.
+    pub fn director(&self) -> Option<&dds_director::DirectorHandle> {
+        self.offload.as_ref().and_then(|o| o.director.as_ref())
+    }
+
     fn shutdown_inner(&mut self) {
+        // The director first: no new offloaded reads reach a stopping service thread.
+        if let Some(d) = self.offload.as_mut().and_then(|o| o.director.take()) {
+            tracing::info!(stats = ?d.stats(), "director stopped");
+            d.shutdown();
+        }
         self.stop.store(true, Ordering::Release);
         if let Some(s) = self.service.take() {
             let _ = s.join();

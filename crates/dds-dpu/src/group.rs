@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 
 use dds_dma::{DmaEngine, LocalBuf, RegionId};
 use dds_fs::{FileId, FileService, FsError};
-use dds_offload::CacheMaintainer;
+use dds_offload_engine::CacheMaintainer;
 use dds_proto::record::{
     self, Op, RecordError, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
@@ -105,31 +105,6 @@ pub(crate) struct GroupParams {
     pub payload_align: u32,
     pub max_io_bytes: u32,
     pub mode: ExecMode,
-}
-
-fn status_of(e: &FsError) -> Status {
-    match e {
-        FsError::UnknownFile => Status::UnknownFile,
-        FsError::UnknownDir => Status::UnknownDir,
-        FsError::NotFound => Status::NotFound,
-        FsError::Exists => Status::Exists,
-        FsError::NotEmpty => Status::NotEmpty,
-        FsError::OutOfRange => Status::OutOfRange,
-        FsError::NoSpace => Status::NoSpace,
-        FsError::TooLarge => Status::TooLarge,
-        FsError::Busy => Status::Busy,
-        FsError::NameTooLong => Status::NameTooLong,
-        FsError::TooManyFiles => Status::TooManyFiles,
-        FsError::TooManyDirs => Status::TooManyDirs,
-        FsError::InvalidPath => Status::InvalidPath,
-        FsError::Io(_) => Status::Io,
-        FsError::Corrupt(_) => Status::Corrupt,
-        FsError::InvalidConfig(_) | FsError::InvalidArgument(_) => Status::InvalidArgument,
-    }
-}
-
-pub(crate) fn fs_status(e: &FsError) -> Status {
-    status_of(e)
 }
 
 /// Bytes of DPU memory a group with these ring sizes needs.
@@ -437,7 +412,7 @@ impl GroupState {
             Op::Flush => fs.submit_flush(user),
             Op::Cache | Op::Invalidate => unreachable!("answered at dispatch"),
         };
-        r.map_err(|e| status_of(&e))
+        r.map_err(|e| Status::from(&e))
     }
 
     /// A file-service completion for this group.
@@ -469,7 +444,7 @@ impl GroupState {
         }
         match result {
             Ok(bytes) => self.complete_seq(seq, Status::Ok, bytes),
-            Err(e) => self.complete_seq(seq, status_of(&e), 0),
+            Err(e) => self.complete_seq(seq, Status::from(&e), 0),
         }
     }
 

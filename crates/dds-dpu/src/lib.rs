@@ -9,21 +9,15 @@
 
 mod control;
 mod group;
+mod offload;
 pub mod profile;
 mod service;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use control::{temp_socket_path, Dpu, DpuHandle};
-
-/// The offload engine's hooks on the service thread (§6.2): the single cache-table writer
-/// with the application's cache-on-write / invalidate-on-read functions, and the service side
-/// of the port through which the traffic director's threads submit offloaded reads.
-pub struct OffloadHooks {
-    pub maintainer: dds_offload::CacheMaintainer,
-    pub port: dds_offload::PortService,
-}
+pub use control::{memory_file_service, temp_socket_path, Dpu, DpuHandle};
+pub use offload::OffloadConfig;
 
 /// How the service thread executes I/O (Fig. 17).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

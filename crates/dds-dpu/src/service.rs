@@ -13,8 +13,9 @@ use dds_proto::control::{
 use dds_proto::Status;
 
 use crate::control::Command;
-use crate::group::{fs_status, group_memory, Dispatch, GroupParams, GroupState};
-use crate::{DpuConfig, OffloadHooks};
+use crate::group::{group_memory, Dispatch, GroupParams, GroupState};
+use crate::offload::{port_result, FsReads, OffloadHooks};
+use crate::DpuConfig;
 
 /// Control commands handled per loop iteration at most, so the data path keeps moving.
 const COMMANDS_PER_ROUND: usize = 4;
@@ -101,7 +102,10 @@ impl Service {
             // The director's invalidations first, so a forwarded write's keys are dropped
             // before anything else this round.
             worked |= o.maintainer.apply_port_invalidations(&mut o.port) > 0;
-            worked |= o.port.submit_to_fs(&mut self.fs, PORT_READS_PER_ROUND) > 0;
+            worked |= o
+                .port
+                .submit_to(&mut FsReads(&mut self.fs), PORT_READS_PER_ROUND)
+                > 0;
         }
         for (index, slot) in self.groups.iter_mut().enumerate() {
             let Some(g) = slot.as_mut() else { continue };
@@ -129,7 +133,7 @@ impl Service {
         let offload = &mut self.offload;
         let completed = self.fs.poll(|user, result| {
             if let Some(o) = offload.as_mut() {
-                if o.port.on_fs_completion(user, &result) {
+                if o.port.on_completion(user, port_result(&result)) {
                     return;
                 }
             }
@@ -275,7 +279,7 @@ impl Service {
         };
         match r {
             Ok(reply) => reply,
-            Err(e) => Reply::err(fs_status(&e), e.to_string()),
+            Err(e) => Reply::err(Status::from(&e), e.to_string()),
         }
     }
 

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use dds_dpu::{Dpu, DpuConfig, DpuHandle, ExecMode};
-use dds_fs::{format, FileService, FormatConfig, MemDevice, OpenConfig};
 use dds_host::{Dds, GroupConfig, Status};
 
 fn start(mode: ExecMode, cost: bool) -> DpuHandle {
@@ -317,37 +316,23 @@ fn dpu_shutdown_fails_pending_calls_of_a_polling_host() {
 }
 
 fn start_with_offload() -> (DpuHandle, dds_cache::CacheReader) {
-    use dds_offload::{CacheMaintainer, FileReadPort, PagestoreApp, PortConfig};
-    let app: std::sync::Arc<dyn dds_offload::OffloadApp> =
-        std::sync::Arc::new(PagestoreApp::default());
-    let port = FileReadPort::new(PortConfig::default());
-    let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(1 << 12)).unwrap();
-    let maintainer = CacheMaintainer::new(writer, app, port.clone());
-    let reader = maintainer.reader();
-    let hooks = dds_dpu::OffloadHooks {
-        maintainer,
-        port: port.service().unwrap(),
-    };
+    let app: std::sync::Arc<dyn dds_offload_api::OffloadApp> =
+        std::sync::Arc::new(dds_apps::offload::PagestoreApp::default());
     let config = DpuConfig {
         socket: dds_dpu::temp_socket_path("e2e"),
         ..DpuConfig::default()
     };
+    let offload = dds_dpu::OffloadConfig {
+        cache_items: 1 << 12,
+        ..dds_dpu::OffloadConfig::new(app, None)
+    };
     let dpu = Dpu::start_with(
         config,
-        || {
-            let mut dev = MemDevice::new(64 << 20, 512);
-            format(
-                &mut dev,
-                FormatConfig {
-                    segment_size: 1 << 20,
-                    ..FormatConfig::default()
-                },
-            )?;
-            FileService::open(Box::new(dev), OpenConfig::default())
-        },
-        Some(hooks),
+        || dds_dpu::memory_file_service(64 << 20),
+        Some(offload),
     )
     .unwrap();
+    let reader = dpu.offload_cache().expect("offload configured").clone();
     (dpu, reader)
 }
 
@@ -357,7 +342,7 @@ fn host_writes_and_explicit_batches_maintain_the_cache_table() {
     let dds = Dds::connect(dpu.socket()).unwrap();
     let f = dds.create_file("/pages").unwrap();
     // Cache-on-write: a completed host write of page 2 makes it cached (with a version).
-    let key = dds_offload::PagestoreApp::page_key(f.id, 2);
+    let key = dds_apps::offload::PagestoreApp::page_key(f.id, 2);
     assert!(cache.get(key).is_none());
     dds.write_sync(f.id, 2 * 4096, &[1u8; 4096]).unwrap();
     let item = cache.get(key).expect("cached at write completion");

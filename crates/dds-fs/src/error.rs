@@ -62,29 +62,6 @@ pub enum FsError {
 }
 
 impl FsError {
-    /// Stable numeric code of the variant (0 is reserved for success).
-    pub fn code(&self) -> u16 {
-        match self {
-            FsError::UnknownFile => 1,
-            FsError::UnknownDir => 2,
-            FsError::NotFound => 3,
-            FsError::Exists => 4,
-            FsError::NotEmpty => 5,
-            FsError::OutOfRange => 6,
-            FsError::NoSpace => 7,
-            FsError::TooLarge => 8,
-            FsError::Busy => 9,
-            FsError::NameTooLong => 10,
-            FsError::TooManyFiles => 11,
-            FsError::TooManyDirs => 12,
-            FsError::InvalidPath => 13,
-            FsError::Io(_) => 14,
-            FsError::Corrupt(_) => 15,
-            FsError::InvalidConfig(_) => 16,
-            FsError::InvalidArgument(_) => 17,
-        }
-    }
-
     pub(crate) fn io(context: &str, e: io::Error) -> FsError {
         FsError::Io(format!("{context}: {e}"))
     }
@@ -97,35 +74,64 @@ impl FsError {
     }
 }
 
+/// The one mapping of file service errors to the status codes of every DDS interface
+/// (`docs/records.md`): ring responses, control replies, responses built on the DPU.
+impl From<&FsError> for dds_proto::Status {
+    fn from(e: &FsError) -> Self {
+        use dds_proto::Status;
+        match e {
+            FsError::UnknownFile => Status::UnknownFile,
+            FsError::UnknownDir => Status::UnknownDir,
+            FsError::NotFound => Status::NotFound,
+            FsError::Exists => Status::Exists,
+            FsError::NotEmpty => Status::NotEmpty,
+            FsError::OutOfRange => Status::OutOfRange,
+            FsError::NoSpace => Status::NoSpace,
+            FsError::TooLarge => Status::TooLarge,
+            FsError::Busy => Status::Busy,
+            FsError::NameTooLong => Status::NameTooLong,
+            FsError::TooManyFiles => Status::TooManyFiles,
+            FsError::TooManyDirs => Status::TooManyDirs,
+            FsError::InvalidPath => Status::InvalidPath,
+            FsError::Io(_) => Status::Io,
+            FsError::Corrupt(_) => Status::Corrupt,
+            FsError::InvalidConfig(_) | FsError::InvalidArgument(_) => Status::InvalidArgument,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dds_proto::Status;
 
     #[test]
-    fn codes_are_distinct_and_nonzero() {
+    fn every_error_has_a_failure_status() {
         let all = [
-            FsError::UnknownFile,
-            FsError::UnknownDir,
-            FsError::NotFound,
-            FsError::Exists,
-            FsError::NotEmpty,
-            FsError::OutOfRange,
-            FsError::NoSpace,
-            FsError::TooLarge,
-            FsError::Busy,
-            FsError::NameTooLong,
-            FsError::TooManyFiles,
-            FsError::TooManyDirs,
-            FsError::InvalidPath,
-            FsError::Io(String::new()),
-            FsError::Corrupt(String::new()),
-            FsError::InvalidConfig(String::new()),
-            FsError::InvalidArgument(""),
+            (FsError::UnknownFile, Status::UnknownFile),
+            (FsError::UnknownDir, Status::UnknownDir),
+            (FsError::NotFound, Status::NotFound),
+            (FsError::Exists, Status::Exists),
+            (FsError::NotEmpty, Status::NotEmpty),
+            (FsError::OutOfRange, Status::OutOfRange),
+            (FsError::NoSpace, Status::NoSpace),
+            (FsError::TooLarge, Status::TooLarge),
+            (FsError::Busy, Status::Busy),
+            (FsError::NameTooLong, Status::NameTooLong),
+            (FsError::TooManyFiles, Status::TooManyFiles),
+            (FsError::TooManyDirs, Status::TooManyDirs),
+            (FsError::InvalidPath, Status::InvalidPath),
+            (FsError::Io(String::new()), Status::Io),
+            (FsError::Corrupt(String::new()), Status::Corrupt),
+            (
+                FsError::InvalidConfig(String::new()),
+                Status::InvalidArgument,
+            ),
+            (FsError::InvalidArgument(""), Status::InvalidArgument),
         ];
-        let mut codes: Vec<u16> = all.iter().map(FsError::code).collect();
-        assert!(codes.iter().all(|&c| c != 0));
-        codes.sort_unstable();
-        codes.dedup();
-        assert_eq!(codes.len(), all.len());
+        for (e, want) in &all {
+            assert_eq!(Status::from(e), *want, "{e:?}");
+            assert_ne!(Status::from(e), Status::Ok, "{e:?}");
+        }
     }
 }

@@ -1,0 +1,81 @@
+//! `docs/architecture.md`'s crate table matches the workspace: one row per crate under
+//! `crates/`, and each row's "depends on" column lists exactly the crate's `[dependencies]` on
+//! other workspace crates.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("crates/dds-cli lies two levels below the workspace")
+}
+
+/// Workspace crates named in the `[dependencies]` section of a manifest.
+fn manifest_deps(manifest: &str) -> BTreeSet<String> {
+    let mut deps = BTreeSet::new();
+    let mut in_deps = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if in_deps && line.starts_with("dds-") {
+            let name: String = line
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            deps.insert(name);
+        }
+    }
+    deps
+}
+
+/// Rows of the crate table: crate → its "depends on" column.
+fn documented(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let start = doc
+        .find("| crate | part | depends on |")
+        .expect("the crate table");
+    doc[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cols: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cols[1].trim_matches('`').to_string();
+            let deps = cols[cols.len() - 2]
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty() && *d != "—")
+                .map(str::to_string)
+                .collect();
+            (name, deps)
+        })
+        .collect()
+}
+
+#[test]
+fn crate_table_matches_the_cargo_graph() {
+    let root = workspace();
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let table = documented(&doc);
+    let mut actual = BTreeMap::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let dir = entry.unwrap().path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        actual.insert(name, manifest_deps(&manifest));
+    }
+    assert!(actual.len() >= 10, "found the crates: {:?}", actual.keys());
+    assert_eq!(
+        table.keys().collect::<Vec<_>>(),
+        actual.keys().collect::<Vec<_>>(),
+        "one row per crate"
+    );
+    for (name, deps) in &actual {
+        assert_eq!(&table[name], deps, "dependencies of {name}");
+    }
+}

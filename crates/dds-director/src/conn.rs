@@ -1,0 +1,143 @@
+//! A client connection and its buffers.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+use mio::net::TcpStream;
+
+/// A byte buffer with a consumed prefix.
+pub(crate) struct Buf {
+    pub(crate) v: Vec<u8>,
+    pub(crate) s: usize,
+    pub(crate) e: usize,
+}
+
+impl Buf {
+    pub(crate) fn new(n: usize) -> Buf {
+        Buf {
+            v: vec![0; n],
+            s: 0,
+            e: 0,
+        }
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.e - self.s
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.s == self.e
+    }
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.v[self.s..self.e]
+    }
+    pub(crate) fn consume(&mut self, n: usize) {
+        self.s += n;
+        if self.s == self.e {
+            self.s = 0;
+            self.e = 0;
+        }
+    }
+    pub(crate) fn compact(&mut self) {
+        if self.s > 0 {
+            self.v.copy_within(self.s..self.e, 0);
+            self.e -= self.s;
+            self.s = 0;
+        }
+    }
+    /// Free bytes at the tail, compacting first if there are none.
+    pub(crate) fn tail(&mut self) -> &mut [u8] {
+        if self.e == self.v.len() {
+            self.compact();
+        }
+        &mut self.v[self.e..]
+    }
+    /// Makes `n` contiguous free bytes at the tail. The buffer grows only when it is empty
+    /// (so it holds at most one item larger than its initial size); otherwise false.
+    pub(crate) fn room(&mut self, n: usize) -> bool {
+        if self.v.len() - self.e >= n {
+            return true;
+        }
+        self.compact();
+        if self.v.len() - self.e >= n {
+            return true;
+        }
+        if self.is_empty() {
+            self.v.resize(n, 0);
+            return true;
+        }
+        false
+    }
+    /// Grows so that a whole item of `n` bytes fits (from the start of the data).
+    pub(crate) fn fit(&mut self, n: usize) {
+        if self.v.len() - self.s < n {
+            self.compact();
+            if self.v.len() < n {
+                self.v.resize(n, 0);
+            }
+        }
+    }
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.e += n;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Entry {
+    /// The next host response answers it; it may be sent once the lane's invalidations up to
+    /// `gate` are applied.
+    Host { gate: u64 },
+    /// An offloaded read in context `ctx`.
+    Dpu { ctx: u32 },
+    /// A DPU response already copied into `cout` (copy mode), `len` bytes.
+    Copied { len: u32 },
+}
+
+pub(crate) struct Conn {
+    pub(crate) gen: u32,
+    pub(crate) split: bool,
+    pub(crate) client: TcpStream,
+    pub(crate) host: TcpStream,
+    pub(crate) peer: SocketAddr,
+    pub(crate) host_connected: bool,
+    pub(crate) c_readable: bool,
+    pub(crate) c_writable: bool,
+    pub(crate) h_readable: bool,
+    pub(crate) h_writable: bool,
+    pub(crate) cin: Buf,
+    pub(crate) hout: Buf,
+    pub(crate) hin: Buf,
+    pub(crate) cout: Buf,
+    pub(crate) order: VecDeque<Entry>,
+    pub(crate) host_pending: usize,
+    pub(crate) head_sent: usize,
+    pub(crate) inval_seq: u64,
+    /// Host requests forwarded / answered (retired) on this connection.
+    pub(crate) host_issued: u64,
+    pub(crate) host_retired: u64,
+    /// Keys that forwarded host requests may modify, masked for this connection's lookups
+    /// until the request with ordinal `pend_ord[i]` is answered (FIFO from `pend_head`).
+    pub(crate) pend_keys: Vec<u64>,
+    pub(crate) pend_ord: Vec<u64>,
+    pub(crate) pend_head: usize,
+    pub(crate) dpu_ctxs: usize,
+    /// Offloaded reads of this connection in the file service.
+    pub(crate) dpu_inflight: usize,
+    /// Write-after-read barrier: only this many bytes of `hout` may go to the host until
+    /// `dpu_inflight` is 0 (a host request that modifies keys must not overtake earlier
+    /// offloaded reads of the connection).
+    pub(crate) hold: Option<usize>,
+    pub(crate) client_eof: bool,
+    pub(crate) host_eof: bool,
+    pub(crate) host_wr_shut: bool,
+    pub(crate) dirty: bool,
+    pub(crate) retry: bool,
+    pub(crate) gated: bool,
+}
+
+pub(crate) enum Close {
+    /// Orderly: both directions done.
+    Done,
+    /// Malformed input or protocol error: log and close.
+    Malformed(&'static str),
+    /// A reset or I/O error on one side: reset the other.
+    Abort(&'static str),
+}

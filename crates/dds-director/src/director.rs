@@ -1,0 +1,168 @@
+//! Starting and stopping the director's threads.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use dds_cache::CacheReader;
+use dds_offload_api::{OffloadApp, MAX_HEADER_ROOM};
+use dds_offload_engine::FileReadPort;
+use mio::net::TcpListener;
+use mio::{Interest, Poll, Waker};
+
+use crate::config::DirectorConfig;
+use crate::stats::{DirectorStats, Stats};
+use crate::worker::{Worker, LISTENER, WAKER};
+
+/// The traffic director.
+#[derive(Debug)]
+pub struct Director;
+
+/// A running director: its address, counters and shutdown.
+pub struct DirectorHandle {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    wakers: Vec<Arc<Waker>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for DirectorHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectorHandle")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl DirectorHandle {
+    /// The address the director listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> DirectorStats {
+        self.stats.snapshot()
+    }
+
+    /// Stops the threads: connections are closed, outstanding reads are awaited (up to 5 s;
+    /// buffers of reads still outstanding after that are leaked, never freed under the file
+    /// service).
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in &self.wakers {
+            let _ = w.wake();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DirectorHandle {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+pub(crate) fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+impl Director {
+    /// Starts the director threads. `cache` is a reader of the table whose writer the file
+    /// service thread owns; `port` has at least `threads` free lanes.
+    pub fn start(
+        cfg: DirectorConfig,
+        app: Arc<dyn OffloadApp>,
+        cache: CacheReader,
+        port: Arc<FileReadPort>,
+    ) -> io::Result<DirectorHandle> {
+        let threads = cfg.threads.max(1);
+        if app.header_room() > MAX_HEADER_ROOM {
+            return Err(invalid(format!(
+                "app header room {} above {MAX_HEADER_ROOM}",
+                app.header_room()
+            )));
+        }
+        if cfg.context_ring_len > port.depth() {
+            return Err(invalid(format!(
+                "context_ring_len {} above the port depth {}",
+                cfg.context_ring_len,
+                port.depth()
+            )));
+        }
+        let mut lanes = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let lane = port
+                .lane(i)
+                .ok_or_else(|| invalid(format!("port lane {i} missing or taken")))?;
+            if lane.invalidation_room() < app.max_forward_keys() {
+                return Err(invalid(format!(
+                    "port invalidation queue ({}) smaller than the app's max_forward_keys ({})",
+                    lane.invalidation_room(),
+                    app.max_forward_keys()
+                )));
+            }
+            lanes.push(lane);
+        }
+        let std_listener = std::net::TcpListener::bind(cfg.listen)?;
+        std_listener.set_nonblocking(true)?;
+        let local = std_listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Stats::default());
+        let mut wakers = Vec::new();
+        let mut handles = Vec::new();
+        for (i, lane) in lanes.into_iter().enumerate() {
+            let poll = Poll::new()?;
+            let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+            let w2 = waker.clone();
+            lane.set_waker(move || {
+                let _ = w2.wake();
+            });
+            let mut listener = TcpListener::from_std(std_listener.try_clone()?);
+            poll.registry()
+                .register(&mut listener, LISTENER, Interest::READABLE)?;
+            let worker = Worker::new(
+                &cfg,
+                poll,
+                listener,
+                app.clone(),
+                cache.clone(),
+                lane,
+                stop.clone(),
+                stats.clone(),
+            );
+            wakers.push(waker);
+            let hook = cfg.on_thread_start.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("dds-director-{i}"))
+                    .spawn(move || {
+                        if let Some(h) = hook {
+                            h(i);
+                        }
+                        let r =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run()));
+                        if r.is_err() {
+                            tracing::error!(thread = i, "director thread panicked");
+                        }
+                    })?,
+            );
+        }
+        tracing::info!(%local, host = %cfg.host, signature = %cfg.signature, threads, app = app.name(), "traffic director started");
+        Ok(DirectorHandle {
+            local,
+            stop,
+            wakers,
+            threads: handles,
+            stats,
+        })
+    }
+}

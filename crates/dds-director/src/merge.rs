@@ -1,0 +1,242 @@
+//! The host/DPU → client direction: completions of offloaded reads and responses sent in
+//! request order.
+
+use std::io::{self, IoSlice, Write};
+
+use dds_offload_engine::CtxState;
+use dds_proto::Status;
+
+use crate::conn::{Close, Entry};
+use crate::stats::add;
+use crate::worker::{would_block, Worker, IOV_MAX};
+
+impl Worker {
+    pub(crate) fn reap_completions(&mut self) {
+        let Worker {
+            lane,
+            pool,
+            app,
+            conns,
+            dirty,
+            stats,
+            ..
+        } = self;
+        let mut failed: [usize; 16] = [usize::MAX; 16];
+        let mut nfailed = 0;
+        lane.poll_completions(|token, res| {
+            let i = token as u32;
+            let Some(ctx) = pool.ctxs.get(i as usize).copied() else {
+                tracing::error!(token, "completion for an unknown context");
+                return;
+            };
+            match ctx.state {
+                CtxState::Orphan => {
+                    pool.ctxs[i as usize].state = CtxState::Ready;
+                    pool.release(i);
+                    return;
+                }
+                CtxState::InFlight => {}
+                _ => {
+                    tracing::error!(token, "completion for a context not in flight");
+                    return;
+                }
+            }
+            let res = match res {
+                Ok(n) if n <= ctx.op.size => {
+                    add(&stats.offload_bytes, u64::from(n));
+                    Ok(n)
+                }
+                Ok(_) => Err(Status::Io.code()),
+                Err(code) => Err(code),
+            };
+            pool.ctxs[i as usize].state = CtxState::Ready;
+            let (room, data) = pool.room_and_data(i);
+            let room_len = room.len();
+            let cap = data.len();
+            let built =
+                app.build_response(&ctx.head[..ctx.head_len as usize], &ctx.op, res, room, data);
+            let slot = ctx.conn as usize;
+            match built {
+                Ok(l)
+                    if (l.header_len as usize) <= room_len
+                        && l.total_len >= l.header_len
+                        && (l.total_len - l.header_len) as usize <= cap =>
+                {
+                    pool.ctxs[i as usize].layout = l;
+                }
+                other => {
+                    if let Err(e) = other {
+                        tracing::warn!(reason = e.0, "response builder failed");
+                    } else {
+                        tracing::warn!("response builder returned an out-of-range layout");
+                    }
+                    if nfailed < failed.len() {
+                        failed[nfailed] = slot;
+                        nfailed += 1;
+                    }
+                    pool.ctxs[i as usize].layout = Default::default();
+                }
+            }
+            if let Some(c) = conns.get_mut(slot).and_then(|c| c.as_mut()) {
+                if c.gen == ctx.gen {
+                    c.dpu_inflight -= 1;
+                    if c.dpu_inflight == 0 {
+                        c.hold = None;
+                    }
+                    if !c.dirty {
+                        c.dirty = true;
+                        dirty.push(slot);
+                    }
+                }
+            }
+        });
+        for &slot in &failed[..nfailed] {
+            if self.conns[slot].is_some() {
+                self.close(
+                    slot,
+                    Close::Malformed("offload app built an invalid response"),
+                );
+            }
+        }
+    }
+
+    /// Sends ready responses in request order, straight from where they are (host input
+    /// buffer, read buffers, or the copy-mode packet buffer).
+    pub(crate) fn flush_client(&mut self, slot: usize) -> Result<bool, Close> {
+        let mut progress = false;
+        let applied = self.lane.invalidations_applied();
+        loop {
+            let Worker {
+                app,
+                pool,
+                conns,
+                stats,
+                copy_mode,
+                gated,
+                ..
+            } = self;
+            let c = conns[slot].as_mut().expect("live");
+            if *copy_mode {
+                // Copy ready DPU responses into the packet buffer (the Fig. 20 baseline).
+                for e in c.order.iter_mut() {
+                    match *e {
+                        Entry::Dpu { ctx } if pool.ctxs[ctx as usize].state == CtxState::Ready => {
+                            let resp = pool.response(ctx);
+                            if !c.cout.room(resp.len()) {
+                                break;
+                            }
+                            let len = resp.len();
+                            c.cout.tail()[..len].copy_from_slice(resp);
+                            c.cout.commit(len);
+                            pool.release(ctx);
+                            c.dpu_ctxs -= 1;
+                            *e = Entry::Copied { len: len as u32 };
+                        }
+                        Entry::Dpu { .. } => break,
+                        _ => {}
+                    }
+                }
+            }
+            if !c.c_writable || c.order.is_empty() {
+                return Ok(progress);
+            }
+            let empty: &[u8] = &[];
+            let mut iov = [IoSlice::new(empty); IOV_MAX];
+            let mut niov = 0;
+            let mut hoff = 0usize;
+            let mut coff = 0usize;
+            let hin = c.hin.data();
+            let cout = c.cout.data();
+            for (k, e) in c.order.iter().enumerate() {
+                if niov == IOV_MAX {
+                    break;
+                }
+                let bytes: &[u8] = match *e {
+                    Entry::Host { gate } => {
+                        if gate > applied {
+                            if !c.gated {
+                                c.gated = true;
+                                gated.push(slot);
+                            }
+                            break;
+                        }
+                        match app.response_len(&hin[hoff..]) {
+                            Ok(Some(n)) if hin.len() - hoff >= n => {
+                                let b = &hin[hoff..hoff + n];
+                                hoff += n;
+                                b
+                            }
+                            _ => break,
+                        }
+                    }
+                    Entry::Dpu { ctx } => {
+                        if pool.ctxs[ctx as usize].state != CtxState::Ready {
+                            break;
+                        }
+                        pool.response(ctx)
+                    }
+                    Entry::Copied { len } => {
+                        let b = &cout[coff..coff + len as usize];
+                        coff += len as usize;
+                        b
+                    }
+                };
+                let b = if k == 0 { &bytes[c.head_sent..] } else { bytes };
+                iov[niov] = IoSlice::new(b);
+                niov += 1;
+            }
+            if niov == 0 {
+                return Ok(progress);
+            }
+            let mut w = match (&c.client).write_vectored(&iov[..niov]) {
+                Ok(w) => w,
+                Err(e) if would_block(&e) => {
+                    c.c_writable = false;
+                    return Ok(progress);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Err(Close::Abort("client connection reset")),
+            };
+            add(&stats.client_bytes_out, w as u64);
+            progress = true;
+            // Retire what was sent.
+            while w > 0 {
+                let e = *c.order.front().expect("sent bytes belong to entries");
+                let full = match e {
+                    Entry::Host { .. } => app
+                        .response_len(c.hin.data())
+                        .ok()
+                        .flatten()
+                        .expect("framed above"),
+                    Entry::Dpu { ctx } => pool.response(ctx).len(),
+                    Entry::Copied { len } => len as usize,
+                };
+                let left = full - c.head_sent;
+                if w < left {
+                    c.head_sent += w;
+                    break;
+                }
+                w -= left;
+                c.head_sent = 0;
+                c.order.pop_front();
+                match e {
+                    Entry::Host { .. } => {
+                        c.hin.consume(full);
+                        c.host_pending -= 1;
+                        c.host_retired += 1;
+                        while c.pend_head < c.pend_ord.len()
+                            && c.pend_ord[c.pend_head] <= c.host_retired
+                        {
+                            c.pend_head += 1;
+                        }
+                    }
+                    Entry::Dpu { ctx } => {
+                        pool.release(ctx);
+                        c.dpu_ctxs -= 1;
+                    }
+                    Entry::Copied { len } => c.cout.consume(len as usize),
+                }
+            }
+        }
+    }
+}

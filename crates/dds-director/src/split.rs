@@ -1,0 +1,298 @@
+//! The client → host direction of a split connection: framing, the plan of each message
+//! (`dds_offload_engine::Planner`), invalidations, the host sub-message and the file reads.
+
+use std::net::Shutdown;
+
+use dds_offload_api::REQUEST_HEAD_BYTES;
+use dds_offload_engine::CtxState;
+use dds_proto::Status;
+
+use crate::conn::{Close, Entry};
+use crate::stats::add;
+use crate::worker::Worker;
+
+impl Worker {
+    pub(crate) fn drive_split(&mut self, slot: usize) -> Result<(), Close> {
+        {
+            let c = self.conns[slot].as_mut().expect("live");
+            Self::check_host_connected(c)?;
+        }
+        loop {
+            let stats = self.stats.clone();
+            let mut p;
+            {
+                let c = self.conns[slot].as_mut().expect("live");
+                p = Self::read_into(
+                    &mut c.client,
+                    &mut c.cin,
+                    &mut c.c_readable,
+                    &mut c.client_eof,
+                    &stats.client_bytes_in,
+                )?;
+            }
+            p |= self.process_messages(slot)?;
+            let c = self.conns[slot].as_mut().expect("live");
+            if c.host_connected {
+                let allowed = c.hold.unwrap_or(usize::MAX);
+                let queued = c.hout.len();
+                p |= Self::write_from(
+                    &mut c.host,
+                    &mut c.hout,
+                    allowed,
+                    &mut c.h_writable,
+                    &stats.host_bytes_out,
+                )?;
+                if let Some(h) = c.hold.as_mut() {
+                    *h -= queued - c.hout.len();
+                }
+                let before = c.hin.len();
+                p |= Self::read_into(
+                    &mut c.host,
+                    &mut c.hin,
+                    &mut c.h_readable,
+                    &mut c.host_eof,
+                    &stats.host_bytes_in,
+                )?;
+                if c.hin.len() > before && c.host_pending == 0 {
+                    return Err(Close::Malformed("host sent a response nobody asked for"));
+                }
+                if !c.hin.is_empty() {
+                    match self.app.response_len(c.hin.data()) {
+                        Err(m) => {
+                            tracing::warn!(reason = m.0, "host response malformed");
+                            return Err(Close::Malformed("host sent a malformed response"));
+                        }
+                        Ok(Some(n)) if n == 0 || n > self.max_resp => {
+                            return Err(Close::Malformed("host response length out of range"));
+                        }
+                        Ok(Some(n)) => c.hin.fit(n),
+                        Ok(None) => {}
+                    }
+                }
+            }
+            p |= self.flush_client(slot)?;
+            let c = self.conns[slot].as_mut().expect("live");
+            // Half-close: after the client's last message went out to the host.
+            if c.client_eof
+                && c.cin.is_empty()
+                && c.hout.is_empty()
+                && c.host_connected
+                && !c.host_wr_shut
+            {
+                let _ = c.host.shutdown(Shutdown::Write);
+                c.host_wr_shut = true;
+            }
+            if c.client_eof && !c.cin.is_empty() {
+                // The stream ended inside a message: nothing more will complete it.
+                let complete =
+                    matches!(self.app.message_len(c.cin.data()), Ok(Some(n)) if n <= c.cin.len());
+                if !complete {
+                    // Answer what came before, then close as after a half-close.
+                    tracing::warn!(peer = %c.peer, bytes = c.cin.len(), "stream truncated inside a message");
+                    add(&self.stats.malformed, 1);
+                    let n = c.cin.len();
+                    c.cin.consume(n);
+                    p = true;
+                }
+            }
+            if c.host_eof {
+                let stuck = match c.order.front() {
+                    None => true,
+                    Some(Entry::Host { .. }) => {
+                        !matches!(self.app.response_len(c.hin.data()), Ok(Some(n)) if n <= c.hin.len())
+                    }
+                    Some(_) => false,
+                };
+                if stuck && c.cout.is_empty() {
+                    if c.order.is_empty() {
+                        let _ = c.client.shutdown(Shutdown::Write);
+                        return Err(Close::Done);
+                    }
+                    return Err(Close::Abort("host closed with requests outstanding"));
+                }
+            }
+            if !p {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Frames and splits complete client messages.
+    pub(crate) fn process_messages(&mut self, slot: usize) -> Result<bool, Close> {
+        let mut progress = false;
+        loop {
+            let Worker {
+                app,
+                cache,
+                lane,
+                pool,
+                planner,
+                stats,
+                conns,
+                retry: retry_list,
+                ..
+            } = self;
+            let c = conns[slot].as_mut().expect("live");
+            if c.host_eof || c.hold.is_some() {
+                return Ok(progress);
+            }
+            let n = match app.message_len(c.cin.data()) {
+                Err(m) => {
+                    tracing::warn!(peer = %c.peer, reason = m.0, "malformed message");
+                    return Err(Close::Malformed("malformed message framing"));
+                }
+                Ok(None) => return Ok(progress),
+                Ok(Some(n)) if n == 0 || n > self.max_msg => {
+                    return Err(Close::Malformed("message length out of range"));
+                }
+                Ok(Some(n)) => n,
+            };
+            if c.cin.len() < n {
+                c.cin.fit(n);
+                return Ok(progress);
+            }
+            if self.max_pending - c.order.len() < self.max_req {
+                return Ok(progress);
+            }
+            if !c.hout.room(n) {
+                return Ok(progress);
+            }
+            let msg = &c.cin.data()[..n];
+            // Release pending keys of answered host requests; make room for this message.
+            if c.pend_head > 0 {
+                c.pend_keys.drain(..c.pend_head);
+                c.pend_ord.drain(..c.pend_head);
+                c.pend_head = 0;
+            }
+            // Reads go to the DPU while contexts are free and the connection has its share.
+            let budget = pool
+                .free_count()
+                .min(self.max_ctx_per_conn.saturating_sub(c.dpu_ctxs));
+            let summary = match planner.plan(
+                app.as_ref(),
+                cache,
+                &c.pend_keys,
+                msg,
+                budget,
+                pool.capacity(),
+            ) {
+                Ok(s) => s,
+                Err(m) => {
+                    tracing::warn!(peer = %c.peer, reason = m.0, "offload plan rejected a message");
+                    return Err(Close::Malformed(m.0));
+                }
+            };
+            let masked = planner.masked();
+            if masked.len() > lane.invalidation_room() {
+                // The cache writer is behind: try again shortly.
+                if !c.retry {
+                    c.retry = true;
+                    retry_list.push(slot);
+                }
+                return Ok(progress);
+            }
+            if !c.pend_keys.is_empty() && c.pend_keys.len() + masked.len() > c.pend_keys.capacity()
+            {
+                // Too many keys awaiting host answers: continue when the host answers.
+                return Ok(progress);
+            }
+            // Commit: invalidations first, then the host message, then the reads.
+            let host = planner.host();
+            for &(k, pos) in masked {
+                let rank = host.binary_search_by_key(&pos, |d| d.pos).unwrap_or(0) as u64;
+                c.pend_keys.push(k);
+                c.pend_ord.push(c.host_issued + rank + 1);
+            }
+            c.host_issued += host.len() as u64;
+            let mut gate = 0;
+            if !masked.is_empty() {
+                let version = lane.current_version();
+                for &(k, _) in masked {
+                    match lane.invalidate(k, version) {
+                        Ok(seq) => gate = seq,
+                        Err(_) => unreachable!("room checked"),
+                    }
+                }
+                c.inval_seq = gate;
+                add(&stats.invalidations, masked.len() as u64);
+            }
+            let nhost = host.len();
+            let hout_before = c.hout.len();
+            if nhost > 0 {
+                let out = c.hout.tail();
+                let len = if summary.offloaded == 0 {
+                    out[..n].copy_from_slice(msg);
+                    n
+                } else {
+                    match app.build_host_message(msg, host, &mut out[..n]) {
+                        Ok(len) if len > 0 && len <= n => len,
+                        Ok(_) => {
+                            return Err(Close::Malformed(
+                                "host-message builder returned a bad length",
+                            ))
+                        }
+                        Err(m) => {
+                            tracing::warn!(peer = %c.peer, reason = m.0, "host-message builder failed");
+                            return Err(Close::Malformed("host-message builder failed"));
+                        }
+                    }
+                };
+                c.hout.commit(len);
+            }
+            for step in planner.steps() {
+                let d = step.req;
+                match step.read {
+                    None => {
+                        c.order.push_back(Entry::Host { gate });
+                        c.host_pending += 1;
+                    }
+                    Some(op) => {
+                        let ctx = pool.alloc().expect("budgeted");
+                        let hl = (d.len as usize).min(REQUEST_HEAD_BYTES);
+                        let cx = &mut pool.ctxs[ctx as usize];
+                        cx.state = CtxState::InFlight;
+                        cx.conn = slot as u32;
+                        cx.gen = c.gen;
+                        cx.op = op;
+                        cx.head[..hl]
+                            .copy_from_slice(&msg[d.offset as usize..d.offset as usize + hl]);
+                        cx.head_len = hl as u8;
+                        let dst = pool.data_ptr(ctx);
+                        // SAFETY: the buffer holds `capacity() >= op.size` bytes and is not
+                        // touched until the completion is polled (or leaked at shutdown).
+                        if unsafe { lane.submit(op, dst, u64::from(ctx)) }.is_err() {
+                            // Cannot happen (contexts <= port depth); answer Busy.
+                            pool.ctxs[ctx as usize].state = CtxState::Ready;
+                            let (room, data) = pool.room_and_data(ctx);
+                            let l = app
+                                .build_response(
+                                    &msg[d.offset as usize..d.offset as usize + hl],
+                                    &op,
+                                    Err(Status::Busy.code()),
+                                    room,
+                                    data,
+                                )
+                                .unwrap_or_default();
+                            pool.ctxs[ctx as usize].layout = l;
+                        } else {
+                            c.dpu_inflight += 1;
+                        }
+                        c.order.push_back(Entry::Dpu { ctx });
+                        c.dpu_ctxs += 1;
+                    }
+                }
+            }
+            if !masked.is_empty() && nhost > 0 && c.dpu_inflight > 0 {
+                // Keep this message's host part until the connection's offloaded reads
+                // (earlier ones and this message's) have read the device.
+                c.hold = Some(hout_before);
+            }
+            c.cin.consume(n);
+            add(&stats.messages, 1);
+            add(&stats.offloaded, summary.offloaded as u64);
+            add(&stats.forwarded, nhost as u64);
+            add(&stats.fallback, summary.fallback as u64);
+            progress = true;
+        }
+    }
+}

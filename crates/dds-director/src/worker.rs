@@ -1,0 +1,498 @@
+//! A director thread: its event loop, accepting, closing, splicing and socket I/O.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dds_cache::CacheReader;
+use dds_offload_api::OffloadApp;
+use dds_offload_engine::{CtxState, LaneHandle, Planner, Pool};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use crate::config::DirectorConfig;
+use crate::conn::{Buf, Close, Conn, Entry};
+use crate::signature::{Proto, Signature};
+use crate::stats::{add, Stats};
+
+pub(crate) const LISTENER: Token = Token(usize::MAX - 1);
+pub(crate) const WAKER: Token = Token(usize::MAX - 2);
+pub(crate) const IOV_MAX: usize = 64;
+
+pub(crate) struct Worker {
+    pub(crate) poll: Poll,
+    pub(crate) listener: TcpListener,
+    pub(crate) app: Arc<dyn OffloadApp>,
+    pub(crate) cache: CacheReader,
+    pub(crate) lane: LaneHandle,
+    pub(crate) pool: Pool,
+    pub(crate) conns: Vec<Option<Box<Conn>>>,
+    pub(crate) free_slots: Vec<usize>,
+    pub(crate) gens: Vec<u32>,
+    pub(crate) dirty: Vec<usize>,
+    pub(crate) retry: Vec<usize>,
+    /// Connections whose next response waits for the cache writer.
+    pub(crate) gated: Vec<usize>,
+    pub(crate) planner: Planner,
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) host_addr: SocketAddr,
+    pub(crate) signature: Signature,
+    pub(crate) copy_mode: bool,
+    pub(crate) conn_buf: usize,
+    pub(crate) max_pending: usize,
+    pub(crate) max_ctx_per_conn: usize,
+    pub(crate) pend_cap: usize,
+    pub(crate) max_msg: usize,
+    pub(crate) max_resp: usize,
+    pub(crate) max_req: usize,
+}
+
+pub(crate) fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+pub(crate) fn set_linger_zero(s: &TcpStream) {
+    let _ = rustix::net::sockopt::set_socket_linger(s, Some(Duration::ZERO));
+}
+
+impl Worker {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: &DirectorConfig,
+        poll: Poll,
+        listener: TcpListener,
+        app: Arc<dyn OffloadApp>,
+        cache: CacheReader,
+        lane: LaneHandle,
+        stop: Arc<AtomicBool>,
+        stats: Arc<Stats>,
+    ) -> Worker {
+        let max_req = app.max_requests().max(1);
+        let app_forward_keys = app.max_forward_keys();
+        let pool = Pool::new(
+            cfg.context_ring_len,
+            app.header_room(),
+            cfg.buffer_bytes,
+            cfg.buffer_align,
+        );
+        let nconn = cfg.max_connections.max(1);
+        Worker {
+            poll,
+            listener,
+            planner: Planner::new(app.as_ref()),
+            max_msg: app.max_message_len(),
+            max_resp: app.max_response_len(),
+            max_req,
+            app,
+            cache,
+            lane,
+            pool,
+            conns: (0..nconn).map(|_| None).collect(),
+            free_slots: (0..nconn).rev().collect(),
+            gens: vec![0; nconn],
+            dirty: Vec::with_capacity(nconn),
+            retry: Vec::with_capacity(nconn),
+            gated: Vec::with_capacity(nconn),
+            stop,
+            stats,
+            host_addr: cfg.host,
+            signature: cfg.signature,
+            copy_mode: cfg.copy_mode,
+            conn_buf: cfg.conn_buffer_bytes.max(4096),
+            max_pending: cfg.max_pending_requests.max(max_req),
+            max_ctx_per_conn: cfg.max_contexts_per_conn.max(1),
+            pend_cap: app_forward_keys.max(64),
+        }
+    }
+
+    pub(crate) fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut last_applied = 0u64;
+        while !self.stop.load(Ordering::Acquire) {
+            self.reap_completions();
+            let applied = self.lane.invalidations_applied();
+            if applied != last_applied {
+                last_applied = applied;
+                // Held host responses may now go out.
+                for k in 0..self.gated.len() {
+                    let slot = self.gated[k];
+                    if let Some(c) = self.conns[slot].as_mut() {
+                        c.gated = false;
+                    }
+                    self.mark(slot);
+                }
+                self.gated.clear();
+            }
+            for k in 0..self.retry.len() {
+                let slot = self.retry[k];
+                if let Some(c) = self.conns[slot].as_mut() {
+                    c.retry = false;
+                }
+                self.mark(slot);
+            }
+            let retrying = !self.retry.is_empty();
+            self.retry.clear();
+            self.drive_dirty();
+            let timeout = if !self.dirty.is_empty() {
+                Some(Duration::ZERO)
+            } else if retrying || !self.retry.is_empty() {
+                Some(Duration::from_millis(1))
+            } else if self.lane.prepare_sleep() {
+                if self.lane.invalidations_applied() != last_applied {
+                    Some(Duration::ZERO)
+                } else {
+                    Some(Duration::from_millis(100))
+                }
+            } else {
+                Some(Duration::ZERO)
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "director poll failed");
+                    break;
+                }
+            }
+            self.lane.end_sleep();
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(),
+                    WAKER => {}
+                    Token(t) => {
+                        let slot = t / 2;
+                        let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
+                            continue;
+                        };
+                        let client_side = t % 2 == 0;
+                        let (r, w) = (
+                            ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                            ev.is_writable() || ev.is_write_closed() || ev.is_error(),
+                        );
+                        if client_side {
+                            c.c_readable |= r;
+                            c.c_writable |= w;
+                        } else {
+                            c.h_readable |= r;
+                            c.h_writable |= w;
+                        }
+                        self.mark(slot);
+                    }
+                }
+            }
+        }
+        self.shutdown();
+    }
+
+    pub(crate) fn shutdown(mut self) {
+        for i in 0..self.conns.len() {
+            if self.conns[i].is_some() {
+                self.close(i, Close::Done);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.lane.inflight() > 0 && Instant::now() < deadline {
+            self.reap_completions();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if self.lane.inflight() > 0 {
+            tracing::error!(
+                inflight = self.lane.inflight(),
+                "offloaded reads still outstanding at shutdown: leaking their buffers"
+            );
+            let pool = std::mem::replace(&mut self.pool, Pool::new(0, 0, 0, 64));
+            pool.leak();
+        }
+    }
+
+    pub(crate) fn mark(&mut self, slot: usize) {
+        if let Some(c) = self.conns[slot].as_mut() {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(slot);
+            }
+        }
+    }
+
+    pub(crate) fn accept(&mut self) {
+        loop {
+            let (client, peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if would_block(&e) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            };
+            add(&self.stats.accepted, 1);
+            let Some(slot) = self.free_slots.pop() else {
+                tracing::warn!(%peer, "connection limit reached: closing new connection");
+                continue;
+            };
+            let local = client.local_addr().unwrap_or(self.host_addr);
+            let split = self.signature.matches(peer, local, Proto::Tcp);
+            let mut host = match TcpStream::connect(self.host_addr) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "cannot connect to the host application");
+                    add(&self.stats.aborted, 1);
+                    self.free_slots.push(slot);
+                    continue;
+                }
+            };
+            let mut client = client;
+            let _ = client.set_nodelay(true);
+            let _ = host.set_nodelay(true);
+            let both = Interest::READABLE | Interest::WRITABLE;
+            let reg = self.poll.registry();
+            if reg.register(&mut client, Token(slot * 2), both).is_err()
+                || reg.register(&mut host, Token(slot * 2 + 1), both).is_err()
+            {
+                tracing::warn!(%peer, "cannot register connection");
+                self.free_slots.push(slot);
+                continue;
+            }
+            add(
+                if split {
+                    &self.stats.split
+                } else {
+                    &self.stats.spliced
+                },
+                1,
+            );
+            self.gens[slot] = self.gens[slot].wrapping_add(1);
+            let n = self.conn_buf;
+            self.conns[slot] = Some(Box::new(Conn {
+                gen: self.gens[slot],
+                split,
+                client,
+                host,
+                peer,
+                host_connected: false,
+                c_readable: true,
+                c_writable: true,
+                h_readable: false,
+                h_writable: false,
+                cin: Buf::new(n),
+                hout: Buf::new(if split { n } else { 0 }),
+                hin: Buf::new(n),
+                cout: Buf::new(if split && self.copy_mode { n } else { 0 }),
+                order: VecDeque::with_capacity(if split { self.max_pending } else { 0 }),
+                host_pending: 0,
+                head_sent: 0,
+                inval_seq: 0,
+                host_issued: 0,
+                host_retired: 0,
+                pend_keys: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
+                pend_ord: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
+                pend_head: 0,
+                dpu_inflight: 0,
+                hold: None,
+                dpu_ctxs: 0,
+                client_eof: false,
+                host_eof: false,
+                host_wr_shut: false,
+                dirty: false,
+                retry: false,
+                gated: false,
+            }));
+            tracing::debug!(%peer, split, "connection accepted");
+            self.mark(slot);
+        }
+    }
+
+    pub(crate) fn drive_dirty(&mut self) {
+        let mut i = 0;
+        // New dirty marks during the pass are appended and handled in the same pass.
+        while i < self.dirty.len() {
+            let slot = self.dirty[i];
+            i += 1;
+            if let Some(c) = self.conns[slot].as_mut() {
+                c.dirty = false;
+            } else {
+                continue;
+            }
+            let r = if self.conns[slot].as_ref().is_some_and(|c| c.split) {
+                self.drive_split(slot)
+            } else {
+                self.drive_splice(slot)
+            };
+            if let Err(how) = r {
+                self.close(slot, how);
+            }
+        }
+        self.dirty.clear();
+    }
+
+    pub(crate) fn close(&mut self, slot: usize, how: Close) {
+        let Some(mut c) = self.conns[slot].take() else {
+            return;
+        };
+        match how {
+            Close::Done => tracing::debug!(peer = %c.peer, "connection closed"),
+            Close::Malformed(reason) => {
+                add(&self.stats.malformed, 1);
+                tracing::warn!(peer = %c.peer, reason, "closing connection: malformed input");
+            }
+            Close::Abort(reason) => {
+                add(&self.stats.aborted, 1);
+                tracing::info!(peer = %c.peer, reason, "connection aborted");
+                set_linger_zero(&c.client);
+                set_linger_zero(&c.host);
+            }
+        }
+        let reg = self.poll.registry();
+        let _ = reg.deregister(&mut c.client);
+        let _ = reg.deregister(&mut c.host);
+        for e in c.order.drain(..) {
+            if let Entry::Dpu { ctx } = e {
+                match self.pool.ctxs[ctx as usize].state {
+                    CtxState::InFlight => self.pool.ctxs[ctx as usize].state = CtxState::Orphan,
+                    _ => self.pool.release(ctx),
+                }
+            }
+        }
+        self.free_slots.push(slot);
+    }
+
+    /// Reads from `s` into `buf`; Ok(true) on progress.
+    pub(crate) fn read_into(
+        s: &mut TcpStream,
+        buf: &mut Buf,
+        readable: &mut bool,
+        eof: &mut bool,
+        counter: &AtomicU64,
+    ) -> Result<bool, Close> {
+        if !*readable || *eof {
+            return Ok(false);
+        }
+        let tail = buf.tail();
+        if tail.is_empty() {
+            return Ok(false);
+        }
+        match s.read(tail) {
+            Ok(0) => {
+                *eof = true;
+                Ok(true)
+            }
+            Ok(n) => {
+                buf.commit(n);
+                add(counter, n as u64);
+                Ok(true)
+            }
+            Err(e) if would_block(&e) => {
+                *readable = false;
+                Ok(false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Err(_) => Err(Close::Abort("connection reset")),
+        }
+    }
+
+    pub(crate) fn write_from(
+        s: &mut TcpStream,
+        buf: &mut Buf,
+        limit: usize,
+        writable: &mut bool,
+        counter: &AtomicU64,
+    ) -> Result<bool, Close> {
+        let n = buf.len().min(limit);
+        if !*writable || n == 0 {
+            return Ok(false);
+        }
+        match s.write(&buf.data()[..n]) {
+            Ok(n) => {
+                buf.consume(n);
+                add(counter, n as u64);
+                Ok(n > 0)
+            }
+            Err(e) if would_block(&e) => {
+                *writable = false;
+                Ok(false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Err(_) => Err(Close::Abort("connection reset")),
+        }
+    }
+
+    pub(crate) fn check_host_connected(c: &mut Conn) -> Result<(), Close> {
+        if c.host_connected || !(c.h_writable || c.h_readable) {
+            return Ok(());
+        }
+        if let Ok(Some(_)) | Err(_) = c.host.take_error() {
+            return Err(Close::Abort("host application unreachable"));
+        }
+        match c.host.peer_addr() {
+            Ok(_) => {
+                c.host_connected = true;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+                c.h_writable = false;
+                c.h_readable = false;
+                Ok(())
+            }
+            Err(_) => Err(Close::Abort("host application unreachable")),
+        }
+    }
+
+    pub(crate) fn drive_splice(&mut self, slot: usize) -> Result<(), Close> {
+        let stats = self.stats.clone();
+        let c = self.conns[slot].as_mut().expect("live");
+        Self::check_host_connected(c)?;
+        loop {
+            let mut p = Self::read_into(
+                &mut c.client,
+                &mut c.cin,
+                &mut c.c_readable,
+                &mut c.client_eof,
+                &stats.client_bytes_in,
+            )?;
+            if c.host_connected {
+                p |= Self::write_from(
+                    &mut c.host,
+                    &mut c.cin,
+                    usize::MAX,
+                    &mut c.h_writable,
+                    &stats.host_bytes_out,
+                )?;
+                p |= Self::read_into(
+                    &mut c.host,
+                    &mut c.hin,
+                    &mut c.h_readable,
+                    &mut c.host_eof,
+                    &stats.host_bytes_in,
+                )?;
+            }
+            p |= Self::write_from(
+                &mut c.client,
+                &mut c.hin,
+                usize::MAX,
+                &mut c.c_writable,
+                &stats.client_bytes_out,
+            )?;
+            if c.client_eof && c.cin.is_empty() && c.host_connected && !c.host_wr_shut {
+                let _ = c.host.shutdown(Shutdown::Write);
+                c.host_wr_shut = true;
+            }
+            if c.host_eof && c.hin.is_empty() {
+                let _ = c.client.shutdown(Shutdown::Write);
+                if c.client_eof || c.host_wr_shut {
+                    return Err(Close::Done);
+                }
+                if !c.client_eof {
+                    // Keep relaying the client's bytes until it closes too.
+                }
+            }
+            if c.host_eof && c.client_eof && c.hin.is_empty() && c.cin.is_empty() {
+                return Err(Close::Done);
+            }
+            if !p {
+                return Ok(());
+            }
+        }
+    }
+}

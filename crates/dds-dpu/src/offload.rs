@@ -1,0 +1,162 @@
+//! The offload engine's wiring in the DPU daemon (§6): the cache table and its single writer
+//! on the service thread, the file-read port between director threads and the file service,
+//! and the traffic director itself.
+//!
+//! [`OffloadConfig`] names the application's offload app (resolved by the caller, e.g. through
+//! a `dds_offload_api::Registry`) and the director's options; `Dpu::start_with` builds the
+//! rest and the returned `DpuHandle` owns the director.
+
+use std::io;
+use std::sync::Arc;
+
+use dds_cache::CacheReader;
+use dds_director::{Director, DirectorConfig, DirectorHandle};
+use dds_fs::{FileId, FileService, FsError};
+use dds_offload_api::{OffloadApp, ReadOp};
+use dds_offload_engine::{
+    CacheMaintainer, FileReadPort, PortConfig, PortResult, PortService, ReadTarget, Refused,
+};
+use dds_proto::Status;
+
+/// Offload settings of a DPU.
+#[derive(Clone)]
+pub struct OffloadConfig {
+    /// The application's offload functions.
+    pub app: Arc<dyn OffloadApp>,
+    /// The traffic director; `None` runs the cache hooks only (host writes and the host
+    /// library's CACHE / INVALIDATE batches maintain the table, nothing serves from it).
+    pub director: Option<DirectorConfig>,
+    /// Director threads the port has lanes for (at least the director's `threads`; more
+    /// let [`DpuHandle::start_director`](crate::DpuHandle::start_director) attach others).
+    pub lanes: usize,
+    /// Offloaded reads outstanding per lane (at least the director's `context_ring_len`).
+    pub depth: usize,
+    /// Items the cache table holds.
+    pub cache_items: usize,
+    /// Invalidations queued per director thread at most.
+    pub invalidations: usize,
+}
+
+impl std::fmt::Debug for OffloadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffloadConfig")
+            .field("app", &self.app.name())
+            .field("director", &self.director)
+            .field("cache_items", &self.cache_items)
+            .finish()
+    }
+}
+
+impl OffloadConfig {
+    /// `app` with the director's defaults for these addresses, or no director.
+    pub fn new(app: Arc<dyn OffloadApp>, director: Option<DirectorConfig>) -> Self {
+        OffloadConfig {
+            app,
+            director,
+            lanes: 1,
+            depth: 256,
+            cache_items: 1 << 20,
+            invalidations: 16384,
+        }
+    }
+}
+
+/// The offload engine's hooks on the service thread: the single cache-table writer with the
+/// application's cache-on-write / invalidate-on-read functions, and the service side of the
+/// port through which the director's threads submit offloaded reads.
+pub(crate) struct OffloadHooks {
+    pub maintainer: CacheMaintainer,
+    pub port: PortService,
+}
+
+/// What a running DPU keeps of its offload engine.
+pub(crate) struct OffloadRuntime {
+    pub app: Arc<dyn OffloadApp>,
+    pub cache: CacheReader,
+    pub port: Arc<FileReadPort>,
+    pub director: Option<DirectorHandle>,
+}
+
+impl OffloadRuntime {
+    /// Starts a director on free lanes of the port.
+    pub fn start_director(&self, d: DirectorConfig) -> io::Result<DirectorHandle> {
+        let listen = d.listen;
+        let d = DirectorConfig {
+            max_contexts_per_conn: d.max_contexts_per_conn.clamp(1, self.port.depth()),
+            ..d
+        };
+        Director::start(d, self.app.clone(), self.cache.clone(), self.port.clone()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("start the traffic director on {listen}: {e}"),
+            )
+        })
+    }
+}
+
+/// Builds the cache table, the port and the director of `cfg`.
+pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRuntime)> {
+    let lanes = cfg
+        .lanes
+        .max(cfg.director.as_ref().map_or(1, |d| d.threads.max(1)));
+    let depth = cfg.depth.max(
+        cfg.director
+            .as_ref()
+            .map_or(1, |d| d.context_ring_len.max(1)),
+    );
+    let port = FileReadPort::new(PortConfig {
+        lanes,
+        depth,
+        invalidations: cfg.invalidations.max(1),
+    });
+    let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(cfg.cache_items))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("cache table: {e}")))?;
+    let maintainer = CacheMaintainer::new(writer, cfg.app.clone(), port.clone());
+    let port_service = port
+        .service()
+        .ok_or_else(|| io::Error::other("the port's service side is taken"))?;
+    let mut runtime = OffloadRuntime {
+        app: cfg.app,
+        cache: maintainer.reader(),
+        port,
+        director: None,
+    };
+    if let Some(d) = cfg.director {
+        runtime.director = Some(runtime.start_director(d)?);
+    }
+    Ok((
+        OffloadHooks {
+            maintainer,
+            port: port_service,
+        },
+        runtime,
+    ))
+}
+
+/// The file service as the port's read target.
+pub(crate) struct FsReads<'a>(pub &'a mut FileService);
+
+impl ReadTarget for FsReads<'_> {
+    unsafe fn submit_read(
+        &mut self,
+        op: ReadOp,
+        dst: *mut u8,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        // SAFETY: forwarded from the caller (`dst` valid for `op.size` bytes until the
+        // completion).
+        unsafe {
+            self.0
+                .submit_read(FileId(op.file_id), op.offset, dst, op.size, user_data)
+        }
+        .map_err(|e| Refused::status(Status::from(&e)))
+    }
+}
+
+/// A file-service completion as the port reports it.
+pub(crate) fn port_result(r: &Result<u32, FsError>) -> PortResult {
+    match r {
+        Ok(n) => Ok(*n),
+        Err(e) => Err(Status::from(e).code()),
+    }
+}

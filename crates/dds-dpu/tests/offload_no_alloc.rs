@@ -1,0 +1,88 @@
+//! The director's data path allocates nothing per request: a counting allocator records the
+//! allocations made on director threads while warmed-up connections carry mixed traffic.
+
+#[path = "offload/common.rs"]
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use dds_apps::offload::pagestore::MessageBuilder;
+use dds_apps::offload::PagestoreApp;
+use dds_offload_api::OffloadApp;
+
+struct Counting;
+
+thread_local! {
+    static DIRECTOR: Cell<bool> = const { Cell::new(false) };
+}
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if DIRECTOR.with(|d| d.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if DIRECTOR.with(|d| d.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn traffic(c: &mut std::net::TcpStream, file: u32, rounds: u64) {
+    let mut b = MessageBuilder::new();
+    for r in 0..rounds {
+        b.clear();
+        b.read(file, (r % 8) * 4096, 4096, r)
+            .write(file, 40960 + (r % 4) * 4096, &[r as u8; 4096], r)
+            .read(file, (r % 7) * 4096 + 100, 1000, r)
+            .read(file, 40960 + (r % 4) * 4096, 4096, r);
+        c.write_all(b.finish()).unwrap();
+        for _ in 0..4 {
+            read_response(c).unwrap();
+        }
+    }
+}
+
+#[test]
+fn director_data_path_does_not_allocate() {
+    for copy_mode in [false, true] {
+        let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::default());
+        let dpu = Dpu::start(app.clone(), 1);
+        let files = dpu.files();
+        let file = files.create("/pages");
+        files.write(file, 0, pattern(1, 16 * 4096)).unwrap();
+        let host = pagestore_server(loopback(), files);
+        let d = director(&dpu, app, host.addr, |c| {
+            c.copy_mode = copy_mode;
+            c.on_thread_start = Some(Arc::new(|_| DIRECTOR.with(|d| d.set(true))));
+        });
+        let mut c = connect(d.local_addr());
+        traffic(&mut c, file, 50);
+        let before = ALLOCS.load(Ordering::SeqCst);
+        assert!(before > 0, "the counter sees the connection set-up");
+        let s0 = d.stats();
+        traffic(&mut c, file, 500);
+        let s1 = d.stats();
+        let allocs = ALLOCS.load(Ordering::SeqCst) - before;
+        assert!(s1.offloaded - s0.offloaded > 500, "{s1:?}");
+        assert_eq!(
+            allocs, 0,
+            "director allocations for 2000 requests (copy mode {copy_mode})"
+        );
+    }
+}
