@@ -2,14 +2,16 @@
 //! its guard is dropped.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::child::ChildGuard;
+
 /// A running `dds dpu`; killed when dropped.
 pub struct DpuProcess {
-    child: Child,
+    child: ChildGuard,
     socket: PathBuf,
     log: PathBuf,
 }
@@ -52,7 +54,7 @@ impl DpuProcess {
             .spawn()
             .with_context(|| format!("start the DPU process ({} dpu)", exe.display()))?;
         let mut me = DpuProcess {
-            child,
+            child: ChildGuard::new(child, "dds dpu"),
             socket: socket.to_path_buf(),
             log: log.to_path_buf(),
         };
@@ -81,7 +83,7 @@ impl DpuProcess {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// Whether the process is still running.
@@ -102,28 +104,14 @@ impl DpuProcess {
 
     /// Asks the DPU to stop (SIGTERM), waits for it, and kills it after 5 s.
     pub fn stop(mut self) -> Result<()> {
-        // SAFETY: plain kill(2) on our own child, which has not been reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        for _ in 0..250 {
-            if self.child.try_wait()?.is_some() {
-                let _ = std::fs::remove_file(&self.socket);
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child.kill()?;
-        self.child.wait()?;
-        let _ = std::fs::remove_file(&self.socket);
+        self.child.stop(Duration::from_secs(5))?;
         Ok(())
     }
 }
 
 impl Drop for DpuProcess {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        // The guard kills a process still running; the socket goes either way.
         let _ = std::fs::remove_file(&self.socket);
     }
 }

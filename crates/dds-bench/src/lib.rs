@@ -6,12 +6,15 @@
 //! tables and writes `bench/results/<name>.json` and the plots.
 
 pub mod cache_table;
+pub mod charts;
+pub mod child;
 pub mod cpu;
 pub mod dpu;
 pub mod files;
 pub mod machine;
 pub mod plot;
 pub mod progress;
+pub mod remote;
 pub mod report;
 pub mod ring;
 pub mod uring;

@@ -42,6 +42,7 @@ mod sync;
 mod table;
 
 #[cfg(not(loom))]
+#[cfg(feature = "bench")]
 pub mod bench;
 
 #[cfg(all(test, loom))]

@@ -34,7 +34,7 @@ enum Which {
     #[command(hide = true)]
     RingPoint(RingPointArgs),
     #[command(flatten)]
-    Remote(crate::remote_bench::RemoteBench), // `remote` and `echo`
+    Remote(dds_bench::remote::RemoteBench), // `remote` and `echo`
 }
 
 #[derive(Args, Debug)]
@@ -188,7 +188,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             println!("{}", serde_json::to_string(&ring::run_point(&spec)?)?);
             Ok(())
         }
-        Which::Remote(r) => crate::remote_bench::run(r),
+        Which::Remote(r) => dds_bench::remote::run(r),
         Which::Files(f) => {
             let exe = std::env::current_exe().context("locate the dds binary")?;
             let dir = std::path::absolute(&f.dir)

@@ -12,7 +12,8 @@ use dds_bench::workload::{self, WorkloadSpec};
 use dds_host::Dds;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::util::{parse_size, process_cpu_seconds, self_cpu_seconds};
+use crate::util::parse_size;
+use dds_bench::cpu::{process_cpu_seconds, self_cpu_seconds};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -213,7 +214,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         "Remote storage: clients send batches of random {io_bytes}-byte reads over TCP to (a) a host server on OS files, (b) a host server on DDS files, (c) DDS offload (the DPU's traffic director serves reads itself, the host sees only writes and misses)"
     );
     let out = std::env::temp_dir().join(format!("dds-demo-results-{}", std::process::id()));
-    let r = crate::remote_bench::run_remote(crate::remote_bench::RemoteArgs {
+    let r = dds_bench::remote::run_remote(dds_bench::remote::RemoteArgs {
         quick: true,
         out: out.clone(),
         work: None,

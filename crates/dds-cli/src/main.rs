@@ -5,7 +5,6 @@ mod bench_cmd;
 mod demo;
 mod dpu_cmd;
 mod fs_cmd;
-mod remote_bench;
 mod util;
 
 use std::process::ExitCode;

@@ -79,3 +79,40 @@ fn crate_table_matches_the_cargo_graph() {
         assert_eq!(&table[name], deps, "dependencies of {name}");
     }
 }
+
+/// Benchmark-only dependencies stay out of the daemon and the host library: in the crates they
+/// link, such dependencies are optional (the `bench` feature turns them on for `dds-bench`).
+#[test]
+fn benchmark_dependencies_are_behind_a_feature() {
+    let root = workspace();
+    for krate in [
+        "dds-dma",
+        "dds-ring",
+        "dds-proto",
+        "dds-fs",
+        "dds-cache",
+        "dds-host",
+        "dds-capi",
+        "dds-dpu",
+    ] {
+        let manifest =
+            std::fs::read_to_string(root.join("crates").join(krate).join("Cargo.toml")).unwrap();
+        let mut section = String::new();
+        for line in manifest.lines().map(str::trim) {
+            if line.starts_with('[') {
+                section = line.to_string();
+                continue;
+            }
+            let normal = section == "[dependencies]" || section.ends_with(".dependencies]");
+            let bench_only = ["hdrhistogram", "dashmap", "plotters", "indicatif"]
+                .iter()
+                .any(|d| line.starts_with(d));
+            if normal && bench_only {
+                assert!(
+                    line.contains("optional = true"),
+                    "{krate}: `{line}` must be optional (feature `bench`)"
+                );
+            }
+        }
+    }
+}

@@ -6,5 +6,6 @@ pub mod cache_records;
 pub mod control;
 pub mod record;
 mod status;
+pub mod units;
 
 pub use status::Status;

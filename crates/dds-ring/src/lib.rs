@@ -19,7 +19,7 @@
 //! For the paper's Fig. 16 the crate also has two baselines behind the same
 //! [`RingProducer`]/[`RingConsumer`] interface, [`FarmProducer`]/[`FarmConsumer`] (one slot
 //! and two DMA operations per message) and [`LockedProducer`] (producers serialize on a lock),
-//! and a benchmark ([`bench::run`]).
+//! and a benchmark (`bench::run`, feature `bench`).
 //!
 //! Ring methods that take a [`DmaEngine`](dds_dma::DmaEngine) run their DMA synchronously
 //! with [`run_sync`](dds_dma::run_sync): the engine must have no other operations in flight.
@@ -31,6 +31,7 @@ mod sync;
 #[cfg(not(loom))]
 mod baseline;
 #[cfg(not(loom))]
+#[cfg(feature = "bench")]
 pub mod bench;
 #[cfg(not(loom))]
 mod mem;

@@ -4,7 +4,6 @@ use std::sync::{Arc, Mutex};
 
 use dds_dma::{EmulatedDma, SharedRegion};
 
-use crate::bench::{self, BenchConfig, Design};
 use crate::*;
 
 struct ReqRing {
@@ -588,56 +587,6 @@ fn progress_consumer_uses_three_dma_ops_per_batch() {
 }
 
 #[test]
-fn bench_smoke_all_designs() {
-    for design in Design::ALL {
-        for bytes in [8, 24] {
-            let mut cfg = BenchConfig::new(design, 4, 2000, bytes, None);
-            cfg.ring_bytes = 1 << 14;
-            let p = bench::run_config(&cfg);
-            assert_eq!(p.messages, 8000, "{design:?}");
-            assert!(p.msgs_per_sec > 0.0);
-            assert_eq!(p.latency_samples, 4 * 2000 / 16);
-            assert!(p.median_latency_ns <= p.p99_latency_ns);
-            match design {
-                // A read and a write per message (plus reads that found nothing).
-                Design::FarmStyle => {
-                    assert_eq!(p.dma_writes, p.messages);
-                    assert!(p.dma_reads > p.messages);
-                }
-                Design::CrossbeamArrayQueue => assert_eq!(p.dma_ops, 0),
-                // One Head write per batch, batches of several messages.
-                _ => {
-                    assert_eq!(p.dma_writes, p.batches);
-                    assert!(p.batches < p.messages);
-                }
-            }
-        }
-    }
-    assert_eq!("lock-based".parse::<Design>(), Ok(Design::LockBased));
-    assert!("nope".parse::<Design>().is_err());
-}
-
-#[test]
-fn bench_with_cost_model_counts_dma() {
-    let mut cfg = BenchConfig::new(
-        Design::Progress,
-        2,
-        500,
-        8,
-        Some(dds_dma::CostModel::bluefield2()),
-    );
-    cfg.ring_bytes = 1 << 14;
-    let p = bench::run_config(&cfg);
-    assert_eq!(p.messages, 1000);
-    assert!(p.cost_model && p.batches > 0);
-    // At least 1 µs per DMA operation, three operations per batch at least.
-    assert!(p.elapsed_ns >= p.batches * 3 * 1000);
-    let json = serde_json::to_value(&p).unwrap();
-    assert_eq!(json["design"], "progress");
-    assert_eq!(json["messages"], 1000);
-}
-
-#[test]
 fn counters_are_exposed() {
     let r = req_ring(4096, 4096);
     r.producer.try_send(&[0; 8]).unwrap();
@@ -645,24 +594,4 @@ fn counters_are_exposed() {
         (r.producer.tail(), r.producer.progress(), r.producer.head()),
         (16, 16, 0)
     );
-}
-
-/// Fig. 16's robust claim with the cost model on: batching moves far more messages than one
-/// DMA read and one DMA write per message can. Release mode:
-/// `cargo test -p dds-ring --release -- --ignored fig16`.
-#[test]
-#[ignore = "benchmark; run in release mode"]
-fn fig16_progress_ring_beats_farm_style_tenfold() {
-    let cost = Some(dds_dma::CostModel::bluefield2());
-    let progress = bench::run(Design::Progress, 64, 20_000, 8, cost);
-    let farm = bench::run(Design::FarmStyle, 64, 1_000, 8, cost);
-    println!(
-        "progress {:.2} M msgs/s, FaRM-style {:.3} M msgs/s",
-        progress.msgs_per_sec / 1e6,
-        farm.msgs_per_sec / 1e6
-    );
-    // Two DMA operations of at least 1 µs each per message.
-    assert!(farm.msgs_per_sec <= 500_000.0 * 1.05);
-    assert!(progress.msgs_per_sec >= 10.0 * farm.msgs_per_sec);
-    assert!(progress.dma_ops_per_msg < 0.5);
 }

@@ -17,18 +17,20 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::charts::{self as plot, Chart, Series};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use dds_apps::client::{self, ClientConfig, ClientReport};
 use dds_apps::echo::{self, EchoConfig};
-use dds_apps::plot::{self, Chart, Series};
 use serde_json::{json, Value};
 
-use crate::util::{parse_size, process_cpu_seconds};
+use crate::child::ChildGuard;
+use crate::cpu::self_cpu_seconds;
+use dds_proto::units::parse_size;
 
 /// The remote-storage benchmarks (flattened into `dds bench`).
 #[derive(Subcommand, Debug)]
@@ -110,44 +112,10 @@ pub struct EchoBenchArgs {
 // ---------------------------------------------------------------------------------------------
 // Processes
 
-/// A child process (the server, the DPU, an echo server); killed when dropped.
-struct Proc {
-    child: Child,
-    name: &'static str,
-}
+type Proc = ChildGuard;
 
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn cpu(&self) -> f64 {
-        process_cpu_seconds(self.pid()).unwrap_or(0.0)
-    }
-
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        for _ in 0..500 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        tracing::warn!(name = self.name, "did not stop on SIGTERM; killing");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
+/// How long a child may take to stop on SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 fn have_taskset() -> bool {
     Command::new("taskset")
@@ -194,7 +162,7 @@ fn spawn_ready(name: &'static str, cmd: &mut Command, timeout: Duration) -> Resu
         // Keep draining so the child never blocks on a full pipe.
         for _ in lines {}
     });
-    let proc = Proc { child, name };
+    let proc = ChildGuard::new(child, name);
     let line = match rx.recv_timeout(timeout) {
         Ok(Some(Ok(l))) => l,
         Ok(_) => bail!("{name} exited before it was ready"),
@@ -244,12 +212,9 @@ fn start_dpu(
         }
         last
     });
-    let mut p = Proc {
-        child,
-        name: "dds dpu",
-    };
+    let mut p = ChildGuard::new(child, "dds dpu");
     for _ in 0..1000 {
-        if let Some(st) = p.child.try_wait()? {
+        if let Some(st) = p.try_wait()? {
             bail!("dds dpu exited at start ({st})");
         }
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
@@ -416,11 +381,17 @@ fn measure(
         verify: false,
         seed: outstanding as u64,
     };
-    let (h0, d0) = (server.cpu(), dpu.map(Proc::cpu).unwrap_or(0.0));
-    let c0 = crate::util::self_cpu_seconds();
+    let (h0, d0) = (
+        server.cpu_seconds(),
+        dpu.map(Proc::cpu_seconds).unwrap_or(0.0),
+    );
+    let c0 = self_cpu_seconds();
     let rep: ClientReport = client::run(&cfg)?;
-    let client_cpu = crate::util::self_cpu_seconds() - c0;
-    let (h1, d1) = (server.cpu(), dpu.map(Proc::cpu).unwrap_or(0.0));
+    let client_cpu = self_cpu_seconds() - c0;
+    let (h1, d1) = (
+        server.cpu_seconds(),
+        dpu.map(Proc::cpu_seconds).unwrap_or(0.0),
+    );
     let ops = rep.requests.max(1) as f64;
     let (host_cpu, dpu_cpu) = (h1 - h0, d1 - d0);
     let p = json!({
@@ -553,7 +524,8 @@ fn run_mode(
             Front::Director { host, .. } => host,
         };
         let mut cmd = dds_command(&server_args(plan, backend, where_, listen), Some(&list))?;
-        let (server, ready) = spawn_ready("pagestore server", &mut cmd, Duration::from_secs(120))?;
+        let (mut server, ready) =
+            spawn_ready("pagestore server", &mut cmd, Duration::from_secs(120))?;
         let (mut addr, files) = parse_ready(&ready)?;
         if let Front::Director { director, .. } = front {
             addr = director;
@@ -604,7 +576,7 @@ fn run_mode(
                 points.push(measure(&t, true, load, plan)?);
             }
         }
-        server.stop();
+        let _ = server.stop(STOP_GRACE);
     }
     Ok(())
 }
@@ -911,13 +883,11 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
     let device = work.join("dds-device.img");
     let device_size =
         (plan.files as u64 * plan.file_size * 3 / 2 + (64 << 20)).next_multiple_of(1 << 20);
-    crate::dpu_cmd::format_device(&crate::dpu_cmd::FormatArgs {
-        device: device.clone(),
-        size: Some(device_size),
-        segment_size: None,
-        max_files: None,
-        max_dirs: None,
-    })?;
+    crate::files::format_device(
+        &std::env::current_exe().context("locate the dds binary")?,
+        &device,
+        device_size,
+    )?;
     let socket = work.join("dpu.sock");
     let dpu_cpu = a
         .dpu_cpus
@@ -925,7 +895,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         .unwrap_or_else(|| (plan.ncpu - 1).to_string());
     let base_args = dpu_args(&device, &socket, &a.dma_cost);
     let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let (dpu, _) = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
+    let (mut dpu, _) = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
     let r = run_mode(
         "b",
         "dds",
@@ -936,7 +906,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         false,
         &mut points,
     );
-    dpu.stop();
+    let _ = dpu.stop(STOP_GRACE);
     r?;
     // (c) DDS offload: the DPU's traffic director in front of the host server of mode (b),
     // reads served on the DPU; zero copy, then the copy mode for Fig. 20 (reads only).
@@ -947,7 +917,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         let mut args = base_args.clone();
         match offload_dpu_args(&mut args, host, copy) {
             Ok(director) => {
-                let (dpu, stats) = start_dpu(&args, &socket, Some(&dpu_cpu))?;
+                let (mut dpu, stats) = start_dpu(&args, &socket, Some(&dpu_cpu))?;
                 let r = run_mode(
                     mode,
                     "dds",
@@ -958,7 +928,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
                     copy,
                     &mut points,
                 );
-                dpu.stop();
+                let _ = dpu.stop(STOP_GRACE);
                 let line = stats.join().ok().flatten();
                 director_stats.insert(mode.to_string(), parse_director_stats(line.as_deref()));
                 r?;
@@ -1084,14 +1054,14 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
             role.to_string(),
         ];
         let mut cmd = dds_command(&args, Some(cpus))?;
-        let (server, ready) = spawn_ready("echo server", &mut cmd, Duration::from_secs(30))?;
+        let (mut server, ready) = spawn_ready("echo server", &mut cmd, Duration::from_secs(30))?;
         let addr: SocketAddr = ready["listen"]
             .as_str()
             .ok_or_else(|| anyhow!("echo ready line without listen"))?
             .parse()?;
         for &size in &sizes {
             for outstanding in [1usize, 8] {
-                let c0 = server.cpu();
+                let c0 = server.cpu_seconds();
                 let rep = echo::run_client(&EchoConfig {
                     connect: addr,
                     message_size: size as usize,
@@ -1099,7 +1069,7 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
                     connections: 1,
                     duration: Duration::from_secs_f64(seconds),
                 })?;
-                let cpu = server.cpu() - c0;
+                let cpu = server.cpu_seconds() - c0;
                 let per = cpu / rep.messages.max(1) as f64 * 1e6;
                 eprintln!(
                     "  {role:<4} {size:>6} B outstanding {outstanding}: {:>9.0} msg/s  p50 {:>7.1} µs  p99 {:>7.1} µs  {per:>6.2} µs CPU/msg",
@@ -1124,7 +1094,7 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
                 }));
             }
         }
-        server.stop();
+        let _ = server.stop(STOP_GRACE);
     }
     let summary_of = |side: &str| {
         // Latency at one message in flight (smallest size); throughput at 8 in flight.
