@@ -1,7 +1,9 @@
 //! `dds`: the DPU daemon, device formatting, file operations, the demo and the benchmarks.
 
 mod app_cmd;
+#[cfg(feature = "bench")]
 mod bench_cmd;
+#[cfg(feature = "bench")]
 mod demo;
 mod dpu_cmd;
 mod fs_cmd;
@@ -34,8 +36,10 @@ enum Cmd {
     /// Inspect and change files on a running DPU through the host library.
     Fs(fs_cmd::FsArgs),
     /// Run the end-to-end demo: format, start the DPU, run a host workload, print results.
+    #[cfg(feature = "bench")]
     Demo(demo::DemoArgs),
     /// Run a benchmark; writes JSON and plots under bench/results/.
+    #[cfg(feature = "bench")]
     Bench(bench_cmd::BenchArgs),
     /// Run the remote-storage applications: pagestore server, load client, TCP echo.
     App(app_cmd::AppArgs),
@@ -54,7 +58,9 @@ fn main() -> ExitCode {
         Cmd::Dpu(a) => dpu_cmd::run_dpu(a),
         Cmd::Format(a) => dpu_cmd::run_format(a),
         Cmd::Fs(a) => return fs_cmd::run(a),
+        #[cfg(feature = "bench")]
         Cmd::Demo(a) => demo::run(a),
+        #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
     };
