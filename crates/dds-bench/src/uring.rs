@@ -3,7 +3,6 @@
 //! workload ([`crate::workload`]): each thread draws its offsets and read/write choices from
 //! the same seeded generator in the same order.
 
-use std::alloc::Layout;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -19,33 +18,15 @@ use io_uring::{opcode, types, IoUring};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use dds_dma::AlignedBuf;
+
 use crate::workload::{WorkloadResult, WorkloadSpec};
 
-/// An I/O buffer aligned for O_DIRECT.
-struct AlignedBuf {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl AlignedBuf {
-    fn new(len: usize, fill: u8) -> AlignedBuf {
-        let layout = Layout::from_size_align(len.max(4096), 4096).expect("buffer layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        // SAFETY: freshly allocated, `layout.size()` bytes.
-        unsafe { std::ptr::write_bytes(ptr, fill, layout.size()) };
-        AlignedBuf { ptr, layout }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
-    }
+/// An I/O buffer aligned for O_DIRECT, every byte `fill`.
+fn io_buffer(len: usize, fill: u8) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len.max(4096).next_multiple_of(4096), 4096);
+    b.as_mut_slice().fill(fill);
+    b
 }
 
 /// Creates (or truncates) `path` and writes all `bytes` of it once, so the measured runs
@@ -115,7 +96,7 @@ pub fn run(
                     let mut ring = IoUring::new((depth as u32).next_power_of_two())
                         .context("create an io_uring")?;
                     let bufs: Vec<AlignedBuf> = (0..depth)
-                        .map(|i| AlignedBuf::new(spec.io_bytes as usize, (i % 251) as u8))
+                        .map(|i| io_buffer(spec.io_bytes as usize, (i % 251) as u8))
                         .collect();
                     let mut started = vec![0u64; depth];
                     let mut free: Vec<usize> = (0..depth).rev().collect();
@@ -135,7 +116,7 @@ pub fn run(
                             let slot = free.pop().expect("non-empty");
                             let offset = rng.gen_range(0..blocks) * spec.io_bytes as u64;
                             let is_read = rng.gen_bool(spec.read_ratio);
-                            let ptr = bufs[slot].ptr;
+                            let ptr = bufs[slot].as_mut_ptr();
                             let sqe = if is_read {
                                 reads += 1;
                                 opcode::Read::new(types::Fd(fd), ptr, spec.io_bytes)

@@ -56,7 +56,7 @@ mod local;
 mod shm;
 
 pub use emulated::{DmaStats, EmulatedDma};
-pub use local::LocalBuf;
+pub use local::{AlignedBuf, LocalBuf};
 pub use shm::{recv_with_fds, send_with_fds, SharedRegion, MAX_FDS};
 
 /// A host memory region registered with a DMA engine.

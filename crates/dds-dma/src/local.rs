@@ -1,14 +1,16 @@
-//! DPU-local memory usable as a DMA source or target.
+//! Aligned heap buffers: DPU-local memory usable as a DMA source or target, and the I/O
+//! buffers of O_DIRECT files and devices. The one aligned-buffer type of the workspace.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
-/// DPU-local memory usable as a DMA source or target: an aligned, zeroed heap allocation.
+/// An aligned, zeroed heap allocation: DPU-local memory usable as a DMA source or target, or a
+/// buffer for O_DIRECT I/O.
 ///
 /// DMA operations reach it through raw pointers ([`as_mut_ptr`](Self::as_mut_ptr)); while an
 /// operation that targets some bytes is in flight, no slice covering those bytes may be alive
 /// (the contract of [`DmaEngine::post`](crate::DmaEngine::post)).
-pub struct LocalBuf {
+pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
@@ -16,30 +18,32 @@ pub struct LocalBuf {
 
 // SAFETY: the buffer is a plain heap allocation owned by this value; shared access only hands
 // out `&[u8]` (and raw pointers whose use is `unsafe` and governed by the DMA contract).
-unsafe impl Send for LocalBuf {}
-// SAFETY: as above; `&LocalBuf` allows no safe mutation.
-unsafe impl Sync for LocalBuf {}
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as above; `&AlignedBuf` allows no safe mutation.
+unsafe impl Sync for AlignedBuf {}
 
-impl LocalBuf {
+impl AlignedBuf {
     /// Allocates `len` zeroed bytes aligned to `align` (a power of two).
     ///
     /// # Panics
     /// If `align` is not a power of two or the size overflows, or the allocation fails.
     pub fn new(len: usize, align: usize) -> Self {
         let layout =
-            Layout::from_size_align(len.max(1), align).expect("LocalBuf: bad size or alignment");
+            Layout::from_size_align(len.max(1), align).expect("AlignedBuf: bad size or alignment");
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        LocalBuf { ptr, len, layout }
+        AlignedBuf { ptr, len, layout }
     }
 
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// True if the buffer is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -49,6 +53,7 @@ impl LocalBuf {
         self.layout.align()
     }
 
+    /// Raw pointer to the start.
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
@@ -59,30 +64,35 @@ impl LocalBuf {
         self.ptr.as_ptr()
     }
 
+    /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` initialized (zeroed) bytes owned by `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
-impl Drop for LocalBuf {
+impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
 
-impl std::fmt::Debug for LocalBuf {
+impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalBuf")
+        f.debug_struct("AlignedBuf")
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("align", &self.layout.align())
             .finish()
     }
 }
+
+/// DPU-local memory that DMA operations copy into or out of (an [`AlignedBuf`]).
+pub type LocalBuf = AlignedBuf;

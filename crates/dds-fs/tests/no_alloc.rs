@@ -43,7 +43,7 @@ fn exercise(fs: &mut FileService) -> usize {
     let id = fs.create_file("/f").unwrap();
     fs.resize(id, 3 * SEG).unwrap();
     let bs = fs.block_size() as usize;
-    let mut abuf = AlignedBuf::new(4 * bs, 4096);
+    let abuf = AlignedBuf::new(4 * bs, 4096);
     let mut plain = vec![7u8; 5000];
     let mut rbuf = vec![0u8; 5000];
     let mut done = 0usize;

@@ -96,7 +96,7 @@ pub fn read_aligned(
     off: u64,
     len: u32,
 ) -> Result<Vec<u8>, FsError> {
-    let mut b = AlignedBuf::new(len as usize, 4096);
+    let b = AlignedBuf::new(len as usize, 4096);
     unsafe { fs.submit_read(id, off, b.as_mut_ptr(), len, 80)? };
     let n = wait_for(fs, 80)? as usize;
     Ok(b.as_slice()[..n].to_vec())
