@@ -95,6 +95,14 @@ pub struct DpuArgs {
     /// Largest read served on the DPU (size of each pre-allocated read buffer).
     #[arg(long, default_value = "64K", value_parser = parse_size)]
     pub offload_buffer: u64,
+    /// Memory all the director's connection buffers may use together. Buffers grow with the
+    /// bytes that arrive (never with a length a client announced); a connection the budget
+    /// cannot hold is closed.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub director_memory: u64,
+    /// Client connections each director thread serves at most; more are closed at accept.
+    #[arg(long, default_value_t = 1024)]
+    pub director_max_connections: usize,
 }
 
 /// The offload engine of `--offload`, if given: the app resolved by name (the applications'
@@ -125,6 +133,8 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
                 context_ring_len: contexts,
                 max_contexts_per_conn: a.offload_contexts_per_conn,
                 buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
+                memory_bytes: usize::try_from(a.director_memory).context("--director-memory")?,
+                max_connections: a.director_max_connections.max(1),
                 ..dds_director::DirectorConfig::new(listen, host)
             }),
         )

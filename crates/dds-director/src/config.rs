@@ -31,6 +31,9 @@ pub struct DirectorConfig {
     pub conn_buffer_bytes: usize,
     /// Connections per thread.
     pub max_connections: usize,
+    /// Bytes all connection buffers of all threads may hold together. Buffers grow with the
+    /// bytes that arrive; a connection whose buffers the budget cannot hold is closed.
+    pub memory_bytes: usize,
     /// Requests awaiting their response per connection (raised to the app's
     /// `max_requests`).
     pub max_pending_requests: usize,
@@ -68,6 +71,7 @@ impl DirectorConfig {
             buffer_align: 4096,
             conn_buffer_bytes: 64 << 10,
             max_connections: 1024,
+            memory_bytes: 256 << 20,
             max_pending_requests: 4096,
             max_contexts_per_conn: 64,
             on_thread_start: None,

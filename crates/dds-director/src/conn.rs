@@ -5,80 +5,7 @@ use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
-/// A byte buffer with a consumed prefix.
-pub(crate) struct Buf {
-    pub(crate) v: Vec<u8>,
-    pub(crate) s: usize,
-    pub(crate) e: usize,
-}
-
-impl Buf {
-    pub(crate) fn new(n: usize) -> Buf {
-        Buf {
-            v: vec![0; n],
-            s: 0,
-            e: 0,
-        }
-    }
-    pub(crate) fn len(&self) -> usize {
-        self.e - self.s
-    }
-    pub(crate) fn is_empty(&self) -> bool {
-        self.s == self.e
-    }
-    pub(crate) fn data(&self) -> &[u8] {
-        &self.v[self.s..self.e]
-    }
-    pub(crate) fn consume(&mut self, n: usize) {
-        self.s += n;
-        if self.s == self.e {
-            self.s = 0;
-            self.e = 0;
-        }
-    }
-    pub(crate) fn compact(&mut self) {
-        if self.s > 0 {
-            self.v.copy_within(self.s..self.e, 0);
-            self.e -= self.s;
-            self.s = 0;
-        }
-    }
-    /// Free bytes at the tail, compacting first if there are none.
-    pub(crate) fn tail(&mut self) -> &mut [u8] {
-        if self.e == self.v.len() {
-            self.compact();
-        }
-        &mut self.v[self.e..]
-    }
-    /// Makes `n` contiguous free bytes at the tail. The buffer grows only when it is empty
-    /// (so it holds at most one item larger than its initial size); otherwise false.
-    pub(crate) fn room(&mut self, n: usize) -> bool {
-        if self.v.len() - self.e >= n {
-            return true;
-        }
-        self.compact();
-        if self.v.len() - self.e >= n {
-            return true;
-        }
-        if self.is_empty() {
-            self.v.resize(n, 0);
-            return true;
-        }
-        false
-    }
-    /// Grows so that a whole item of `n` bytes fits (from the start of the data).
-    pub(crate) fn fit(&mut self, n: usize) {
-        if self.v.len() - self.s < n {
-            self.compact();
-            if self.v.len() < n {
-                self.v.resize(n, 0);
-            }
-        }
-    }
-    pub(crate) fn commit(&mut self, n: usize) {
-        self.e += n;
-    }
-}
+use crate::buffer::Buf;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Entry {
@@ -140,4 +67,6 @@ pub(crate) enum Close {
     Malformed(&'static str),
     /// A reset or I/O error on one side: reset the other.
     Abort(&'static str),
+    /// The director's memory budget cannot hold what the connection needs.
+    OutOfMemory,
 }

@@ -11,6 +11,7 @@ use dds_offload_engine::FileReadPort;
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Waker};
 
+use crate::buffer::Budget;
 use crate::config::DirectorConfig;
 use crate::stats::{DirectorStats, Stats};
 use crate::worker::{Worker, LISTENER, WAKER};
@@ -26,6 +27,7 @@ pub struct DirectorHandle {
     wakers: Vec<Arc<Waker>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     stats: Arc<Stats>,
+    budget: Arc<Budget>,
 }
 
 impl std::fmt::Debug for DirectorHandle {
@@ -44,7 +46,7 @@ impl DirectorHandle {
 
     /// Current counters.
     pub fn stats(&self) -> DirectorStats {
-        self.stats.snapshot()
+        self.stats.snapshot(&self.budget)
     }
 
     /// Stops the threads: connections are closed, outstanding reads are awaited (up to 5 s;
@@ -117,6 +119,7 @@ impl Director {
         let local = std_listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
+        let budget = Budget::new(cfg.memory_bytes);
         let mut wakers = Vec::new();
         let mut handles = Vec::new();
         for (i, lane) in lanes.into_iter().enumerate() {
@@ -138,6 +141,7 @@ impl Director {
                 lane,
                 stop.clone(),
                 stats.clone(),
+                budget.clone(),
             );
             wakers.push(waker);
             let hook = cfg.on_thread_start.clone();
@@ -163,6 +167,7 @@ impl Director {
             wakers,
             threads: handles,
             stats,
+            budget,
         })
     }
 }

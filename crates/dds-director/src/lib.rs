@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffer;
 pub mod config;
 mod conn;
 mod director;

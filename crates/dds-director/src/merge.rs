@@ -122,8 +122,10 @@ impl Worker {
                     match *e {
                         Entry::Dpu { ctx } if pool.ctxs[ctx as usize].state == CtxState::Ready => {
                             let resp = pool.response(ctx);
-                            if !c.cout.room(resp.len()) {
-                                break;
+                            match c.cout.room(resp.len()) {
+                                Ok(true) => {}
+                                Ok(false) => break,
+                                Err(_) => return Err(Close::OutOfMemory),
                             }
                             let len = resp.len();
                             c.cout.tail()[..len].copy_from_slice(resp);

@@ -65,7 +65,7 @@ impl Worker {
                         Ok(Some(n)) if n == 0 || n > self.max_resp => {
                             return Err(Close::Malformed("host response length out of range"));
                         }
-                        Ok(Some(n)) => c.hin.fit(n),
+                        Ok(Some(n)) => c.hin.grow_toward(n).map_err(|_| Close::OutOfMemory)?,
                         Ok(None) => {}
                     }
                 }
@@ -148,13 +148,13 @@ impl Worker {
                 Ok(Some(n)) => n,
             };
             if c.cin.len() < n {
-                c.cin.fit(n);
+                c.cin.grow_toward(n).map_err(|_| Close::OutOfMemory)?;
                 return Ok(progress);
             }
             if self.max_pending - c.order.len() < self.max_req {
                 return Ok(progress);
             }
-            if !c.hout.room(n) {
+            if !c.hout.room(n).map_err(|_| Close::OutOfMemory)? {
                 return Ok(progress);
             }
             let msg = &c.cin.data()[..n];

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::buffer::Budget;
+
 /// Counters of a running director.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DirectorStats {
@@ -36,6 +38,13 @@ pub struct DirectorStats {
     pub host_bytes_in: u64,
     /// Bytes of data read by offloaded reads.
     pub offload_bytes: u64,
+    /// Connections refused or closed because the memory budget could not hold their
+    /// buffers.
+    pub out_of_memory: u64,
+    /// Bytes of connection buffers in use (`DirectorConfig::memory_bytes` at most).
+    pub memory_bytes: u64,
+    /// Most bytes of connection buffers in use at once.
+    pub memory_peak_bytes: u64,
 }
 
 #[derive(Default)]
@@ -55,6 +64,7 @@ pub(crate) struct Stats {
     pub(crate) host_bytes_out: AtomicU64,
     pub(crate) host_bytes_in: AtomicU64,
     pub(crate) offload_bytes: AtomicU64,
+    pub(crate) out_of_memory: AtomicU64,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -62,7 +72,7 @@ pub(crate) fn add(c: &AtomicU64, n: u64) {
 }
 
 impl Stats {
-    pub(crate) fn snapshot(&self) -> DirectorStats {
+    pub(crate) fn snapshot(&self, budget: &Budget) -> DirectorStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         DirectorStats {
             accepted: g(&self.accepted),
@@ -80,6 +90,9 @@ impl Stats {
             host_bytes_out: g(&self.host_bytes_out),
             host_bytes_in: g(&self.host_bytes_in),
             offload_bytes: g(&self.offload_bytes),
+            out_of_memory: g(&self.out_of_memory),
+            memory_bytes: budget.used() as u64,
+            memory_peak_bytes: budget.peak() as u64,
         }
     }
 }

@@ -13,8 +13,9 @@ use dds_offload_engine::{CtxState, LaneHandle, Planner, Pool};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
+use crate::buffer::{Budget, Buf, OutOfMemory};
 use crate::config::DirectorConfig;
-use crate::conn::{Buf, Close, Conn, Entry};
+use crate::conn::{Close, Conn, Entry};
 use crate::signature::{Proto, Signature};
 use crate::stats::{add, Stats};
 
@@ -43,6 +44,7 @@ pub(crate) struct Worker {
     pub(crate) signature: Signature,
     pub(crate) copy_mode: bool,
     pub(crate) conn_buf: usize,
+    pub(crate) budget: Arc<Budget>,
     pub(crate) max_pending: usize,
     pub(crate) max_ctx_per_conn: usize,
     pub(crate) pend_cap: usize,
@@ -70,6 +72,7 @@ impl Worker {
         lane: LaneHandle,
         stop: Arc<AtomicBool>,
         stats: Arc<Stats>,
+        budget: Arc<Budget>,
     ) -> Worker {
         let max_req = app.max_requests().max(1);
         let app_forward_keys = app.max_forward_keys();
@@ -103,6 +106,7 @@ impl Worker {
             signature: cfg.signature,
             copy_mode: cfg.copy_mode,
             conn_buf: cfg.conn_buffer_bytes.max(4096),
+            budget,
             max_pending: cfg.max_pending_requests.max(max_req),
             max_ctx_per_conn: cfg.max_contexts_per_conn.max(1),
             pend_cap: app_forward_keys.max(64),
@@ -234,6 +238,22 @@ impl Worker {
             };
             let local = client.local_addr().unwrap_or(self.host_addr);
             let split = self.signature.matches(peer, local, Proto::Tcp);
+            let n = self.conn_buf;
+            let b = &self.budget;
+            let bufs = (|| {
+                Ok::<_, OutOfMemory>((
+                    Buf::new(n, b)?,
+                    Buf::new(if split { n } else { 0 }, b)?,
+                    Buf::new(n, b)?,
+                    Buf::new(if split && self.copy_mode { n } else { 0 }, b)?,
+                ))
+            })();
+            let Ok((cin, hout, hin, cout)) = bufs else {
+                tracing::warn!(%peer, "director memory budget exhausted: closing new connection");
+                add(&self.stats.out_of_memory, 1);
+                self.free_slots.push(slot);
+                continue;
+            };
             let mut host = match TcpStream::connect(self.host_addr) {
                 Ok(h) => h,
                 Err(e) => {
@@ -264,7 +284,6 @@ impl Worker {
                 1,
             );
             self.gens[slot] = self.gens[slot].wrapping_add(1);
-            let n = self.conn_buf;
             self.conns[slot] = Some(Box::new(Conn {
                 gen: self.gens[slot],
                 split,
@@ -276,10 +295,10 @@ impl Worker {
                 c_writable: true,
                 h_readable: false,
                 h_writable: false,
-                cin: Buf::new(n),
-                hout: Buf::new(if split { n } else { 0 }),
-                hin: Buf::new(n),
-                cout: Buf::new(if split && self.copy_mode { n } else { 0 }),
+                cin,
+                hout,
+                hin,
+                cout,
                 order: VecDeque::with_capacity(if split { self.max_pending } else { 0 }),
                 host_pending: 0,
                 head_sent: 0,
@@ -336,6 +355,12 @@ impl Worker {
             Close::Malformed(reason) => {
                 add(&self.stats.malformed, 1);
                 tracing::warn!(peer = %c.peer, reason, "closing connection: malformed input");
+            }
+            Close::OutOfMemory => {
+                add(&self.stats.out_of_memory, 1);
+                tracing::warn!(peer = %c.peer, "closing connection: director memory budget exhausted");
+                set_linger_zero(&c.client);
+                set_linger_zero(&c.host);
             }
             Close::Abort(reason) => {
                 add(&self.stats.aborted, 1);
