@@ -496,6 +496,17 @@ dds_status dds_change_file_size(struct dds_t *dds, dds_file_id file, uint64_t si
 dds_status dds_delete_file(struct dds_t *dds, dds_file_id file);
 
 /**
+ * Exposes file `file` to the DPU's offload engine (`exposed` non-zero) or withdraws it: only
+ * exposed files are read on the DPU for network clients or cached by cache-on-write. Stores
+ * in `*engine` (if not NULL) 1 when the DPU runs an offload engine, 0 when it runs none (the
+ * call then has no effect).
+ *
+ * # Safety
+ * `dds` is NULL or a live handle; `engine` is NULL or writable.
+ */
+dds_status dds_expose_file(struct dds_t *dds, dds_file_id file, uint32_t exposed, uint32_t *engine);
+
+/**
  * MoveFile: renames (and possibly moves to another directory) the file `from` to `to`;
  * the file keeps its id. `DDS_EXISTS` if `to` is taken.
  *

@@ -517,6 +517,10 @@ impl DdsStorage {
             let info = dds
                 .open_or_create(&path)
                 .with_context(|| format!("open or create DDS file {path}"))?;
+            // The application serves these files to its network clients: the DPU's offload
+            // engine may read them (and cache-on-write learns their pages) from now on.
+            dds.expose_file(info.id, true)
+                .with_context(|| format!("expose DDS file {path} to the offload engine"))?;
             if info.size < file_size {
                 dds.set_file_size(info.id, file_size)
                     .with_context(|| format!("size DDS file {path}"))?;

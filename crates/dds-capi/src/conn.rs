@@ -322,6 +322,30 @@ pub unsafe extern "C" fn dds_delete_file(dds: *mut dds_t, file: dds_file_id) -> 
     })
 }
 
+/// Exposes file `file` to the DPU's offload engine (`exposed` non-zero) or withdraws it: only
+/// exposed files are read on the DPU for network clients or cached by cache-on-write. Stores
+/// in `*engine` (if not NULL) 1 when the DPU runs an offload engine, 0 when it runs none (the
+/// call then has no effect).
+///
+/// # Safety
+/// `dds` is NULL or a live handle; `engine` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn dds_expose_file(
+    dds: *mut dds_t,
+    file: dds_file_id,
+    exposed: u32,
+    engine: *mut u32,
+) -> dds_status {
+    guard(|| {
+        let h = conn(dds)?;
+        let on = h.dds.expose_file(file, exposed != 0)?;
+        if !engine.is_null() {
+            engine.write(u32::from(on));
+        }
+        Ok(())
+    })
+}
+
 /// MoveFile: renames (and possibly moves to another directory) the file `from` to `to`;
 /// the file keeps its id. `DDS_EXISTS` if `to` is taken.
 ///

@@ -78,8 +78,10 @@ pub struct DpuArgs {
     /// Offload engine copy mode (the Fig. 20 baseline) instead of zero copy.
     #[arg(long)]
     pub offload_copy: bool,
-    /// Pagestore: offload every read, also of pages not written through this DPU (a DBMS
-    /// whose pages are located by id); by default only pages with live cache entries.
+    /// Pagestore: offload every read of an exposed file, also of pages not written through
+    /// this DPU (a DBMS whose pages are located by id); by default only pages with live cache
+    /// entries. A benchmark mode: any client that reaches the director may then read every
+    /// page of the files the application exposed (docs/security.md).
     #[arg(long)]
     pub offload_uncached: bool,
     /// Cache table capacity (items).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use dds_cache::CacheReader;
 use dds_offload_api::{OffloadApp, MAX_HEADER_ROOM};
-use dds_offload_engine::FileReadPort;
+use dds_offload_engine::{ExposedFiles, FileReadPort};
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Waker};
 
@@ -84,6 +84,7 @@ impl Director {
         cfg: DirectorConfig,
         app: Arc<dyn OffloadApp>,
         cache: CacheReader,
+        exposed: Arc<ExposedFiles>,
         port: Arc<FileReadPort>,
     ) -> io::Result<DirectorHandle> {
         let threads = cfg.threads.max(1);
@@ -138,6 +139,7 @@ impl Director {
                 listener,
                 app.clone(),
                 cache.clone(),
+                exposed.clone(),
                 lane,
                 stop.clone(),
                 stats.clone(),

@@ -4,7 +4,7 @@
 use std::net::Shutdown;
 
 use dds_offload_api::REQUEST_HEAD_BYTES;
-use dds_offload_engine::CtxState;
+use dds_offload_engine::{CtxState, Sources};
 use dds_proto::Status;
 
 use crate::conn::{Close, Entry};
@@ -124,6 +124,7 @@ impl Worker {
             let Worker {
                 app,
                 cache,
+                exposed,
                 lane,
                 pool,
                 planner,
@@ -168,14 +169,12 @@ impl Worker {
             let budget = pool
                 .free_count()
                 .min(self.max_ctx_per_conn.saturating_sub(c.dpu_ctxs));
-            let summary = match planner.plan(
-                app.as_ref(),
+            let sources = Sources {
+                app: app.as_ref(),
                 cache,
-                &c.pend_keys,
-                msg,
-                budget,
-                pool.capacity(),
-            ) {
+                exposed,
+            };
+            let summary = match planner.plan(&sources, &c.pend_keys, msg, budget, pool.capacity()) {
                 Ok(s) => s,
                 Err(m) => {
                     tracing::warn!(peer = %c.peer, reason = m.0, "offload plan rejected a message");
@@ -292,6 +291,7 @@ impl Worker {
             add(&stats.offloaded, summary.offloaded as u64);
             add(&stats.forwarded, nhost as u64);
             add(&stats.fallback, summary.fallback as u64);
+            add(&stats.unexposed, summary.unexposed as u64);
             progress = true;
         }
     }

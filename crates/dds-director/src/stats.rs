@@ -26,6 +26,9 @@ pub struct DirectorStats {
     /// Requests the predicate offloaded that went to the host because no context or
     /// buffer was free (or the read was too large for a buffer).
     pub fallback: u64,
+    /// Requests the offload function mapped to a file the application has not exposed:
+    /// served by the host.
+    pub unexposed: u64,
     /// Invalidations queued for the cache writer.
     pub invalidations: u64,
     /// Bytes received from clients.
@@ -58,6 +61,7 @@ pub(crate) struct Stats {
     pub(crate) offloaded: AtomicU64,
     pub(crate) forwarded: AtomicU64,
     pub(crate) fallback: AtomicU64,
+    pub(crate) unexposed: AtomicU64,
     pub(crate) invalidations: AtomicU64,
     pub(crate) client_bytes_in: AtomicU64,
     pub(crate) client_bytes_out: AtomicU64,
@@ -84,6 +88,7 @@ impl Stats {
             offloaded: g(&self.offloaded),
             forwarded: g(&self.forwarded),
             fallback: g(&self.fallback),
+            unexposed: g(&self.unexposed),
             invalidations: g(&self.invalidations),
             client_bytes_in: g(&self.client_bytes_in),
             client_bytes_out: g(&self.client_bytes_out),

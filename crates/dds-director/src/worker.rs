@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use dds_cache::CacheReader;
 use dds_offload_api::OffloadApp;
-use dds_offload_engine::{CtxState, LaneHandle, Planner, Pool};
+use dds_offload_engine::{CtxState, ExposedFiles, LaneHandle, Planner, Pool};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
@@ -28,6 +28,7 @@ pub(crate) struct Worker {
     pub(crate) listener: TcpListener,
     pub(crate) app: Arc<dyn OffloadApp>,
     pub(crate) cache: CacheReader,
+    pub(crate) exposed: Arc<ExposedFiles>,
     pub(crate) lane: LaneHandle,
     pub(crate) pool: Pool,
     pub(crate) conns: Vec<Option<Box<Conn>>>,
@@ -69,6 +70,7 @@ impl Worker {
         listener: TcpListener,
         app: Arc<dyn OffloadApp>,
         cache: CacheReader,
+        exposed: Arc<ExposedFiles>,
         lane: LaneHandle,
         stop: Arc<AtomicBool>,
         stats: Arc<Stats>,
@@ -92,6 +94,7 @@ impl Worker {
             max_req,
             app,
             cache,
+            exposed,
             lane,
             pool,
             conns: (0..nconn).map(|_| None).collect(),

@@ -14,7 +14,8 @@ use dds_director::{Director, DirectorConfig, DirectorHandle};
 use dds_fs::{FileId, FileService, FsError};
 use dds_offload_api::{OffloadApp, ReadOp};
 use dds_offload_engine::{
-    CacheMaintainer, FileReadPort, PortConfig, PortResult, PortService, ReadTarget, Refused,
+    CacheMaintainer, ExposedFiles, FileReadPort, PortConfig, PortResult, PortService, ReadTarget,
+    Refused,
 };
 use dds_proto::Status;
 
@@ -67,12 +68,14 @@ impl OffloadConfig {
 pub(crate) struct OffloadHooks {
     pub maintainer: CacheMaintainer,
     pub port: PortService,
+    pub exposed: Arc<ExposedFiles>,
 }
 
 /// What a running DPU keeps of its offload engine.
 pub(crate) struct OffloadRuntime {
     pub app: Arc<dyn OffloadApp>,
     pub cache: CacheReader,
+    pub exposed: Arc<ExposedFiles>,
     pub port: Arc<FileReadPort>,
     pub director: Option<DirectorHandle>,
 }
@@ -85,7 +88,14 @@ impl OffloadRuntime {
             max_contexts_per_conn: d.max_contexts_per_conn.clamp(1, self.port.depth()),
             ..d
         };
-        Director::start(d, self.app.clone(), self.cache.clone(), self.port.clone()).map_err(|e| {
+        Director::start(
+            d,
+            self.app.clone(),
+            self.cache.clone(),
+            self.exposed.clone(),
+            self.port.clone(),
+        )
+        .map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("start the traffic director on {listen}: {e}"),
@@ -111,13 +121,15 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
     });
     let writer = dds_cache::CacheWriter::new(dds_cache::Config::for_items(cfg.cache_items))
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("cache table: {e}")))?;
-    let maintainer = CacheMaintainer::new(writer, cfg.app.clone(), port.clone());
+    let exposed = Arc::new(ExposedFiles::new());
+    let maintainer = CacheMaintainer::new(writer, cfg.app.clone(), port.clone(), exposed.clone());
     let port_service = port
         .service()
         .ok_or_else(|| io::Error::other("the port's service side is taken"))?;
     let mut runtime = OffloadRuntime {
         app: cfg.app,
         cache: maintainer.reader(),
+        exposed: exposed.clone(),
         port,
         director: None,
     };
@@ -128,6 +140,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
         OffloadHooks {
             maintainer,
             port: port_service,
+            exposed,
         },
         runtime,
     ))

@@ -7,7 +7,7 @@ use crossbeam_channel::Receiver;
 use dds_dma::EmulatedDma;
 use dds_fs::{FileId, FileService};
 use dds_proto::control::{
-    DirEntry, EntryKind, FileInfo, GroupInfo, HelloInfo, Reply, Request, SpaceInfo,
+    DirEntry, EntryKind, ExposeInfo, FileInfo, GroupInfo, HelloInfo, Reply, Request, SpaceInfo,
     PROTOCOL_VERSION,
 };
 use dds_proto::Status;
@@ -229,7 +229,27 @@ impl Service {
                 .map(|i| Reply::ok(&file_info(i))),
             Request::Lookup { path } => fs.lookup(&path).map(|i| Reply::ok(&file_info(i))),
             Request::Stat { id } => fs.stat(FileId(id)).map(|i| Reply::ok(&file_info(i))),
-            Request::DeleteFile { id } => fs.delete_file_by_id(FileId(id)).map(|_| Reply::ok(&())),
+            Request::DeleteFile { id } => fs.delete_file_by_id(FileId(id)).map(|_| {
+                if let Some(o) = &self.offload {
+                    o.exposed.withdraw(id);
+                }
+                Reply::ok(&())
+            }),
+            Request::ExposeFile { id, exposed } => fs.stat(FileId(id)).map(|_| {
+                let engine = match &self.offload {
+                    Some(o) if exposed => {
+                        o.exposed.expose(id);
+                        true
+                    }
+                    Some(o) => {
+                        o.exposed.withdraw(id);
+                        true
+                    }
+                    None => false,
+                };
+                tracing::debug!(id, exposed, engine, "file exposure");
+                Reply::ok(&ExposeInfo { engine })
+            }),
             Request::Rename { from, to } => fs.rename_file(&from, &to).map(|_| Reply::ok(&())),
             Request::Resize { id, size } => fs.resize(FileId(id), size).map(|_| Reply::ok(&())),
             Request::FreeSpace => {

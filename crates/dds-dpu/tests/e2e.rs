@@ -341,9 +341,19 @@ fn host_writes_and_explicit_batches_maintain_the_cache_table() {
     let (dpu, cache) = start_with_offload();
     let dds = Dds::connect(dpu.socket()).unwrap();
     let f = dds.create_file("/pages").unwrap();
-    // Cache-on-write: a completed host write of page 2 makes it cached (with a version).
+    // A file the application has not exposed is never cached.
     let key = dds_apps::offload::PagestoreApp::page_key(f.id, 2);
-    assert!(cache.get(key).is_none());
+    dds.write_sync(f.id, 2 * 4096, &[1u8; 4096]).unwrap();
+    assert!(cache.get(key).is_none(), "private file cached");
+    assert!(
+        dds.expose_file(f.id, true).unwrap(),
+        "the DPU runs an offload engine"
+    );
+    assert_eq!(
+        dds.expose_file(12345, true).unwrap_err().status,
+        Status::UnknownFile
+    );
+    // Cache-on-write: a completed host write of page 2 makes it cached (with a version).
     dds.write_sync(f.id, 2 * 4096, &[1u8; 4096]).unwrap();
     let item = cache.get(key).expect("cached at write completion");
     assert!(item.version > 0);

@@ -477,3 +477,34 @@ fn random_garbage_never_hurts_other_connections() {
     good.send(&[(false, 0, 4)], 1000);
     good.check(1);
 }
+
+/// Only files the application exposed are read on the DPU: with direct mapping (every READ
+/// offloadable, the benchmark mode), a READ of a file the host keeps private goes to the host
+/// application, which decides; a READ of an exposed file is served on the DPU.
+#[test]
+fn private_files_are_never_read_on_the_dpu() {
+    let st = setup_with(PagestoreConfig {
+        require_cached: false,
+        ..PagestoreConfig::default()
+    });
+    let files = st.dpu.files();
+    let secret = files.create_private("/secret");
+    assert_eq!(files.write(secret, 0, vec![0x5a; PAGE]), Ok(PAGE as u32));
+    assert_eq!(files.write(st.file, 0, vec![0x11; PAGE]), Ok(PAGE as u32));
+    let d = director(&st.dpu, st.app.clone(), st.host.addr, |_| {});
+    let mut s = connect(d.local_addr());
+    let mut b = MessageBuilder::new();
+    b.read(secret, 0, PAGE as u32, 1)
+        .read(st.file, 0, PAGE as u32, 2);
+    s.write_all(b.finish()).unwrap();
+    let (h1, _) = read_response(&mut s).unwrap();
+    let (h2, body) = read_response(&mut s).unwrap();
+    assert_eq!((h1.req_id, h2.req_id), (1, 2));
+    assert_eq!(&body[..PAGE], &[0x11; PAGE][..]);
+    let stats = d.stats();
+    assert_eq!(
+        (stats.offloaded, stats.unexposed, stats.forwarded),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+}

@@ -267,6 +267,17 @@ impl Dds {
         Ok(())
     }
 
+    /// Exposes file `file` to the DPU's offload engine (`exposed` true) or withdraws it. Only
+    /// exposed files are read on the DPU for network clients or cached by cache-on-write; an
+    /// application exposes the files its offload app serves. Returns whether the DPU runs an
+    /// offload engine (without one this has no effect). Deleting a file withdraws it.
+    pub fn expose_file(&self, file: u32, exposed: bool) -> Result<bool> {
+        let info: dds_proto::control::ExposeInfo = self
+            .shared
+            .rpc(&Request::ExposeFile { id: file, exposed }, &[])?;
+        Ok(info.engine)
+    }
+
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.unit(&Request::Rename {
             from: from.into(),

@@ -7,6 +7,7 @@
 //!   contexts of outstanding offloaded reads.
 //! * [`FileReadPort`]: bounded queues between the director threads and the thread that owns
 //!   the file service, which it reaches through the [`ReadTarget`] trait.
+//! * [`ExposedFiles`]: the files the application exposed; nothing else is read on the DPU.
 //! * [`CacheMaintainer`]: the cache table's single writer, running the app's cache-on-write
 //!   and invalidate-on-read hooks.
 //!
@@ -15,14 +16,16 @@
 
 #![warn(missing_docs)]
 
+pub mod exposed;
 pub mod maintain;
 pub mod plan;
 pub mod pool;
 pub mod port;
 pub mod records;
 
+pub use exposed::ExposedFiles;
 pub use maintain::{CacheMaintainer, MaintainerStats};
-pub use plan::{PlanSummary, Planned, Planner};
+pub use plan::{PlanSummary, Planned, Planner, Sources};
 pub use pool::{Ctx, CtxState, Pool};
 pub use port::{
     Busy, FileReadPort, LaneHandle, PortConfig, PortRead, PortResult, PortService, ReadTarget,

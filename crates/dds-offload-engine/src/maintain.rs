@@ -7,6 +7,7 @@ use dds_cache::{CacheItem, CacheReader, CacheWriter, InsertError};
 
 use crate::port::{FileReadPort, PortService};
 use crate::records::{decode_cache_items, decode_invalidate_items, OP_CACHE, OP_INVALIDATE};
+use crate::ExposedFiles;
 use dds_offload_api::{ItemList, KeyList, Malformed, OffloadApp};
 
 /// Counters of the cache maintainer.
@@ -22,6 +23,8 @@ pub struct MaintainerStats {
     pub invalidated: u64,
     /// cache-on-write outputs cut short because the item list was full.
     pub truncated: u64,
+    /// Items not cached because their file is not exposed to the offload engine.
+    pub unexposed: u64,
 }
 
 /// Owns the single [`CacheWriter`] and runs the application's cache hooks on the thread that
@@ -30,6 +33,7 @@ pub struct CacheMaintainer {
     writer: CacheWriter,
     app: Arc<dyn OffloadApp>,
     port: Arc<FileReadPort>,
+    exposed: Arc<ExposedFiles>,
     items: ItemList,
     keys: KeyList,
     stats: MaintainerStats,
@@ -45,13 +49,19 @@ impl std::fmt::Debug for CacheMaintainer {
 
 impl CacheMaintainer {
     /// Takes the cache writer; the app's hooks fill lists allocated here, once.
-    pub fn new(writer: CacheWriter, app: Arc<dyn OffloadApp>, port: Arc<FileReadPort>) -> Self {
+    pub fn new(
+        writer: CacheWriter,
+        app: Arc<dyn OffloadApp>,
+        port: Arc<FileReadPort>,
+        exposed: Arc<ExposedFiles>,
+    ) -> Self {
         let items = ItemList::with_capacity(app.max_write_items().max(1));
         let keys = KeyList::with_capacity(app.max_read_keys().max(app.max_write_items()).max(1));
         CacheMaintainer {
             writer,
             app,
             port,
+            exposed,
             items,
             keys,
             stats: MaintainerStats::default(),
@@ -80,6 +90,11 @@ impl CacheMaintainer {
     }
 
     fn insert(&mut self, item: CacheItem) {
+        if !self.exposed.contains(item.file_id) {
+            // Only exposed files are ever served on the DPU.
+            self.stats.unexposed += 1;
+            return;
+        }
         match self.writer.insert(item) {
             Ok(dds_cache::InsertOutcome::Stale { .. }) => self.stats.stale += 1,
             Ok(_) => self.stats.cached += 1,

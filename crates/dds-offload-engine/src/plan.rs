@@ -10,6 +10,8 @@
 
 use dds_cache::CacheReader;
 
+use crate::ExposedFiles;
+
 use dds_offload_api::{
     CacheView, FixedList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReqDesc, ReqList,
 };
@@ -32,6 +34,20 @@ pub struct PlanSummary {
     pub offloaded: usize,
     /// DPU-bound requests sent to the host for want of a context or buffer room.
     pub fallback: usize,
+    /// DPU-bound requests sent to the host because their file is not exposed.
+    pub unexposed: usize,
+}
+
+/// What a plan reads besides the message: the application, the cache table and the set of
+/// exposed files.
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    /// The application's offload functions.
+    pub app: &'a dyn OffloadApp,
+    /// The cache table.
+    pub cache: &'a CacheReader,
+    /// The files the application exposed.
+    pub exposed: &'a ExposedFiles,
 }
 
 /// Scratch space of the plan step, allocated once per director thread from the app's limits.
@@ -75,14 +91,14 @@ impl Planner {
     /// Plans `msg` (one whole message as framed by the app). `pending` are the keys that
     /// earlier host-bound requests of the connection may still modify (they miss in every
     /// lookup); `budget` is how many reads may go to the DPU (free contexts the connection may
-    /// take); `max_read` is the largest read a buffer holds.
+    /// take); `max_read` is the largest read a buffer holds. Reads of files the application
+    /// has not exposed go to the host.
     ///
     /// An error means the app or the message broke the contract: the director closes the
     /// connection.
     pub fn plan(
         &mut self,
-        app: &dyn OffloadApp,
-        cache: &CacheReader,
+        src: &Sources<'_>,
         pending: &[u64],
         msg: &[u8],
         mut budget: usize,
@@ -92,6 +108,11 @@ impl Planner {
         self.dpu.clear();
         self.masked.clear();
         self.requests = 0;
+        let Sources {
+            app,
+            cache,
+            exposed,
+        } = *src;
         let view = CacheView::restricted(cache, false, pending, &[], 0);
         app.offload_predicate(msg, &view, &mut self.host, &mut self.dpu)?;
         // The descriptors: inside the message, positions a permutation.
@@ -134,6 +155,10 @@ impl Planner {
             let d = self.dpu.as_slice()[i];
             let view = CacheView::restricted(cache, false, pending, self.masked.as_slice(), d.pos);
             let read = match app.offload_function(msg, d, &view) {
+                Offload::Read(op) if !exposed.contains(op.file_id) => {
+                    summary.unexposed += 1;
+                    None
+                }
                 Offload::Read(op) if (op.size as usize) <= max_read && budget > 0 => {
                     budget -= 1;
                     summary.offloaded += 1;

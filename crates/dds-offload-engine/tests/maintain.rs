@@ -7,16 +7,20 @@ use std::time::Duration;
 use dds_apps::offload::kv::{kv_encode_record, KvApp};
 use dds_cache::{CacheWriter, Config};
 use dds_offload_api::OffloadApp;
-use dds_offload_engine::{records, CacheMaintainer, FileReadPort, PortConfig};
+use dds_offload_engine::{records, CacheMaintainer, ExposedFiles, FileReadPort, PortConfig};
 
 #[test]
 fn maintainer_floors_versions_and_records() {
     let app: Arc<dyn OffloadApp> = Arc::new(KvApp);
     let port = FileReadPort::new(PortConfig::default());
+    let exposed = Arc::new(ExposedFiles::new());
+    exposed.expose(1);
+    exposed.expose(2);
     let mut m = CacheMaintainer::new(
         CacheWriter::new(Config::for_items(64)).unwrap(),
         app,
         port.clone(),
+        exposed.clone(),
     );
     let r = m.reader();
     let mut rec = Vec::new();
@@ -66,4 +70,27 @@ fn maintainer_floors_versions_and_records() {
     assert!(m.apply_record(3, &buf[..n]).is_err());
     assert!(m.apply_record(records::OP_CACHE, &buf[..n - 1]).is_err());
     std::thread::sleep(Duration::from_millis(1));
+    // A file the application did not expose is never cached, by a write or a CACHE record.
+    let v5 = m.next_version();
+    m.write_completed(3, 0, &rec, v5);
+    let items = [records::CacheRecordItem {
+        key: 11,
+        offset: 0,
+        file_id: 3,
+        size: 10,
+        tag: 0,
+    }];
+    let n = records::encode_cache_items(&items, &mut buf).unwrap();
+    m.apply_record(records::OP_CACHE, &buf[..n]).unwrap();
+    assert!(r.get(11).is_none());
+    assert_eq!(
+        m.stats().unexposed,
+        3,
+        "two records of the write and one CACHE item"
+    );
+    // Withdrawn: later writes of the file are not cached either.
+    exposed.withdraw(1);
+    let v6 = m.next_version();
+    m.write_completed(1, 16384, &rec, v6);
+    assert_ne!(r.get(5).map(|i| i.offset), Some(16384 + 16));
 }

@@ -62,6 +62,13 @@ pub enum Request {
     DeleteGroup {
         group: u32,
     },
+    /// Exposes file `id` to the DPU's offload engine (or withdraws it): only exposed files
+    /// are read on the DPU or cached. Replies `{"engine": bool}` (false: this DPU runs no
+    /// offload engine, and the request had no effect).
+    ExposeFile {
+        id: u32,
+        exposed: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +103,13 @@ pub struct HelloInfo {
     pub payload_align: u32,
     pub max_io_bytes: u32,
     pub block_size: u32,
+}
+
+/// Reply of `ExposeFile`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExposeInfo {
+    /// Whether the DPU runs an offload engine (without one the request has no effect).
+    pub engine: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

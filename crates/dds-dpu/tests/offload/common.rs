@@ -79,7 +79,19 @@ pub struct HostFiles {
 }
 
 impl HostFiles {
+    /// Creates a file and exposes it to the offload engine, as the host application does for
+    /// the files it serves.
     pub fn create(&self, path: &str) -> u32 {
+        let id = self.dds.create_file(path).expect("create file").id;
+        assert!(
+            self.dds.expose_file(id, true).expect("expose"),
+            "offload engine"
+        );
+        id
+    }
+
+    /// Creates a file the application keeps private (not exposed).
+    pub fn create_private(&self, path: &str) -> u32 {
         self.dds.create_file(path).expect("create file").id
     }
     pub fn write(&self, file: u32, off: u64, data: Vec<u8>) -> Result<u32, u16> {
