@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::machine::Machine;
 use crate::plot::{LineChart, Series};
-use crate::report::{fmt_num, median, ratio, Report, Table, Target};
+use crate::report::{fmt_num, max_of, median, min_of, ratio, Report, Table, Target};
 
 /// Settings of a cache-table benchmark run.
 #[derive(Clone, Debug, Serialize)]
@@ -142,23 +142,27 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
             .or_default()
             .push(p);
     }
-    let cells: BTreeMap<_, Cell> = groups
-        .into_iter()
-        .map(|(k, v)| {
-            let m = |f: &dyn Fn(&CachePoint) -> f64| {
-                median(&v.iter().map(|p| f(p)).collect::<Vec<_>>())
-            };
-            (
-                k,
-                Cell {
-                    inserts_per_sec: m(&|p| p.point.inserts_per_sec),
-                    lookups_per_sec: m(&|p| p.point.lookups_per_sec),
-                    cpu_ns_per_lookup: m(&|p| p.cpu_ns_per_lookup),
-                    memory_bytes: m(&|p| p.point.memory_bytes as f64),
-                },
-            )
-        })
-        .collect();
+    let aggregate = |agg: fn(&[f64]) -> f64| -> BTreeMap<_, Cell> {
+        groups
+            .iter()
+            .map(|(&k, v)| {
+                let m = |f: &dyn Fn(&CachePoint) -> f64| {
+                    agg(&v.iter().map(|p| f(p)).collect::<Vec<_>>())
+                };
+                (
+                    k,
+                    Cell {
+                        inserts_per_sec: m(&|p| p.point.inserts_per_sec),
+                        lookups_per_sec: m(&|p| p.point.lookups_per_sec),
+                        cpu_ns_per_lookup: m(&|p| p.cpu_ns_per_lookup),
+                        memory_bytes: m(&|p| p.point.memory_bytes as f64),
+                    },
+                )
+            })
+            .collect()
+    };
+    let cells = aggregate(median);
+    let (lo, hi) = (aggregate(min_of), aggregate(max_of));
     let get = |items: usize, readers: usize, kind: TableKind| {
         cells
             .get(&(items, readers, kind.name()))
@@ -325,6 +329,15 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
                         .readers
                         .iter()
                         .map(|&r| (r as f64, get(items, r, k).lookups_per_sec))
+                        .collect(),
+                    spread: opts
+                        .readers
+                        .iter()
+                        .filter_map(|&r| {
+                            let key = (items, r, k.name());
+                            let (l, h) = (lo.get(&key)?, hi.get(&key)?);
+                            Some((r as f64, l.lookups_per_sec, h.lookups_per_sec))
+                        })
                         .collect(),
                 })
                 .collect(),

@@ -1,8 +1,11 @@
-//! PNG charts of the remote-storage benchmarks (line charts with points).
+//! PNG charts of the remote-storage benchmarks (several panels side by side, line charts
+//! with points).
 
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// One line of a chart.
@@ -51,7 +54,8 @@ impl Chart {
     }
 }
 
-/// Draws the charts side by side into one PNG.
+/// Draws the charts side by side into one PNG. Lines follow x order; a y axis whose values
+/// span two decades or more is logarithmic.
 pub fn draw(path: &Path, charts: &[Chart]) -> Result<()> {
     let w = 640 * charts.len().max(1) as u32;
     let root = BitMapBackend::new(path, (w, 480)).into_drawing_area();
@@ -72,54 +76,85 @@ pub fn draw(path: &Path, charts: &[Chart]) -> Result<()> {
             ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90)),
         ))
         .map_err(|e| anyhow!("{e}"))?;
-        let mut c = ChartBuilder::on(&body)
+        let ys = || {
+            chart
+                .series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.1))
+        };
+        let mut builder = ChartBuilder::on(&body);
+        builder
             .margin(12)
             .x_label_area_size(40)
-            .y_label_area_size(64)
-            .build_cartesian_2d(0f64..x1, 0f64..y1)
-            .map_err(|e| anyhow!("{e}"))?;
-        c.configure_mesh()
-            .x_desc(chart.x_label.as_str())
-            .y_desc(chart.y_label.as_str())
-            .draw()
-            .map_err(|e| anyhow!("{e}"))?;
-        // A secondary series (e.g. p99) takes the color of the primary one before it.
-        let mut color_index = 0usize;
-        for (i, s) in chart.series.iter().enumerate() {
-            if i > 0 && !s.secondary {
-                color_index += 1;
-            }
-            let color = COLORS[color_index % COLORS.len()];
-            let pts: Vec<(f64, f64)> = s
-                .points
-                .iter()
-                .copied()
-                .filter(|(x, y)| x.is_finite() && y.is_finite())
-                .collect();
-            let width = if s.secondary { 1 } else { 2 };
-            c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(width)))
-                .map_err(|e| anyhow!("{e}"))?
-                .label(s.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width))
-                });
-            let secondary = s.secondary;
-            c.draw_series(pts.iter().map(|&p| {
-                if secondary {
-                    Circle::new(p, 4, color.stroke_width(1))
-                } else {
-                    Circle::new(p, 4, color.filled())
-                }
-            }))
-            .map_err(|e| anyhow!("{e}"))?;
+            .y_label_area_size(64);
+        if crate::plot::spans_decades(ys()) {
+            let y0 = ys()
+                .filter(|y| y.is_finite() && *y > 0.0)
+                .fold(f64::MAX, f64::min);
+            let c = builder
+                .build_cartesian_2d(0f64..x1, (y0 / 1.5..y1 * 1.5).log_scale())
+                .map_err(|e| anyhow!("{e}"))?;
+            fill(chart, c, true)?;
+        } else {
+            let c = builder
+                .build_cartesian_2d(0f64..x1, 0f64..y1)
+                .map_err(|e| anyhow!("{e}"))?;
+            fill(chart, c, false)?;
         }
-        c.configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| anyhow!("{e}"))?;
     }
     root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+fn fill<'a, Y>(
+    chart: &Chart,
+    mut c: ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    log_y: bool,
+) -> Result<()>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    c.configure_mesh()
+        .x_desc(chart.x_label.as_str())
+        .y_desc(chart.y_label.as_str())
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    // A secondary series (e.g. p99) takes the color of the primary one before it.
+    let mut color_index = 0usize;
+    for (i, s) in chart.series.iter().enumerate() {
+        if i > 0 && !s.secondary {
+            color_index += 1;
+        }
+        let color = COLORS[color_index % COLORS.len()];
+        let mut pts: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| x.is_finite() && y.is_finite() && (!log_y || *y > 0.0))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let width = if s.secondary { 1 } else { 2 };
+        c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(width)))
+            .map_err(|e| anyhow!("{e}"))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width))
+            });
+        let secondary = s.secondary;
+        c.draw_series(pts.iter().map(|&p| {
+            if secondary {
+                Circle::new(p, 4, color.stroke_width(1))
+            } else {
+                Circle::new(p, 4, color.filled())
+            }
+        }))
+        .map_err(|e| anyhow!("{e}"))?;
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }

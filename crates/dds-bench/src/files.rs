@@ -22,7 +22,7 @@ use crate::cpu::{process_cpu_seconds, process_status_bytes, self_cpu_seconds};
 use crate::dpu::DpuProcess;
 use crate::machine::{cost_model_text, Machine};
 use crate::plot::{LineChart, Series};
-use crate::report::{fmt_num, median, ratio, Report, Table, Target};
+use crate::report::{fmt_num, max_of, median, min_of, ratio, Report, Table, Target};
 use crate::workload::{self, WorkloadResult, WorkloadSpec};
 
 /// Who executes the I/O.
@@ -460,24 +460,28 @@ fn summarize(
     for p in &points {
         groups.entry((p.mode, p.io_bytes)).or_default().push(p);
     }
-    let cells: BTreeMap<(FilesMode, u32), Cell> = groups
-        .into_iter()
-        .map(|(k, v)| {
-            let m = |f: &dyn Fn(&FilesPoint) -> f64| {
-                median(&v.iter().map(|p| f(p)).collect::<Vec<_>>())
-            };
-            (
-                k,
-                Cell {
-                    iops: m(&|p| p.result.ops_per_sec),
-                    p50_us: m(&|p| p.result.p50_us),
-                    p99_us: m(&|p| p.result.p99_us),
-                    host_cpu_us: m(&|p| p.host_cpu_us_per_op),
-                    dpu_cpu_us: m(&|p| p.dpu_cpu_us_per_op.unwrap_or(0.0)),
-                },
-            )
-        })
-        .collect();
+    let aggregate = |agg: fn(&[f64]) -> f64| -> BTreeMap<(FilesMode, u32), Cell> {
+        groups
+            .iter()
+            .map(|(&k, v)| {
+                let m = |f: &dyn Fn(&FilesPoint) -> f64| {
+                    agg(&v.iter().map(|p| f(p)).collect::<Vec<_>>())
+                };
+                (
+                    k,
+                    Cell {
+                        iops: m(&|p| p.result.ops_per_sec),
+                        p50_us: m(&|p| p.result.p50_us),
+                        p99_us: m(&|p| p.result.p99_us),
+                        host_cpu_us: m(&|p| p.host_cpu_us_per_op),
+                        dpu_cpu_us: m(&|p| p.dpu_cpu_us_per_op.unwrap_or(0.0)),
+                    },
+                )
+            })
+            .collect()
+    };
+    let cells = aggregate(median);
+    let (lo, hi) = (aggregate(min_of), aggregate(max_of));
     let get = |m: FilesMode, s: u32| cells.get(&(m, s)).copied().unwrap_or_default();
     let small = *opts.sizes.iter().min().expect("sizes");
     let large = *opts.sizes.iter().max().expect("sizes");
@@ -638,6 +642,14 @@ fn summarize(
                     .sizes
                     .iter()
                     .map(|&s| ((s / 1024) as f64, f(get(m, s))))
+                    .collect(),
+                spread: opts
+                    .sizes
+                    .iter()
+                    .filter_map(|&s| {
+                        let (l, h) = (lo.get(&(m, s))?, hi.get(&(m, s))?);
+                        Some(((s / 1024) as f64, f(*l), f(*h)))
+                    })
                     .collect(),
             })
             .collect()

@@ -19,3 +19,14 @@ pub mod report;
 pub mod ring;
 pub mod uring;
 pub mod workload;
+
+/// Where a benchmark's JSON and plots go: `out` if given, else `bench/results/` for full runs
+/// and `bench/results/quick/` for `--quick` runs, so a smoke run never overwrites the
+/// committed figures of a full run.
+pub fn results_dir(out: Option<&std::path::Path>, quick: bool) -> std::path::PathBuf {
+    match out {
+        Some(p) => p.to_path_buf(),
+        None if quick => std::path::PathBuf::from("bench/results/quick"),
+        None => std::path::PathBuf::from("bench/results"),
+    }
+}

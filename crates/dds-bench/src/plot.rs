@@ -8,10 +8,37 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 /// One line of a chart.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Series {
     pub name: String,
+    /// (x, y) points: drawn in x order whatever their order here.
     pub points: Vec<(f64, f64)>,
+    /// The spread of the trials behind the points: (x, min, max), drawn as a vertical bar.
+    pub spread: Vec<(f64, f64, f64)>,
+}
+
+impl Series {
+    /// The points in x order (finite, positive x).
+    fn sorted(&self, log_y: bool) -> Vec<(f64, f64)> {
+        let mut pts: Vec<(f64, f64)> = self
+            .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| *x > 0.0 && y.is_finite() && (!log_y || *y > 0.0))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        pts
+    }
+}
+
+/// Whether positive values span at least two decades (then a log axis reads better).
+pub fn spans_decades(values: impl IntoIterator<Item = f64>) -> bool {
+    let (mut lo, mut hi) = (f64::MAX, 0f64);
+    for v in values.into_iter().filter(|v| v.is_finite() && *v > 0.0) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    hi > 0.0 && hi / lo >= 100.0
 }
 
 /// A chart with a log-2 x axis and a linear or logarithmic y axis.
@@ -24,6 +51,7 @@ pub struct LineChart {
     pub note: String,
     pub x_label: String,
     pub y_label: String,
+    /// Logarithmic y axis; set it where values span decades (see [`spans_decades`]).
     pub log_y: bool,
     pub series: Vec<Series>,
 }
@@ -158,7 +186,7 @@ impl LineChart {
             .configure_mesh()
             .x_desc(&self.x_label)
             .y_desc(&self.y_label)
-            .x_label_formatter(&|x| fmt_axis(*x))
+            .x_label_formatter(&|x| fmt_tick(*x))
             .y_label_formatter(&|y| fmt_axis(*y))
             .light_line_style(TRANSPARENT)
             .bold_line_style(RGBColor(225, 225, 225))
@@ -166,12 +194,18 @@ impl LineChart {
             .map_err(|e| anyhow!("{e}"))?;
         for (i, s) in self.series.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
-            let pts: Vec<(f64, f64)> = s
-                .points
+            let pts = s.sorted(self.log_y);
+            // The spread of the trials: a bar from the smallest to the largest.
+            let bars = s
+                .spread
                 .iter()
-                .copied()
-                .filter(|(x, y)| *x > 0.0 && y.is_finite() && (!self.log_y || *y > 0.0))
-                .collect();
+                .filter(|(x, lo, hi)| {
+                    *x > 0.0 && lo.is_finite() && hi.is_finite() && (!self.log_y || *lo > 0.0)
+                })
+                .map(|&(x, lo, hi)| {
+                    PathElement::new(vec![(x, lo), (x, hi)], color.stroke_width(1))
+                });
+            chart.draw_series(bars).map_err(|e| anyhow!("{e}"))?;
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(|e| anyhow!("{e}"))?
@@ -191,6 +225,17 @@ impl LineChart {
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
         Ok(())
+    }
+}
+
+/// An x tick: the axes count things (threads, KiB, readers), so only whole values get a label.
+fn fmt_tick(v: f64) -> String {
+    if (v - v.round()).abs() > 1e-6 * v.abs().max(1.0) {
+        String::new()
+    } else if v.abs() < 1e5 {
+        format!("{}", v.round() as i64)
+    } else {
+        fmt_axis(v.round())
     }
 }
 
@@ -221,5 +266,21 @@ mod tests {
         assert_eq!(fmt_axis(2_000_000.0), "2M");
         assert_eq!(fmt_axis(1536.0), "1.54k");
         assert_eq!(fmt_axis(0.5), "0.5");
+        assert_eq!(fmt_tick(8.0), "8");
+        assert_eq!(fmt_tick(1.41), "");
+        assert_eq!(fmt_tick(4096.0), "4096");
+        assert_eq!(fmt_tick(2_097_152.0), "2.1M");
+    }
+
+    #[test]
+    fn points_in_x_order_and_decades() {
+        let s = Series {
+            name: "a".into(),
+            points: vec![(4.0, 1.0), (1.0, 3.0), (2.0, 2.0)],
+            spread: Vec::new(),
+        };
+        assert_eq!(s.sorted(false), [(1.0, 3.0), (2.0, 2.0), (4.0, 1.0)]);
+        assert!(spans_decades([1.0, 50.0, 100.0]));
+        assert!(!spans_decades([10.0, 50.0, 0.0]));
     }
 }

@@ -56,9 +56,10 @@ pub struct RemoteArgs {
     /// Short run (about a minute): fewer load points, shorter points, smaller files.
     #[arg(long)]
     pub quick: bool,
-    /// Where the JSON and the plots go.
-    #[arg(long, default_value = "bench/results")]
-    pub out: PathBuf,
+    /// Where the JSON and the plots go (default bench/results, or bench/results/quick with
+    /// --quick).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Scratch directory for the OS files and the DDS device file (one disk for both).
     #[arg(long)]
     pub work: Option<PathBuf>,
@@ -99,8 +100,10 @@ pub struct RemoteArgs {
 pub struct EchoBenchArgs {
     #[arg(long)]
     pub quick: bool,
-    #[arg(long, default_value = "bench/results")]
-    pub out: PathBuf,
+    /// Where the JSON and the plot go (default bench/results, or bench/results/quick with
+    /// --quick).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Message sizes (default 64,1K,16K; quick 64,4K).
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Vec<u64>,
@@ -854,7 +857,8 @@ pub fn run_remote(a: RemoteArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("dds-remote-bench-{}", std::process::id())),
     };
     std::fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
-    std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
+    let out = crate::results_dir(a.out.as_deref(), a.quick);
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let cleanup = a.work.is_none();
     let result = run_remote_in(&a, &plan, &work);
     if cleanup {
@@ -949,7 +953,8 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         json!({"available": false, "label": "DDS offload, copy mode"})
     };
     let max_cores = plan.ncpu.min(2) as u64;
-    let plots = draw_remote(&a.out, &points, max_cores, a.quick)?;
+    let out = crate::results_dir(a.out.as_deref(), a.quick);
+    let plots = draw_remote(&out, &points, max_cores, a.quick)?;
     let report = json!({
         "benchmark": "remote",
         "note": EMULATION_NOTE,
@@ -990,7 +995,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         "points": points,
         "elapsed_s": started.elapsed().as_secs_f64(),
     });
-    let path = a.out.join("remote.json");
+    let path = out.join("remote.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
     print_summary(&report);
     eprintln!("wrote {}", path.display());
@@ -1040,7 +1045,8 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
         vec![64, 1024, 16384]
     };
     let seconds = a.seconds.unwrap_or(if a.quick { 1.0 } else { 3.0 });
-    std::fs::create_dir_all(&a.out)?;
+    let out = crate::results_dir(a.out.as_deref(), a.quick);
+    std::fs::create_dir_all(&out)?;
     eprintln!("dds bench echo: {EMULATION_NOTE}; the DPU-side echo is the same code in a separate process pinned to CPU {}.", ncpu - 1);
     let sides = [("host", "0".to_string()), ("dpu", (ncpu - 1).to_string())];
     let mut points = Vec::new();
@@ -1150,7 +1156,7 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
             series: s,
         });
     }
-    let png = a.out.join("echo-fig18.png");
+    let png = out.join("echo-fig18.png");
     plot::draw(&png, &charts)?;
     let report = json!({
         "benchmark": "echo",
@@ -1161,7 +1167,7 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
         "plots": [png.display().to_string()],
         "points": points,
     });
-    let path = a.out.join("echo.json");
+    let path = out.join("echo.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
     println!(
         "echo benchmark (no DPU hardware: the DPU-side echo is the same kernel-TCP echo in a separate process pinned to CPU {})",

@@ -250,6 +250,26 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The smallest finite value (0 when there is none).
+pub fn min_of(values: &[f64]) -> f64 {
+    values
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .reduce(f64::min)
+        .unwrap_or(0.0)
+}
+
+/// The largest finite value (0 when there is none).
+pub fn max_of(values: &[f64]) -> f64 {
+    values
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .reduce(f64::max)
+        .unwrap_or(0.0)
+}
+
 /// `a / b`, 0 when `b` is 0.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {

@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::cpu::self_cpu_seconds;
 use crate::machine::{cost_model_text, Machine};
 use crate::plot::{LineChart, Series};
-use crate::report::{fmt_num, median, ratio, Report, Table, Target};
+use crate::report::{fmt_num, max_of, median, min_of, ratio, Report, Table, Target};
 
 /// Settings of a ring benchmark run.
 #[derive(Clone, Debug, Serialize)]
@@ -381,7 +381,7 @@ struct Cell {
     cpu_ns_per_msg: f64,
 }
 
-fn cells(points: &[RingPoint]) -> BTreeMap<(bool, String, usize), Cell> {
+fn cells(points: &[RingPoint], agg: fn(&[f64]) -> f64) -> BTreeMap<(bool, String, usize), Cell> {
     let mut groups: BTreeMap<(bool, String, usize), Vec<&RingPoint>> = BTreeMap::new();
     for p in points {
         groups
@@ -397,7 +397,7 @@ fn cells(points: &[RingPoint]) -> BTreeMap<(bool, String, usize), Cell> {
         .into_iter()
         .map(|(k, v)| {
             let m =
-                |f: &dyn Fn(&RingPoint) -> f64| median(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
+                |f: &dyn Fn(&RingPoint) -> f64| agg(&v.iter().map(|p| f(p)).collect::<Vec<_>>());
             (
                 k,
                 Cell {
@@ -416,10 +416,15 @@ fn summarize(
     points: Vec<RingPoint>,
     failures: Vec<String>,
 ) -> Report {
-    let cells = cells(&points);
+    let (lo, hi) = (cells(&points, min_of), cells(&points, max_of));
+    let cells = cells(&points, median);
     let top = *opts.producers.iter().max().expect("producers");
     let get =
         |cost: bool, d: Design, p: usize| cells.get(&(cost, d.name().to_string(), p)).copied();
+    let spread = |cost: bool, d: Design, p: usize, f: &dyn Fn(Cell) -> f64| {
+        let k = (cost, d.name().to_string(), p);
+        Some((p as f64, f(*lo.get(&k)?), f(*hi.get(&k)?)))
+    };
     let mut summary = serde_json::Map::new();
     summary.insert("producers".into(), json!(top));
     summary.insert("msg_bytes".into(), json!(opts.msg_bytes));
@@ -530,6 +535,11 @@ fn summarize(
                         .producers
                         .iter()
                         .filter_map(|&p| get(cost, d, p).map(|c| (p as f64, f(c))))
+                        .collect(),
+                    spread: opts
+                        .producers
+                        .iter()
+                        .filter_map(|&p| spread(cost, d, p, f))
                         .collect(),
                 })
                 .collect()

@@ -49,9 +49,10 @@ struct Common {
     /// Short run (well under a minute) for smoke tests.
     #[arg(long)]
     quick: bool,
-    /// Directory of the JSON results and the plots.
-    #[arg(long, default_value = "bench/results")]
-    out: PathBuf,
+    /// Directory of the JSON results and the plots (default bench/results, or
+    /// bench/results/quick with --quick).
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Rounds over all points (figures are medians); default 5 for ring and files, 3 for
     /// cache-table, 1 with --quick.
     #[arg(long)]
@@ -132,6 +133,12 @@ struct CacheArgs {
     lookups: Option<u64>,
 }
 
+impl Common {
+    fn dir(&self) -> PathBuf {
+        dds_bench::results_dir(self.out.as_deref(), self.quick)
+    }
+}
+
 /// The command line as typed, for the results.
 fn command_line() -> String {
     let mut args = std::env::args();
@@ -180,7 +187,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             if !r.in_process {
                 o.isolate = Some(std::env::current_exe().context("locate the dds binary")?);
             }
-            finish(&ring::run(&o)?, &r.common.out)
+            finish(&ring::run(&o)?, &r.common.dir())
         }
         Which::RingPoint(p) => {
             let spec: ring::PointSpec =
@@ -231,7 +238,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             o.quiet = f.common.quiet;
             o.command = command_line();
             let report = files::run(&o).context("files benchmark")?;
-            finish(&report, &f.common.out)
+            finish(&report, &f.common.dir())
         }
         Which::CacheTable(c) => {
             let mut o = if c.common.quick {
@@ -256,7 +263,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
             o.quiet = c.common.quiet;
             o.command = command_line();
-            finish(&cache_table::run(&o), &c.common.out)
+            finish(&cache_table::run(&o), &c.common.dir())
         }
     }
 }

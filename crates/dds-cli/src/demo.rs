@@ -216,7 +216,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let out = std::env::temp_dir().join(format!("dds-demo-results-{}", std::process::id()));
     let r = dds_bench::remote::run_remote(dds_bench::remote::RemoteArgs {
         quick: true,
-        out: out.clone(),
+        out: Some(out.clone()),
         work: None,
         files: 2,
         file_size: Some(16 << 20),
