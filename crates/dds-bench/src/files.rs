@@ -176,7 +176,7 @@ fn size_label(b: u32) -> String {
 }
 
 /// Formats a fresh device file with `dds format`.
-pub(crate) fn format_device(exe: &Path, device: &Path, bytes: u64) -> Result<()> {
+pub fn format_device(exe: &Path, device: &Path, bytes: u64) -> Result<()> {
     let _ = std::fs::remove_file(device);
     let out = Command::new(exe)
         .arg("format")

@@ -2,12 +2,12 @@
 //! the DPU as a child process, runs random 1 KiB reads and writes through the host library
 //! with a progress bar, and prints throughput, latency and CPU per operation of both processes.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use dds_bench::dpu::DpuProcess;
 use dds_bench::workload::{self, WorkloadSpec};
 use dds_host::Dds;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,9 +17,10 @@ use dds_bench::cpu::{process_cpu_seconds, self_cpu_seconds};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Device file (created and formatted when missing).
-    #[arg(long, default_value = "/tmp/dds-demo/device.img")]
-    device: PathBuf,
+    /// Device file (created and formatted when missing); default device.img in the demo's
+    /// directory ($XDG_CACHE_HOME/dds/demo or ~/.cache/dds/demo).
+    #[arg(long)]
+    device: Option<PathBuf>,
     /// Size of a new device file.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     device_size: u64,
@@ -52,96 +53,45 @@ pub struct DemoArgs {
     remote_seconds: f64,
 }
 
-/// The DPU child process; killed when dropped.
-pub struct DpuChild {
-    pub child: Child,
-    pub socket: PathBuf,
-}
-
-impl DpuChild {
-    /// Starts `dds dpu` on `device` and waits until its socket accepts connections.
-    pub fn start(device: &Path, socket: &Path, extra: &[&str]) -> Result<DpuChild> {
-        let exe = std::env::current_exe().context("locate the dds binary")?;
-        let child = Command::new(exe)
-            .arg("dpu")
-            .arg("--device")
-            .arg(device)
-            .arg("--socket")
-            .arg(socket)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .context("start the DPU process")?;
-        let mut me = DpuChild {
-            child,
-            socket: socket.to_path_buf(),
-        };
-        for _ in 0..500 {
-            if let Some(status) = me.child.try_wait()? {
-                bail!("the DPU process exited at start ({status})");
-            }
-            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-                return Ok(me);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!("the DPU did not open {} within 10 s", socket.display())
-    }
-
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Asks the DPU to stop (SIGTERM) and waits for it.
-    pub fn stop(mut self) -> Result<()> {
-        // SAFETY: plain kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        for _ in 0..250 {
-            if self.child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(())
-    }
-}
-
-impl Drop for DpuChild {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// The demo's own directory: `$XDG_CACHE_HOME/dds/demo` (or `~/.cache/dds/demo`), private to
+/// the user; device image, DPU log, socket and results stay there between runs.
+fn demo_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| {
+            // SAFETY: getuid has no preconditions.
+            std::env::temp_dir().join(format!("dds-{}", unsafe { libc::getuid() }))
+        });
+    base.join("dds").join("demo")
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
-    if let Some(dir) = a.device.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    if !a.device.exists() {
+    let dir = demo_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("create {}", dir.display()))?;
+    let device = a.device.clone().unwrap_or_else(|| dir.join("device.img"));
+    let exe = std::env::current_exe().context("locate the dds binary")?;
+    if !device.exists() {
         eprintln!(
-            "formatting {} ({} bytes)",
-            a.device.display(),
-            a.device_size
+            "formatting {} ({} MiB)",
+            device.display(),
+            a.device_size >> 20
         );
-        crate::dpu_cmd::format_device(&crate::dpu_cmd::FormatArgs {
-            device: a.device.clone(),
-            size: Some(a.device_size),
-            segment_size: None,
-            max_files: None,
-            max_dirs: None,
-        })?;
+        dds_bench::files::format_device(&exe, &device, a.device_size)?;
     }
-    let socket = std::env::temp_dir().join(format!("dds-demo-{}.sock", std::process::id()));
-    let dpu = DpuChild::start(&a.device, &socket, &["--dma-cost", &a.dma_cost])?;
+    let socket = dir.join(format!("dpu-{}.sock", std::process::id()));
+    let dpu = DpuProcess::start(
+        &exe,
+        &device,
+        &socket,
+        &["--dma-cost", &a.dma_cost],
+        &dir.join("dpu.log"),
+    )?;
     let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
     let file = dds.open_or_create("/demo.dat")?;
     if file.size < a.file_size {
@@ -213,7 +163,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!(
         "Remote storage: clients send batches of random {io_bytes}-byte reads over TCP to (a) a host server on OS files, (b) a host server on DDS files, (c) DDS offload (the DPU's traffic director serves reads itself, the host sees only writes and misses)"
     );
-    let out = std::env::temp_dir().join(format!("dds-demo-results-{}", std::process::id()));
+    println!(
+        "The offload row is the point: the DPU serves the reads itself, so the host spends almost no CPU per read (host µs/op) while clients see the same or better throughput."
+    );
+    let out = dir.join("results");
     let r = dds_bench::remote::run_remote(dds_bench::remote::RemoteArgs {
         quick: true,
         out: Some(out.clone()),
@@ -230,6 +183,5 @@ pub fn run(a: DemoArgs) -> Result<()> {
         no_writes: true,
         dpu_cpus: None,
     });
-    let _ = std::fs::remove_dir_all(&out);
     r
 }
