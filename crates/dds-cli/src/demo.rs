@@ -167,9 +167,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         "The offload row is the point: the DPU serves the reads itself, so the host spends almost no CPU per read (host µs/op) while clients see the same or better throughput."
     );
     let out = dir.join("results");
-    let r = dds_bench::remote::run_remote(dds_bench::remote::RemoteArgs {
+    dds_bench::remote::run_remote(dds_bench::remote::RemoteArgs {
         quick: true,
-        out: Some(out.clone()),
+        out: Some(out),
         work: None,
         files: 2,
         file_size: Some(16 << 20),
@@ -182,6 +182,5 @@ pub fn run(a: DemoArgs) -> Result<()> {
         dma_cost: a.dma_cost.clone(),
         no_writes: true,
         dpu_cpus: None,
-    });
-    r
+    })
 }
