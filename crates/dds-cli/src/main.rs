@@ -7,6 +7,7 @@ mod bench_cmd;
 mod demo;
 mod dpu_cmd;
 mod fs_cmd;
+mod stats_cmd;
 mod util;
 
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ enum Cmd {
     #[cfg(feature = "bench")]
     Bench(bench_cmd::BenchArgs),
     /// Run the remote-storage applications: pagestore server, load client, TCP echo.
+    /// Runtime statistics of a running DPU (groups, memory, DMA, space, offload engine).
+    Stats(stats_cmd::StatsArgs),
     App(app_cmd::AppArgs),
 }
 
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench_cmd::run(a),
+        Cmd::Stats(a) => stats_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
     };
     match result {

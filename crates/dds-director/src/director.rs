@@ -38,7 +38,37 @@ impl std::fmt::Debug for DirectorHandle {
     }
 }
 
+/// The counters of a director, readable from any thread (for statistics), whether or not the
+/// director still runs.
+#[derive(Clone, Debug)]
+pub struct StatsSource {
+    stats: Arc<Stats>,
+    budget: Arc<Budget>,
+    stop: Arc<AtomicBool>,
+}
+
+impl StatsSource {
+    /// Current counters.
+    pub fn stats(&self) -> DirectorStats {
+        self.stats.snapshot(&self.budget)
+    }
+
+    /// Whether the director still runs.
+    pub fn running(&self) -> bool {
+        !self.stop.load(Ordering::Acquire)
+    }
+}
+
 impl DirectorHandle {
+    /// A source of this director's counters for other threads.
+    pub fn stats_source(&self) -> StatsSource {
+        StatsSource {
+            stats: self.stats.clone(),
+            budget: self.budget.clone(),
+            stop: self.stop.clone(),
+        }
+    }
+
     /// The address the director listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local

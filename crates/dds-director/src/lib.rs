@@ -26,6 +26,6 @@ pub mod stats;
 mod worker;
 
 pub use config::DirectorConfig;
-pub use director::{Director, DirectorHandle};
+pub use director::{Director, DirectorHandle, StatsSource};
 pub use signature::{Proto, Signature};
 pub use stats::DirectorStats;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::buffer::Budget;
 
 /// Counters of a running director.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DirectorStats {
     /// Connections accepted.
     pub accepted: u64,
@@ -50,7 +50,7 @@ pub struct DirectorStats {
     pub memory_peak_bytes: u64,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Stats {
     pub(crate) accepted: AtomicU64,
     pub(crate) split: AtomicU64,

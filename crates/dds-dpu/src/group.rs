@@ -80,6 +80,17 @@ pub(crate) struct GroupState {
     /// The ring framing was corrupt: the group is stopped.
     pub broken: bool,
     pub memory_bytes: u64,
+    /// Counters for `dds stats`.
+    pub counters: GroupCounters,
+}
+
+/// Counters of a group (`dds stats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GroupCounters {
+    pub requests: u64,
+    pub errors: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
 }
 
 /// What `dispatch` stopped on.
@@ -151,6 +162,7 @@ impl GroupState {
             closing: false,
             broken: false,
             memory_bytes: group_memory(p.req_capacity, p.resp_capacity, p.mode),
+            counters: GroupCounters::default(),
         }
     }
 
@@ -470,6 +482,15 @@ impl GroupState {
         let slot = unsafe { std::slice::from_raw_parts_mut(self.resp_ptr(p.resp_at), len) };
         record::complete_response(slot, status, bytes);
         self.pending_at(seq).done = true;
+        let c = &mut self.counters;
+        c.requests += 1;
+        if status != Status::Ok {
+            c.errors += 1;
+        } else if p.read_len > 0 {
+            c.bytes_read += u64::from(bytes);
+        } else {
+            c.bytes_written += u64::from(bytes);
+        }
     }
 
     /// Advances TailB over completed responses, delivers buffered responses to the host (one

@@ -7,10 +7,10 @@
 //! rest and the returned `DpuHandle` owns the director.
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dds_cache::CacheReader;
-use dds_director::{Director, DirectorConfig, DirectorHandle};
+use dds_director::{Director, DirectorConfig, DirectorHandle, DirectorStats, StatsSource};
 use dds_fs::{FileId, FileService, FsError};
 use dds_offload_api::{OffloadApp, ReadOp};
 use dds_offload_engine::{
@@ -69,6 +69,33 @@ pub(crate) struct OffloadHooks {
     pub maintainer: CacheMaintainer,
     pub port: PortService,
     pub exposed: Arc<ExposedFiles>,
+    /// Counters of the running directors (for `dds stats`).
+    pub directors: Directors,
+}
+
+/// The counter sources of the directors attached to this DPU.
+pub(crate) type Directors = Arc<Mutex<Vec<StatsSource>>>;
+
+impl OffloadHooks {
+    /// The offload engine's part of `dds stats`.
+    pub fn stats(&mut self) -> serde_json::Value {
+        let cache = self.maintainer.writer_mut().stats();
+        let capacity = self.maintainer.writer_mut().capacity();
+        let directors: Vec<DirectorStats> = self
+            .directors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(StatsSource::stats)
+            .collect();
+        serde_json::json!({
+            "app": self.maintainer.app_name(),
+            "cache": cache,
+            "cache_capacity": capacity,
+            "cache_writer": self.maintainer.stats(),
+            "directors": directors,
+        })
+    }
 }
 
 /// What a running DPU keeps of its offload engine.
@@ -78,6 +105,7 @@ pub(crate) struct OffloadRuntime {
     pub exposed: Arc<ExposedFiles>,
     pub port: Arc<FileReadPort>,
     pub director: Option<DirectorHandle>,
+    pub directors: Directors,
 }
 
 impl OffloadRuntime {
@@ -88,7 +116,7 @@ impl OffloadRuntime {
             max_contexts_per_conn: d.max_contexts_per_conn.clamp(1, self.port.depth()),
             ..d
         };
-        Director::start(
+        let handle = Director::start(
             d,
             self.app.clone(),
             self.cache.clone(),
@@ -100,7 +128,13 @@ impl OffloadRuntime {
                 e.kind(),
                 format!("start the traffic director on {listen}: {e}"),
             )
-        })
+        })?;
+        let mut list = self.directors.lock().unwrap_or_else(|p| p.into_inner());
+        // A stopped director's counters go with it.
+        list.retain(StatsSource::running);
+        list.push(handle.stats_source());
+        drop(list);
+        Ok(handle)
     }
 }
 
@@ -132,6 +166,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
         exposed: exposed.clone(),
         port,
         director: None,
+        directors: Directors::default(),
     };
     if let Some(d) = cfg.director {
         runtime.director = Some(runtime.start_director(d)?);
@@ -141,6 +176,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
             maintainer,
             port: port_service,
             exposed,
+            directors: runtime.directors.clone(),
         },
         runtime,
     ))

@@ -7,8 +7,8 @@ use crossbeam_channel::Receiver;
 use dds_dma::EmulatedDma;
 use dds_fs::{FileId, FileService};
 use dds_proto::control::{
-    DirEntry, EntryKind, ExposeInfo, FileInfo, GroupInfo, HelloInfo, Reply, Request, SpaceInfo,
-    PROTOCOL_VERSION,
+    DirEntry, DmaCounters, DpuStats, EntryKind, ExposeInfo, FileInfo, GroupInfo, GroupStats,
+    HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
 };
 use dds_proto::Status;
 
@@ -252,6 +252,7 @@ impl Service {
             }),
             Request::Rename { from, to } => fs.rename_file(&from, &to).map(|_| Reply::ok(&())),
             Request::Resize { id, size } => fs.resize(FileId(id), size).map(|_| Reply::ok(&())),
+            Request::Stats => return Reply::ok(&self.stats()),
             Request::FreeSpace => {
                 let s = fs.free_space();
                 Ok(Reply::ok(&SpaceInfo {
@@ -300,6 +301,48 @@ impl Service {
         match r {
             Ok(reply) => reply,
             Err(e) => Reply::err(Status::from(&e), e.to_string()),
+        }
+    }
+
+    /// Runtime statistics (`dds stats`): per-group counters, memory, DMA, space, offload.
+    fn stats(&mut self) -> DpuStats {
+        let groups = self
+            .groups
+            .iter()
+            .flatten()
+            .map(|g| GroupStats {
+                group: g.id,
+                conn: g.conn,
+                requests: g.counters.requests,
+                errors: g.counters.errors,
+                bytes_read: g.counters.bytes_read,
+                bytes_written: g.counters.bytes_written,
+                outstanding: g.outstanding(),
+                broken: g.broken,
+                closing: g.closing,
+            })
+            .collect();
+        let d = self.dma.stats();
+        let s = self.fs.free_space();
+        DpuStats {
+            groups,
+            memory_used_bytes: self.memory_used,
+            memory_budget_bytes: self.config.memory_budget_bytes,
+            dma: DmaCounters {
+                reads: d.reads,
+                writes: d.writes,
+                bytes_read: d.bytes_read,
+                bytes_written: d.bytes_written,
+                doorbells: d.doorbells,
+            },
+            space: SpaceInfo {
+                total_bytes: s.total_bytes,
+                free_bytes: s.free_bytes,
+                segment_size: s.segment_size,
+                files: s.files,
+                dirs: s.dirs,
+            },
+            offload: self.offload.as_mut().map(|o| o.stats()),
         }
     }
 

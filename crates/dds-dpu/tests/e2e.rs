@@ -357,6 +357,12 @@ fn host_writes_and_explicit_batches_maintain_the_cache_table() {
     dds.write_sync(f.id, 2 * 4096, &[1u8; 4096]).unwrap();
     let item = cache.get(key).expect("cached at write completion");
     assert!(item.version > 0);
+    // The statistics show the offload engine's cache.
+    let st = dds.stats().unwrap();
+    let o = st.offload.expect("offload engine in the statistics");
+    assert_eq!(o["app"], "pagestore");
+    assert!(o["cache"]["live"].as_u64().unwrap() >= 1, "{o}");
+    assert_eq!(o["directors"].as_array().map(Vec::len), Some(0));
     // Explicit batches from the host library, ordered with its writes.
     let items = [
         dds_host::CacheRecordItem {

@@ -278,6 +278,11 @@ impl Dds {
         Ok(info.engine)
     }
 
+    /// Runtime statistics of the DPU: per-group counters, memory, DMA, space, offload engine.
+    pub fn stats(&self) -> Result<dds_proto::control::DpuStats> {
+        self.shared.rpc(&Request::Stats, &[])
+    }
+
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.unit(&Request::Rename {
             from: from.into(),

@@ -11,7 +11,7 @@ use crate::ExposedFiles;
 use dds_offload_api::{ItemList, KeyList, Malformed, OffloadApp};
 
 /// Counters of the cache maintainer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MaintainerStats {
     /// Items inserted (or replaced) by cache-on-write and CACHE records.
     pub cached: u64,
@@ -71,6 +71,11 @@ impl CacheMaintainer {
     /// A reader of the table (for the director).
     pub fn reader(&self) -> CacheReader {
         self.writer.reader()
+    }
+
+    /// The application's name.
+    pub fn app_name(&self) -> &str {
+        self.app.name()
     }
 
     /// The writer, for anything else.

@@ -69,6 +69,8 @@ pub enum Request {
         id: u32,
         exposed: bool,
     },
+    /// Runtime statistics of the DPU (`DpuStats`).
+    Stats,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +105,48 @@ pub struct HelloInfo {
     pub payload_align: u32,
     pub max_io_bytes: u32,
     pub block_size: u32,
+}
+
+/// Counters of one notification group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStats {
+    pub group: u32,
+    /// Control connection of the host that owns it.
+    pub conn: u64,
+    /// Requests answered.
+    pub requests: u64,
+    /// Of which answered with an error status.
+    pub errors: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Requests taken from the ring and not answered yet.
+    pub outstanding: u64,
+    /// Ring framing was corrupt: the group is stopped.
+    pub broken: bool,
+    pub closing: bool,
+}
+
+/// Counters of the DMA engine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DmaCounters {
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub doorbells: u64,
+}
+
+/// Reply of `Stats`: what a running DPU is doing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DpuStats {
+    pub groups: Vec<GroupStats>,
+    /// DPU memory the groups' buffers use, and the budget.
+    pub memory_used_bytes: u64,
+    pub memory_budget_bytes: u64,
+    pub dma: DmaCounters,
+    pub space: SpaceInfo,
+    /// The offload engine (cache table, cache writer, directors), when it runs.
+    pub offload: Option<serde_json::Value>,
 }
 
 /// Reply of `ExposeFile`.

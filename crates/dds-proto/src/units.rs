@@ -1,5 +1,5 @@
-//! Human sizes: `4096`, `64K`, `16M`, `1G`, `2GiB` (binary units), for every command line and
-//! configuration file.
+//! Human sizes: `4096`, `64K`, `16M`, `1G`, `2GiB` (binary units), read from every command line
+//! and configuration file and printed for people.
 
 /// Parses a size like `4096`, `64K`, `16MiB`, `1g` (binary units; `b` or nothing for bytes).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -24,6 +24,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size `{s}` overflows"))
 }
 
+/// A byte count for people: `512 B`, `4.0 KiB`, `1.5 GiB` (binary units).
+pub fn fmt_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,5 +52,13 @@ mod tests {
         assert!(parse_size("x").is_err());
         assert!(parse_size("3Q").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn human_bytes() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(4096), "4.0 KiB");
+        assert_eq!(fmt_bytes(3 << 29), "1.5 GiB");
+        assert!(parse_size("1.5 GiB").is_err());
     }
 }

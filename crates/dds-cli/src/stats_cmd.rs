@@ -1,0 +1,85 @@
+//! `dds stats`: what a running DPU is doing, like `redis-cli INFO`: its notification groups
+//! (requests, errors, bytes), memory, DMA engine, space, and the offload engine (cache table,
+//! cache writer, traffic directors).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use dds_host::Dds;
+use dds_proto::units::fmt_bytes;
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// Control socket of the DPU.
+    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    socket: PathBuf,
+    /// One JSON object instead of the sections.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: StatsArgs) -> Result<()> {
+    let dds = Dds::connect(&a.socket)
+        .with_context(|| format!("connect to the DPU at {}", a.socket.display()))?;
+    let s = dds.stats().context("read the DPU's statistics")?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    println!("# memory");
+    println!(
+        "groups_memory: {} of {}",
+        fmt_bytes(s.memory_used_bytes),
+        fmt_bytes(s.memory_budget_bytes)
+    );
+    println!("\n# space");
+    println!(
+        "free: {} of {}",
+        fmt_bytes(s.space.free_bytes),
+        fmt_bytes(s.space.total_bytes)
+    );
+    println!("files: {}  dirs: {}", s.space.files, s.space.dirs);
+    println!("\n# dma");
+    println!(
+        "reads: {}  writes: {}  read: {}  written: {}  doorbells: {}",
+        s.dma.reads,
+        s.dma.writes,
+        fmt_bytes(s.dma.bytes_read),
+        fmt_bytes(s.dma.bytes_written),
+        s.dma.doorbells
+    );
+    println!("\n# groups ({})", s.groups.len());
+    for g in &s.groups {
+        println!(
+            "group {}: host connection {}, requests {}, errors {}, read {}, written {}, outstanding {}{}{}",
+            g.group,
+            g.conn,
+            g.requests,
+            g.errors,
+            fmt_bytes(g.bytes_read),
+            fmt_bytes(g.bytes_written),
+            g.outstanding,
+            if g.broken { ", BROKEN (corrupt ring)" } else { "" },
+            if g.closing { ", closing" } else { "" },
+        );
+    }
+    println!("\n# offload");
+    match &s.offload {
+        None => println!("engine: none (start the DPU with --offload to serve reads on it)"),
+        Some(o) => {
+            let live = o["cache"]["live"].as_u64().unwrap_or(0);
+            let cap = o["cache_capacity"].as_u64().unwrap_or(0);
+            println!("app: {}", o["app"].as_str().unwrap_or("?"));
+            println!(
+                "cache: {live} items of {cap} slots ({:.1}% full)",
+                100.0 * live as f64 / cap.max(1) as f64
+            );
+            println!("cache_writer: {}", o["cache_writer"]);
+            for (i, d) in o["directors"].as_array().into_iter().flatten().enumerate() {
+                println!("director {i}: {d}");
+            }
+        }
+    }
+    Ok(())
+}
