@@ -129,6 +129,9 @@ pub fn for_each_request(
     Ok(count)
 }
 
+/// WRITEs of one message the predicate remembers for the READs after them.
+const WRITE_WINDOW: usize = 64;
+
 /// Options of [`PagestoreApp`].
 #[derive(Clone, Copy, Debug)]
 pub struct PagestoreConfig {
@@ -264,34 +267,34 @@ impl OffloadApp for PagestoreApp {
         host: &mut ReqList,
         dpu: &mut ReqList,
     ) -> Result<(), Malformed> {
-        let mut writes_seen = false;
+        // The WRITEs met so far in this message, for READs that follow them: a READ that
+        // overlaps an earlier WRITE of the message stays with the host (which keeps their
+        // order). A fixed window keeps the pass linear in the message: after more WRITEs than
+        // it holds, later READs go to the host.
+        let mut writes = [(0u32, 0u64, 0u64); WRITE_WINDOW];
+        let mut nwrites = 0usize;
         for_each_request(msg, |pos, at, r| {
             let d = ReqDesc {
                 offset: at as u32,
                 len: r.size as u32,
                 pos,
             };
+            let end = r.offset.saturating_add(u64::from(r.len));
             let mut offload = r.op == OP_READ
                 && r.len <= self.cfg.max_offload_bytes
                 && self.servable(cache, r.file_id, r.offset, r.len);
-            if offload && writes_seen {
-                // A READ after a WRITE of the same message: keep the host's order when they
-                // overlap (checked against every earlier WRITE of the message).
-                let mut at2 = MSG_HEADER_BYTES;
-                while at2 < at {
-                    let w = parse_request(msg, at2)?;
-                    if w.op == OP_WRITE
-                        && w.file_id == r.file_id
-                        && w.offset < r.offset.saturating_add(u64::from(r.len))
-                        && r.offset < w.offset.saturating_add(u64::from(w.len))
-                    {
-                        offload = false;
-                        break;
-                    }
-                    at2 += w.size;
-                }
+            if offload && nwrites > 0 {
+                offload = nwrites <= WRITE_WINDOW
+                    && !writes[..nwrites]
+                        .iter()
+                        .any(|&(f, ws, we)| f == r.file_id && ws < end && r.offset < we);
             }
-            writes_seen |= r.op == OP_WRITE;
+            if r.op == OP_WRITE {
+                if let Some(w) = writes.get_mut(nwrites) {
+                    *w = (r.file_id, r.offset, end);
+                }
+                nwrites += 1;
+            }
             let list = if offload { &mut *dpu } else { &mut *host };
             list.push(d).map_err(|_| Malformed("too many requests"))
         })?;
@@ -407,6 +410,47 @@ impl OffloadApp for PagestoreApp {
 mod tests {
     use super::*;
     use dds_cache::{CacheWriter, Config};
+
+    /// The predicate's split of `msg` into (host, DPU) positions, direct mapping.
+    fn split(msg: &[u8]) -> (Vec<u32>, Vec<u32>) {
+        let app = PagestoreApp::new(PagestoreConfig {
+            require_cached: false,
+            ..PagestoreConfig::default()
+        });
+        let w = CacheWriter::new(Config::for_items(16)).unwrap();
+        let reader = w.reader();
+        let view = CacheView::new(&reader);
+        let n = REQUESTS_PER_MSG_MAX;
+        let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+        app.offload_predicate(msg, &view, &mut host, &mut dpu)
+            .unwrap();
+        let pos = |l: &ReqList| l.as_slice().iter().map(|d| d.pos).collect();
+        (pos(&host), pos(&dpu))
+    }
+
+    #[test]
+    fn reads_after_writes_checked_in_one_pass() {
+        // Below the window: only the READ overlapping a WRITE of the message stays with the
+        // host.
+        let mut b = MessageBuilder::new();
+        for i in 0..(WRITE_WINDOW as u64) {
+            b.write(1, i * 8192, b"x", i);
+        }
+        b.read(1, 8192, 4, 100).read(1, 4096, 4, 101);
+        let (host, dpu) = split(b.finish());
+        assert_eq!(dpu, vec![WRITE_WINDOW as u32 + 1]);
+        assert_eq!(host.len(), WRITE_WINDOW + 1);
+        // Past the window, READs after the WRITEs go to the host whatever they touch.
+        let mut b = MessageBuilder::new();
+        b.read(1, 4096, 4, 1);
+        for i in 0..(WRITE_WINDOW as u64 + 1) {
+            b.write(1, i * 8192, b"x", 10 + i);
+        }
+        b.read(2, 0, 4, 200);
+        let (host, dpu) = split(b.finish());
+        assert_eq!(dpu, vec![0], "the READ before the WRITEs is offloaded");
+        assert_eq!(host.len(), WRITE_WINDOW + 2);
+    }
 
     #[test]
     fn predicate_splits_and_builder_rebuilds() {
