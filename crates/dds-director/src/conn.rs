@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
+use dds_offload_api::KeyMap;
+
 use crate::buffer::Buf;
 
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +47,8 @@ pub(crate) struct Conn {
     pub(crate) pend_keys: Vec<u64>,
     pub(crate) pend_ord: Vec<u64>,
     pub(crate) pend_head: usize,
+    /// `pend_keys` as a map (key → occurrences), for O(1) lookups.
+    pub(crate) pend_set: KeyMap,
     pub(crate) dpu_ctxs: usize,
     /// Offloaded reads of this connection in the file service.
     pub(crate) dpu_inflight: usize,

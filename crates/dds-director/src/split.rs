@@ -161,6 +161,15 @@ impl Worker {
             let msg = &c.cin.data()[..n];
             // Release pending keys of answered host requests; make room for this message.
             if c.pend_head > 0 {
+                for &k in &c.pend_keys[..c.pend_head] {
+                    match c.pend_set.get(k) {
+                        Some(1) => {
+                            c.pend_set.remove(k);
+                        }
+                        Some(n) => c.pend_set.update(k, |_| n - 1).expect("present"),
+                        None => unreachable!("pending key missing from its map"),
+                    }
+                }
                 c.pend_keys.drain(..c.pend_head);
                 c.pend_ord.drain(..c.pend_head);
                 c.pend_head = 0;
@@ -174,7 +183,7 @@ impl Worker {
                 cache,
                 exposed,
             };
-            let summary = match planner.plan(&sources, &c.pend_keys, msg, budget, pool.capacity()) {
+            let summary = match planner.plan(&sources, &c.pend_set, msg, budget, pool.capacity()) {
                 Ok(s) => s,
                 Err(m) => {
                     tracing::warn!(peer = %c.peer, reason = m.0, "offload plan rejected a message");
@@ -190,8 +199,7 @@ impl Worker {
                 }
                 return Ok(progress);
             }
-            if !c.pend_keys.is_empty() && c.pend_keys.len() + masked.len() > c.pend_keys.capacity()
-            {
+            if !c.pend_keys.is_empty() && c.pend_keys.len() + masked.len() > c.pend_set.capacity() {
                 // Too many keys awaiting host answers: continue when the host answers.
                 return Ok(progress);
             }
@@ -200,6 +208,9 @@ impl Worker {
             for &(k, pos) in masked {
                 let rank = host.binary_search_by_key(&pos, |d| d.pos).unwrap_or(0) as u64;
                 c.pend_keys.push(k);
+                c.pend_set
+                    .update(k, |n| n.unwrap_or(0) + 1)
+                    .expect("room checked with pend_keys");
                 c.pend_ord.push(c.host_issued + rank + 1);
             }
             c.host_issued += host.len() as u64;

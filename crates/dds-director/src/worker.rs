@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dds_cache::CacheReader;
-use dds_offload_api::OffloadApp;
+use dds_offload_api::{KeyMap, OffloadApp};
 use dds_offload_engine::{CtxState, ExposedFiles, LaneHandle, Planner, Pool};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -311,6 +311,7 @@ impl Worker {
                 pend_keys: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
                 pend_ord: Vec::with_capacity(if split { self.pend_cap } else { 0 }),
                 pend_head: 0,
+                pend_set: KeyMap::with_capacity(if split { self.pend_cap } else { 1 }),
                 dpu_inflight: 0,
                 hold: None,
                 dpu_ctxs: 0,

@@ -8,6 +8,8 @@
 
 use dds_cache::{CacheItem, CacheReader};
 
+use crate::keys::KeyMap;
+
 /// Bytes of a request the director keeps for the response builder (the request's first
 /// bytes: enough for any protocol header).
 pub const REQUEST_HEAD_BYTES: usize = 64;
@@ -139,13 +141,14 @@ pub type ItemList = FixedList<CacheItem>;
 /// It is the shared [`CacheReader`] with restrictions the director adds for request order on
 /// one connection: keys that host-bound requests of this connection may modify miss until the
 /// host has answered those requests (`pending`), and so do keys of earlier host-bound
-/// requests of the same message (`masked`).
+/// requests of the same message (`masked`, key → first position). Both are hash maps, so a
+/// lookup costs the same however many keys are masked.
 #[derive(Clone, Copy)]
 pub struct CacheView<'a> {
     reader: &'a CacheReader,
     blind: bool,
-    pending: &'a [u64],
-    masked: &'a [(u64, u32)],
+    pending: Option<&'a KeyMap>,
+    masked: Option<&'a KeyMap>,
     before_pos: u32,
 }
 
@@ -155,8 +158,8 @@ impl<'a> CacheView<'a> {
         CacheView {
             reader,
             blind: false,
-            pending: &[],
-            masked: &[],
+            pending: None,
+            masked: None,
             before_pos: 0,
         }
     }
@@ -167,15 +170,15 @@ impl<'a> CacheView<'a> {
     pub fn restricted(
         reader: &'a CacheReader,
         blind: bool,
-        pending: &'a [u64],
-        masked: &'a [(u64, u32)],
+        pending: &'a KeyMap,
+        masked: &'a KeyMap,
         before_pos: u32,
     ) -> Self {
         CacheView {
             reader,
             blind,
-            pending,
-            masked,
+            pending: Some(pending),
+            masked: Some(masked),
             before_pos,
         }
     }
@@ -195,11 +198,11 @@ impl<'a> CacheView<'a> {
     #[inline]
     pub fn is_masked(&self, key: u64) -> bool {
         self.blind
-            || self.pending.contains(&key)
+            || self.pending.is_some_and(|p| p.contains(key))
             || self
                 .masked
-                .iter()
-                .any(|&(k, pos)| k == key && pos < self.before_pos)
+                .and_then(|m| m.get(key))
+                .is_some_and(|pos| pos < self.before_pos)
     }
 }
 

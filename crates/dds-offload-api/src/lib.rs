@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+mod keys;
 pub mod plugin;
 mod registry;
 
@@ -21,4 +22,5 @@ pub use api::{
     CacheView, FixedList, Full, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp,
     ReadResult, ReqDesc, ReqList, ResponseLayout, MAX_HEADER_ROOM, REQUEST_HEAD_BYTES,
 };
+pub use keys::{KeyMap, MapFull};
 pub use registry::{AppOptions, Registry, RegistryError};

@@ -13,7 +13,7 @@ use dds_cache::CacheReader;
 use crate::ExposedFiles;
 
 use dds_offload_api::{
-    CacheView, FixedList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReqDesc, ReqList,
+    CacheView, FixedList, KeyList, KeyMap, Malformed, Offload, OffloadApp, ReadOp, ReqDesc, ReqList,
 };
 
 /// One request of a planned message, in message order.
@@ -56,6 +56,8 @@ pub struct Planner {
     dpu: ReqList,
     keys: KeyList,
     masked: FixedList<(u64, u32)>,
+    /// `masked` as a map (key → first position), for the lookups of the offload function.
+    masked_map: KeyMap,
     steps: Vec<Planned>,
     /// Position stamps of the current message (a position seen twice is an error).
     stamp: Vec<u32>,
@@ -81,6 +83,7 @@ impl Planner {
             dpu: ReqList::with_capacity(max_req),
             keys: KeyList::with_capacity(app.max_forward_keys() + 1),
             masked: FixedList::with_capacity(app.max_forward_keys().max(1)),
+            masked_map: KeyMap::with_capacity(app.max_forward_keys().max(1)),
             steps: vec![Planned::default(); max_req],
             stamp: vec![0; max_req],
             stamp_now: 0,
@@ -88,7 +91,7 @@ impl Planner {
         }
     }
 
-    /// Plans `msg` (one whole message as framed by the app). `pending` are the keys that
+    /// Plans `msg` (one whole message as framed by the app). `pending` holds the keys that
     /// earlier host-bound requests of the connection may still modify (they miss in every
     /// lookup); `budget` is how many reads may go to the DPU (free contexts the connection may
     /// take); `max_read` is the largest read a buffer holds. Reads of files the application
@@ -99,7 +102,7 @@ impl Planner {
     pub fn plan(
         &mut self,
         src: &Sources<'_>,
-        pending: &[u64],
+        pending: &KeyMap,
         msg: &[u8],
         mut budget: usize,
         max_read: usize,
@@ -107,13 +110,14 @@ impl Planner {
         self.host.clear();
         self.dpu.clear();
         self.masked.clear();
+        self.masked_map.clear();
         self.requests = 0;
         let Sources {
             app,
             cache,
             exposed,
         } = *src;
-        let view = CacheView::restricted(cache, false, pending, &[], 0);
+        let view = CacheView::restricted(cache, false, pending, &self.masked_map, 0);
         app.offload_predicate(msg, &view, &mut self.host, &mut self.dpu)?;
         // The descriptors: inside the message, positions a permutation.
         let total = self.host.len() + self.dpu.len();
@@ -153,7 +157,7 @@ impl Planner {
         };
         for i in 0..self.dpu.len() {
             let d = self.dpu.as_slice()[i];
-            let view = CacheView::restricted(cache, false, pending, self.masked.as_slice(), d.pos);
+            let view = CacheView::restricted(cache, false, pending, &self.masked_map, d.pos);
             let read = match app.offload_function(msg, d, &view) {
                 Offload::Read(op) if !exposed.contains(op.file_id) => {
                     summary.unexposed += 1;
@@ -197,6 +201,9 @@ impl Planner {
         for &k in self.keys.as_slice() {
             self.masked
                 .push((k, d.pos))
+                .map_err(|_| Malformed("too many invalidation keys in one message"))?;
+            self.masked_map
+                .update(k, |first| first.map_or(d.pos, |p| p.min(d.pos)))
                 .map_err(|_| Malformed("too many invalidation keys in one message"))?;
         }
         Ok(())

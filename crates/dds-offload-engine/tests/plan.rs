@@ -4,7 +4,7 @@
 use dds_apps::offload::pagestore::MessageBuilder;
 use dds_apps::offload::{PagestoreApp, PagestoreConfig};
 use dds_cache::{CacheItem, CacheWriter, Config};
-use dds_offload_api::OffloadApp;
+use dds_offload_api::{KeyMap, OffloadApp};
 use dds_offload_engine::{ExposedFiles, Planner, Sources};
 
 const PAGE: u64 = 4096;
@@ -38,6 +38,7 @@ fn reads_of_cached_pages_go_to_the_dpu_and_writes_mask_their_pages() {
         cache: &cache,
         exposed: &exposed,
     };
+    let none = KeyMap::with_capacity(1);
     let mut p = Planner::new(&app);
     let mut b = MessageBuilder::new();
     b.read(7, 0, 4096, 1) // cached: DPU
@@ -45,7 +46,7 @@ fn reads_of_cached_pages_go_to_the_dpu_and_writes_mask_their_pages() {
         .read(7, PAGE, 4096, 3) // cached, but after the write: host
         .read(7, 2 * PAGE, 4096, 4); // not cached: host
     let msg = b.finish().to_vec();
-    let s = p.plan(&src, &[], &msg, 8, 64 << 10).unwrap();
+    let s = p.plan(&src, &none, &msg, 8, 64 << 10).unwrap();
     assert_eq!((s.requests, s.offloaded, s.fallback), (4, 1, 0));
     let reads: Vec<_> = p.steps().iter().map(|s| s.read.is_some()).collect();
     assert_eq!(reads, [true, false, false, false]);
@@ -59,21 +60,21 @@ fn reads_of_cached_pages_go_to_the_dpu_and_writes_mask_their_pages() {
     );
 
     // Keys pending from earlier host requests of the connection miss: page 0 goes to the host.
-    let s = p
-        .plan(&src, &[PagestoreApp::page_key(7, 0)], &msg, 8, 64 << 10)
-        .unwrap();
+    let mut pending = KeyMap::with_capacity(4);
+    pending.update(PagestoreApp::page_key(7, 0), |_| 1).unwrap();
+    let s = p.plan(&src, &pending, &msg, 8, 64 << 10).unwrap();
     assert_eq!(s.offloaded, 0);
 
     // No context left, or a read larger than a buffer: the host serves it (fallback).
-    let s = p.plan(&src, &[], &msg, 0, 64 << 10).unwrap();
+    let s = p.plan(&src, &none, &msg, 0, 64 << 10).unwrap();
     assert_eq!((s.offloaded, s.fallback), (0, 1));
-    let s = p.plan(&src, &[], &msg, 8, 1024).unwrap();
+    let s = p.plan(&src, &none, &msg, 8, 1024).unwrap();
     assert_eq!((s.offloaded, s.fallback), (0, 1));
     assert_eq!(p.host().len(), 4);
 
     // A file the application has not exposed is never read on the DPU.
     exposed.withdraw(7);
-    let s = p.plan(&src, &[], &msg, 8, 64 << 10).unwrap();
+    let s = p.plan(&src, &none, &msg, 8, 64 << 10).unwrap();
     assert_eq!((s.offloaded, s.unexposed), (0, 1));
 }
 
@@ -87,12 +88,13 @@ fn a_message_the_app_cannot_parse_is_an_error() {
         cache: &cache,
         exposed: &exposed,
     };
+    let none = KeyMap::with_capacity(1);
     let mut p = Planner::new(&app);
     let mut b = MessageBuilder::new();
     b.read(1, 0, 4096, 1);
     let mut msg = b.finish().to_vec();
     // A request count larger than the message holds.
     msg[4] = 0xff;
-    assert!(p.plan(&src, &[], &msg, 8, 64 << 10).is_err());
+    assert!(p.plan(&src, &none, &msg, 8, 64 << 10).is_err());
     assert!(app.max_requests() > 0);
 }
