@@ -1,7 +1,6 @@
 //! `dds dpu` and `dds format`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -46,9 +45,10 @@ pub struct DpuArgs {
     /// DPU memory all notification groups' buffers may use together.
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     pub memory_budget: u64,
-    /// Sleep between polls once idle, microseconds (0 = always spin, as a dedicated DPU core).
-    #[arg(long, default_value_t = 50)]
-    pub idle_sleep_us: u64,
+    /// Always spin, as on a dedicated DPU core (by default the idle service thread parks
+    /// until a host, the control plane or the director has work for it).
+    #[arg(long)]
+    pub spin: bool,
     /// Resource profile: CPUs the DPU may use (e.g. `1` or `0-1`), to model a DPU's own cores.
     #[arg(long, value_parser = parse_cpus)]
     pub cpus: Option<CpuList>,
@@ -174,7 +174,7 @@ impl DpuArgs {
             }),
             max_io_bytes: max_io,
             memory_budget_bytes: self.memory_budget,
-            idle_sleep: Duration::from_micros(self.idle_sleep_us),
+            park_when_idle: !self.spin,
             ..DpuConfig::default()
         })
     }

@@ -10,6 +10,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
+
+use crate::bell::{command_queue, Bell, CommandSender};
 use dds_fs::FileService;
 use dds_proto::control::{self, FrameError, HelloInfo, Reply, Request, PROTOCOL_VERSION};
 use dds_proto::Status;
@@ -74,7 +76,8 @@ impl Dpu {
             None => (None, None),
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let (cmd_tx, cmd_rx) = bounded::<Command>(COMMAND_QUEUE_MAX);
+        let bell = Arc::new(Bell::new()?);
+        let (cmd_tx, cmd_rx) = command_queue(COMMAND_QUEUE_MAX, bell.clone());
         let (ready_tx, ready_rx) = bounded::<Result<HelloInfo, String>>(1);
         let service_cfg = config.clone();
         let service_stop = stop.clone();
@@ -88,7 +91,7 @@ impl Dpu {
                         return;
                     }
                 };
-                let mut svc = Service::new(service_cfg, fs, cmd_rx, offload);
+                let mut svc = Service::new(service_cfg, fs, cmd_rx, bell, offload);
                 let _ = ready_tx.send(Ok(svc.hello()));
                 svc.run(&service_stop);
             })?;
@@ -246,7 +249,7 @@ impl Drop for DpuHandle {
 
 fn accept_loop(
     listener: UnixListener,
-    cmd_tx: Sender<Command>,
+    cmd_tx: CommandSender,
     hello: HelloInfo,
     stop: Arc<AtomicBool>,
     conns: Connections,
@@ -289,7 +292,7 @@ fn accept_loop(
     }
 }
 
-fn serve_connection(conn: u64, sock: UnixStream, cmd_tx: Sender<Command>, hello: HelloInfo) {
+fn serve_connection(conn: u64, sock: UnixStream, cmd_tx: CommandSender, hello: HelloInfo) {
     if let Err(e) = sock.set_nonblocking(false) {
         tracing::warn!(conn, "socket mode: {e}");
         return;

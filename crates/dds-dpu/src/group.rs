@@ -60,6 +60,8 @@ pub(crate) struct GroupState {
     pub conn: u64,
     pub region: RegionId,
     eventfd: OwnedFd,
+    /// The host's doorbell: readable when it published a request while we were parked.
+    pub doorbell: OwnedFd,
     req: RequestConsumer,
     resp: ResponseProducer,
     req_capacity: u64,
@@ -108,6 +110,7 @@ pub(crate) struct GroupParams {
     pub conn: u64,
     pub region: RegionId,
     pub eventfd: OwnedFd,
+    pub doorbell: OwnedFd,
     pub req_offset: u64,
     pub req_capacity: u64,
     pub resp_offset: u64,
@@ -146,6 +149,7 @@ impl GroupState {
             conn: p.conn,
             region: p.region,
             eventfd: p.eventfd,
+            doorbell: p.doorbell,
             req,
             resp,
             req_capacity: p.req_capacity,
@@ -197,6 +201,11 @@ impl GroupState {
                 .mirror_ptr()
                 .add((pos % self.req_capacity) as usize)
         }
+    }
+
+    /// Sets or clears the request ring's `Sleeping` word (parking, `crate::bell`).
+    pub fn set_sleeping(&mut self, on: bool, dma: &mut dyn DmaEngine) -> Result<(), RingFault> {
+        self.req.set_sleeping(on, dma)
     }
 
     /// Fetches new request records from the host ring (one DMA read of Progress+Tail, then

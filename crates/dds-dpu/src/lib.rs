@@ -7,6 +7,7 @@
 //!   It polls the request rings by DMA, executes requests with zero copy (§4.3, Fig. 10) and
 //!   delivers responses in order in batches.
 
+mod bell;
 mod control;
 mod group;
 mod offload;
@@ -14,7 +15,6 @@ pub mod profile;
 mod service;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 pub use control::{memory_file_service, temp_socket_path, Dpu, DpuHandle};
 pub use offload::OffloadConfig;
@@ -50,8 +50,9 @@ pub struct DpuConfig {
     pub max_pending_per_group: usize,
     /// Deliver responses once this many bytes are buffered (or when the thread goes idle).
     pub delivery_batch_bytes: u64,
-    /// Idle service thread: sleep this long between polls once idle for a while (0 = spin).
-    pub idle_sleep: Duration,
+    /// Idle service thread: park (block until a host, the control plane or a director rings)
+    /// once idle for a while; false: always spin, as on a dedicated DPU core.
+    pub park_when_idle: bool,
 }
 
 impl Default for DpuConfig {
@@ -66,7 +67,7 @@ impl Default for DpuConfig {
             memory_budget_bytes: 512 << 20,
             max_pending_per_group: 4096,
             delivery_batch_bytes: 64 << 10,
-            idle_sleep: Duration::from_micros(50),
+            park_when_idle: true,
         }
     }
 }

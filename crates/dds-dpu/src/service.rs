@@ -1,7 +1,9 @@
 //! The service thread: sole owner of the file service, the DMA engine and the groups.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use dds_dma::EmulatedDma;
@@ -11,7 +13,9 @@ use dds_proto::control::{
     HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
 };
 use dds_proto::Status;
+use rustix::event::{PollFd, PollFlags, Timespec};
 
+use crate::bell::{self, Bell};
 use crate::control::Command;
 use crate::group::{group_memory, Dispatch, GroupParams, GroupState};
 use crate::offload::{port_result, FsReads, OffloadHooks};
@@ -19,14 +23,29 @@ use crate::DpuConfig;
 
 /// Control commands handled per loop iteration at most, so the data path keeps moving.
 const COMMANDS_PER_ROUND: usize = 4;
-/// Idle rounds (no work at all) before the thread starts sleeping between polls.
+/// Idle rounds (no work at all) before the thread parks (`crate::bell`).
 const SPIN_ROUNDS: u32 = 2_000;
+/// Longest park: the thread looks at its stop flag (and at hosts that never ring their
+/// doorbell) at least this often.
+const PARK_MAX: Duration = Duration::from_millis(100);
+
+/// How a park ended.
+enum Park {
+    /// Work turned up while getting ready: not blocked.
+    NotParked,
+    /// A bell or a doorbell rang.
+    Woken,
+    /// Nobody rang within `PARK_MAX`.
+    TimedOut,
+}
 
 pub(crate) struct Service {
     config: DpuConfig,
     fs: FileService,
     dma: EmulatedDma,
     commands: Receiver<Command>,
+    /// Rung by the control plane and the directors while the thread is parked.
+    bell: Arc<Bell>,
     groups: Vec<Option<GroupState>>,
     next_group_id: u32,
     memory_used: u64,
@@ -42,15 +61,22 @@ impl Service {
         config: DpuConfig,
         fs: FileService,
         commands: Receiver<Command>,
+        bell: Arc<Bell>,
         offload: Option<OffloadHooks>,
     ) -> Service {
         let dma = EmulatedDma::new(config.dma_queue_depth, config.dma_cost);
+        if let Some(o) = &offload {
+            // Directors ring the bell when they queue reads for a parked service thread.
+            let b = bell.clone();
+            o.port.port().set_service_waker(move || b.ring());
+        }
         let fs_inflight_max = fs.max_inflight() as usize;
         Service {
             config,
             fs,
             dma,
             commands,
+            bell,
             groups: Vec::new(),
             next_group_id: 1,
             memory_used: 0,
@@ -82,10 +108,15 @@ impl Service {
                 idle_rounds = 0;
             } else {
                 idle_rounds = idle_rounds.saturating_add(1);
-                if idle_rounds <= SPIN_ROUNDS || self.config.idle_sleep.is_zero() {
+                if idle_rounds <= SPIN_ROUNDS || !self.config.park_when_idle {
                     std::hint::spin_loop();
-                } else if self.fs.inflight() == 0 {
-                    std::thread::sleep(self.config.idle_sleep);
+                } else if self.fs.inflight() == 0 && !stopping {
+                    match self.park() {
+                        // Rung: work is likely to follow, spin again for a while.
+                        Park::Woken => idle_rounds = 0,
+                        // Nobody rang: park again at once (after one more data round).
+                        Park::TimedOut | Park::NotParked => {}
+                    }
                 } else {
                     // Waiting on the device: keep polling, but let other threads of this CPU
                     // run (the emulated DPU shares CPUs with the host).
@@ -93,6 +124,66 @@ impl Service {
                 }
             }
         }
+    }
+
+    /// Parks the thread until a host, the control plane or a director has work for it
+    /// (adaptive polling, `crate::bell`), for `PARK_MAX` at most. Returns
+    /// how it ended.
+    fn park(&mut self) -> Park {
+        let live = |g: &GroupState| !g.broken && !g.closing;
+        if self
+            .groups
+            .iter()
+            .flatten()
+            .any(|g| g.outstanding() > 0 && !g.broken)
+        {
+            // Responses still to deliver (a full response ring): keep polling, politely.
+            std::thread::yield_now();
+            return Park::NotParked;
+        }
+        if let Some(o) = &self.offload {
+            if !o.port.prepare_sleep() {
+                return Park::NotParked;
+            }
+        }
+        self.bell.drain();
+        for g in self.groups.iter().flatten() {
+            bell::drain(g.doorbell.as_fd());
+        }
+        // Announce, then look once more: a request published before a host could see the
+        // announcement is found here; one published after it rings the doorbell.
+        let mut found = !self.commands.is_empty();
+        for g in self.groups.iter_mut().flatten().filter(|g| live(g)) {
+            let r = g
+                .set_sleeping(true, &mut self.dma)
+                .and_then(|()| g.fetch(&mut self.dma));
+            match r {
+                Ok(f) => found |= f,
+                Err(e) => g.fail(&e),
+            }
+        }
+        let mut how = Park::NotParked;
+        if !found {
+            let mut fds = Vec::with_capacity(1 + self.groups.len());
+            fds.push(PollFd::new(&*self.bell, PollFlags::IN));
+            for g in self.groups.iter().flatten().filter(|g| live(g)) {
+                fds.push(PollFd::new(&g.doorbell, PollFlags::IN));
+            }
+            let timeout = Timespec::try_from(PARK_MAX).expect("a small duration");
+            how = match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(0) => Park::TimedOut,
+                _ => Park::Woken,
+            };
+        }
+        for g in self.groups.iter_mut().flatten().filter(|g| live(g)) {
+            if let Err(e) = g.set_sleeping(false, &mut self.dma) {
+                g.fail(&e);
+            }
+        }
+        if let Some(o) = &self.offload {
+            o.port.end_sleep();
+        }
+        how
     }
 
     /// One pass of the data plane over every group. Returns true when anything moved.
@@ -358,10 +449,18 @@ impl Service {
         resp_capacity: u64,
     ) -> Reply {
         let bad = |m: String| Reply::err(Status::InvalidArgument, m);
-        let [shm, eventfd]: [OwnedFd; 2] = match fds.try_into() {
+        let [shm, eventfd, doorbell]: [OwnedFd; 3] = match fds.try_into() {
             Ok(a) => a,
-            Err(v) => return bad(format!("create_group needs 2 descriptors, got {}", v.len())),
+            Err(v) => {
+                return bad(format!(
+                    "create_group needs 3 descriptors (shared memory, eventfd, doorbell), got {}",
+                    v.len()
+                ))
+            }
         };
+        if !bell::is_eventfd(doorbell.as_fd()) {
+            return bad("the doorbell descriptor is not an eventfd".into());
+        }
         let ring_ok = |off: u64, cap: u64| {
             dds_ring::valid_capacity(cap)
                 && (64 << 10..=1 << 30).contains(&cap)
@@ -410,6 +509,7 @@ impl Service {
             conn,
             region,
             eventfd,
+            doorbell,
             req_offset,
             req_capacity,
             resp_offset,

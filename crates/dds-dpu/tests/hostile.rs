@@ -19,6 +19,7 @@ const CAP: usize = 64 << 10;
 struct RawGroup {
     _region: SharedRegion,
     _eventfd: std::os::fd::OwnedFd,
+    _doorbell: std::os::fd::OwnedFd,
     producer: RequestProducer,
     consumer: ResponseConsumer,
 }
@@ -40,6 +41,9 @@ fn raw_group(sock: &UnixStream) -> RawGroup {
     let len = resp_offset + POINTER_AREA_BYTES + CAP;
     let region = SharedRegion::create("hostile", len).unwrap();
     let eventfd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    // This host never rings its doorbell: a parked DPU still finds its requests when it
+    // wakes for its own reasons (at most `PARK_MAX`, 100 ms, later).
+    let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
     let _: GroupInfo = rpc(
         sock,
         &Request::CreateGroup {
@@ -49,7 +53,7 @@ fn raw_group(sock: &UnixStream) -> RawGroup {
             resp_offset: resp_offset as u64,
             resp_capacity: CAP as u64,
         },
-        &[region.fd(), eventfd.as_fd()],
+        &[region.fd(), eventfd.as_fd(), doorbell.as_fd()],
     );
     // SAFETY: both rings lie inside `region`, kept alive by RawGroup.
     let (producer, consumer) = unsafe {
@@ -61,6 +65,7 @@ fn raw_group(sock: &UnixStream) -> RawGroup {
     RawGroup {
         _region: region,
         _eventfd: eventfd,
+        _doorbell: doorbell,
         producer,
         consumer,
     }

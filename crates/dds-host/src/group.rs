@@ -149,6 +149,8 @@ pub(crate) struct GroupInner {
     producer: RequestProducer,
     consumer: ResponseConsumer,
     eventfd: OwnedFd,
+    /// Host → DPU doorbell (eventfd) for a parked DPU.
+    doorbell: OwnedFd,
     slots: Box<[Slot]>,
     free: ArrayQueue<u16>,
     ready: ArrayQueue<u16>,
@@ -206,6 +208,12 @@ impl Group {
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )
         .map_err(|e| DdsError::new(Status::Io, format!("eventfd: {e}")))?;
+        // The DPU's doorbell: written when a request is published while the DPU is parked.
+        let doorbell = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| DdsError::new(Status::Io, format!("eventfd: {e}")))?;
         let info: GroupInfo = shared.rpc(
             &Request::CreateGroup {
                 region_len: region_len as u64,
@@ -214,7 +222,7 @@ impl Group {
                 resp_offset: resp_offset as u64,
                 resp_capacity: cfg.response_ring_bytes as u64,
             },
-            &[region.fd(), eventfd.as_fd()],
+            &[region.fd(), eventfd.as_fd(), doorbell.as_fd()],
         )?;
         let n = cfg.max_outstanding as usize;
         let free = ArrayQueue::new(n);
@@ -248,6 +256,7 @@ impl Group {
                 producer,
                 consumer,
                 eventfd,
+                doorbell,
                 slots,
                 free,
                 ready: ArrayQueue::new(n),
@@ -337,7 +346,13 @@ impl GroupInner {
             8
         };
         match self.producer.try_push(op.code(), &tail, data, align) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                if self.producer.consumer_sleeping() {
+                    // The DPU is parked: wake it. EAGAIN means the doorbell is rung already.
+                    let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
+                }
+                Ok(())
+            }
             Err(e) => {
                 self.untake_slot(idx);
                 Err(match e {

@@ -12,6 +12,9 @@ pub const REQ_HEAD: usize = 0;
 pub const REQ_PROGRESS: usize = 64;
 /// Request ring: `Tail` (producers).
 pub const REQ_TAIL: usize = 128;
+/// Request ring: `Sleeping` (`u32`, DPU → host by DMA write): non-zero while the consumer is
+/// parked and waits for the group's doorbell.
+pub const REQ_SLEEPING: usize = 192;
 /// Request ring: offset and length of the single DMA read of `Progress` and `Tail`.
 pub const REQ_POINTER_READ: (usize, usize) = (REQ_PROGRESS, 128);
 

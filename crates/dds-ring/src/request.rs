@@ -7,7 +7,7 @@ use dds_dma::{run_sync, DmaEngine, DmaOp, LocalBuf, RegionId, SharedRegion};
 
 use crate::format::{
     fits, header_len_for, valid_capacity, Placement, KIND_PAD, POINTER_AREA_BYTES, RECORD_ALIGN,
-    REQ_HEAD, REQ_POINTER_READ, REQ_PROGRESS, REQ_TAIL,
+    REQ_HEAD, REQ_POINTER_READ, REQ_PROGRESS, REQ_SLEEPING, REQ_TAIL,
 };
 use crate::mem::{parse_frame, RingMem};
 use crate::protocol::{fetch_decision, RequestPtrs};
@@ -61,6 +61,18 @@ impl RequestProducer {
         let mut p = unsafe { Self::new(region.as_ptr().add(offset), capacity, max_inflight_bytes) };
         p._region = Some(region);
         p
+    }
+
+    /// After publishing records: whether the consumer is parked (its `Sleeping` word is set),
+    /// so the producer must ring the group's doorbell. The fence pairs with the consumer's
+    /// order (write `Sleeping`, then read `Progress`): either this load sees the word or the
+    /// consumer's last poll sees the record.
+    pub fn consumer_sleeping(&self) -> bool {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.mem
+            .counter32(REQ_SLEEPING)
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != 0
     }
 
     /// Zeroes the pointer area. Only before the DPU attaches and before any insertion.
@@ -336,13 +348,14 @@ pub struct RequestConsumer {
     capacity: u64,
     mirror: LocalBuf,
     /// DMA staging: `[0, 128)` receives `Progress`..`Tail`, `[128, 136)` holds the `Head` to
-    /// write.
+    /// write, `[136, 140)` the `Sleeping` word to write.
     ptrs: LocalBuf,
     fetched: u64,
     released: u64,
 }
 
 const HEAD_STAGING: usize = 128;
+const SLEEPING_STAGING: usize = 136;
 
 impl RequestConsumer {
     /// A consumer of the (freshly initialized) ring at byte `ring_offset` of `region`.
@@ -454,6 +467,31 @@ impl RequestConsumer {
             end: range.end,
             failed: false,
         }
+    }
+
+    /// Parking (adaptive polling): writes the ring's `Sleeping` word (one DMA write). While it
+    /// is set, a producer that publishes a record rings the group's doorbell
+    /// ([`RequestProducer::consumer_sleeping`]). After setting it, the consumer must poll once
+    /// more before it blocks: a record published before the producer could see the word is
+    /// found by that poll (the DMA engine orders a write before a later read).
+    pub fn set_sleeping(
+        &mut self,
+        sleeping: bool,
+        engine: &mut dyn DmaEngine,
+    ) -> Result<(), RingFault> {
+        self.ptrs.as_mut_slice()[SLEEPING_STAGING..SLEEPING_STAGING + 4]
+            .copy_from_slice(&u32::from(sleeping).to_le_bytes());
+        let write = DmaOp::write(
+            self.region,
+            self.offset + REQ_SLEEPING as u64,
+            // SAFETY: inside the staging buffer.
+            unsafe { self.ptrs.as_ptr().add(SLEEPING_STAGING) },
+            4,
+            0,
+        );
+        // SAFETY: staging bytes are ours until run_sync returns.
+        unsafe { run_sync(engine, &[write])? };
+        Ok(())
     }
 
     /// Gives the bytes below `upto` (a record boundary, ≤ `fetched`) back to the producers:
