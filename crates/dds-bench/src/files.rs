@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::cpu::{process_cpu_seconds, process_status_bytes, self_cpu_seconds};
 use crate::dpu::DpuProcess;
 use crate::machine::{cost_model_text, Machine};
+use crate::placement::Placement;
 use crate::plot::{LineChart, Series};
 use crate::report::{fmt_num, max_of, median, min_of, ratio, Report, Table, Target};
 use crate::workload::{self, WorkloadResult, WorkloadSpec};
@@ -102,6 +103,13 @@ pub struct FilesOptions {
     pub dma_cost: bool,
     /// Keep the device and io_uring files afterwards.
     pub keep_files: bool,
+    /// CPUs of the DPU process (a `dds dpu --cpus` list); default the last CPU. The host
+    /// side (workload threads, the io_uring baseline) runs on the other CPUs in every mode.
+    pub dpu_cpus: Option<String>,
+    /// No CPU placement: host side and DPU share every CPU (reported as such).
+    pub shared_cores: bool,
+    /// Seconds the idle DPU (four connected host groups) is measured for.
+    pub idle_seconds: f64,
     #[serde(skip)]
     pub quiet: bool,
     pub command: String,
@@ -124,6 +132,9 @@ impl FilesOptions {
             trials: 5,
             dma_cost: true,
             keep_files: false,
+            dpu_cpus: None,
+            shared_cores: false,
+            idle_seconds: 10.0,
             quiet: false,
             command: "dds bench files".into(),
         }
@@ -135,6 +146,7 @@ impl FilesOptions {
             seconds_per_run: 0.6,
             pilot_ops: 1_000,
             trials: 1,
+            idle_seconds: 2.0,
             command: "dds bench files --quick".into(),
             ..FilesOptions::full(exe, dir)
         }
@@ -199,6 +211,7 @@ pub fn format_device(exe: &Path, device: &Path, bytes: u64) -> Result<()> {
 
 struct Bench<'a> {
     opts: &'a FilesOptions,
+    placement: Placement,
     device: PathBuf,
     socket: PathBuf,
     uring_file: PathBuf,
@@ -210,18 +223,15 @@ impl Bench<'_> {
     fn start_dpu(&self, mode: FilesMode) -> Result<DpuProcess> {
         let dpu_mode = mode.dpu_mode().expect("library mode");
         let log = self.opts.dir.join(format!("dpu-{}.log", mode.name()));
-        DpuProcess::start(
-            &self.opts.exe,
-            &self.device,
-            &self.socket,
-            &[
-                "--mode",
-                dpu_mode,
-                "--dma-cost",
-                if self.opts.dma_cost { "on" } else { "off" },
-            ],
-            &log,
-        )
+        let mut args = vec![
+            "--mode".to_string(),
+            dpu_mode.into(),
+            "--dma-cost".into(),
+            if self.opts.dma_cost { "on" } else { "off" }.into(),
+        ];
+        args.extend(self.placement.dpu_args());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        DpuProcess::start(&self.opts.exe, &self.device, &self.socket, &args, &log)
     }
 
     fn spec(&self, file: u32, io_bytes: u32, ops: u64, seed: u64) -> WorkloadSpec {
@@ -240,6 +250,24 @@ impl Bench<'_> {
     fn ops_for(&self, pilot: &WorkloadResult) -> u64 {
         ((pilot.ops_per_sec * self.opts.seconds_per_run) as u64)
             .clamp(self.opts.pilot_ops, self.opts.max_ops)
+    }
+
+    /// CPU of an idle DPU process (cores) with four connected, idle host groups.
+    fn idle_dpu_cores(&self) -> Result<f64> {
+        let dpu = self.start_dpu(FilesMode::ZeroCopy)?;
+        let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
+        let groups = (0..3)
+            .map(|_| dds.create_group(&dds_host::GroupConfig::default()))
+            .collect::<Result<Vec<_>, _>>()?;
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let c0 = process_cpu_seconds(dpu.pid())?;
+        let t0 = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_secs_f64(self.opts.idle_seconds));
+        let cores = (process_cpu_seconds(dpu.pid())? - c0) / t0.elapsed().as_secs_f64();
+        drop(groups);
+        drop(dds);
+        dpu.stop()?;
+        Ok(cores)
     }
 
     /// Creates the file on the device and writes all of it once.
@@ -387,8 +415,12 @@ pub fn run(opts: &FilesOptions) -> Result<Report> {
     }
     std::fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
     let machine = Machine::detect();
+    let placement = Placement::plan(machine.nproc, opts.dpu_cpus.as_deref(), opts.shared_cores)?;
+    // Every mode's host side (workload threads, io_uring baseline) on the host CPUs.
+    let _pinned = placement.pin_host()?;
     let mut bench = Bench {
         opts,
+        placement: placement.clone(),
         device: opts.dir.join("files-device.img"),
         socket: std::env::temp_dir().join(format!("dds-bench-files-{}.sock", std::process::id())),
         uring_file: opts.dir.join("files-io_uring.dat"),
@@ -434,11 +466,24 @@ pub fn run(opts: &FilesOptions) -> Result<Report> {
     })();
     bar.finish_and_clear();
     if !opts.keep_files {
-        let _ = std::fs::remove_file(&bench.device);
         let _ = std::fs::remove_file(&bench.uring_file);
     }
     outcome?;
-    Ok(summarize(opts, machine, points, &bench.peak_rss))
+    let idle = if library {
+        bar.set_message("idle DPU");
+        Some(bench.idle_dpu_cores()?)
+    } else {
+        None
+    };
+    if !opts.keep_files {
+        let _ = std::fs::remove_file(&bench.device);
+    }
+    let mut report = summarize(opts, machine, points, &bench.peak_rss, idle);
+    report.config["placement"] = json!(placement);
+    if let Some(s) = report.summary.as_object_mut() {
+        s.insert("placement".into(), json!(placement));
+    }
+    Ok(report)
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -455,6 +500,7 @@ fn summarize(
     machine: Machine,
     points: Vec<FilesPoint>,
     peak_rss: &BTreeMap<FilesMode, u64>,
+    idle_dpu_cores: Option<f64>,
 ) -> Report {
     let mut groups: BTreeMap<(FilesMode, u32), Vec<&FilesPoint>> = BTreeMap::new();
     for p in &points {
@@ -522,7 +568,8 @@ fn summarize(
         ));
     }
     if has(FilesMode::ZeroCopy) && has(FilesMode::IoUring) {
-        for size in [small, large] {
+        // Per size: the library (zero copy) against the host's own io_uring, same host CPUs.
+        for &size in &opts.sizes {
             let l = size_label(size);
             let (z, u) = (
                 get(FilesMode::ZeroCopy, size),
@@ -530,25 +577,51 @@ fn summarize(
             );
             let r_iops = ratio(z.iops, u.iops);
             let r_cpu = ratio(z.host_cpu_us, u.host_cpu_us);
+            let r_dpu = ratio(z.dpu_cpu_us, u.host_cpu_us);
             summary.insert(format!("library_over_io_uring_iops_{l}"), json!(r_iops));
             summary.insert(format!("library_over_io_uring_host_cpu_{l}"), json!(r_cpu));
-            targets.push(Target::at_least(
-                format!("library (zero-copy) / io_uring IOPS at {}", size_text(size)),
-                r_iops,
-                0.9,
-            ));
-            targets.push(Target::at_most(
-                format!(
-                    "library (zero-copy) / io_uring host CPU per op at {}",
-                    size_text(size)
-                ),
-                r_cpu,
-                0.3,
-            ));
-            if size == large {
-                break;
+            summary.insert(format!("dpu_cpu_over_io_uring_host_cpu_{l}"), json!(r_dpu));
+            let text = size_text(size);
+            if size == small && size != 4096 {
+                targets.push(Target::at_least(
+                    format!("library (zero-copy) / io_uring IOPS at {text}"),
+                    r_iops,
+                    0.9,
+                ));
+            }
+            if size == 4096 {
+                targets.push(Target::at_least(
+                    format!("library (zero-copy) / io_uring IOPS at {text}"),
+                    r_iops,
+                    1.0,
+                ));
+                targets.push(Target::at_most(
+                    format!("library (zero-copy) / io_uring host CPU per op at {text}"),
+                    r_cpu,
+                    0.25,
+                ));
+                targets.push(Target::at_most(
+                    format!("DPU CPU per op / io_uring host CPU per op at {text}"),
+                    r_dpu,
+                    1.5,
+                ));
+            }
+            if size == 64 << 10 {
+                targets.push(Target::at_most(
+                    format!("library (zero-copy) / io_uring host CPU per op at {text}"),
+                    r_cpu,
+                    0.3,
+                ));
             }
         }
+    }
+    if let Some(cores) = idle_dpu_cores {
+        summary.insert("idle_dpu_cpu_cores".into(), json!(cores));
+        targets.push(Target::at_most(
+            "idle DPU CPU (cores), four connected idle host groups",
+            cores,
+            0.02,
+        ));
     }
     if let Some(&rss) = peak_rss.get(&FilesMode::ZeroCopy) {
         summary.insert("dpu_peak_rss_bytes".into(), json!(rss));

@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod dpu;
 pub mod files;
 pub mod machine;
+pub mod placement;
 pub mod plot;
 pub mod progress;
 pub mod remote;

@@ -116,6 +116,12 @@ struct FilesArgs {
     /// Keep the device file and the io_uring file.
     #[arg(long)]
     keep_files: bool,
+    /// CPUs of the DPU process (default: the last CPU); the host side gets the others.
+    #[arg(long)]
+    dpu_cpus: Option<String>,
+    /// No CPU placement: the DPU and the host side share every CPU.
+    #[arg(long)]
+    shared_cores: bool,
 }
 
 #[derive(Args, Debug)]
@@ -232,6 +238,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 other => bail!("--dma-cost takes on or off, not {other:?}"),
             };
             o.keep_files = f.keep_files;
+            o.dpu_cpus = f.dpu_cpus;
+            o.shared_cores = f.shared_cores;
             if let Some(t) = f.common.trials {
                 o.trials = t.max(1);
             }
