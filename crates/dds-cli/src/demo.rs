@@ -137,6 +137,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             segment_size: None,
             max_files: None,
             max_dirs: None,
+            force: false,
         })?;
     }
     let socket = std::env::temp_dir().join(format!("dds-demo-{}.sock", std::process::id()));

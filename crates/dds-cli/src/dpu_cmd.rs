@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dds_dpu::{Dpu, DpuConfig, ExecMode};
 
@@ -279,6 +279,10 @@ pub struct FormatArgs {
     /// Most directories.
     #[arg(long)]
     pub max_dirs: Option<u32>,
+    /// Format even a device that holds a dds-fs file system or other data (which is lost),
+    /// and let --size shrink an existing device file.
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run_format(a: FormatArgs) -> Result<()> {
@@ -287,20 +291,66 @@ pub fn run_format(a: FormatArgs) -> Result<()> {
     Ok(())
 }
 
+/// Bytes at the start of a device that must be zero (or not hold a dds-fs superblock) unless
+/// `--force` is given.
+const IN_USE_PROBE_BYTES: usize = 1 << 20;
+
 pub fn format_device(a: &FormatArgs) -> Result<()> {
-    let is_block = std::fs::metadata(&a.device)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
-        .unwrap_or(false);
-    if let (false, Some(size)) = (is_block, a.size) {
-        dds_fs::UringDevice::create_file(&a.device, size)
-            .with_context(|| format!("create {}", a.device.display()))?;
+    let path = &a.device;
+    let existing = std::fs::metadata(path).ok();
+    let is_block = existing
+        .as_ref()
+        .is_some_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
+    // The lock comes first: nothing is opened for writing while a DPU uses the device.
+    let (lock, created) = match &existing {
+        Some(_) => (dds_fs::DeviceLock::acquire(path)?, false),
+        None => {
+            if a.size.is_none() {
+                bail!(
+                    "{} does not exist (give --size to create a device file)",
+                    path.display()
+                );
+            }
+            (dds_fs::DeviceLock::create(path)?, true)
+        }
+    };
+    let r = format_locked(a, lock, created, is_block);
+    if r.is_err() && created {
+        let _ = std::fs::remove_file(path);
     }
-    let mut dev = dds_fs::UringDevice::open(&a.device, 32).with_context(|| {
-        format!(
-            "open {} (give --size to create a device file)",
-            a.device.display()
-        )
-    })?;
+    r
+}
+
+fn format_locked(
+    a: &FormatArgs,
+    lock: dds_fs::DeviceLock,
+    created: bool,
+    is_block: bool,
+) -> Result<()> {
+    let path = &a.device;
+    if !created && !a.force {
+        let mut head = vec![0u8; IN_USE_PROBE_BYTES];
+        let n = lock.read_head(&mut head)?;
+        let head = &head[..n];
+        if head.starts_with(dds_fs::SUPERBLOCK_MAGIC) {
+            bail!(
+                "{} holds a dds-fs file system; give --force to format it anyway (its files are lost)",
+                path.display()
+            );
+        }
+        if head.iter().any(|&b| b != 0) {
+            bail!(
+                "{} is not empty (non-zero data in its first MiB); give --force to format it anyway",
+                path.display()
+            );
+        }
+    }
+    if let (false, Some(size)) = (is_block, a.size) {
+        dds_fs::UringDevice::size_file(&lock, path, size, a.force)
+            .with_context(|| format!("size {}", path.display()))?;
+    }
+    let mut dev = dds_fs::UringDevice::open_locked(path, 32, lock)
+        .with_context(|| format!("open {}", path.display()))?;
     let mut cfg = dds_fs::FormatConfig::default();
     if let Some(s) = a.segment_size {
         cfg.segment_size = s;
@@ -311,6 +361,6 @@ pub fn format_device(a: &FormatArgs) -> Result<()> {
     if let Some(n) = a.max_dirs {
         cfg.max_dirs = n;
     }
-    dds_fs::format(&mut dev, cfg).with_context(|| format!("format {}", a.device.display()))?;
+    dds_fs::format(&mut dev, cfg).with_context(|| format!("format {}", path.display()))?;
     Ok(())
 }

@@ -917,6 +917,8 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         segment_size: None,
         max_files: None,
         max_dirs: None,
+        // The benchmark's own scratch device, rebuilt on every run.
+        force: true,
     })?;
     let socket = work.join("dpu.sock");
     let dpu_cpu = a

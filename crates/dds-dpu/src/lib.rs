@@ -12,7 +12,6 @@ mod group;
 pub mod profile;
 mod service;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 pub use control::{temp_socket_path, Dpu, DpuHandle};
@@ -40,7 +39,7 @@ pub enum ExecMode {
 /// DPU daemon settings.
 #[derive(Clone, Debug)]
 pub struct DpuConfig {
-    pub socket: PathBuf,
+    pub socket: std::path::PathBuf,
     pub exec_mode: ExecMode,
     /// Emulated PCIe cost model of the DMA engine; `None` = free copies.
     pub dma_cost: Option<dds_dma::CostModel>,
@@ -58,12 +57,21 @@ pub struct DpuConfig {
     pub delivery_batch_bytes: u64,
     /// Idle service thread: sleep this long between polls once idle for a while (0 = spin).
     pub idle_sleep: Duration,
+    /// Besides our own user and root, users whose processes may use the control socket.
+    pub allow_uids: Vec<u32>,
+    /// Groups (a peer's primary group) whose processes may use the control socket.
+    pub allow_gids: Vec<u32>,
+    /// Control connections open at once at most; further ones are closed at once.
+    pub max_control_connections: usize,
+    /// A control frame whose first byte arrived must be complete within this time, or the
+    /// connection is closed. Waiting between frames is not limited.
+    pub control_frame_timeout: Duration,
 }
 
 impl Default for DpuConfig {
     fn default() -> Self {
         DpuConfig {
-            socket: PathBuf::from("/tmp/dds-dpu.sock"),
+            socket: dds_proto::control::default_socket_path(),
             exec_mode: ExecMode::ZeroCopy,
             dma_cost: None,
             dma_queue_depth: 256,
@@ -73,6 +81,10 @@ impl Default for DpuConfig {
             max_pending_per_group: 4096,
             delivery_batch_bytes: 64 << 10,
             idle_sleep: Duration::from_micros(50),
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            max_control_connections: 64,
+            control_frame_timeout: Duration::from_secs(10),
         }
     }
 }
