@@ -22,12 +22,31 @@ pub struct DpuArgs {
     /// Device: a block device or a formatted regular file (`dds format`).
     #[arg(long)]
     pub device: PathBuf,
-    /// Control socket to listen on.
-    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    /// Control socket to listen on (default: dpu.sock in $XDG_RUNTIME_DIR/dds, /run/dds for
+    /// root, otherwise /tmp/dds-$UID; that directory is created with mode 0700).
+    #[arg(long, default_value_os_t = dds_host::default_socket_path(), env = "DDS_SOCKET")]
     pub socket: PathBuf,
     /// I/O execution mode.
     #[arg(long, value_enum, default_value = "zero-copy")]
     pub mode: ModeArg,
+    /// Also serve this user's processes on the control socket (repeatable); by default only
+    /// our own user and root. The socket then becomes mode 0666, so its directory must let
+    /// them in (give --socket outside the private default directory).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    pub allow_uids: Vec<u32>,
+    /// Also serve processes whose primary group is this one (repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    pub allow_gids: Vec<u32>,
+    /// Control connections open at once at most; further ones are closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_control_connections: usize,
+    /// Seconds a control request may take to arrive once it began (a stalled client is
+    /// disconnected).
+    #[arg(long, default_value_t = 10.0)]
+    pub control_frame_timeout: f64,
+    /// Print the readiness line on stdout as JSON: {"socket", "device", "director", "pid"}.
+    #[arg(long)]
+    pub json: bool,
     /// Emulate PCIe DMA costs (per-operation latency and a bandwidth cap).
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dma_cost: bool,
@@ -191,6 +210,13 @@ impl DpuArgs {
             max_io_bytes: max_io,
             memory_budget_bytes: self.memory_budget,
             idle_sleep: Duration::from_micros(self.idle_sleep_us),
+            allow_uids: self.allow_uids.clone(),
+            allow_gids: self.allow_gids.clone(),
+            max_control_connections: self.max_control_connections,
+            control_frame_timeout: Duration::try_from_secs_f64(self.control_frame_timeout)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .context("--control-frame-timeout must be a positive number of seconds")?,
             ..DpuConfig::default()
         })
     }
@@ -198,6 +224,11 @@ impl DpuArgs {
 
 pub fn run_dpu(a: DpuArgs) -> Result<()> {
     let config = a.config()?;
+    if a.socket == dds_host::default_socket_path() {
+        let dir = dds_proto::control::default_socket_dir();
+        dds_proto::control::ensure_private_dir(&dir)
+            .with_context(|| format!("socket directory {}", dir.display()))?;
+    }
     let profile = dds_dpu::profile::ResourceProfile {
         cpus: a.cpus.as_ref().map(|c| c.0.clone()),
         cpu_quota: a.cpu_quota,
@@ -250,6 +281,7 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
         if a.dma_cost { "on" } else { "off" },
         serde_json::to_string(&applied).unwrap_or_default()
     );
+    print_ready(&a, director.as_ref().and(a.director_listen));
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
     }
@@ -260,6 +292,31 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     handle.shutdown();
     applied.remove();
     Ok(())
+}
+
+/// The one line on stdout that says the DPU accepts connections.
+fn print_ready(a: &DpuArgs, director: Option<std::net::SocketAddr>) {
+    use std::io::Write;
+    let line = if a.json {
+        serde_json::json!({
+            "socket": a.socket,
+            "device": a.device,
+            "director": director.map(|d| d.to_string()),
+            "pid": std::process::id(),
+        })
+        .to_string()
+    } else {
+        format!(
+            "dds dpu ready: socket {} device {} director {} pid {}",
+            a.socket.display(),
+            a.device.display(),
+            director.map_or_else(|| "none".to_string(), |d| d.to_string()),
+            std::process::id()
+        )
+    };
+    let mut out = std::io::stdout().lock();
+    // A closed stdout does not stop the daemon.
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 #[derive(Args, Clone, Debug)]
