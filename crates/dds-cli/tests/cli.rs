@@ -707,3 +707,68 @@ fn dpu_default_socket_is_private_and_readiness_is_one_line() {
     assert!(!err.contains('\x1b'), "colours on a pipe: {err}");
     assert!(!socket.exists());
 }
+
+#[test]
+fn dpu_serves_another_user_only_when_allowed() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: running a second user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    // A socket in a directory every user can reach.
+    let socket = std::env::temp_dir().join(format!("dds-cli-allow-{}.sock", std::process::id()));
+    let df_as_nobody = || {
+        Command::new(DDS)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .args(["fs", "--socket"])
+            .arg(&socket)
+            .arg("df")
+            .output()
+            .unwrap()
+    };
+    let start = |extra: &[&str]| {
+        let child = Command::new(DDS)
+            .args(["dpu", "--dma-cost", "off", "--device"])
+            .arg(&device)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = Dpu { child };
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(line.starts_with("dds dpu ready: socket"), "{line}");
+        child
+    };
+
+    let dpu = start(&[]);
+    // Even with the file mode opened up, the DPU refuses the other user.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = df_as_nobody();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ok(&fs(&socket, &["df"]));
+    drop(dpu);
+
+    let dpu = start(&["--allow-uid", "65534"]);
+    assert_ok(&df_as_nobody());
+    drop(dpu);
+    let _ = std::fs::remove_file(&socket);
+}

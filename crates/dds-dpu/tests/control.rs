@@ -76,7 +76,7 @@ fn only_a_stale_socket_is_replaced() {
 #[test]
 fn a_stalled_partial_frame_is_dropped_without_holding_up_others() {
     let dpu = start(DpuConfig {
-        control_frame_timeout: Duration::from_millis(500),
+        control_frame_timeout: Duration::from_secs(1),
         ..config("stall")
     });
     let mut raw = UnixStream::connect(dpu.socket()).unwrap();
@@ -87,14 +87,14 @@ fn a_stalled_partial_frame_is_dropped_without_holding_up_others() {
     // Meanwhile another host connects and does file operations.
     let dds = Dds::connect(dpu.socket()).unwrap();
     file_round_trip(&dds, "/while-stalled");
-    assert!(start.elapsed() < Duration::from_millis(500));
+    assert!(start.elapsed() < Duration::from_secs(1), "others waited");
     assert!(
         hung_up(&mut raw, Duration::from_secs(5)),
         "not disconnected"
     );
-    assert!(start.elapsed() >= Duration::from_millis(400));
+    assert!(start.elapsed() >= Duration::from_millis(900));
     // An idle connection (no partial frame) is not timed out.
-    std::thread::sleep(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_millis(1200));
     file_round_trip(&dds, "/after-idle");
 }
 
