@@ -370,7 +370,8 @@ dds_status dds_group_config_default(struct dds_group_config *config);
 
 /**
  * Initialize: connects to the DPU listening on the Unix socket `socket_path` (NULL = the
- * default socket, `/tmp/dds-dpu.sock`) with default settings, and stores the new connection
+ * default socket, `dpu.sock` in `$XDG_RUNTIME_DIR/dds`, `/run/dds` for root, otherwise
+ * `/tmp/dds-$UID`) with default settings, and stores the new connection
  * in `*out`. Fails with `DDS_DPU_DEAD` when no DPU listens there.
  *
  * # Safety

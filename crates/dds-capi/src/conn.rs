@@ -3,7 +3,7 @@
 use std::ffi::c_char;
 use std::time::Duration;
 
-use dds_host::{Config, Dds, FileInfo, GroupConfig, DEFAULT_SOCKET};
+use dds_host::{default_socket_path, Config, Dds, FileInfo, GroupConfig};
 
 use crate::handle::{conn, dds_t, free_conn, input, new_conn, out_ptr, str_arg};
 use crate::status::{dds_status, guard, Error, Result};
@@ -71,7 +71,8 @@ pub unsafe extern "C" fn dds_group_config_default(config: *mut dds_group_config)
 }
 
 /// Initialize: connects to the DPU listening on the Unix socket `socket_path` (NULL = the
-/// default socket, `/tmp/dds-dpu.sock`) with default settings, and stores the new connection
+/// default socket, `dpu.sock` in `$XDG_RUNTIME_DIR/dds`, `/run/dds` for root, otherwise
+/// `/tmp/dds-$UID`) with default settings, and stores the new connection
 /// in `*out`. Fails with `DDS_DPU_DEAD` when no DPU listens there.
 ///
 /// # Safety
@@ -98,9 +99,9 @@ pub unsafe extern "C" fn dds_connect_with(
     guard(|| {
         let out = out_ptr(out, "out")?;
         let socket = if socket_path.is_null() {
-            DEFAULT_SOCKET
+            default_socket_path()
         } else {
-            str_arg(socket_path, "socket_path")?
+            std::path::PathBuf::from(str_arg(socket_path, "socket_path")?)
         };
         let config = if config.is_null() {
             Config::default()
@@ -114,7 +115,7 @@ pub unsafe extern "C" fn dds_connect_with(
                 rpc_timeout: Duration::from_micros(c.rpc_timeout_us),
             }
         };
-        let dds = Dds::connect_with(socket, config)?;
+        let dds = Dds::connect_with(&socket, config)?;
         out.write(new_conn(dds));
         Ok(())
     })

@@ -63,7 +63,7 @@ pub struct PagestoreArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Control socket of the DPU (backend dds).
-    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    #[arg(long, default_value_os_t = dds_host::default_socket_path(), env = "DDS_SOCKET")]
     socket: PathBuf,
     /// DDS directory holding the files (backend dds).
     #[arg(long, default_value = "/pagestore")]

@@ -1,8 +1,9 @@
 //! `dds dpu` and `dds format`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dds_dpu::{Dpu, DpuConfig, ExecMode};
 
@@ -21,12 +22,31 @@ pub struct DpuArgs {
     /// Device: a block device or a formatted regular file (`dds format`).
     #[arg(long)]
     pub device: PathBuf,
-    /// Control socket to listen on.
-    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    /// Control socket to listen on (default: dpu.sock in $XDG_RUNTIME_DIR/dds, /run/dds for
+    /// root, otherwise /tmp/dds-$UID; that directory is created with mode 0700).
+    #[arg(long, default_value_os_t = dds_host::default_socket_path(), env = "DDS_SOCKET")]
     pub socket: PathBuf,
     /// I/O execution mode.
     #[arg(long, value_enum, default_value = "zero-copy")]
     pub mode: ModeArg,
+    /// Also serve this user's processes on the control socket (repeatable); by default only
+    /// our own user and root. The socket then becomes mode 0666, so its directory must let
+    /// them in (give --socket outside the private default directory).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    pub allow_uids: Vec<u32>,
+    /// Also serve processes whose primary group is this one (repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    pub allow_gids: Vec<u32>,
+    /// Control connections open at once at most; further ones are closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_control_connections: usize,
+    /// Seconds a control request may take to arrive once it began (a stalled client is
+    /// disconnected).
+    #[arg(long, default_value_t = 10.0)]
+    pub control_frame_timeout: f64,
+    /// Print the readiness line on stdout as JSON: {"socket", "device", "director", "pid"}.
+    #[arg(long)]
+    pub json: bool,
     /// Emulate PCIe DMA costs (per-operation latency and a bandwidth cap).
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub dma_cost: bool,
@@ -175,6 +195,13 @@ impl DpuArgs {
             max_io_bytes: max_io,
             memory_budget_bytes: self.memory_budget,
             park_when_idle: !self.spin,
+            allow_uids: self.allow_uids.clone(),
+            allow_gids: self.allow_gids.clone(),
+            max_control_connections: self.max_control_connections,
+            control_frame_timeout: Duration::try_from_secs_f64(self.control_frame_timeout)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .context("--control-frame-timeout must be a positive number of seconds")?,
             ..DpuConfig::default()
         })
     }
@@ -182,6 +209,11 @@ impl DpuArgs {
 
 pub fn run_dpu(a: DpuArgs) -> Result<()> {
     let config = a.config()?;
+    if a.socket == dds_host::default_socket_path() {
+        let dir = dds_proto::control::default_socket_dir();
+        dds_proto::control::ensure_private_dir(&dir)
+            .with_context(|| format!("socket directory {}", dir.display()))?;
+    }
     let profile = dds_dpu::profile::ResourceProfile {
         cpus: a.cpus.as_ref().map(|c| c.0.clone()),
         cpu_quota: a.cpu_quota,
@@ -233,6 +265,7 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
         if a.dma_cost { "on" } else { "off" },
         serde_json::to_string(&applied).unwrap_or_default()
     );
+    print_ready(&a, handle.director().map(|d| d.local_addr()));
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
     }
@@ -242,6 +275,31 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     handle.shutdown();
     applied.remove();
     Ok(())
+}
+
+/// The one line on stdout that says the DPU accepts connections.
+fn print_ready(a: &DpuArgs, director: Option<std::net::SocketAddr>) {
+    use std::io::Write;
+    let line = if a.json {
+        serde_json::json!({
+            "socket": a.socket,
+            "device": a.device,
+            "director": director.map(|d| d.to_string()),
+            "pid": std::process::id(),
+        })
+        .to_string()
+    } else {
+        format!(
+            "dds dpu ready: socket {} device {} director {} pid {}",
+            a.socket.display(),
+            a.device.display(),
+            director.map_or_else(|| "none".to_string(), |d| d.to_string()),
+            std::process::id()
+        )
+    };
+    let mut out = std::io::stdout().lock();
+    // A closed stdout does not stop the daemon.
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 #[derive(Args, Clone, Debug)]
@@ -261,6 +319,10 @@ pub struct FormatArgs {
     /// Most directories.
     #[arg(long)]
     pub max_dirs: Option<u32>,
+    /// Format even a device that holds a dds-fs file system or other data (which is lost),
+    /// and let --size shrink an existing device file.
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run_format(a: FormatArgs) -> Result<()> {
@@ -269,20 +331,66 @@ pub fn run_format(a: FormatArgs) -> Result<()> {
     Ok(())
 }
 
+/// Bytes at the start of a device that must be zero (or not hold a dds-fs superblock) unless
+/// `--force` is given.
+const IN_USE_PROBE_BYTES: usize = 1 << 20;
+
 pub fn format_device(a: &FormatArgs) -> Result<()> {
-    let is_block = std::fs::metadata(&a.device)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
-        .unwrap_or(false);
-    if let (false, Some(size)) = (is_block, a.size) {
-        dds_fs::UringDevice::create_file(&a.device, size)
-            .with_context(|| format!("create {}", a.device.display()))?;
+    let path = &a.device;
+    let existing = std::fs::metadata(path).ok();
+    let is_block = existing
+        .as_ref()
+        .is_some_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
+    // The lock comes first: nothing is opened for writing while a DPU uses the device.
+    let (lock, created) = match &existing {
+        Some(_) => (dds_fs::DeviceLock::acquire(path)?, false),
+        None => {
+            if a.size.is_none() {
+                bail!(
+                    "{} does not exist (give --size to create a device file)",
+                    path.display()
+                );
+            }
+            (dds_fs::DeviceLock::create(path)?, true)
+        }
+    };
+    let r = format_locked(a, lock, created, is_block);
+    if r.is_err() && created {
+        let _ = std::fs::remove_file(path);
     }
-    let mut dev = dds_fs::UringDevice::open(&a.device, 32).with_context(|| {
-        format!(
-            "open {} (give --size to create a device file)",
-            a.device.display()
-        )
-    })?;
+    r
+}
+
+fn format_locked(
+    a: &FormatArgs,
+    lock: dds_fs::DeviceLock,
+    created: bool,
+    is_block: bool,
+) -> Result<()> {
+    let path = &a.device;
+    if !created && !a.force {
+        let mut head = vec![0u8; IN_USE_PROBE_BYTES];
+        let n = lock.read_head(&mut head)?;
+        let head = &head[..n];
+        if head.starts_with(dds_fs::SUPERBLOCK_MAGIC) {
+            bail!(
+                "{} holds a dds-fs file system; give --force to format it anyway (its files are lost)",
+                path.display()
+            );
+        }
+        if head.iter().any(|&b| b != 0) {
+            bail!(
+                "{} is not empty (non-zero data in its first MiB); give --force to format it anyway",
+                path.display()
+            );
+        }
+    }
+    if let (false, Some(size)) = (is_block, a.size) {
+        dds_fs::UringDevice::size_file(&lock, path, size, a.force)
+            .with_context(|| format!("size {}", path.display()))?;
+    }
+    let mut dev = dds_fs::UringDevice::open_locked(path, 32, lock)
+        .with_context(|| format!("open {}", path.display()))?;
     let mut cfg = dds_fs::FormatConfig::default();
     if let Some(s) = a.segment_size {
         cfg.segment_size = s;
@@ -293,6 +401,6 @@ pub fn format_device(a: &FormatArgs) -> Result<()> {
     if let Some(n) = a.max_dirs {
         cfg.max_dirs = n;
     }
-    dds_fs::format(&mut dev, cfg).with_context(|| format!("format {}", a.device.display()))?;
+    dds_fs::format(&mut dev, cfg).with_context(|| format!("format {}", path.display()))?;
     Ok(())
 }

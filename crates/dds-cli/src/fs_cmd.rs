@@ -15,7 +15,7 @@ use serde_json::json;
 #[derive(Args)]
 pub struct FsArgs {
     /// Control socket of the DPU.
-    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    #[arg(long, default_value_os_t = dds_host::default_socket_path(), env = "DDS_SOCKET")]
     socket: PathBuf,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
@@ -176,20 +176,39 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                         .map_err(|e| Failure::Local(format!("{local}: {e}")))?,
                 )
             };
-            let info = dds.open_or_create(&remote)?;
-            dds.set_file_size(info.id, 0)?;
-            let mut buf = vec![0u8; CHUNK_BYTES];
-            let mut offset = 0u64;
-            loop {
-                let n = read_full(&mut input, &mut buf)
-                    .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
-                if n == 0 {
-                    break;
+            // The data goes to a new file beside the target, which replaces the target only
+            // once all of it is written: a failure on either side leaves the target as it was
+            // and no partial file behind.
+            let temp = temp_sibling(&remote);
+            let info = dds.create_file(&temp)?;
+            let copied = (|| -> Result<u64, Failure> {
+                let mut buf = vec![0u8; CHUNK_BYTES];
+                let mut offset = 0u64;
+                loop {
+                    let n = read_full(&mut input, &mut buf)
+                        .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+                    if n == 0 {
+                        break;
+                    }
+                    dds.write_sync(info.id, offset, &buf[..n])?;
+                    offset += n as u64;
                 }
-                dds.write_sync(info.id, offset, &buf[..n])?;
-                offset += n as u64;
-            }
-            dds.flush_sync(info.id)?;
+                dds.flush_sync(info.id)?;
+                match dds.lookup(&remote) {
+                    Ok(old) => dds.delete_file(old.id)?,
+                    Err(e) if e.status == Status::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+                dds.rename(&temp, &remote)?;
+                Ok(offset)
+            })();
+            let offset = match copied {
+                Ok(n) => n,
+                Err(f) => {
+                    let _ = dds.delete_file(info.id);
+                    return Err(f);
+                }
+            };
             if json {
                 println!("{}", json!({"ok": true, "bytes": offset, "id": info.id}));
             }
@@ -212,12 +231,23 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                 if n == 0 {
                     break;
                 }
-                out.write_all(&buf[..n])
-                    .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+                match out.write_all(&buf[..n]) {
+                    Ok(()) => {}
+                    // A reader that has seen enough (`| head`) ends the copy normally.
+                    Err(e) if local == "-" && e.kind() == std::io::ErrorKind::BrokenPipe => {
+                        return Ok(());
+                    }
+                    Err(e) => return Err(Failure::Local(format!("{local}: {e}"))),
+                }
                 offset += n as u64;
             }
-            out.flush()
-                .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+            match out.flush() {
+                Ok(()) => {}
+                Err(e) if local == "-" && e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    return Ok(());
+                }
+                Err(e) => return Err(Failure::Local(format!("{local}: {e}"))),
+            }
             if json && local != "-" {
                 println!("{}", json!({"ok": true, "bytes": offset}));
             }
@@ -230,6 +260,16 @@ fn done(json: bool) {
     if json {
         println!("{}", json!({"ok": true}));
     }
+}
+
+/// A temporary name in the directory of `remote` (`.put-PID`), short enough for any name limit.
+fn temp_sibling(remote: &str) -> String {
+    let trimmed = remote.strip_prefix('/').unwrap_or(remote);
+    let dir = match trimmed.rsplit_once('/') {
+        Some((d, _)) => format!("/{d}/"),
+        None => "/".into(),
+    };
+    format!("{dir}.put-{}", std::process::id())
 }
 
 fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -21,9 +21,10 @@ use clap::{Parser, Subcommand};
     about = "DDS: DPU-optimized disaggregated storage (the DPU runs emulated as the `dds dpu` process)"
 )]
 struct Cli {
-    /// Log filter (error, warn, info, debug, trace, or a tracing filter).
-    #[arg(long, global = true, default_value = "warn", env = "DDS_LOG")]
-    log: String,
+    /// Log filter (error, warn, info, debug, trace, or a tracing filter such as
+    /// `warn,dds_dpu=debug`); without it, $DDS_LOG, then $RUST_LOG, then `warn`.
+    #[arg(long, global = true)]
+    log: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -48,13 +49,32 @@ enum Cmd {
     App(app_cmd::AppArgs),
 }
 
+/// The log filter: `--log`, else `$DDS_LOG`, else `$RUST_LOG`, else `warn`.
+fn log_filter(flag: Option<String>) -> (String, &'static str) {
+    if let Some(f) = flag {
+        return (f, "--log");
+    }
+    for var in ["DDS_LOG", "RUST_LOG"] {
+        if let Some(v) = std::env::var_os(var) {
+            return (v.to_string_lossy().into_owned(), var);
+        }
+    }
+    ("warn".into(), "default")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let (filter, from) = log_filter(cli.log);
+    let filter = match tracing_subscriber::EnvFilter::builder().parse(&filter) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("dds: invalid log filter `{filter}` (from {from}): {e}");
+            return ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&cli.log)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.cmd {

@@ -12,7 +12,7 @@ use dds_proto::units::fmt_bytes;
 #[derive(Args, Debug)]
 pub struct StatsArgs {
     /// Control socket of the DPU.
-    #[arg(long, default_value = dds_host::DEFAULT_SOCKET, env = "DDS_SOCKET")]
+    #[arg(long, default_value_os_t = dds_host::default_socket_path(), env = "DDS_SOCKET")]
     socket: PathBuf,
     /// One JSON object instead of the sections.
     #[arg(long)]

@@ -339,6 +339,7 @@ fn dpu_resource_profile_pins_and_limits_the_process() {
         .arg(&device)
         .arg("--socket")
         .arg(&socket)
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -413,4 +414,361 @@ fn demo_storage_path_runs_and_reports() {
     assert_eq!(row("errors"), 0.0);
     assert!(row("throughput (ops/s)") > 0.0);
     assert!(row("DPU CPU per op (µs)") > 0.0);
+}
+
+/// Asserts that a command succeeded, showing its stderr otherwise.
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn format_args(device: &Path, extra: &[&str]) -> Output {
+    Command::new(DDS)
+        .args(["format", "--segment-size", "1M", "--device"])
+        .arg(device)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn put_blob(socket: &Path, dir: &Path, remote: &str, data: &[u8]) {
+    let local = dir.join("blob.in");
+    std::fs::write(&local, data).unwrap();
+    let out = fs(socket, &["put", local.to_str().unwrap(), remote]);
+    assert_ok(&out);
+}
+
+fn get_blob(socket: &Path, remote: &str) -> Vec<u8> {
+    let out = fs(socket, &["get", remote, "-"]);
+    assert_ok(&out);
+    out.stdout
+}
+
+#[test]
+fn format_never_destroys_a_device_by_accident() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let mode = std::fs::metadata(&device).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "device image mode {mode:o}");
+    let socket = dir.path().join("dpu.sock");
+    let mut dpu = Dpu::start(&device, &socket);
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    put_blob(&socket, dir.path(), "/keep", &data);
+
+    // A running DPU holds the device: no format, not even forced, touches it.
+    for extra in [
+        &["--size", "64M"][..],
+        &["--force"][..],
+        &["--size", "32M", "--force"][..],
+    ] {
+        let out = format_args(&device, extra);
+        assert!(!out.status.success(), "{extra:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("in use"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(std::fs::metadata(&device).unwrap().len(), 64 << 20);
+    assert_eq!(get_blob(&socket, "/keep"), data);
+    dpu.kill9();
+
+    // A device full of files is formatted again only with --force.
+    let out = format_args(&device, &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    let dpu = Dpu::start(&device, &socket);
+    assert_eq!(get_blob(&socket, "/keep"), data);
+    drop(dpu);
+    let out = format_args(&device, &["--force"]);
+    assert_ok(&out);
+    let _dpu = Dpu::start(&device, &socket);
+    assert_eq!(json(&fs(&socket, &["ls", "--json"])), serde_json::json!([]));
+
+    // Other data is not overwritten either.
+    let other = dir.path().join("other.bin");
+    std::fs::write(&other, b"someone's data").unwrap();
+    let out = format_args(&other, &["--size", "64M"]);
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&other).unwrap(), b"someone's data");
+
+    // A format that fails leaves no file it created.
+    let fresh = dir.path().join("fresh.img");
+    let out = Command::new(DDS)
+        .args([
+            "format",
+            "--size",
+            "64M",
+            "--segment-size",
+            "1000",
+            "--device",
+        ])
+        .arg(&fresh)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!fresh.exists(), "failed format left {}", fresh.display());
+}
+
+#[test]
+fn dpu_does_not_replace_a_regular_file_at_its_socket_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, b"keep me").unwrap();
+    let out = Command::new(DDS)
+        .args(["dpu", "--dma-cost", "off", "--device"])
+        .arg(&device)
+        .arg("--socket")
+        .arg(&notes)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a socket"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&notes).unwrap(), b"keep me");
+}
+
+#[test]
+fn failed_puts_keep_the_old_file_and_leave_no_partial_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = Dpu::start(&device, &socket);
+    let data = b"the old contents".to_vec();
+    put_blob(&socket, dir.path(), "/keep", &data);
+
+    // A local read error (a directory opens but does not read).
+    let out = fs(&socket, &["put", dir.path().to_str().unwrap(), "/keep"]);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(get_blob(&socket, "/keep"), data);
+
+    // No space: more than the device holds.
+    let big = dir.path().join("big.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(80 << 20)
+        .unwrap();
+    let out = fs(&socket, &["put", big.to_str().unwrap(), "/keep"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(get_blob(&socket, "/keep"), data);
+    let ls = json(&fs(&socket, &["ls", "--json"]));
+    assert_eq!(ls.as_array().unwrap().len(), 1, "{ls}");
+
+    // A put that succeeds replaces the file.
+    put_blob(&socket, dir.path(), "/keep", b"new");
+    assert_eq!(get_blob(&socket, "/keep"), b"new");
+    let ls = json(&fs(&socket, &["ls", "--json"]));
+    assert_eq!(ls.as_array().unwrap().len(), 1, "{ls}");
+}
+
+#[test]
+fn get_into_a_closed_pipe_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = Dpu::start(&device, &socket);
+    put_blob(&socket, dir.path(), "/big", &vec![7u8; 4 << 20]);
+    let mut child = Command::new(DDS)
+        .args(["fs", "--socket"])
+        .arg(&socket)
+        .args(["get", "/big", "-"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    // The reader is gone (as `| head -c 10` exits).
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(head, [7u8; 10]);
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn names_with_control_characters_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = Dpu::start(&device, &socket);
+    for name in ["/a\x1b[2J", "/tab\there", "/del\x7f"] {
+        let out = fs(&socket, &["mkdir", name]);
+        assert_eq!(out.status.code(), Some(1), "{name:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("control character"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(json(&fs(&socket, &["ls", "--json"])), serde_json::json!([]));
+}
+
+#[test]
+fn log_filters_come_from_the_flag_dds_log_then_rust_log() {
+    let nowhere = tempfile::tempdir().unwrap();
+    let sock = nowhere.path().join("none.sock");
+    let run = |envs: &[(&str, &str)], flag: Option<&str>| {
+        let mut c = Command::new(DDS);
+        c.env_remove("DDS_LOG").env_remove("RUST_LOG");
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        if let Some(f) = flag {
+            c.args(["--log", f]);
+        }
+        c.args(["fs", "--socket"])
+            .arg(&sock)
+            .arg("df")
+            .output()
+            .unwrap()
+    };
+    // No DPU there: exit 3 once logging is set up.
+    assert_eq!(run(&[], None).status.code(), Some(3));
+    for (envs, flag) in [
+        (&[("RUST_LOG", "dds=bogus")][..], None),
+        (&[("DDS_LOG", "dds=bogus"), ("RUST_LOG", "info")][..], None),
+        (&[][..], Some("dds=bogus")),
+    ] {
+        let out = run(envs, flag);
+        assert_eq!(out.status.code(), Some(2), "{envs:?} {flag:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("invalid log filter"));
+    }
+    // DDS_LOG wins over RUST_LOG.
+    let out = run(&[("DDS_LOG", "warn"), ("RUST_LOG", "dds=bogus")], None);
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn dpu_default_socket_is_private_and_readiness_is_one_line() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    let runtime = dir.path().join("run");
+    std::fs::create_dir(&runtime).unwrap();
+    let mut child = Command::new(DDS)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DDS_SOCKET")
+        .env("DDS_LOG", "info")
+        .args(["dpu", "--json", "--dma-cost", "off", "--device"])
+        .arg(&device)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let socket = runtime.join("dds").join("dpu.sock");
+    assert_eq!(ready["socket"], socket.to_str().unwrap());
+    assert_eq!(ready["device"], device.to_str().unwrap());
+    assert_eq!(ready["director"], Value::Null);
+    assert_eq!(ready["pid"], child.id());
+    let dmode = std::fs::metadata(runtime.join("dds"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(dmode & 0o777, 0o700, "directory mode {dmode:o}");
+    let smode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(smode & 0o777, 0o600, "socket mode {smode:o}");
+
+    // Clients find the same default.
+    let out = Command::new(DDS)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env_remove("DDS_SOCKET")
+        .args(["fs", "df", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(rest, "", "more than one line on stdout");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("DPU listening"), "{err}");
+    assert!(!err.contains('\x1b'), "colours on a pipe: {err}");
+    assert!(!socket.exists());
+}
+
+#[test]
+fn dpu_serves_another_user_only_when_allowed() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: running a second user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let dir = tempfile::tempdir().unwrap();
+    let device = format(dir.path());
+    // A socket in a directory every user can reach.
+    let socket = std::env::temp_dir().join(format!("dds-cli-allow-{}.sock", std::process::id()));
+    let df_as_nobody = || {
+        Command::new(DDS)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .args(["fs", "--socket"])
+            .arg(&socket)
+            .arg("df")
+            .output()
+            .unwrap()
+    };
+    let start = |extra: &[&str]| {
+        let child = Command::new(DDS)
+            .args(["dpu", "--dma-cost", "off", "--device"])
+            .arg(&device)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = Dpu { child };
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(line.starts_with("dds dpu ready: socket"), "{line}");
+        child
+    };
+
+    let dpu = start(&[]);
+    // Even with the file mode opened up, the DPU refuses the other user.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = df_as_nobody();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ok(&fs(&socket, &["df"]));
+    drop(dpu);
+
+    let dpu = start(&["--allow-uid", "65534"]);
+    assert_ok(&df_as_nobody());
+    drop(dpu);
+    let _ = std::fs::remove_file(&socket);
 }

@@ -4,7 +4,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -106,26 +106,33 @@ impl Dpu {
                 return Err(io::Error::other("service thread died at start"));
             }
         };
-        if config.socket.exists() {
-            // A stale socket of a dead DPU; a live one would still accept.
-            if UnixStream::connect(&config.socket).is_ok() {
-                stop.store(true, Ordering::Release);
-                let _ = service.join();
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("a DPU already listens on {}", config.socket.display()),
-                ));
-            }
-            std::fs::remove_file(&config.socket)?;
+        if let Err(e) = remove_stale_socket(&config.socket) {
+            stop.store(true, Ordering::Release);
+            let _ = service.join();
+            return Err(e);
         }
         let listener = UnixListener::bind(&config.socket)?;
+        // Only the owner may connect; with users or groups allowed besides, anyone who can
+        // reach the socket's directory may try, and the peer check on every accept decides.
+        let mode = if config.allow_uids.is_empty() && config.allow_gids.is_empty() {
+            0o600
+        } else {
+            0o666
+        };
+        std::fs::set_permissions(
+            &config.socket,
+            std::os::unix::fs::PermissionsExt::from_mode(mode),
+        )?;
         listener.set_nonblocking(true)?;
+        let policy = Arc::new(Policy::new(&config));
         let listen_stop = stop.clone();
         let conns: Connections = Arc::default();
         let listen_conns = conns.clone();
         let listener = std::thread::Builder::new()
             .name("dds-control".into())
-            .spawn(move || accept_loop(listener, cmd_tx, hello, listen_stop, listen_conns))?;
+            .spawn(move || {
+                accept_loop(listener, cmd_tx, hello, listen_stop, listen_conns, policy)
+            })?;
         tracing::info!(socket = %config.socket.display(), "DPU listening");
         Ok(DpuHandle {
             stop,
@@ -150,6 +157,89 @@ pub fn memory_file_service(device_bytes: u64) -> Result<FileService, dds_fs::FsE
         },
     )?;
     FileService::open(Box::new(dev), dds_fs::OpenConfig::default())
+}
+
+/// Removes what a dead DPU left at `path`: only a socket nothing listens on. Anything else
+/// there is an error, never deleted.
+fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            ),
+        ));
+    }
+    // A live DPU would still accept.
+    if UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("a DPU already listens on {}", path.display()),
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
+/// Who may use the control socket, and how many at once.
+struct Policy {
+    own_uid: u32,
+    allow_uids: Vec<u32>,
+    allow_gids: Vec<u32>,
+    max_connections: usize,
+    frame_timeout: Duration,
+}
+
+impl Policy {
+    fn new(c: &DpuConfig) -> Policy {
+        Policy {
+            // SAFETY: geteuid has no preconditions.
+            own_uid: unsafe { libc::geteuid() },
+            allow_uids: c.allow_uids.clone(),
+            allow_gids: c.allow_gids.clone(),
+            max_connections: c.max_control_connections.max(1),
+            frame_timeout: c.control_frame_timeout,
+        }
+    }
+
+    /// Whether the peer (uid, gid) may connect.
+    fn admits(&self, uid: u32, gid: u32) -> bool {
+        uid == self.own_uid
+            || uid == 0
+            || self.allow_uids.contains(&uid)
+            || self.allow_gids.contains(&gid)
+    }
+}
+
+/// The credentials (pid, uid, gid) of the process at the other end of `sock`.
+fn peer_credentials(sock: &UnixStream) -> io::Result<(i32, u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket and an out-buffer of the size passed.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.pid, cred.uid, cred.gid))
 }
 
 /// A socket path in the temporary directory, unique to this process and call.
@@ -253,12 +343,39 @@ fn accept_loop(
     hello: HelloInfo,
     stop: Arc<AtomicBool>,
     conns: Connections,
+    policy: Arc<Policy>,
 ) {
     let next_conn = AtomicU64::new(1);
+    let live = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((sock, _)) => {
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
+                match peer_credentials(&sock) {
+                    Ok((_, uid, gid)) if policy.admits(uid, gid) => {}
+                    Ok((pid, uid, gid)) => {
+                        tracing::warn!(
+                            conn,
+                            pid,
+                            uid,
+                            gid,
+                            "refused control connection: user not allowed (see --allow-uid, --allow-gid)"
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(conn, "refused control connection: peer credentials: {e}");
+                        continue;
+                    }
+                }
+                if live.load(Ordering::Acquire) >= policy.max_connections {
+                    tracing::warn!(
+                        conn,
+                        max = policy.max_connections,
+                        "refused control connection: too many open (see --max-control-connections)"
+                    );
+                    continue;
+                }
                 let tx = cmd_tx.clone();
                 let hello = hello.clone();
                 if let Ok(c) = sock.try_clone() {
@@ -267,17 +384,26 @@ fn accept_loop(
                         .unwrap_or_else(|p| p.into_inner())
                         .push((conn, c));
                 }
-                let conns = conns.clone();
+                let thread_conns = conns.clone();
+                live.fetch_add(1, Ordering::AcqRel);
+                let thread_live = live.clone();
+                let timeout = policy.frame_timeout;
                 let r = std::thread::Builder::new()
                     .name(format!("dds-conn-{conn}"))
                     .spawn(move || {
-                        serve_connection(conn, sock, tx, hello);
-                        conns
+                        serve_connection(conn, sock, tx, hello, timeout);
+                        thread_conns
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .retain(|(c, _)| *c != conn);
+                        thread_live.fetch_sub(1, Ordering::AcqRel);
                     });
                 if let Err(e) = r {
+                    live.fetch_sub(1, Ordering::AcqRel);
+                    conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|(c, _)| *c != conn);
                     tracing::error!("cannot start connection thread: {e}");
                 }
             }
@@ -292,7 +418,13 @@ fn accept_loop(
     }
 }
 
-fn serve_connection(conn: u64, sock: UnixStream, cmd_tx: CommandSender, hello: HelloInfo) {
+fn serve_connection(
+    conn: u64,
+    sock: UnixStream,
+    cmd_tx: CommandSender,
+    hello: HelloInfo,
+    frame_timeout: Duration,
+) {
     if let Err(e) = sock.set_nonblocking(false) {
         tracing::warn!(conn, "socket mode: {e}");
         return;
@@ -300,7 +432,7 @@ fn serve_connection(conn: u64, sock: UnixStream, cmd_tx: CommandSender, hello: H
     tracing::debug!(conn, "host connected");
     loop {
         let mut fds = Vec::new();
-        let payload = match control::recv_frame(&sock, &mut fds) {
+        let payload = match control::recv_frame_within(&sock, &mut fds, Some(frame_timeout)) {
             Ok(p) => p,
             Err(FrameError::Closed) => break,
             Err(e @ (FrameError::BadLength(_) | FrameError::TooManyFds)) => {

@@ -14,7 +14,7 @@ mod offload;
 pub mod profile;
 mod service;
 
-use std::path::PathBuf;
+use std::time::Duration;
 
 pub use control::{memory_file_service, temp_socket_path, Dpu, DpuHandle};
 pub use offload::OffloadConfig;
@@ -34,7 +34,7 @@ pub enum ExecMode {
 /// DPU daemon settings.
 #[derive(Clone, Debug)]
 pub struct DpuConfig {
-    pub socket: PathBuf,
+    pub socket: std::path::PathBuf,
     pub exec_mode: ExecMode,
     /// Emulated PCIe cost model of the DMA engine; `None` = free copies.
     pub dma_cost: Option<dds_dma::CostModel>,
@@ -53,12 +53,21 @@ pub struct DpuConfig {
     /// Idle service thread: park (block until a host, the control plane or a director rings)
     /// once idle for a while; false: always spin, as on a dedicated DPU core.
     pub park_when_idle: bool,
+    /// Besides our own user and root, users whose processes may use the control socket.
+    pub allow_uids: Vec<u32>,
+    /// Groups (a peer's primary group) whose processes may use the control socket.
+    pub allow_gids: Vec<u32>,
+    /// Control connections open at once at most; further ones are closed at once.
+    pub max_control_connections: usize,
+    /// A control frame whose first byte arrived must be complete within this time, or the
+    /// connection is closed. Waiting between frames is not limited.
+    pub control_frame_timeout: Duration,
 }
 
 impl Default for DpuConfig {
     fn default() -> Self {
         DpuConfig {
-            socket: PathBuf::from("/tmp/dds-dpu.sock"),
+            socket: dds_proto::control::default_socket_path(),
             exec_mode: ExecMode::ZeroCopy,
             dma_cost: None,
             dma_queue_depth: 256,
@@ -68,6 +77,10 @@ impl Default for DpuConfig {
             max_pending_per_group: 4096,
             delivery_batch_bytes: 64 << 10,
             park_when_idle: true,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            max_control_connections: 64,
+            control_frame_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -44,8 +44,9 @@ pub enum FsError {
     /// The formatted maximum number of directories is reached.
     #[error("too many directories")]
     TooManyDirs,
-    /// The path is malformed (empty component, `.`/`..`, NUL, too many levels, ...).
-    #[error("invalid path")]
+    /// The path is malformed (empty component, `.`/`..`, a control character, too many
+    /// levels, ...).
+    #[error("invalid path (empty name, `.` or `..`, a control character, or more than one directory level)")]
     InvalidPath,
     /// Device I/O failed.
     #[error("I/O error: {0}")]

@@ -4,7 +4,9 @@ use crate::align::align_up;
 use crate::codec::{le32, le64, Reader, Writer};
 use crate::error::FsError;
 
-pub(crate) const SB_MAGIC: &[u8; 8] = b"DDSFSSB1";
+/// The first bytes of a dds-fs device (its superblock).
+pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"DDSFSSB1";
+pub(crate) const SB_MAGIC: &[u8; 8] = SUPERBLOCK_MAGIC;
 pub(crate) const CKPT_MAGIC: &[u8; 8] = b"DDSFSCK1";
 pub(crate) const LOG_MAGIC: &[u8; 4] = b"DDSL";
 pub(crate) const FORMAT_VERSION: u32 = 1;

@@ -320,6 +320,10 @@ impl FileService {
     }
 
     fn check_name(&self, name: &str) -> Result<(), FsError> {
+        // Control characters (C0 and DEL) make names that terminals and logs mangle.
+        if name.bytes().any(|b| b < 0x20 || b == 0x7f) {
+            return Err(FsError::InvalidPath);
+        }
         match name_ok(name, self.geom.max_name_len) {
             Ok(()) => Ok(()),
             Err(NameError::Invalid) => Err(FsError::InvalidPath),

@@ -18,5 +18,6 @@ pub use dds_proto::Status;
 pub use error::{DdsError, Result};
 pub use group::{Completion, Group, GroupConfig, IoVec};
 
-/// Default control socket of `dds dpu`.
-pub const DEFAULT_SOCKET: &str = "/tmp/dds-dpu.sock";
+/// Default control socket of `dds dpu`: `dpu.sock` in the user's private runtime directory
+/// (`$XDG_RUNTIME_DIR/dds`, `/run/dds` for root, otherwise `/tmp/dds-$UID`).
+pub use dds_proto::control::default_socket_path;

@@ -4,6 +4,8 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -14,6 +16,67 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const FRAME_BYTES_MAX: usize = 1 << 20;
 /// Most descriptors one frame may carry.
 pub const FRAME_FDS_MAX: usize = 4;
+
+/// File name of the default control socket inside its runtime directory.
+pub const SOCKET_FILE_NAME: &str = "dpu.sock";
+
+/// The private runtime directory of the default control socket: `$XDG_RUNTIME_DIR/dds`,
+/// `/run/dds` for root, otherwise `/tmp/dds-$UID`.
+pub fn default_socket_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("dds"),
+        _ if uid == 0 => PathBuf::from("/run/dds"),
+        _ => PathBuf::from(format!("/tmp/dds-{uid}")),
+    }
+}
+
+/// The default control socket of `dds dpu` (`default_socket_dir()/dpu.sock`).
+pub fn default_socket_path() -> PathBuf {
+    default_socket_dir().join(SOCKET_FILE_NAME)
+}
+
+/// Creates `dir` with mode 0700 if absent; an existing `dir` must be a directory (not a
+/// symbolic link) owned by this user that no one else may enter or write.
+pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if let Some(parent) = dir.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let bad = |why: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{}: {why}", dir.display()),
+        ))
+    };
+    if !m.file_type().is_dir() {
+        return bad("not a directory (a symbolic link or another file is in the way)");
+    }
+    if m.uid() != uid {
+        return bad(&format!("owned by uid {}, not by us ({uid})", m.uid()));
+    }
+    if m.mode() & 0o077 != 0 {
+        return bad(&format!(
+            "mode {:o} lets other users in (expected 0700)",
+            m.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -200,6 +263,8 @@ pub enum FrameError {
     BadLength(usize),
     #[error("too many descriptors in one frame")]
     TooManyFds,
+    #[error("frame not completed within {0:?}")]
+    Timeout(Duration),
     #[error("malformed frame: {0}")]
     Malformed(String),
     #[error(transparent)]
@@ -232,10 +297,55 @@ pub fn send_frame<T: Serialize>(
 
 /// Receives one frame's payload; descriptors that came with it are appended to `fds`.
 pub fn recv_frame(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> Result<Vec<u8>, FrameError> {
+    recv_frame_within(sock, fds, None)
+}
+
+/// Bytes of a frame payload read at a time: the buffer grows with what arrives.
+const RECV_CHUNK: usize = 64 << 10;
+
+/// As [`recv_frame`], waiting as long as it takes for a frame to begin but, with
+/// `frame_timeout`, at most that long for the rest of it once its first byte arrived
+/// ([`FrameError::Timeout`]). With `frame_timeout`, the socket's read timeout is used and left
+/// unset; without, it is left alone.
+pub fn recv_frame_within(
+    sock: &UnixStream,
+    fds: &mut Vec<OwnedFd>,
+    frame_timeout: Option<Duration>,
+) -> Result<Vec<u8>, FrameError> {
+    if frame_timeout.is_some() {
+        sock.set_read_timeout(None)?;
+    }
+    let mut deadline: Option<Instant> = None;
+    // Arms the frame deadline after the first byte and applies what is left of it.
+    let rearm = |deadline: &mut Option<Instant>| -> Result<(), FrameError> {
+        let Some(t) = frame_timeout else {
+            return Ok(());
+        };
+        let d = *deadline.get_or_insert_with(|| Instant::now() + t);
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(FrameError::Timeout(t));
+        }
+        sock.set_read_timeout(Some(left))?;
+        Ok(())
+    };
+    let timed_out = |e: &io::Error| {
+        matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        )
+    };
     let mut len_bytes = [0u8; 4];
     let mut got = 0;
     while got < 4 {
-        let n = dds_dma::recv_with_fds(sock, &mut len_bytes[got..], fds)?;
+        let n = match dds_dma::recv_with_fds(sock, &mut len_bytes[got..], fds) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if timed_out(&e) && frame_timeout.is_some() => {
+                return Err(FrameError::Timeout(frame_timeout.unwrap_or_default()))
+            }
+            Err(e) => return Err(e.into()),
+        };
         if n == 0 {
             return Err(if got == 0 {
                 FrameError::Closed
@@ -247,19 +357,37 @@ pub fn recv_frame(sock: &UnixStream, fds: &mut Vec<OwnedFd>) -> Result<Vec<u8>, 
         if fds.len() > FRAME_FDS_MAX {
             return Err(FrameError::TooManyFds);
         }
+        rearm(&mut deadline)?;
     }
     let len = u32::from_le_bytes(len_bytes) as usize;
     if len == 0 || len > FRAME_BYTES_MAX {
         return Err(FrameError::BadLength(len));
     }
-    let mut payload = vec![0u8; len];
-    (&*sock).read_exact(&mut payload).map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            FrameError::Malformed("truncated frame payload".into())
-        } else {
-            FrameError::Io(e)
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let start = payload.len();
+        let want = (len - start).min(RECV_CHUNK);
+        payload.resize(start + want, 0);
+        let r = (&*sock).read(&mut payload[start..]);
+        match r {
+            Ok(0) => return Err(FrameError::Malformed("truncated frame payload".into())),
+            Ok(n) => payload.truncate(start + n),
+            Err(e) => {
+                payload.truncate(start);
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    _ if timed_out(&e) && frame_timeout.is_some() => {
+                        return Err(FrameError::Timeout(frame_timeout.unwrap_or_default()))
+                    }
+                    _ => return Err(e.into()),
+                }
+            }
         }
-    })?;
+        rearm(&mut deadline)?;
+    }
+    if frame_timeout.is_some() {
+        sock.set_read_timeout(None)?;
+    }
     Ok(payload)
 }
 
@@ -333,5 +461,47 @@ mod tests {
             recv_frame(&b, &mut fds),
             Err(FrameError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_stalled_frame_times_out_but_an_idle_stream_waits() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let t = Duration::from_millis(200);
+        // Idle: nothing sent for longer than the frame timeout, then a whole frame.
+        let sender = std::thread::spawn({
+            let a = a.try_clone().unwrap();
+            move || {
+                std::thread::sleep(Duration::from_millis(400));
+                send_frame(&a, &Request::FreeSpace, &[]).unwrap();
+            }
+        });
+        let p = recv_frame_within(&b, &mut Vec::new(), Some(t)).unwrap();
+        assert_eq!(decode::<Request>(&p).unwrap(), Request::FreeSpace);
+        sender.join().unwrap();
+        // Half a frame, then silence.
+        (&a).write_all(&100u32.to_le_bytes()).unwrap();
+        (&a).write_all(b"{\"op\"").unwrap();
+        let start = Instant::now();
+        let e = recv_frame_within(&b, &mut Vec::new(), Some(t)).unwrap_err();
+        assert!(matches!(e, FrameError::Timeout(_)), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn default_socket_dir_is_private() {
+        let dir = std::env::temp_dir().join(format!("dds-proto-test-{}", std::process::id()));
+        let sub = dir.join("rt");
+        ensure_private_dir(&sub).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let m = std::fs::metadata(&sub).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        ensure_private_dir(&sub).unwrap();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(ensure_private_dir(&sub).is_err());
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&sub, &link).unwrap();
+        assert!(ensure_private_dir(&link).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(default_socket_path().ends_with(SOCKET_FILE_NAME));
     }
 }

@@ -12,7 +12,7 @@ mod mem;
 mod uring;
 
 pub use mem::{FaultInjector, MemDevice};
-pub use uring::{UringDevice, DEFAULT_QUEUE_DEPTH};
+pub use uring::{DeviceLock, UringDevice, DEFAULT_QUEUE_DEPTH};
 
 /// One asynchronous device operation.
 #[derive(Debug, Clone, Copy)]

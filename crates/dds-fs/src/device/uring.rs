@@ -21,6 +21,68 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// Default io_uring queue depth.
 pub const DEFAULT_QUEUE_DEPTH: usize = 128;
 
+/// The exclusive advisory lock (`flock`) on a device: held by a running file service for as long
+/// as it uses the device, and by `dds format` before it writes anything. It sits on its own
+/// read-only open file description, so it is released as soon as its holder closes it, even if
+/// the kernel tears an io_uring that references the data descriptor down asynchronously.
+#[derive(Debug)]
+pub struct DeviceLock {
+    file: File,
+}
+
+impl DeviceLock {
+    /// Locks the existing device `path`; fails if another process holds the lock.
+    pub fn acquire(path: impl AsRef<Path>) -> Result<DeviceLock, FsError> {
+        let path = path.as_ref();
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| FsError::io(&format!("open {} for locking", path.display()), e))?;
+        DeviceLock::lock(path, file)
+    }
+
+    /// Creates the new, empty regular file `path` (mode 0600; an existing path is an error)
+    /// and locks it.
+    pub fn create(path: impl AsRef<Path>) -> Result<DeviceLock, FsError> {
+        let path = path.as_ref();
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_CREAT | libc::O_EXCL)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| FsError::io(&format!("create {}", path.display()), e))?;
+        DeviceLock::lock(path, file)
+    }
+
+    fn lock(path: &Path, file: File) -> Result<DeviceLock, FsError> {
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |e| {
+                FsError::io(
+                    &format!("{} is in use by another process (flock)", path.display()),
+                    e.into(),
+                )
+            },
+        )?;
+        Ok(DeviceLock { file })
+    }
+
+    /// Reads up to `buf.len()` bytes from the start of the device; returns how many.
+    pub fn read_head(&self, buf: &mut [u8]) -> Result<usize, FsError> {
+        use std::os::unix::fs::FileExt as _;
+        let mut got = 0;
+        while got < buf.len() {
+            match self.file.read_at(&mut buf[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FsError::io("read device", e)),
+            }
+        }
+        Ok(got)
+    }
+}
+
 /// A device driven through io_uring with O_DIRECT.
 ///
 /// Submissions are queued in the submission ring and handed to the kernel by
@@ -51,19 +113,28 @@ impl UringDevice {
                 "queue depth {queue_depth} not in 1..=4096"
             )));
         }
+        let lock = DeviceLock::acquire(path)?;
+        UringDevice::open_locked(path, queue_depth, lock)
+    }
+
+    /// As [`open`](Self::open), with the device lock already taken by the caller.
+    pub fn open_locked(
+        path: impl AsRef<Path>,
+        queue_depth: usize,
+        lock: DeviceLock,
+    ) -> Result<UringDevice, FsError> {
+        let path = path.as_ref();
+        if queue_depth == 0 || queue_depth > 4096 {
+            return Err(FsError::InvalidConfig(format!(
+                "queue depth {queue_depth} not in 1..=4096"
+            )));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| FsError::io(&format!("open {} with O_DIRECT", path.display()), e))?;
-        // One file service per device: refuse a device another user has open. The lock sits on
-        // a separate open file description so it is released as soon as we close it, even if
-        // the kernel tears the io_uring (which references `file`) down asynchronously.
-        let lock = File::open(path)
-            .map_err(|e| FsError::io(&format!("open {} for locking", path.display()), e))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-            .map_err(|e| FsError::io(&format!("{} is in use (flock)", path.display()), e.into()))?;
         let meta = file
             .metadata()
             .map_err(|e| FsError::io("fstat device", e))?;
@@ -107,7 +178,7 @@ impl UringDevice {
         );
         Ok(UringDevice {
             file,
-            _lock: lock,
+            _lock: lock.file,
             path: path.to_path_buf(),
             ring,
             block_size,
@@ -120,23 +191,54 @@ impl UringDevice {
         })
     }
 
-    /// Creates (or truncates) a regular file of `size` bytes, preallocated with `fallocate`
-    /// where the file system supports it, for use as a device.
+    /// Creates a new regular file of `size` bytes (mode 0600), preallocated with `fallocate`
+    /// where the file system supports it, for use as a device. An existing file is an error.
     pub fn create_file(path: impl AsRef<Path>, size: u64) -> Result<(), FsError> {
         let path = path.as_ref();
+        let lock = DeviceLock::create(path)?;
+        let r = UringDevice::size_file(&lock, path, size, false);
+        if r.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        r
+    }
+
+    /// Sets the length of the regular file `path`, whose device lock the caller holds, to
+    /// `size`: grows it (preallocated where supported); shrinking is refused unless `shrink`.
+    /// Never truncates on open.
+    pub fn size_file(
+        _lock: &DeviceLock,
+        path: impl AsRef<Path>,
+        size: u64,
+        shrink: bool,
+    ) -> Result<(), FsError> {
+        let path = path.as_ref();
         let file = OpenOptions::new()
-            .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(path)
-            .map_err(|e| FsError::io(&format!("create {}", path.display()), e))?;
-        match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, size) {
-            Ok(()) => Ok(()),
-            Err(_) => file
-                .set_len(size)
-                .map_err(|e| FsError::io("set device file length", e)),
-        }?;
+            .map_err(|e| FsError::io(&format!("open {} for writing", path.display()), e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| FsError::io("fstat device file", e))?
+            .len();
+        if len > size {
+            if !shrink {
+                return Err(FsError::InvalidConfig(format!(
+                    "{} holds {len} bytes, more than the size asked for ({size})",
+                    path.display()
+                )));
+            }
+            file.set_len(size)
+                .map_err(|e| FsError::io("set device file length", e))?;
+        } else if len < size {
+            match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, size) {
+                Ok(()) => Ok(()),
+                Err(_) => file
+                    .set_len(size)
+                    .map_err(|e| FsError::io("set device file length", e)),
+            }?;
+        }
         file.sync_all()
             .map_err(|e| FsError::io("sync device file", e))
     }
@@ -456,6 +558,31 @@ mod tests {
         assert!(r.as_slice().iter().all(|&b| b == 0));
         // misaligned sync I/O is rejected, not attempted
         assert!(d.write_sync(1, &w.as_slice()[..bs]).is_err());
+    }
+
+    #[test]
+    fn create_file_never_truncates_and_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dev");
+        std::fs::write(&p, b"precious").unwrap();
+        assert!(UringDevice::create_file(&p, 1 << 20).is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"precious");
+        let q = dir.path().join("new");
+        UringDevice::create_file(&q, 1 << 20).unwrap();
+        let m = std::fs::metadata(&q).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_eq!(m.len(), 1 << 20);
+        // Growing keeps the contents; shrinking needs consent.
+        let lock = DeviceLock::acquire(&p).unwrap();
+        UringDevice::size_file(&lock, &p, 4096, false).unwrap();
+        assert_eq!(&std::fs::read(&p).unwrap()[..8], b"precious");
+        assert!(UringDevice::size_file(&lock, &p, 4, false).is_err());
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 4096);
+        // The lock excludes a file service.
+        assert!(UringDevice::open(&p, 4).is_err());
+        drop(lock);
+        UringDevice::open(&p, 4).unwrap();
     }
 
     #[test]

@@ -139,6 +139,20 @@ pub fn suite_metadata(dev: Box<dyn Device>) {
     assert_eq!(fs.create_file("/a/b/c"), Err(FsError::InvalidPath));
     assert_eq!(fs.create_file("/a/"), Err(FsError::InvalidPath));
     assert_eq!(fs.create_file("/a/x\0"), Err(FsError::InvalidPath));
+    for bad in [
+        "/a/x\ny",
+        "/a/\x1b[31m",
+        "/a/del\x7f",
+        "/a/tab\t",
+        "/e\u{1}/f",
+    ] {
+        assert_eq!(fs.create_file(bad), Err(FsError::InvalidPath), "{bad:?}");
+    }
+    assert_eq!(fs.create_dir("/d\r"), Err(FsError::InvalidPath));
+    assert_eq!(
+        fs.rename_file("/a/f1", "/a/f\x07"),
+        Err(FsError::InvalidPath)
+    );
     assert_eq!(fs.lookup("/a/f1").unwrap().id, f1);
     assert_eq!(fs.lookup("/r1").unwrap().id, r1);
     assert_eq!(fs.lookup("r1").unwrap().path, "/r1");
