@@ -6,6 +6,8 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Instant;
 
+use rustix::fs::SealFlags;
+
 use crate::{CostModel, DmaCompletion, DmaDir, DmaEngine, DmaError, DmaOp, RegionId, SharedRegion};
 
 /// Counters of an [`EmulatedDma`].
@@ -71,7 +73,26 @@ impl EmulatedDma {
 
     /// Control plane: maps a host shared-memory object of `len` bytes (received over
     /// `SCM_RIGHTS`) `MAP_SHARED` and registers it.
+    ///
+    /// The object must be sealed against shrinking, growing and further sealing
+    /// (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): otherwise the host could truncate it
+    /// under the mapping and every later access would kill the DPU with `SIGBUS`.
     pub fn register(&mut self, fd: OwnedFd, len: usize) -> Result<RegionId, DmaError> {
+        let need = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+        match rustix::fs::fcntl_get_seals(&fd) {
+            Ok(seals) if seals.contains(need) => {}
+            Ok(seals) => {
+                return Err(DmaError::Map(format!(
+                    "shared memory not sealed against resizing (seals {seals:?}; \
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL required)"
+                )))
+            }
+            Err(e) => {
+                return Err(DmaError::Map(format!(
+                    "shared memory must be a sealed memfd: {e}"
+                )))
+            }
+        }
         let id = u32::try_from(self.regions.len())
             .map_err(|_| DmaError::Map("too many regions".into()))?;
         let region = SharedRegion::from_fd(fd, len).map_err(|e| DmaError::Map(e.to_string()))?;

@@ -357,3 +357,28 @@ fn regions_cannot_be_resized() {
     let region = SharedRegion::create("sealed", 4096).unwrap();
     assert!(rustix::fs::ftruncate(region.fd().as_fd(), 100).is_err());
 }
+
+#[test]
+fn unsealed_shared_memory_is_refused_and_sealed_memory_cannot_shrink() {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let mut dma = EmulatedDma::new(8, None);
+    // A memfd without seals: the host could truncate it under the DPU's mapping.
+    let fd = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .unwrap();
+    rustix::fs::ftruncate(&fd, 8192).unwrap();
+    let e = dma.register(fd, 8192).unwrap_err();
+    assert!(
+        matches!(&e, DmaError::Map(m) if m.contains("sealed")),
+        "{e}"
+    );
+    // Sealed against shrinking only: still refused (growing and re-sealing stay possible).
+    let fd =
+        rustix::fs::memfd_create("half", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, 8192).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).unwrap();
+    assert!(dma.register(fd, 8192).is_err());
+    // A host's region is sealed: shrinking it fails, registering it works.
+    let region = SharedRegion::create("sealed", 8192).unwrap();
+    assert!(rustix::fs::ftruncate(region.fd(), 4096).is_err());
+    dma.register_shared(&region).unwrap();
+}

@@ -67,6 +67,33 @@ pub(crate) fn drain(fd: BorrowedFd<'_>) {
     }
 }
 
+/// Writes 1 to a host's eventfd without ever blocking: the fd is non-blocking (set at group
+/// creation) and written only when `poll` says a write fits, so a host that fills its
+/// eventfd's counter (or clears `O_NONBLOCK` again) loses its own notifications and nothing
+/// else.
+pub(crate) fn notify(fd: BorrowedFd<'_>) {
+    let mut p = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::OUT,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if matches!(rustix::event::poll(&mut p, Some(&zero)), Ok(1))
+        && p[0].revents().contains(rustix::event::PollFlags::OUT)
+    {
+        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+    }
+}
+
+/// Makes a host's fd non-blocking (its open file description is shared with the host).
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+    Ok(())
+}
+
 /// Whether `fd` is an eventfd (what a host must pass as a doorbell or notification fd).
 pub(crate) fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;

@@ -8,7 +8,7 @@
 //! A request's record stays in the request mirror until its response is buffered (TailB
 //! passed it): write data is handed to the device in place, so Head is advanced only then.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use dds_dma::{DmaEngine, LocalBuf, RegionId};
 use dds_fs::{FileId, FileService, FsError};
@@ -526,8 +526,9 @@ impl GroupState {
         if buffered > 0 && (flush || buffered >= batch_bytes) {
             let sleepers = self.resp.deliver(self.tail_b, dma)?;
             if sleepers {
-                // The "interrupt": wake host threads sleeping in PollWait.
-                let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
+                // The "interrupt": wake host threads sleeping in PollWait. Never blocks: a
+                // host's eventfd whose counter it filled up is skipped (`bell::notify`).
+                crate::bell::notify(self.eventfd.as_fd());
             }
             moved = true;
         }

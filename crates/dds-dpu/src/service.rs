@@ -461,6 +461,14 @@ impl Service {
         if !bell::is_eventfd(doorbell.as_fd()) {
             return bad("the doorbell descriptor is not an eventfd".into());
         }
+        if !bell::is_eventfd(eventfd.as_fd()) {
+            return bad("the notification descriptor is not an eventfd".into());
+        }
+        if let Err(e) = bell::set_nonblocking(eventfd.as_fd()) {
+            return bad(format!(
+                "cannot make the notification eventfd non-blocking: {e}"
+            ));
+        }
         let ring_ok = |off: u64, cap: u64| {
             dds_ring::valid_capacity(cap)
                 && (64 << 10..=1 << 30).contains(&cap)

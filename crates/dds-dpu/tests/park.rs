@@ -70,28 +70,17 @@ fn idle_dpu_parks_and_a_request_wakes_it() {
     drop(groups);
 }
 
-/// A host must pass an eventfd as its doorbell: anything else (here a pipe) is refused at group
-/// creation, and the DPU goes on serving.
-#[test]
-fn a_doorbell_that_is_not_an_eventfd_is_refused() {
-    use std::os::fd::AsFd;
-    use std::os::unix::net::UnixStream;
-
-    use dds_dma::SharedRegion;
+/// What a hostile host passes at group creation, and whether the DPU takes it.
+fn create_group_with(
+    sock: &std::os::unix::net::UnixStream,
+    shm: std::os::fd::BorrowedFd<'_>,
+    notify: std::os::fd::BorrowedFd<'_>,
+    doorbell: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), String> {
     use dds_proto::control::{self, Reply, Request};
     use dds_ring::POINTER_AREA_BYTES;
-
-    let config = DpuConfig {
-        socket: dds_dpu::temp_socket_path("doorbell"),
-        ..DpuConfig::default()
-    };
-    let dpu = Dpu::start_in_memory(config, 64 << 20).unwrap();
-    let sock = UnixStream::connect(dpu.socket()).unwrap();
     let cap = 64usize << 10;
     let len = 2 * (POINTER_AREA_BYTES + cap);
-    let region = SharedRegion::create("doorbell", len).unwrap();
-    let eventfd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
-    let (pipe_r, _pipe_w) = rustix::pipe::pipe().unwrap();
     let req = Request::CreateGroup {
         region_len: len as u64,
         req_offset: 0,
@@ -99,13 +88,66 @@ fn a_doorbell_that_is_not_an_eventfd_is_refused() {
         resp_offset: (POINTER_AREA_BYTES + cap) as u64,
         resp_capacity: cap as u64,
     };
-    control::send_frame(&sock, &req, &[region.fd(), eventfd.as_fd(), pipe_r.as_fd()]).unwrap();
-    let reply = control::decode::<Reply>(&control::recv_frame(&sock, &mut Vec::new()).unwrap());
+    control::send_frame(sock, &req, &[shm, notify, doorbell]).unwrap();
+    let reply = control::decode::<Reply>(&control::recv_frame(sock, &mut Vec::new()).unwrap());
     match reply.unwrap() {
-        Reply::Err(e) => assert!(e.message.contains("doorbell"), "{}", e.message),
-        Reply::Ok(v) => panic!("a pipe accepted as a doorbell: {v}"),
+        Reply::Err(e) => Err(e.message),
+        Reply::Ok(_) => Ok(()),
     }
+}
+
+/// A hostile host cannot crash or stall the DPU with the descriptors it passes: an unsealed
+/// memfd (which it could shrink under the DPU's mapping: SIGBUS), a pipe instead of the
+/// notification eventfd or of the doorbell (writes that block) are refused at group creation;
+/// a blocking eventfd whose counter the host filled up costs only that host its
+/// notifications. Another host is served throughout.
+#[test]
+fn hostile_descriptors_are_refused_or_harmless() {
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    use dds_dma::SharedRegion;
+    use dds_ring::POINTER_AREA_BYTES;
+    use rustix::fs::MemfdFlags;
+
+    let config = DpuConfig {
+        socket: dds_dpu::temp_socket_path("hostile-fds"),
+        ..DpuConfig::default()
+    };
+    let dpu = Dpu::start_in_memory(config, 64 << 20).unwrap();
+    let sock = UnixStream::connect(dpu.socket()).unwrap();
+    let len = 2 * (POINTER_AREA_BYTES + (64 << 10));
+    let region = SharedRegion::create("hostile", len).unwrap();
+    let efd = || rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let (notify, doorbell) = (efd(), efd());
+    let (pipe_r, pipe_w) = rustix::pipe::pipe().unwrap();
+
+    let unsealed =
+        rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .unwrap();
+    rustix::fs::ftruncate(&unsealed, len as u64).unwrap();
+    let e =
+        create_group_with(&sock, unsealed.as_fd(), notify.as_fd(), doorbell.as_fd()).unwrap_err();
+    assert!(e.contains("sealed"), "{e}");
+    // Had it been taken, this would be the SIGBUS: the DPU is still alive and serving below.
+    rustix::fs::ftruncate(&unsealed, 0).unwrap();
+
+    let e = create_group_with(&sock, region.fd(), pipe_w.as_fd(), doorbell.as_fd()).unwrap_err();
+    assert!(e.contains("notification"), "{e}");
+    let e = create_group_with(&sock, region.fd(), notify.as_fd(), pipe_r.as_fd()).unwrap_err();
+    assert!(e.contains("doorbell"), "{e}");
+
+    // A blocking eventfd, taken; the host then fills its counter so a write would block.
+    create_group_with(&sock, region.fd(), notify.as_fd(), doorbell.as_fd()).unwrap();
+    rustix::io::write(&notify, &(u64::MAX - 1).to_ne_bytes()).unwrap();
+
     let dds = Dds::connect(dpu.socket()).unwrap();
     let f = dds.create_file("/still").unwrap();
-    dds.write_sync(f.id, 0, b"serving").unwrap();
+    for i in 0..50u64 {
+        dds.write_sync(f.id, i * 4096, b"serving").unwrap();
+    }
+    let mut b = [0u8; 7];
+    dds.read_sync(f.id, 0, &mut b).unwrap();
+    assert_eq!(&b, b"serving");
+    drop(sock);
 }
