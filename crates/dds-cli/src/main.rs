@@ -7,6 +7,7 @@ mod bench_cmd;
 mod demo;
 mod dpu_cmd;
 mod fs_cmd;
+mod fsck_cmd;
 mod stats_cmd;
 mod util;
 
@@ -44,6 +45,9 @@ enum Cmd {
     #[cfg(feature = "bench")]
     Bench(bench_cmd::BenchArgs),
     /// Run the remote-storage applications: pagestore server, load client, TCP echo.
+    /// Check a device's metadata without changing it (what the DPU would recover, or what
+    /// is damaged).
+    Fsck(fsck_cmd::FsckArgs),
     /// Runtime statistics of a running DPU (groups, memory, DMA, space, offload engine).
     Stats(stats_cmd::StatsArgs),
     App(app_cmd::AppArgs),
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench_cmd::run(a),
         Cmd::Stats(a) => stats_cmd::run(a),
+        Cmd::Fsck(a) => fsck_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
     };
     match result {

@@ -51,5 +51,5 @@ pub use layout::{
     FormatConfig, DEFAULT_LOG_BYTES, DEFAULT_MAX_DIRS, DEFAULT_MAX_FILES, DEFAULT_MAX_NAME_LEN,
     DEFAULT_SEGMENT_SIZE, MAX_DIRS_LIMIT, MAX_FILES_LIMIT, MAX_NAME_LEN_LIMIT, SUPERBLOCK_MAGIC,
 };
-pub use service::{format, FileService};
+pub use service::{check, format, CheckReport, FileService};
 pub use types::{DirEntry, EntryKind, FileId, FileInfo, OpenConfig, SpaceInfo};

@@ -364,6 +364,22 @@ pub(crate) fn parse_log_entry(b: &[u8], fs_uuid: u64, seq: u64, block: usize) ->
     }
 }
 
+/// The sequence number of a well-formed record of this file system at the start of `b`
+/// (magic, length, checksum and file system id all check out), whatever its position.
+pub(crate) fn record_seq(b: &[u8], fs_uuid: u64) -> Option<u64> {
+    if b.len() < LOG_HEADER_LEN || &b[..4] != LOG_MAGIC {
+        return None;
+    }
+    let total = le32(b, 8) as usize;
+    if total < LOG_HEADER_LEN || total > b.len() {
+        return None;
+    }
+    if crc32c::crc32c(&b[8..total]) != le32(b, 4) || le64(b, 16) != fs_uuid {
+        return None;
+    }
+    Some(le64(b, 24))
+}
+
 /// Checks a file or directory name.
 pub(crate) fn name_ok(name: &str, max: u32) -> Result<(), NameError> {
     if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
