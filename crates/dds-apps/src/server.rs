@@ -824,6 +824,23 @@ impl Worker {
             {
                 return Ok(moved);
             }
+            // Per-connection order for conflicting requests: a request that overlaps an
+            // earlier unfinished one of this connection (same file, overlapping bytes, at least
+            // one a write) waits until that one completes (its completion marks the
+            // connection, which resumes here). Others run concurrently.
+            let ops = &self.ops;
+            let conflicts = c.pending.iter().any(|&oi| {
+                ops.get(oi).and_then(Option::as_ref).is_some_and(|o| {
+                    !o.done
+                        && o.file == req.file_id
+                        && (o.op == OP_WRITE || req.op == OP_WRITE)
+                        && o.offset < req.offset.saturating_add(u64::from(req.len))
+                        && req.offset < o.offset.saturating_add(u64::from(o.len))
+                })
+            });
+            if conflicts {
+                return Ok(moved);
+            }
             // Validate against the served files; a bad request gets an error response.
             let end = req.offset.checked_add(req.len as u64);
             let status = if !self.files.contains(req.file_id) {

@@ -214,8 +214,8 @@ fn edge_cases(fx: &Fixture) {
     let mut s = connect(fx.addr());
     let mut b = MessageBuilder::new();
     let data: Vec<u8> = (0..100u32).map(|i| i as u8).collect();
-    // Requests of one connection run concurrently (only their responses are ordered), so the
-    // read-back goes in a later message.
+    // The read-back goes in a later message here; within one message it would wait for the
+    // write (see `pipelined_write_then_read`).
     b.write(f, 8, &data, 1); // unaligned write
     s.write_all(b.finish()).unwrap();
     let mut got = vec![read_response(&mut s).unwrap()];
@@ -644,4 +644,47 @@ fn megabyte_requests_in_multi_megabyte_messages() {
             "{rep:?}"
         );
     }
+}
+
+/// Per-connection order: pipelined WRITE p / READ p pairs in one stream (and in one message)
+/// always read the bytes just written, while unrelated requests still run concurrently.
+fn pipelined_write_then_read(fx: &Fixture) {
+    let f = fx.files()[0];
+    let mut s = connect(fx.addr());
+    let mut b = MessageBuilder::new();
+    let mut expect = Vec::new();
+    for round in 0..200u64 {
+        b.clear();
+        let page = round % 4;
+        let data: Vec<u8> = (0..512u64).map(|i| (round * 7 + i) as u8).collect();
+        b.write(f, page * 4096, &data, round * 10)
+            .read(f, page * 4096, 512, round * 10 + 1)
+            .read(f, (page + 8) * 4096, 512, round * 10 + 2); // unrelated
+        s.write_all(b.finish()).unwrap();
+        expect.push((round * 10 + 1, data));
+    }
+    let mut stale = 0;
+    for (id, data) in expect {
+        let (w, _) = read_response(&mut s).unwrap();
+        assert_eq!((w.req_id, w.status), (id - 1, 0));
+        let (r, got) = read_response(&mut s).unwrap();
+        assert_eq!((r.req_id, r.status), (id, 0));
+        stale += usize::from(got != data);
+        let (u, _) = read_response(&mut s).unwrap();
+        assert_eq!(u.req_id, id + 1);
+    }
+    assert_eq!(
+        stale, 0,
+        "reads that missed the write before them on the connection"
+    );
+}
+
+#[test]
+fn os_backend_keeps_per_connection_order_for_conflicting_requests() {
+    pipelined_write_then_read(&Fixture::os(small_config()));
+}
+
+#[test]
+fn dds_backend_keeps_per_connection_order_for_conflicting_requests() {
+    pipelined_write_then_read(&Fixture::dds(small_config()));
 }

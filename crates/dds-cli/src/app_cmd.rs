@@ -256,9 +256,10 @@ fn run_client(a: ClientArgs) -> Result<()> {
             rep.errors
         );
     }
-    if rep.order_violations > 0 || rep.verify_failures > 0 {
+    if rep.errors > 0 || rep.order_violations > 0 || rep.verify_failures > 0 {
         bail!(
-            "{} responses out of order, {} reads with wrong data",
+            "{} requests failed, {} responses out of order, {} reads with wrong data",
+            rep.errors,
             rep.order_violations,
             rep.verify_failures
         );

@@ -1,0 +1,64 @@
+//! `dds app client` exits non-zero when any request failed, so scripts and CI notice.
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+
+const DDS: &str = env!("CARGO_BIN_EXE_dds");
+
+struct Guard(std::process::Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_client_fails_when_requests_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new(DDS)
+        .args([
+            "app",
+            "pagestore",
+            "--backend",
+            "os",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--files", "1", "--file-size", "1M", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _server = Guard(server);
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    let file = ready["files"][0].as_u64().unwrap().to_string();
+    let client = |files: &str| {
+        Command::new(DDS)
+            .args(["app", "client", "--connect", &addr, "--files", files])
+            .args(["--file-size", "1M", "--requests", "200"])
+            .output()
+            .unwrap()
+    };
+    let ok = client(&file);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // A file the server does not serve: every request fails with UnknownFile.
+    let bad = client("4242");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("requests failed"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
