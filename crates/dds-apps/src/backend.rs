@@ -17,7 +17,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -462,10 +462,34 @@ struct Route {
     eventfd: OwnedFd,
 }
 
+/// What the server does when the DPU goes away (its process died or stopped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDpuLoss {
+    /// Answer requests with `DpuDead` meanwhile and reconnect with bounded exponential
+    /// backoff (50 ms doubling to 2 s), for `give_up_after` at most (`None`: forever); then
+    /// the files are checked (same ids), exposed again, and served again.
+    Reconnect { give_up_after: Option<Duration> },
+    /// Exit the process with a clear error (status 3).
+    Exit,
+}
+
 struct DdsShared {
-    dds: Dds,
+    /// The current connection: replaced when the DPU comes back.
+    dds: RwLock<Arc<Dds>>,
+    socket: PathBuf,
+    config: dds_host::Config,
+    /// The served files' paths, in id order.
+    paths: Vec<String>,
+    ids: Vec<u32>,
+    on_loss: OnDpuLoss,
     routes: Vec<Route>,
     stop: AtomicBool,
+}
+
+impl DdsShared {
+    fn dds(&self) -> Arc<Dds> {
+        self.dds.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// DDS files `/pagestore/f0 .. f{N-1}` on a running DPU.
@@ -484,7 +508,7 @@ pub const DDS_GROUP_SLOTS: u16 = 4096;
 
 impl DdsStorage {
     /// Connects to the DPU at `socket`, creates or opens and sizes the files, and starts the
-    /// completion thread for `workers` worker threads.
+    /// completion thread for `workers` worker threads. A lost DPU is reconnected to.
     pub fn open(
         socket: &Path,
         dir: &str,
@@ -492,6 +516,22 @@ impl DdsStorage {
         file_size: u64,
         fill: Fill,
         workers: usize,
+    ) -> Result<DdsStorage> {
+        let on_loss = OnDpuLoss::Reconnect {
+            give_up_after: None,
+        };
+        Self::open_with(socket, dir, files, file_size, fill, workers, on_loss)
+    }
+
+    /// As [`open`](Self::open), choosing what happens when the DPU goes away.
+    pub fn open_with(
+        socket: &Path,
+        dir: &str,
+        files: usize,
+        file_size: u64,
+        fill: Fill,
+        workers: usize,
+        on_loss: OnDpuLoss,
     ) -> Result<DdsStorage> {
         let config = dds_host::Config {
             default_group: GroupConfig {
@@ -502,7 +542,7 @@ impl DdsStorage {
             },
             ..dds_host::Config::default()
         };
-        let dds = Dds::connect_with(socket, config)
+        let dds = Dds::connect_with(socket, config.clone())
             .with_context(|| format!("connect to the DPU at {}", socket.display()))?;
         match dds.create_dir(dir) {
             Ok(()) => {}
@@ -511,6 +551,7 @@ impl DdsStorage {
         }
         let chunk = dds.hello().max_io_bytes.clamp(4096, 1 << 20) as usize;
         let mut ids = Vec::with_capacity(files);
+        let mut paths = Vec::with_capacity(files);
         let mut buf = vec![0u8; chunk];
         for i in 0..files {
             let path = format!("{}/f{i}", dir.trim_end_matches('/'));
@@ -536,6 +577,7 @@ impl DdsStorage {
                 }
             }
             ids.push(info.id);
+            paths.push(path);
         }
         let routes = (0..workers.max(1))
             .map(|_| {
@@ -546,7 +588,12 @@ impl DdsStorage {
             })
             .collect::<Result<Vec<_>>>()?;
         let shared = Arc::new(DdsShared {
-            dds,
+            dds: RwLock::new(Arc::new(dds)),
+            socket: socket.to_path_buf(),
+            config,
+            paths,
+            ids: ids.clone(),
+            on_loss,
             routes,
             stop: AtomicBool::new(false),
         });
@@ -563,9 +610,61 @@ impl DdsStorage {
     }
 }
 
+/// A new connection to a DPU that came back: the same files (same ids), exposed again.
+fn reconnect(s: &DdsShared) -> Result<Dds> {
+    let dds = Dds::connect_with(&s.socket, s.config.clone())?;
+    for (path, &id) in s.paths.iter().zip(&s.ids) {
+        let info = dds
+            .lookup(path)
+            .with_context(|| format!("look up {path}"))?;
+        if info.id != id {
+            bail!("{path} has id {} on the DPU now, {id} before", info.id);
+        }
+        dds.expose_file(id, true)?;
+    }
+    Ok(dds)
+}
+
+/// After the DPU went away: exits, or reconnects with backoff. Returns false when the
+/// storage stops (or gives up) instead.
+fn recover(s: &DdsShared) -> bool {
+    let give_up_after = match s.on_loss {
+        OnDpuLoss::Exit => {
+            eprintln!(
+                "dds app: the DPU at {} is gone; exiting (--on-dpu-loss exit)",
+                s.socket.display()
+            );
+            std::process::exit(3);
+        }
+        OnDpuLoss::Reconnect { give_up_after } => give_up_after,
+    };
+    let start = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(50);
+    while !s.stop.load(Ordering::Acquire) {
+        match reconnect(s) {
+            Ok(dds) => {
+                tracing::warn!(socket = %s.socket.display(), "reconnected to the DPU");
+                *s.dds.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(dds);
+                return true;
+            }
+            Err(e) => {
+                if give_up_after.is_some_and(|g| start.elapsed() >= g) {
+                    tracing::error!(error = %e, "the DPU did not come back: giving up");
+                    return false;
+                }
+                tracing::debug!(error = %e, ?backoff, "DPU not back yet");
+            }
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    false
+}
+
 /// The completion thread: PollWait (sleeping) on the group, routing by the I/O context.
 fn poll_completions(s: &DdsShared) {
-    let group = s.dds.default_group().clone();
+    let mut dds = s.dds();
+    let mut group = dds.default_group().clone();
     let mut dead = false;
     while !s.stop.load(Ordering::Acquire) {
         match group.poll_wait(Duration::from_millis(50)) {
@@ -594,6 +693,12 @@ fn poll_completions(s: &DdsShared) {
                 if !dead {
                     tracing::error!(error = %e, "the DPU is gone; requests fail with DpuDead");
                     dead = true;
+                    if recover(s) {
+                        dds = s.dds();
+                        group = dds.default_group().clone();
+                        dead = false;
+                        continue;
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -665,10 +770,10 @@ impl WorkerIo for DdsIo {
             // SAFETY: the caller keeps `buf[..len]` valid; the library copies it into the
             // request ring before returning.
             let data = unsafe { std::slice::from_raw_parts(buf, len as usize) };
-            self.shared.dds.write(file, offset, data, ctx)
+            self.shared.dds().write(file, offset, data, ctx)
         } else {
             // SAFETY: forwarded from our caller.
-            unsafe { self.shared.dds.read(file, offset, buf, len, ctx) }
+            unsafe { self.shared.dds().read(file, offset, buf, len, ctx) }
         };
         match r {
             Ok(()) => {
@@ -705,8 +810,14 @@ impl WorkerIo for DdsIo {
 /// Which backend a server uses.
 #[derive(Clone, Debug)]
 pub enum BackendSpec {
-    Os { dir: PathBuf },
-    Dds { socket: PathBuf, dir: String },
+    Os {
+        dir: PathBuf,
+    },
+    Dds {
+        socket: PathBuf,
+        dir: String,
+        on_loss: OnDpuLoss,
+    },
 }
 
 /// Opens the backend for `workers` worker threads.
@@ -722,8 +833,12 @@ pub fn open_storage(
     }
     Ok(match spec {
         BackendSpec::Os { dir } => Arc::new(OsStorage::open(dir, files, file_size, fill)?),
-        BackendSpec::Dds { socket, dir } => Arc::new(DdsStorage::open(
-            socket, dir, files, file_size, fill, workers,
+        BackendSpec::Dds {
+            socket,
+            dir,
+            on_loss,
+        } => Arc::new(DdsStorage::open_with(
+            socket, dir, files, file_size, fill, workers, *on_loss,
         )?),
     })
 }

@@ -688,3 +688,87 @@ fn os_backend_keeps_per_connection_order_for_conflicting_requests() {
 fn dds_backend_keeps_per_connection_order_for_conflicting_requests() {
     pipelined_write_then_read(&Fixture::dds(small_config()));
 }
+
+/// The DDS backend survives the DPU's restart: while the DPU is gone requests get `DpuDead`
+/// (no hang), then the server reconnects, exposes its files again and serves the bytes
+/// acknowledged before the restart.
+#[test]
+fn dds_backend_reconnects_after_the_dpu_restarts() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let img = dir.path().join("dev.img");
+    dds_fs::UringDevice::create_file(&img, 64 << 20).unwrap();
+    {
+        let mut dev = dds_fs::UringDevice::open(&img, 8).unwrap();
+        dds_fs::format(
+            &mut dev,
+            dds_fs::FormatConfig {
+                segment_size: 1 << 20,
+                ..dds_fs::FormatConfig::default()
+            },
+        )
+        .unwrap();
+    }
+    let config = DpuConfig {
+        socket: dds_dpu::temp_socket_path("reconnect"),
+        ..DpuConfig::default()
+    };
+    let start = || {
+        let img = img.clone();
+        Dpu::start(config.clone(), move || {
+            let dev = dds_fs::UringDevice::open(&img, 32)?;
+            dds_fs::FileService::open(Box::new(dev), dds_fs::OpenConfig::default())
+        })
+        .expect("DPU starts")
+    };
+    let dpu = start();
+    let storage: Arc<dyn Storage> = Arc::new(
+        DdsStorage::open(dpu.socket(), "/pagestore", 1, FILE_SIZE, Fill::None, 2).unwrap(),
+    );
+    let server = Server::start(small_config(), storage).unwrap();
+    let f = server.storage().file_ids()[0];
+    let mut s = connect(server.local_addr());
+    let mut b = MessageBuilder::new();
+    let data = [0x7eu8; 512];
+    b.write(f, 4096, &data, 1);
+    s.write_all(b.finish()).unwrap();
+    assert_eq!(
+        read_response(&mut s).unwrap().0.status,
+        0,
+        "acknowledged write"
+    );
+
+    dpu.shutdown();
+    // Meanwhile: an error status, not a hang.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        b.clear();
+        b.read(f, 4096, 512, 2);
+        s.write_all(b.finish()).unwrap();
+        let (h, _) = read_response(&mut s).expect("an answer while the DPU is gone");
+        if h.status == Status::DpuDead.code() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no DpuDead answer");
+    }
+    let _dpu = start();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        b.clear();
+        b.read(f, 4096, 512, 3);
+        s.write_all(b.finish()).unwrap();
+        let (h, body) = read_response(&mut s).unwrap();
+        if h.status == 0 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not served again after the restart"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        &got[..512],
+        &data[..],
+        "the acknowledged bytes after the restart"
+    );
+}

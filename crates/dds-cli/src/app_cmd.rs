@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use dds_apps::backend::{open_storage, BackendSpec, Fill};
+use dds_apps::backend::{open_storage, BackendSpec, Fill, OnDpuLoss};
 use dds_apps::client::{self, ClientConfig};
 use dds_apps::echo::{self, EchoConfig, EchoServer};
 use dds_apps::server::{Server, ServerConfig};
@@ -34,6 +34,14 @@ enum App {
     Echo(EchoArgs),
     /// Measure a TCP echo server: messages/s and round-trip latency as JSON.
     EchoClient(EchoClientArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum DpuLossArg {
+    /// Reconnect with bounded exponential backoff and serve again.
+    Reconnect,
+    /// Exit with a clear error (status 3).
+    Exit,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -68,6 +76,13 @@ pub struct PagestoreArgs {
     /// DDS directory holding the files (backend dds).
     #[arg(long, default_value = "/pagestore")]
     dds_dir: String,
+    /// When the DPU goes away (backend dds): reconnect with backoff (answering requests with
+    /// DpuDead meanwhile), or exit with status 3.
+    #[arg(long, value_enum, default_value = "reconnect")]
+    on_dpu_loss: DpuLossArg,
+    /// Give up reconnecting after this many seconds (default: never).
+    #[arg(long)]
+    reconnect_for: Option<f64>,
     /// Files f0..fN-1.
     #[arg(long, default_value_t = 4)]
     files: usize,
@@ -180,6 +195,16 @@ fn run_pagestore(a: PagestoreArgs) -> Result<()> {
         BackendArg::Dds => BackendSpec::Dds {
             socket: a.socket.clone(),
             dir: a.dds_dir.clone(),
+            on_loss: match a.on_dpu_loss {
+                DpuLossArg::Exit => OnDpuLoss::Exit,
+                DpuLossArg::Reconnect => OnDpuLoss::Reconnect {
+                    give_up_after: a
+                        .reconnect_for
+                        .map(Duration::try_from_secs_f64)
+                        .transpose()
+                        .context("--reconnect-for takes seconds")?,
+                },
+            },
         },
     };
     let fill = match a.fill {
