@@ -6,8 +6,12 @@
 //! Each connection runs on its own thread with a non-blocking socket and `poll(2)`, writing and
 //! reading at the same time (never blocking on a write while responses wait). Responses must
 //! arrive in request order with the request's op; a violation stops that connection and is
-//! reported. With `verify`, the client first writes the [`crate::pattern`] over every file,
-//! writes the pattern in the workload too, and checks the content of every read.
+//! reported. With `verify`, the client first writes the [`crate::pattern`] over every file;
+//! then each connection reads and writes only its own slots (slot index modulo the connection
+//! count), every write carries the pattern with its first 8 bytes replaced by a stamp naming
+//! the write ([`stamped`]), and every read must return exactly what the last write the
+//! connection issued before it left there ([`read_is_current`]): a server (or a DPU) that lets
+//! a read overtake an earlier write of the connection is caught.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -252,6 +256,33 @@ struct Expect {
     op: u8,
     file: u32,
     offset: u64,
+    /// With `verify`, for a read: the stamp of the last write this connection issued to the
+    /// slot before the read (0: none, the file's base pattern).
+    stamp: u64,
+}
+
+/// With `verify`, a write's bytes identify it: the file's pattern with the first 8 bytes
+/// replaced by a stamp (connection index and the connection's write count, never 0).
+pub fn stamped(file: u32, offset: u64, stamp: u64, out: &mut [u8]) {
+    pattern::fill(file, offset, out);
+    if stamp != 0 && out.len() >= 8 {
+        out[..8].copy_from_slice(&stamp.to_le_bytes());
+    }
+}
+
+/// Whether a read of `file` at `offset` returned what the last write before it (stamp, or 0
+/// for none) left there. A read that missed that write (an older stamp, or the base pattern)
+/// fails.
+pub fn read_is_current(file: u32, offset: u64, stamp: u64, got: &[u8]) -> bool {
+    if got.len() < 8 {
+        return pattern::check(file, offset, got).is_none();
+    }
+    let head_ok = if stamp == 0 {
+        pattern::check(file, offset, &got[..8]).is_none()
+    } else {
+        got[..8] == stamp.to_le_bytes()
+    };
+    head_ok && pattern::check(file, offset + 8, &got[8..]).is_none()
 }
 
 fn run_connection(
@@ -293,6 +324,11 @@ fn run_connection(
     let mut issued = 0u64;
     let mut last_id = 0u64;
     let mut stopped = false;
+    // With `verify`, this connection reads and writes only its own slots (slot % connections
+    // == index), so the last write it issued to a slot is what a later read must return.
+    let mut last_stamp: std::collections::HashMap<(u32, u64), u64> = Default::default();
+    let mut writes_issued = 0u64;
+    let (part, parts) = (index as u64, cfg.connections.max(1) as u64);
     let drain_limit = Duration::from_secs(30);
     let mut drain_deadline: Option<Instant> = None;
     loop {
@@ -318,13 +354,27 @@ fn run_connection(
             for k in 0..n {
                 let id = now + k as u64;
                 let file = cfg.files[rng.gen_range(0..cfg.files.len())];
-                let offset = rng.gen_range(0..slots) * cfg.io_size as u64;
+                let mut slot = rng.gen_range(0..slots);
+                if cfg.verify && slots >= parts {
+                    slot = slot - slot % parts + part;
+                    if slot >= slots {
+                        slot -= parts;
+                    }
+                }
+                let offset = slot * cfg.io_size as u64;
                 let read = cfg.read_ratio >= 1.0 || rng.gen_bool(cfg.read_ratio.clamp(0.0, 1.0));
+                let mut stamp = 0;
                 if read {
                     builder.read(file, offset, cfg.io_size, id);
+                    if cfg.verify {
+                        stamp = last_stamp.get(&(file, offset)).copied().unwrap_or(0);
+                    }
                 } else {
                     if cfg.verify {
-                        pattern::fill(file, offset, &mut data);
+                        writes_issued += 1;
+                        let st = (part << 48) | writes_issued;
+                        stamped(file, offset, st, &mut data);
+                        last_stamp.insert((file, offset), st);
                     }
                     builder.write(file, offset, &data, id);
                 }
@@ -333,6 +383,7 @@ fn run_connection(
                     op: if read { OP_READ } else { OP_WRITE },
                     file,
                     offset,
+                    stamp,
                 });
                 last_id = id;
             }
@@ -450,7 +501,7 @@ fn run_connection(
                     r.errors += 1;
                 } else if cfg.verify && e.op == OP_READ {
                     let got = &resp[RESP_HEADER_BYTES..RESP_HEADER_BYTES + h.len as usize];
-                    if h.len != cfg.io_size || pattern::check(e.file, e.offset, got).is_some() {
+                    if h.len != cfg.io_size || !read_is_current(e.file, e.offset, e.stamp, got) {
                         if r.verify_failures < 5 {
                             tracing::warn!(
                                 conn = index,
@@ -484,4 +535,36 @@ fn run_connection(
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_that_missed_the_last_write_fails_verification() {
+        let (file, offset) = (7, 8192);
+        let mut base = vec![0u8; 512];
+        pattern::fill(file, offset, &mut base);
+        let (mut first, mut second) = (vec![0u8; 512], vec![0u8; 512]);
+        stamped(file, offset, 1, &mut first);
+        stamped(file, offset, 2, &mut second);
+        // Never written: the base pattern is current.
+        assert!(read_is_current(file, offset, 0, &base));
+        assert!(!read_is_current(file, offset, 0, &first));
+        // After write 2: only its bytes are current, not the older write or the base.
+        assert!(read_is_current(file, offset, 2, &second));
+        assert!(
+            !read_is_current(file, offset, 2, &first),
+            "stale read passed"
+        );
+        assert!(
+            !read_is_current(file, offset, 2, &base),
+            "stale read passed"
+        );
+        // Damage past the stamp is caught too.
+        let mut torn = second.clone();
+        torn[300] ^= 1;
+        assert!(!read_is_current(file, offset, 2, &torn));
+    }
 }
