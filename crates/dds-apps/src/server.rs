@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub conn_max_ops: usize,
     /// Open connections at most; more are closed at accept (with a log line).
     pub max_connections: usize,
+    /// Bytes all connections' input buffers may hold together (they grow with the bytes that
+    /// arrive); a connection that needs more than is left is closed.
+    pub input_memory_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +61,7 @@ impl Default for ServerConfig {
             conn_max_bytes: 4 << 20,
             conn_max_ops: 2048,
             max_connections: 1024,
+            input_memory_bytes: 256 << 20,
         }
     }
 }
@@ -70,6 +74,10 @@ pub struct ServerStats {
     pub closed_malformed: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Connections closed because the input memory budget was exhausted.
+    pub closed_memory: AtomicU64,
+    /// Bytes of input buffers held now (against `ServerConfig::input_memory_bytes`).
+    pub input_bytes: AtomicU64,
 }
 
 /// A snapshot of [`ServerStats`].
@@ -80,9 +88,25 @@ pub struct StatsSnapshot {
     pub closed_malformed: u64,
     pub requests: u64,
     pub errors: u64,
+    pub closed_memory: u64,
+    pub input_bytes: u64,
 }
 
 impl ServerStats {
+    /// Takes `n` bytes of input memory within `limit`; false (nothing taken) past it.
+    fn take_input(&self, n: usize, limit: usize) -> bool {
+        let (n, limit) = (n as u64, limit as u64);
+        self.input_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                used.checked_add(n).filter(|&x| x <= limit)
+            })
+            .is_ok()
+    }
+
+    fn give_input(&self, n: usize) {
+        self.input_bytes.fetch_sub(n as u64, Ordering::AcqRel);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             connections: self.connections.load(Ordering::Relaxed),
@@ -90,6 +114,8 @@ impl ServerStats {
             closed_malformed: self.closed_malformed.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            closed_memory: self.closed_memory.load(Ordering::Relaxed),
+            input_bytes: self.input_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -494,6 +520,11 @@ impl Worker {
                 continue;
             }
             let _ = stream.set_nodelay(true);
+            if !self.stats.take_input(IN_SLACK, self.cfg.input_memory_bytes) {
+                tracing::warn!(%peer, "input memory budget exhausted: closing new connection");
+                self.stats.closed_memory.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let ci = match self.free_conns.pop() {
                 Some(i) => i,
                 None => {
@@ -510,6 +541,7 @@ impl Worker {
             ) {
                 tracing::warn!(%peer, error = %e, "epoll_ctl add failed");
                 self.free_conns.push(ci);
+                self.stats.give_input(IN_SLACK);
                 continue;
             }
             tracing::debug!(%peer, worker = self.index, "connection accepted");
@@ -734,6 +766,7 @@ impl Worker {
         }
         if c.in_end == 0 && c.inbuf.len() > (1 << 20) {
             // Give back the room a large message needed.
+            self.stats.give_input(c.inbuf.len() - IN_SLACK);
             c.inbuf = vec![0u8; IN_SLACK];
         }
         let need = match message_len(&c.inbuf[c.in_start..c.in_end]) {
@@ -747,6 +780,15 @@ impl Worker {
         // Grow with the bytes that actually arrive (doubling), never past the bound.
         if c.in_end == c.inbuf.len() && c.inbuf.len() < c.in_start + limit {
             let grown = (c.inbuf.len() * 2).clamp(IN_SLACK, c.in_start + limit);
+            if !self
+                .stats
+                .take_input(grown - c.inbuf.len(), self.cfg.input_memory_bytes)
+            {
+                self.stats.closed_memory.fetch_add(1, Ordering::Relaxed);
+                return Err(Close::Normal(
+                    "input memory budget exhausted (--input-memory)".into(),
+                ));
+            }
             c.inbuf.resize(grown, 0);
         }
         let end = (c.in_start + limit).min(c.inbuf.len());
@@ -907,6 +949,7 @@ impl Worker {
             return;
         };
         let _ = epoll::delete(&self.epoll, c.stream.as_fd());
+        self.stats.give_input(c.inbuf.len());
         match &why {
             Close::Normal(r) => tracing::debug!(peer = %c.peer, reason = %r, "connection closed"),
             Close::Malformed(r) => {

@@ -772,3 +772,58 @@ fn dds_backend_reconnects_after_the_dpu_restarts() {
         "the acknowledged bytes after the restart"
     );
 }
+
+/// Input buffers grow with the bytes that arrive, from the server's input memory budget:
+/// connections announcing 16 MiB messages cost only what they sent, and half-sent 15 MiB
+/// messages cannot hold more than the budget (connections past it are closed).
+#[test]
+fn input_buffers_stay_within_the_memory_budget() {
+    let budget = 32usize << 20;
+    let fx = Fixture::os(ServerConfig {
+        input_memory_bytes: budget,
+        ..small_config()
+    });
+    let header = |len: u32| {
+        let mut h = [0u8; 8];
+        h[..4].copy_from_slice(&len.to_le_bytes());
+        h[4..6].copy_from_slice(&1u16.to_le_bytes());
+        h
+    };
+    let mut conns = Vec::new();
+    for _ in 0..200 {
+        let mut s = connect(fx.addr());
+        s.write_all(&header(16 << 20)).unwrap();
+        conns.push(s);
+    }
+    assert!(wait_for(|| fx.server.stats().connections >= 200));
+    let held = fx.server.stats().input_bytes as usize;
+    assert!(held <= 200 * (128 << 10), "200 headers hold {held} bytes");
+    drop(conns);
+    let chunk = vec![0u8; 1 << 20];
+    let mut conns = Vec::new();
+    for _ in 0..40 {
+        let mut s = connect(fx.addr());
+        s.set_write_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let _ = s.write_all(&header(15 << 20));
+        for _ in 0..7 {
+            if s.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        conns.push(s);
+        let st = fx.server.stats();
+        assert!(
+            st.input_bytes as usize <= budget,
+            "input buffers hold {} bytes, budget {budget}",
+            st.input_bytes
+        );
+    }
+    assert!(
+        wait_for(|| fx.server.stats().closed_memory > 0),
+        "no connection was refused memory: {:?}",
+        fx.server.stats()
+    );
+    drop(conns);
+    assert!(wait_for(|| fx.server.stats().input_bytes == 0));
+}

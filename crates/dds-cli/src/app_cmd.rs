@@ -104,6 +104,10 @@ pub struct PagestoreArgs {
     /// Open connections at most.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Memory all connections' input buffers may hold together; they grow with the bytes
+    /// that arrive, and a connection that needs more than is left is closed.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    input_memory: u64,
 }
 
 #[derive(Args, Debug)]
@@ -220,6 +224,7 @@ fn run_pagestore(a: PagestoreArgs) -> Result<()> {
             conn_max_bytes: usize::try_from(a.conn_max_bytes).context("--conn-max-bytes")?,
             conn_max_ops: a.conn_max_ops.max(1),
             max_connections: a.max_connections.max(1),
+            input_memory_bytes: usize::try_from(a.input_memory).context("--input-memory")?,
         },
         storage.clone(),
     )?;
