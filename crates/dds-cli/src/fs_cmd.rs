@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use dds_host::{Dds, DdsError, EntryKind, Status};
+use dds_proto::units::fmt_bytes;
 use serde_json::json;
 
 #[derive(Args)]
@@ -101,8 +102,48 @@ fn report(json: bool, f: &Failure) {
             "{}",
             json!({"error": {"code": null, "status": "local", "message": m}})
         ),
-        (false, Failure::Dds(e)) => eprintln!("dds fs: {e}"),
+        (false, Failure::Dds(e)) => match hint(e.status) {
+            Some(h) => eprintln!("dds fs: {e}\n  hint: {h}"),
+            None => eprintln!("dds fs: {e}"),
+        },
         (false, Failure::Local(m)) => eprintln!("dds fs: {m}"),
+    }
+}
+
+/// What to do about a refusal, in words.
+fn hint(status: Status) -> Option<&'static str> {
+    Some(match status {
+        Status::InvalidPath => {
+            "paths are /name or /dir/name: directories are flat (one level below /) and names \
+             have no control characters"
+        }
+        Status::UnknownDir => "the directory does not exist: create it with `dds fs mkdir /dir`",
+        Status::NotFound => {
+            "no such file (`dds fs ls /dir` lists a directory; directories are not files)"
+        }
+        Status::Exists => "the name is taken: pick another or remove it first",
+        Status::NotEmpty => "remove the directory's files first (`dds fs rm /dir/name`)",
+        Status::NoSpace => "the device is full: `dds fs df` shows the space, `dds fs rm` frees it",
+        Status::NameTooLong => "shorten the name (`dds format --help` shows the limit)",
+        Status::DpuDead => "the DPU is gone: start it again (`dds dpu --device ...`)",
+        _ => return None,
+    })
+}
+
+/// A progress bar on standard error for copies of at least 8 MiB, when it is a terminal.
+fn copy_bar(bytes: Option<u64>) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    match bytes {
+        Some(n) if n >= 8 << 20 && std::io::stderr().is_terminal() => {
+            let bar = indicatif::ProgressBar::new(n);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{bar:40} {binary_bytes}/{binary_total_bytes} ({binary_bytes_per_sec}, {eta})",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        }
+        _ => indicatif::ProgressBar::hidden(),
     }
 }
 
@@ -115,8 +156,8 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
             } else {
                 for e in entries {
                     match e.kind {
-                        EntryKind::Dir => println!("d {:>14} {}/", "-", e.name),
-                        EntryKind::File => println!("f {:>14} {}", e.size, e.name),
+                        EntryKind::Dir => println!("d {:>10} {}/", "-", e.name),
+                        EntryKind::File => println!("f {:>10} {}", fmt_bytes(e.size), e.name),
                     }
                 }
             }
@@ -126,7 +167,13 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
             if json {
                 println!("{}", serde_json::to_string(&info).expect("serializable"));
             } else {
-                println!("id {}  size {}  path {}", info.id, info.size, info.path);
+                println!(
+                    "id {}  size {} ({} bytes)  path {}",
+                    info.id,
+                    fmt_bytes(info.size),
+                    info.size,
+                    info.path
+                );
             }
         }
         FsCmd::Mkdir { path } => {
@@ -157,25 +204,27 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                 println!("{}", serde_json::to_string(&s).expect("serializable"));
             } else {
                 println!(
-                    "total {} bytes  free {} bytes ({:.1}%)  segment {} bytes  files {}  dirs {}",
-                    s.total_bytes,
-                    s.free_bytes,
+                    "total {}  free {} ({:.1}%)  segment {}  files {}  dirs {}",
+                    fmt_bytes(s.total_bytes),
+                    fmt_bytes(s.free_bytes),
                     100.0 * s.free_bytes as f64 / s.total_bytes.max(1) as f64,
-                    s.segment_size,
+                    fmt_bytes(s.segment_size),
                     s.files,
                     s.dirs
                 );
             }
         }
         FsCmd::Put { local, remote } => {
+            let mut size = None;
             let mut input: Box<dyn Read> = if local == "-" {
                 Box::new(std::io::stdin().lock())
             } else {
-                Box::new(
-                    std::fs::File::open(&local)
-                        .map_err(|e| Failure::Local(format!("{local}: {e}")))?,
-                )
+                let f = std::fs::File::open(&local)
+                    .map_err(|e| Failure::Local(format!("{local}: {e}")))?;
+                size = f.metadata().ok().map(|m| m.len());
+                Box::new(f)
             };
+            let bar = copy_bar(size);
             // The data goes to a new file beside the target, which replaces the target only
             // once all of it is written: a failure on either side leaves the target as it was
             // and no partial file behind.
@@ -192,7 +241,9 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                     }
                     dds.write_sync(info.id, offset, &buf[..n])?;
                     offset += n as u64;
+                    bar.set_position(offset);
                 }
+                bar.finish_and_clear();
                 dds.flush_sync(info.id)?;
                 match dds.lookup(&remote) {
                     Ok(old) => dds.delete_file(old.id)?,
@@ -223,6 +274,7 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                         .map_err(|e| Failure::Local(format!("{local}: {e}")))?,
                 )
             };
+            let bar = copy_bar((local != "-").then_some(info.size));
             let mut buf = vec![0u8; CHUNK_BYTES];
             let mut offset = 0u64;
             while offset < info.size {
@@ -240,7 +292,9 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                     Err(e) => return Err(Failure::Local(format!("{local}: {e}"))),
                 }
                 offset += n as u64;
+                bar.set_position(offset);
             }
+            bar.finish_and_clear();
             match out.flush() {
                 Ok(()) => {}
                 Err(e) if local == "-" && e.kind() == std::io::ErrorKind::BrokenPipe => {
