@@ -19,6 +19,11 @@ pub enum ModeArg {
 
 #[derive(Args, Clone, Debug)]
 pub struct DpuArgs {
+    /// Options from a TOML file whose keys are the long option names (`device =
+    /// "dds.img"`, `director-memory = "64M"`, `allow-uid = [1000]`, `spin = true`); options
+    /// on the command line override them.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Device: a block device or a formatted regular file (`dds format`).
     #[arg(long)]
     pub device: PathBuf,

@@ -3,6 +3,7 @@
 mod app_cmd;
 #[cfg(feature = "bench")]
 mod bench_cmd;
+mod config_file;
 #[cfg(feature = "bench")]
 mod demo;
 mod dpu_cmd;
@@ -19,6 +20,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "dds",
     version,
+    args_override_self = true,
     about = "DDS: DPU-optimized disaggregated storage (the DPU runs emulated as the `dds dpu` process)"
 )]
 struct Cli {
@@ -67,7 +69,14 @@ fn log_filter(flag: Option<String>) -> (String, &'static str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match config_file::expand(std::env::args().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("dds: --config: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let (filter, from) = log_filter(cli.log);
     let filter = match tracing_subscriber::EnvFilter::builder().parse(&filter) {
         Ok(f) => f,
