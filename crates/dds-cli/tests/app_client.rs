@@ -62,3 +62,67 @@ fn the_client_fails_when_requests_fail() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// `--on-dpu-loss exit`: the server exits with status 3 and a clear message when its DPU dies.
+#[test]
+fn the_server_exits_when_its_dpu_dies_if_told_to() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("dev.img");
+    let sock = dir.path().join("dpu.sock");
+    let out = Command::new(DDS)
+        .args(["format", "--size", "64M", "--device"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut dpu = Command::new(DDS)
+        .args(["dpu", "--device"])
+        .arg(&img)
+        .arg("--socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut server = Command::new(DDS)
+        .args([
+            "app",
+            "pagestore",
+            "--backend",
+            "dds",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--files", "1", "--file-size", "1M", "--fill", "none"])
+        .args(["--on-dpu-loss", "exit", "--socket"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("ready"), "{line}");
+    dpu.kill().unwrap();
+    dpu.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("DPU") && err.contains("gone"), "{err}");
+}
