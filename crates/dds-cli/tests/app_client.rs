@@ -1,18 +1,11 @@
 //! `dds app client` exits non-zero when any request failed, so scripts and CI notice.
 
+mod common;
+
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
-
-struct Guard(std::process::Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{format_device, start_dpu, Guard, DDS};
 
 #[test]
 fn the_client_fails_when_requests_fail() {
@@ -68,28 +61,9 @@ fn the_client_fails_when_requests_fail() {
 fn the_server_exits_when_its_dpu_dies_if_told_to() {
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("dev.img");
+    let img = format_device(dir.path(), "64M");
     let sock = dir.path().join("dpu.sock");
-    let out = Command::new(DDS)
-        .args(["format", "--size", "64M", "--device"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let mut dpu = Command::new(DDS)
-        .args(["dpu", "--device"])
-        .arg(&img)
-        .arg("--socket")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut dpu = start_dpu(&img, &sock, &[]);
     let mut server = Command::new(DDS)
         .args([
             "app",
@@ -111,8 +85,8 @@ fn the_server_exits_when_its_dpu_dies_if_told_to() {
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("ready"), "{line}");
-    dpu.kill().unwrap();
-    dpu.wait().unwrap();
+    dpu.0.kill().unwrap();
+    dpu.0.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(st) = server.try_wait().unwrap() {

@@ -1,20 +1,15 @@
 //! `dds dpu --config FILE` takes its options from TOML, and the command line overrides them.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
+use std::process::{Command, Stdio};
+
+use common::{format_device, wait_for_socket, DDS};
 
 #[test]
 fn the_dpu_takes_its_options_from_a_config_file() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("dev.img");
-    let out = Command::new(DDS)
-        .args(["format", "--size", "64M", "--device"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let img = format_device(dir.path(), "64M");
     let from_file = dir.path().join("file.sock");
     let from_cli = dir.path().join("cli.sock");
     let cfg = dir.path().join("dpu.toml");
@@ -37,14 +32,7 @@ fn the_dpu_takes_its_options_from_a_config_file() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&from_cli).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "DPU did not start from its config file"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_socket(&from_cli);
     assert!(!from_file.exists());
     let _ = dpu.kill();
     let _ = dpu.wait();

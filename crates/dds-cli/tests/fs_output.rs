@@ -1,46 +1,17 @@
 //! `dds fs` for people: sizes in binary units and errors that say what to do.
 
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
+use std::process::{Command, Output};
 
-struct Guard(std::process::Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{format_device, start_dpu, DDS};
 
 #[test]
 fn sizes_read_as_sizes_and_refusals_come_with_a_hint() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("dev.img");
+    let img = format_device(dir.path(), "64M");
     let sock = dir.path().join("dpu.sock");
-    let out = Command::new(DDS)
-        .args(["format", "--size", "64M", "--device"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let _dpu = Guard(
-        Command::new(DDS)
-            .args(["dpu", "--device"])
-            .arg(&img)
-            .arg("--socket")
-            .arg(&sock)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _dpu = start_dpu(&img, &sock, &[]);
     let fs = |args: &[&str]| -> Output {
         Command::new(DDS)
             .arg("fs")

@@ -1,22 +1,14 @@
 //! `dds stats` reads a running DPU's counters: the groups of a connected host with their
 //! requests and bytes, memory, space, and the offload engine when it runs.
 
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{format_device, start_dpu, DDS};
 use dds_host::Dds;
 use serde_json::Value;
-
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
-
-struct Guard(std::process::Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn stats(socket: &std::path::Path, json: bool) -> std::process::Output {
     let mut c = Command::new(DDS);
@@ -30,29 +22,9 @@ fn stats(socket: &std::path::Path, json: bool) -> std::process::Output {
 #[test]
 fn stats_report_a_hosts_requests_and_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let device = dir.path().join("dev.img");
-    let out = Command::new(DDS)
-        .args(["format", "--size", "64M", "--device"])
-        .arg(&device)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let device = format_device(dir.path(), "64M");
     let socket = dir.path().join("dpu.sock");
-    let _dpu = Guard(
-        Command::new(DDS)
-            .args(["dpu", "--dma-cost", "off", "--device"])
-            .arg(&device)
-            .arg("--socket")
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _dpu = start_dpu(&device, &socket, &["--dma-cost", "off"]);
     let dds = Dds::connect_retry(&socket, Duration::from_secs(10)).unwrap();
     let f = dds.create_file("/counted").unwrap();
     for i in 0..10u64 {

@@ -1,0 +1,65 @@
+//! Helpers of the `dds` command's end-to-end tests: the binary, a guard that kills a child,
+//! a formatted device file and a DPU process that accepts connections.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const DDS: &str = env!("CARGO_BIN_EXE_dds");
+
+/// A child process, killed when dropped.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `dds format --size SIZE` of a new device file `dev.img` in `dir`.
+pub fn format_device(dir: &Path, size: &str) -> PathBuf {
+    let img = dir.join("dev.img");
+    let out = Command::new(DDS)
+        .args(["format", "--size", size, "--device"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    img
+}
+
+/// Waits until something accepts on `socket`.
+pub fn wait_for_socket(socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {}",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `dds dpu --device IMG --socket SOCKET EXTRA...`, once it accepts connections.
+pub fn start_dpu(img: &Path, socket: &Path, extra: &[&str]) -> Guard {
+    let child = Command::new(DDS)
+        .args(["dpu", "--device"])
+        .arg(img)
+        .arg("--socket")
+        .arg(socket)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let g = Guard(child);
+    wait_for_socket(socket);
+    g
+}
