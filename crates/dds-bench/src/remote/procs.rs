@@ -1,0 +1,197 @@
+//! The benchmark's processes: `dds` children pinned with taskset, ready lines, the DPU and
+//! its director counters.
+
+use super::*;
+
+pub(super) type Proc = ChildGuard;
+
+/// How long a child may take to stop on SIGTERM before it is killed.
+pub(super) const STOP_GRACE: Duration = Duration::from_secs(5);
+
+pub(super) fn have_taskset() -> bool {
+    Command::new("taskset")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// `dds <args>`, pinned to `cpus` (a taskset list) when given. taskset execs the command, so
+/// the child's pid is the dds process's.
+pub(super) fn dds_command(args: &[String], cpus: Option<&str>) -> Result<Command> {
+    let exe = std::env::current_exe().context("locate the dds binary")?;
+    Ok(match cpus {
+        Some(list) if have_taskset() => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(list).arg(exe).args(args);
+            c
+        }
+        Some(list) => bail!("taskset is not installed; cannot pin to CPUs {list}"),
+        None => {
+            let mut c = Command::new(exe);
+            c.args(args);
+            c
+        }
+    })
+}
+
+/// Spawns a process that prints one JSON ready line on stdout; returns it with the line.
+pub(super) fn spawn_ready(
+    name: &'static str,
+    cmd: &mut Command,
+    timeout: Duration,
+) -> Result<(Proc, Value)> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {name}"))?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next();
+        let _ = tx.send(first);
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let proc = ChildGuard::new(child, name);
+    let line = match rx.recv_timeout(timeout) {
+        Ok(Some(Ok(l))) => l,
+        Ok(_) => bail!("{name} exited before it was ready"),
+        Err(_) => bail!("{name} was not ready within {timeout:?}"),
+    };
+    let v: Value =
+        serde_json::from_str(&line).with_context(|| format!("{name} ready line: {line}"))?;
+    Ok((proc, v))
+}
+
+pub(super) fn dpu_args(device: &Path, socket: &Path, dma_cost: &str) -> Vec<String> {
+    vec![
+        "dpu".into(),
+        "--device".into(),
+        device.display().to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--dma-cost".into(),
+        dma_cost.into(),
+    ]
+}
+
+/// The DPU's stderr is passed through; its last traffic-director statistics line (printed at
+/// exit) is what the join handle returns.
+pub(super) type DirectorStatsLine = std::thread::JoinHandle<Option<String>>;
+
+pub(super) fn start_dpu(
+    args: &[String],
+    socket: &Path,
+    cpus: Option<&str>,
+) -> Result<(Proc, DirectorStatsLine)> {
+    let mut cmd = dds_command(args, cpus)?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("start dds dpu")?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let stats = std::thread::spawn(move || {
+        let mut last = None;
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            eprintln!("{line}");
+            if line.contains("director DirectorStats") {
+                last = Some(line);
+            }
+        }
+        last
+    });
+    let mut p = ChildGuard::new(child, "dds dpu");
+    for _ in 0..1000 {
+        if let Some(st) = p.try_wait()? {
+            bail!("dds dpu exited at start ({st})");
+        }
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Ok((p, stats));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("dds dpu did not open {} in time", socket.display())
+}
+
+/// The counters of a `DirectorStats { name: n, ... }` line.
+pub(super) fn parse_director_stats(line: Option<&str>) -> Value {
+    let Some(line) = line else {
+        return Value::Null;
+    };
+    let mut m = serde_json::Map::new();
+    if let Some(body) = line.split_once('{').and_then(|(_, b)| b.rsplit_once('}')) {
+        for kv in body.0.split(',') {
+            if let Some((k, v)) = kv.split_once(':') {
+                if let Ok(n) = v.trim().parse::<u64>() {
+                    m.insert(k.trim().to_string(), json!(n));
+                }
+            }
+        }
+    }
+    Value::Object(m)
+}
+
+/// Why mode (c) could not run.
+#[derive(Debug)]
+pub struct NotAvailable(pub String);
+
+/// EXTENSION POINT for mode (c), DDS offload: given the `dds dpu` command line, adds the
+/// traffic-director and offload-engine flags so the DPU serves the pagestore's clients itself
+/// (reads offloaded to the DPU's file service, the rest forwarded to the host server at
+/// `host_server`), and returns the address clients must connect to. `copy` selects the offload
+/// engine's copy mode (the Fig. 20 baseline). Reports [`NotAvailable`] when `dds dpu` lacks the
+/// flags.
+pub fn offload_dpu_args(
+    dpu_args: &mut Vec<String>,
+    host_server: SocketAddr,
+    copy: bool,
+) -> Result<SocketAddr, NotAvailable> {
+    let help = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Command::new(exe).args(["dpu", "--help"]).output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for flag in [
+        "--offload ",
+        "--director-listen",
+        "--host-app",
+        "--offload-uncached",
+    ] {
+        if !help.contains(flag) {
+            return Err(NotAvailable(format!(
+                "`dds dpu` has no {} flag: the traffic director and offload engine are not available",
+                flag.trim()
+            )));
+        }
+    }
+    if copy && !help.contains("--offload-copy") {
+        return Err(NotAvailable("`dds dpu` has no --offload-copy flag".into()));
+    }
+    let director = free_port().map_err(|e| NotAvailable(format!("no free port: {e}")))?;
+    dpu_args.extend([
+        "--offload".to_string(),
+        "pagestore".to_string(),
+        "--director-listen".to_string(),
+        director.to_string(),
+        "--host-app".to_string(),
+        host_server.to_string(),
+        // The files were written by the host server, not through this DPU: serve every read.
+        "--offload-uncached".to_string(),
+    ]);
+    if copy {
+        dpu_args.push("--offload-copy".into());
+    }
+    Ok(director)
+}
+
+/// A loopback address with a port nothing listens on right now.
+pub(super) fn free_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
