@@ -579,6 +579,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
     } else {
         json!({"available": false, "label": "DDS offload, copy mode"})
     };
+    let (ratios, targets) = offload_ratios(&points);
     let max_cores = plan.ncpu.min(2) as u64;
     let out = crate::results_dir(a.out.as_deref(), a.quick);
     let plots = draw_remote(&out, &points, max_cores, a.quick)?;
@@ -613,6 +614,10 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
             "b": summarize(&points, "b", "TCP + DDS files"),
             "c": c,
             "c_copy": c_copy,
+            "offload_over_baseline_peak": ratios[0],
+            "offload_dpu_cpu_over_baseline_host_cpu": ratios[1],
+            "offload_p50_over_baseline_p50": ratios[2],
+            "targets": targets,
         },
         // Requests the traffic director served on the DPU (`offloaded`) or sent to the host
         // (`forwarded`; `fallback` = reads forwarded because the DPU's file port was full),
@@ -627,6 +632,49 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
     print_summary(&report);
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// DDS offload (mode c) against the baseline (mode a), reads: peak throughput, CPU per read
+/// (the DPU's against the host's) and p50 at the load where the baseline peaks; with their
+/// targets.
+fn offload_ratios(points: &[Value]) -> ([f64; 3], Vec<crate::report::Target>) {
+    use crate::report::{ratio, Target};
+    let reads = |mode: &'static str| {
+        points
+            .iter()
+            .filter(move |p| p["mode"] == mode && p["op"] == "read")
+    };
+    let peak = |mode: &'static str| {
+        reads(mode).max_by(|x, y| f(x, "throughput").total_cmp(&f(y, "throughput")))
+    };
+    let (Some(a), Some(c)) = (peak("a"), peak("c")) else {
+        return ([0.0; 3], Vec::new());
+    };
+    let same_load = |p: &&Value| {
+        ["connections", "outstanding", "host_cores", "batch"]
+            .iter()
+            .all(|k| p[*k] == a[*k])
+    };
+    let c_at_a = reads("c").find(same_load);
+    let r = [
+        ratio(f(c, "throughput"), f(a, "throughput")),
+        ratio(f(c, "dpu_cpu_us_per_op"), f(a, "host_cpu_us_per_op")),
+        c_at_a.map_or(0.0, |c| ratio(f(c, "p50_us"), f(a, "p50_us"))),
+    ];
+    let targets = vec![
+        Target::at_least("DDS offload / baseline peak reads/s", r[0], 1.5),
+        Target::at_most(
+            "DDS offload DPU CPU per read / baseline host CPU per read",
+            r[1],
+            1.2,
+        ),
+        Target::at_most(
+            "DDS offload p50 / baseline p50 at the baseline's peak load",
+            r[2],
+            0.5,
+        ),
+    ];
+    (r, targets)
 }
 
 fn print_summary(report: &Value) {

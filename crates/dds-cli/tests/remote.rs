@@ -159,6 +159,25 @@ fn bench_remote_quick_reports_modes_a_b_and_c() {
             "{}",
             json["director"]
         );
+        // The offload-vs-baseline keys and their targets.
+        let summary = &json["summary"];
+        for k in [
+            "offload_over_baseline_peak",
+            "offload_dpu_cpu_over_baseline_host_cpu",
+            "offload_p50_over_baseline_p50",
+        ] {
+            assert!(
+                summary[k].as_f64().is_some_and(|v| v > 0.0),
+                "{k}: {summary}"
+            );
+        }
+        let targets = summary["targets"].as_array().unwrap();
+        assert_eq!(targets.len(), 3);
+        for t in targets {
+            for k in ["name", "goal", "op", "measured", "met"] {
+                assert!(!t[k].is_null(), "target lacks {k}: {t}");
+            }
+        }
     } else {
         assert!(c["reason"].as_str().is_some(), "{c}");
     }
