@@ -6,7 +6,6 @@
 //! tables and writes `bench/results/<name>.json` and the plots.
 
 pub mod cache_table;
-pub mod charts;
 pub mod child;
 pub mod cpu;
 pub mod dpu;

@@ -1,4 +1,8 @@
-//! Line charts (PNG) of the benchmark results.
+//! Line charts (PNG) of the benchmark results: single charts with a log-2 x axis
+//! ([`LineChart`]) and side-by-side panels with linear axes ([`panels`], the remote-storage
+//! figures), one palette and one rule for log axes.
+
+pub mod panels;
 
 use std::path::Path;
 
@@ -56,7 +60,8 @@ pub struct LineChart {
     pub series: Vec<Series>,
 }
 
-const COLORS: [RGBColor; 6] = [
+/// The palette of every chart.
+pub(crate) const COLORS: [RGBColor; 6] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),

@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::charts::{self as plot, Chart, Series};
+use crate::plot::panels::{self as plot, Chart, Series};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use dds_apps::client::{self, ClientConfig, ClientReport};

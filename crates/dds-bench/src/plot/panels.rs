@@ -8,6 +8,8 @@ use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
+use super::{spans_decades, COLORS};
+
 /// One line of a chart.
 #[derive(Clone, Debug)]
 pub struct Series {
@@ -28,14 +30,6 @@ pub struct Chart {
     pub series: Vec<Series>,
 }
 
-const COLORS: [RGBColor; 6] = [
-    RGBColor(0x1f, 0x77, 0xb4),
-    RGBColor(0xd6, 0x27, 0x28),
-    RGBColor(0x2c, 0xa0, 0x2c),
-    RGBColor(0xff, 0x7f, 0x0e),
-    RGBColor(0x94, 0x67, 0xbd),
-    RGBColor(0x8c, 0x56, 0x4b),
-];
 
 impl Chart {
     fn bounds(&self) -> (f64, f64) {
@@ -87,7 +81,7 @@ pub fn draw(path: &Path, charts: &[Chart]) -> Result<()> {
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(64);
-        if crate::plot::spans_decades(ys()) {
+        if spans_decades(ys()) {
             let y0 = ys()
                 .filter(|y| y.is_finite() && *y > 0.0)
                 .fold(f64::MAX, f64::min);
