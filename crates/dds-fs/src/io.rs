@@ -21,7 +21,7 @@ use crate::align::{align_down, align_up};
 use crate::device::{DevCompletion, DevOp};
 use crate::error::FsError;
 use crate::layout::Geometry;
-use crate::service::FileService;
+use crate::service::{FileService, NO_SLOT};
 use crate::types::{FileId, OpenConfig};
 use std::collections::VecDeque;
 
@@ -90,6 +90,11 @@ struct Slot {
     error: i32,
     /// In the ready queue.
     queued: bool,
+    /// Writes: neighbours in the file's list of unfinished writes (`NO_SLOT`: none), and
+    /// whether the slot is in that list.
+    prev_write: u32,
+    next_write: u32,
+    linked: bool,
 }
 
 impl Slot {
@@ -114,6 +119,9 @@ impl Slot {
         outstanding: 0,
         error: 0,
         queued: false,
+        prev_write: NO_SLOT,
+        next_write: NO_SLOT,
+        linked: false,
     };
 
     fn bounced(&self) -> bool {
@@ -224,16 +232,20 @@ impl DataPath {
         }
     }
 
-    /// True if an earlier unfinished write of the same file overlaps slot `i`'s blocks.
-    fn write_conflicts(&self, i: usize) -> bool {
+    /// True if an earlier unfinished write of the same file overlaps slot `i`'s blocks. Walks
+    /// only the file's list of unfinished writes (from `first`, in submission order) up to `i`.
+    fn write_conflicts(&self, i: usize, first: u32) -> bool {
         let me = &self.slots[i];
-        self.slots.iter().any(|o| {
-            o.kind == Kind::Write
-                && matches!(o.state, State::Blocked | State::Active)
-                && o.file == me.file
-                && o.seq < me.seq
-                && o.overlaps(me)
-        })
+        let mut j = first;
+        while j != NO_SLOT && j as usize != i {
+            let o = &self.slots[j as usize];
+            debug_assert!(o.kind == Kind::Write && o.file == me.file && o.seq < me.seq);
+            if matches!(o.state, State::Blocked | State::Active) && o.overlaps(me) {
+                return true;
+            }
+            j = o.next_write;
+        }
+        false
     }
 
     /// True if an earlier write (any file) is unfinished.
@@ -457,7 +469,9 @@ impl FileService {
         self.files_io[fslot as usize].inflight += 1;
         self.files_io[fslot as usize].writes += 1;
         self.dp.active_writes += 1;
-        if self.files_io[fslot as usize].writes > 1 && self.dp.write_conflicts(i) {
+        self.link_write(i, fslot);
+        let first = self.files_io[fslot as usize].first_write;
+        if self.files_io[fslot as usize].writes > 1 && self.dp.write_conflicts(i, first) {
             self.dp.slots[i].state = State::Blocked;
             self.dp.blocked.push(i as u32);
         } else {
@@ -669,11 +683,50 @@ impl FileService {
         }
         self.dp.done.push_back(i as u32);
         if kind == Kind::Write {
+            self.unlink_write(i, file);
             let fio = &mut self.files_io[file as usize];
             fio.writes -= 1;
             self.dp.active_writes -= 1;
             self.unblock();
         }
+    }
+
+    /// Appends write slot `i` to file `fslot`'s list of unfinished writes.
+    fn link_write(&mut self, i: usize, fslot: u32) {
+        let fio = &mut self.files_io[fslot as usize];
+        let last = fio.last_write;
+        let s = &mut self.dp.slots[i];
+        debug_assert!(!s.linked);
+        s.prev_write = last;
+        s.next_write = NO_SLOT;
+        s.linked = true;
+        if last == NO_SLOT {
+            fio.first_write = i as u32;
+        } else {
+            self.dp.slots[last as usize].next_write = i as u32;
+        }
+        fio.last_write = i as u32;
+    }
+
+    /// Removes write slot `i` from file `file`'s list (if it is in it).
+    fn unlink_write(&mut self, i: usize, file: u32) {
+        let s = self.dp.slots[i];
+        if !s.linked {
+            return;
+        }
+        let fio = &mut self.files_io[file as usize];
+        match s.prev_write {
+            NO_SLOT => fio.first_write = s.next_write,
+            p => self.dp.slots[p as usize].next_write = s.next_write,
+        }
+        match s.next_write {
+            NO_SLOT => fio.last_write = s.prev_write,
+            n => self.dp.slots[n as usize].prev_write = s.prev_write,
+        }
+        let s = &mut self.dp.slots[i];
+        s.linked = false;
+        s.prev_write = NO_SLOT;
+        s.next_write = NO_SLOT;
     }
 
     /// Starts blocked operations whose conflicts are gone (in submission order).
@@ -682,7 +735,10 @@ impl FileService {
         while k < self.dp.blocked.len() {
             let j = self.dp.blocked[k] as usize;
             let ready = match self.dp.slots[j].kind {
-                Kind::Write => !self.dp.write_conflicts(j),
+                Kind::Write => {
+                    let first = self.files_io[self.dp.slots[j].file as usize].first_write;
+                    !self.dp.write_conflicts(j, first)
+                }
                 Kind::Flush => !self.dp.flush_conflicts(j),
                 Kind::Read => true,
             };

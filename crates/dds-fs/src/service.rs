@@ -81,12 +81,31 @@ fn random_u64() -> u64 {
 }
 
 /// Per-file data-path bookkeeping.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct FileIo {
     /// Data operations of this file that have not completed.
     pub inflight: u32,
     /// Write operations of this file that have not completed.
     pub writes: u32,
+    /// The file's unfinished writes as a list through their slots, in submission order:
+    /// first and last slot (`NO_SLOT` when empty). A new write checks only these for
+    /// conflicts.
+    pub first_write: u32,
+    pub last_write: u32,
+}
+
+/// No slot (end of a list).
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+impl Default for FileIo {
+    fn default() -> Self {
+        FileIo {
+            inflight: 0,
+            writes: 0,
+            first_write: NO_SLOT,
+            last_write: NO_SLOT,
+        }
+    }
 }
 
 /// The DPU file service. Single-threaded: owned and driven by the DPU service thread.

@@ -30,7 +30,6 @@ pub struct Chart {
     pub series: Vec<Series>,
 }
 
-
 impl Chart {
     fn bounds(&self) -> (f64, f64) {
         let mut x1 = 0f64;
