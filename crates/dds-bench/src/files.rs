@@ -252,6 +252,46 @@ impl Bench<'_> {
             .clamp(self.opts.pilot_ops, self.opts.max_ops)
     }
 
+    /// Read p99 (µs) of 4 KiB reads without and with a flood of metadata operations (create,
+    /// resize, delete from another connection) running at the same time.
+    fn metadata_flood_p99(&self) -> Result<(f64, f64)> {
+        let dpu = self.start_dpu(FilesMode::ZeroCopy)?;
+        let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
+        let file = dds.lookup(FILE_PATH)?;
+        let spec = WorkloadSpec {
+            read_ratio: 1.0,
+            ..self.spec(file.id, 4096, self.opts.pilot_ops * 4, 0xf100d)
+        };
+        let quiet = workload::run(&dds, &spec, &|_| {})?;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let socket = dpu.socket().to_path_buf();
+        let flooded = std::thread::scope(|s| -> Result<WorkloadResult> {
+            let flood = s.spawn(|| -> Result<u64> {
+                let meta = Dds::connect(&socket)?;
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let f = meta.create_file(&format!("/bench/flood-{}", n % 8))?;
+                    meta.set_file_size(f.id, 1 << 20)?;
+                    meta.delete_file(f.id)?;
+                    n += 3;
+                }
+                Ok(n)
+            });
+            let r = workload::run(&dds, &spec, &|_| {});
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let ops = flood
+                .join()
+                .map_err(|_| anyhow::anyhow!("flood thread panicked"))??;
+            if ops == 0 {
+                bail!("the metadata flood issued no operation");
+            }
+            r
+        })?;
+        drop(dds);
+        dpu.stop()?;
+        Ok((quiet.p99_us, flooded.p99_us))
+    }
+
     /// CPU of an idle DPU process (cores) with four connected, idle host groups.
     fn idle_dpu_cores(&self) -> Result<f64> {
         let dpu = self.start_dpu(FilesMode::ZeroCopy)?;
@@ -475,10 +515,26 @@ pub fn run(opts: &FilesOptions) -> Result<Report> {
     } else {
         None
     };
+    let flood = if library {
+        bar.set_message("reads under a metadata flood");
+        Some(bench.metadata_flood_p99()?)
+    } else {
+        None
+    };
     if !opts.keep_files {
         let _ = std::fs::remove_file(&bench.device);
     }
     let mut report = summarize(opts, machine, points, &bench.peak_rss, idle);
+    if let (Some((quiet, flooded)), Some(s)) = (flood, report.summary.as_object_mut()) {
+        let r = ratio(flooded, quiet);
+        s.insert("metadata_flood_read_p99_us".into(), json!(flooded));
+        s.insert("quiet_read_p99_us".into(), json!(quiet));
+        s.insert("metadata_flood_read_p99_ratio".into(), json!(r));
+        let t = Target::at_most("read p99 under a metadata flood / without", r, 1.5);
+        if let Some(list) = s.get_mut("targets").and_then(|t| t.as_array_mut()) {
+            list.push(json!(t));
+        }
+    }
     report.config["placement"] = json!(placement);
     if let Some(s) = report.summary.as_object_mut() {
         s.insert("placement".into(), json!(placement));
