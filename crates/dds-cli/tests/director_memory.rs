@@ -2,23 +2,15 @@
 //! buffers grow with the bytes that arrive, from `--director-memory`, never from the length a
 //! message header announces, and a closed connection gives its memory back.
 
+mod common;
+
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
+use common::{format_device, start_dpu};
+
 const MIB: u64 = 1 << 20;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -36,39 +28,6 @@ fn header(len: u32) -> [u8; 8] {
     h[..4].copy_from_slice(&len.to_le_bytes());
     h[4..6].copy_from_slice(&1u16.to_le_bytes());
     h
-}
-
-fn start_dpu(dir: &Path, director: u16, host: u16, memory: &str) -> Proc {
-    let device = dir.join("dev.img");
-    let out = Command::new(DDS)
-        .args(["format", "--size", "64M", "--device"])
-        .arg(&device)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let socket = dir.join("dpu.sock");
-    let child = Command::new(DDS)
-        .args(["dpu", "--offload", "pagestore", "--device"])
-        .arg(&device)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--director-listen", &format!("127.0.0.1:{director}")])
-        .args(["--host-app", &format!("127.0.0.1:{host}")])
-        .args(["--director-memory", memory, "--offload-contexts", "64"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "DPU not ready");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Proc(child)
 }
 
 #[test]
@@ -90,7 +49,25 @@ fn announced_lengths_do_not_allocate_and_the_budget_bounds_partial_messages() {
         .unwrap()
         .port();
     let budget = 64 * MIB;
-    let dpu = start_dpu(dir.path(), director, host_port, "64M");
+    let img = format_device(dir.path(), "64M");
+    let director_addr = format!("127.0.0.1:{director}");
+    let host_addr = format!("127.0.0.1:{host_port}");
+    let dpu = start_dpu(
+        &img,
+        &dir.path().join("dpu.sock"),
+        &[
+            "--offload",
+            "pagestore",
+            "--director-listen",
+            &director_addr,
+            "--host-app",
+            &host_addr,
+            "--director-memory",
+            "64M",
+            "--offload-contexts",
+            "64",
+        ],
+    );
     let pid = dpu.0.id();
     let base = rss_bytes(pid);
     let addr = format!("127.0.0.1:{director}");

@@ -2,10 +2,11 @@
 //! record; the DPU refuses to start instead of silently dropping the acknowledged operations
 //! after it.
 
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
+use std::process::{Command, Output, Stdio};
+
+use common::{start_dpu, DDS};
 
 fn dds(args: &[&str]) -> Output {
     Command::new(DDS).args(args).output().unwrap()
@@ -20,17 +21,7 @@ fn fsck_reports_a_damaged_log_record_and_the_dpu_refuses_the_device() {
     assert!(dds(&["format", "--device", img_s, "--size", "64M"])
         .status
         .success());
-    let mut dpu = Command::new(DDS)
-        .args(["dpu", "--device", img_s, "--socket", sock_s])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "DPU did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut dpu = start_dpu(&img, &sock, &[]);
     for i in 0..5 {
         let out = dds(&["fs", "--socket", sock_s, "mkdir", &format!("/d{i}")]);
         assert!(
@@ -40,8 +31,8 @@ fn fsck_reports_a_damaged_log_record_and_the_dpu_refuses_the_device() {
         );
     }
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(dpu.id() as i32, libc::SIGTERM) };
-    dpu.wait().unwrap();
+    unsafe { libc::kill(dpu.0.id() as i32, libc::SIGTERM) };
+    dpu.0.wait().unwrap();
 
     let clean = dds(&["fsck", "--device", img_s]);
     assert!(
