@@ -244,7 +244,7 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-fn fmt_axis(v: f64) -> String {
+pub(crate) fn fmt_axis(v: f64) -> String {
     let a = v.abs();
     if a >= 1e9 {
         format!("{}G", trim(v / 1e9))

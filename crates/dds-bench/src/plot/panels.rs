@@ -8,7 +8,7 @@ use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use super::{spans_decades, COLORS};
+use super::{fmt_axis, spans_decades, COLORS};
 
 /// One line of a chart.
 #[derive(Clone, Debug)]
@@ -110,6 +110,8 @@ where
     c.configure_mesh()
         .x_desc(chart.x_label.as_str())
         .y_desc(chart.y_label.as_str())
+        .x_label_formatter(&|x| fmt_axis(*x))
+        .y_label_formatter(&|y| fmt_axis(*y))
         .draw()
         .map_err(|e| anyhow!("{e}"))?;
     // A secondary series (e.g. p99) takes the color of the primary one before it.
