@@ -27,6 +27,11 @@ pub fn registry() -> Registry {
         },
     );
     r.register(
+        "redis",
+        "Redis protocol of `dds kv`: GETs of records on storage served on the DPU",
+        |_| Arc::new(dds_kv::offload::RedisApp::default()),
+    );
+    r.register(
         "kv",
         "log-structured key-value protocol: GETs of cached keys served on the DPU",
         |_| Arc::new(KvApp),

@@ -1,0 +1,14 @@
+//! `dds kv`: a key-value server speaking the Redis protocol, whose data lives in a
+//! FASTER-style hybrid log on a DDS file (§2 and §9.2 of the DDS paper), and the DPU offload
+//! app that serves GETs of records on storage without the host. Design and formats:
+//! `docs/kv-service.md`.
+
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod offload;
+pub mod record;
+pub mod storage;
+pub mod store;
+
+pub use store::{Durability, Expiry, SetCond, Store, StoreConfig, StoreError, StoreStats};

@@ -1,0 +1,370 @@
+//! The DPU half of `dds kv` (`docs/kv-service.md` §4): the offload app `redis`.
+//!
+//! One RESP command is one message. A `GET` whose whole request fits in the director's
+//! request head and whose key the cache table holds (tag = the key's second hash word) is read
+//! on the DPU: the whole log record, checked against the requested key by the response
+//! builder, which moves the value to the front and writes `$<len>\r\n` in front of it.
+//! Every write command invalidates its keys before the host sees it; cache-on-write learns
+//! the value records of every log write.
+
+use dds_cache::CacheItem;
+use dds_offload_api::{
+    CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReadResult, ReqDesc,
+    ReqList, ResponseLayout, REQUEST_HEAD_BYTES,
+};
+use dds_resp::{args, frame_command, frame_reply, Limits};
+
+use crate::record::{self, FLAG_SUPERSEDED, KIND_VALUE};
+
+/// Most keys one forwarded write may name (the server refuses larger multi-key writes when
+/// offload is on, so the invalidation list never overflows).
+pub const MAX_WRITE_KEYS: usize = 1000;
+
+/// Bytes reserved in front of DPU-read data for the reply header.
+const ROOM: usize = 64;
+
+/// The `redis` offload app.
+#[derive(Clone, Debug)]
+pub struct RedisApp {
+    limits: Limits,
+    max_message: usize,
+}
+
+impl Default for RedisApp {
+    fn default() -> Self {
+        RedisApp::new(4 << 20)
+    }
+}
+
+impl RedisApp {
+    /// Client messages (commands) up to `max_message` bytes.
+    pub fn new(max_message: usize) -> Self {
+        RedisApp {
+            limits: Limits {
+                max_bulk: max_message,
+                max_args: 1 << 20,
+                max_inline: 64 << 10,
+            },
+            max_message,
+        }
+    }
+}
+
+/// The key of a `GET key` command, if `msg` is exactly that.
+fn get_key(msg: &[u8]) -> Option<&[u8]> {
+    let mut a = args(msg);
+    let cmd = a.next()?;
+    if !cmd.eq_ignore_ascii_case(b"GET") {
+        return None;
+    }
+    let key = a.next()?;
+    if a.next().is_some() {
+        return None;
+    }
+    Some(key)
+}
+
+/// Whether a command may modify keys, and where its keys are: (first key argument, step).
+fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
+    const ONE: &[&str] = &[
+        "SET",
+        "SETNX",
+        "SETEX",
+        "PSETEX",
+        "GETSET",
+        "GETDEL",
+        "GETEX",
+        "INCR",
+        "INCRBY",
+        "DECR",
+        "DECRBY",
+        "INCRBYFLOAT",
+        "APPEND",
+        "SETRANGE",
+        "EXPIRE",
+        "PEXPIRE",
+        "EXPIREAT",
+        "PEXPIREAT",
+        "PERSIST",
+    ];
+    const ALL: &[&str] = &["DEL", "UNLINK"];
+    const PAIRS: &[&str] = &["MSET", "MSETNX"];
+    let is = |l: &[&str]| l.iter().any(|c| cmd.eq_ignore_ascii_case(c.as_bytes()));
+    if is(ONE) {
+        Some((1, 0))
+    } else if is(ALL) {
+        Some((1, 1))
+    } else if is(PAIRS) {
+        Some((1, 2))
+    } else {
+        None
+    }
+}
+
+impl OffloadApp for RedisApp {
+    fn name(&self) -> &str {
+        "redis"
+    }
+    fn max_message_len(&self) -> usize {
+        self.max_message + (64 << 10)
+    }
+    fn max_response_len(&self) -> usize {
+        64 << 20
+    }
+    fn max_requests(&self) -> usize {
+        1
+    }
+    fn max_forward_keys(&self) -> usize {
+        MAX_WRITE_KEYS + 1
+    }
+    fn max_write_items(&self) -> usize {
+        // A write of at most 1 MiB of records of at least 40 bytes.
+        (1 << 20) / 40 + 1
+    }
+    fn max_read_keys(&self) -> usize {
+        1
+    }
+    fn header_room(&self) -> usize {
+        ROOM
+    }
+
+    fn message_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        frame_command(buf, &self.limits).map_err(|e| Malformed(e.0))
+    }
+
+    fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        frame_reply(buf, 64 << 10, 64 << 20).map_err(|e| Malformed(e.0))
+    }
+
+    fn offload_predicate(
+        &self,
+        msg: &[u8],
+        cache: &CacheView<'_>,
+        host: &mut ReqList,
+        dpu: &mut ReqList,
+    ) -> Result<(), Malformed> {
+        let d = ReqDesc {
+            offset: 0,
+            len: msg.len() as u32,
+            pos: 0,
+        };
+        let to_dpu = msg.len() <= REQUEST_HEAD_BYTES
+            && get_key(msg).is_some_and(|k| {
+                let (h1, h2) = record::key_hash(k);
+                cache.get(h1).is_some_and(|it| it.tag == h2)
+            });
+        let list = if to_dpu { dpu } else { host };
+        list.push(d).map_err(|_| Malformed("request list full"))
+    }
+
+    fn offload_function(&self, msg: &[u8], _req: ReqDesc, cache: &CacheView<'_>) -> Offload {
+        let Some(k) = get_key(msg) else {
+            return Offload::Host;
+        };
+        let (h1, h2) = record::key_hash(k);
+        match cache.get(h1) {
+            Some(it) if it.tag == h2 => Offload::Read(ReadOp {
+                file_id: it.file_id,
+                size: it.size,
+                offset: it.offset,
+            }),
+            _ => Offload::Host,
+        }
+    }
+
+    fn build_response(
+        &self,
+        req_head: &[u8],
+        op: &ReadOp,
+        result: ReadResult,
+        room: &mut [u8],
+        data: &mut [u8],
+    ) -> Result<ResponseLayout, Malformed> {
+        let key = get_key(req_head).ok_or(Malformed("offloaded request is not a GET"))?;
+        let fail = |room: &mut [u8], text: &[u8]| {
+            let at = room.len() - text.len();
+            room[at..].copy_from_slice(text);
+            Ok(ResponseLayout {
+                header_len: text.len() as u32,
+                total_len: text.len() as u32,
+            })
+        };
+        let n = match result {
+            Ok(n) if n == op.size => n as usize,
+            _ => return fail(room, b"-ERR DPU read of the record failed, retry\r\n"),
+        };
+        let h = match record::decode_header(&data[..n]) {
+            Some(h)
+                if h.kind == KIND_VALUE
+                    && h.len() == n
+                    && h.flags & FLAG_SUPERSEDED == 0
+                    && &data[h.key_range()] == key =>
+            {
+                h
+            }
+            // The record's space was reused while the read was in flight.
+            _ => return fail(room, b"-TRYAGAIN record moved, retry\r\n"),
+        };
+        let v = h.value_range();
+        let vlen = v.len();
+        data.copy_within(v, 0);
+        data[vlen..vlen + 2].copy_from_slice(b"\r\n");
+        let mut hdr = [0u8; 24];
+        let hl = dds_resp::bulk_header_into(vlen, &mut hdr);
+        let at = room.len() - hl;
+        room[at..].copy_from_slice(&hdr[..hl]);
+        Ok(ResponseLayout {
+            header_len: hl as u32,
+            total_len: (hl + vlen + 2) as u32,
+        })
+    }
+
+    fn build_host_message(
+        &self,
+        msg: &[u8],
+        host: &[ReqDesc],
+        out: &mut [u8],
+    ) -> Result<usize, Malformed> {
+        if host.len() != 1 {
+            return Err(Malformed("one command per message"));
+        }
+        out[..msg.len()].copy_from_slice(msg);
+        Ok(msg.len())
+    }
+
+    fn invalidate_on_forward(&self, msg: &[u8], _req: ReqDesc, keys: &mut KeyList) {
+        let mut a = args(msg);
+        let Some(cmd) = a.next() else {
+            return;
+        };
+        let Some((first, step)) = write_keys(cmd) else {
+            return;
+        };
+        for (i, arg) in a.enumerate() {
+            let i = i + 1;
+            let is_key = if step == 0 {
+                i == first
+            } else {
+                i >= first && (i - first) % step == 0
+            };
+            if is_key && keys.len() + 1 < keys.capacity() {
+                let _ = keys.push(record::key_hash(arg).0);
+            }
+            if step == 0 && i >= first {
+                break;
+            }
+        }
+    }
+
+    fn cache_on_write(&self, file_id: u32, offset: u64, data: &[u8], items: &mut ItemList) {
+        for (at, h) in record::scan(data) {
+            if h.kind != KIND_VALUE || h.flags & FLAG_SUPERSEDED != 0 || h.expire_ms != 0 {
+                continue;
+            }
+            let (h1, h2) =
+                record::key_hash(&data[at + h.key_range().start..at + h.key_range().end]);
+            let mut it = CacheItem::new(h1, 0, file_id, offset + at as u64, h.len() as u32);
+            it.tag = h2;
+            if items.push(it).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn invalidate_on_read(&self, _file_id: u32, _offset: u64, _len: u32, _keys: &mut KeyList) {
+        // The host never changes what it reads back from the log.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dds_cache::{CacheWriter, Config};
+
+    fn cmd(words: &[&[u8]]) -> Vec<u8> {
+        let mut b = format!("*{}\r\n", words.len()).into_bytes();
+        for w in words {
+            b.extend(format!("${}\r\n", w.len()).bytes());
+            b.extend_from_slice(w);
+            b.extend_from_slice(b"\r\n");
+        }
+        b
+    }
+
+    #[test]
+    fn gets_of_cached_records_are_read_and_answered_on_the_dpu() {
+        let app = RedisApp::default();
+        // A log write of two records; the second supersedes nothing.
+        let mut page = vec![0u8; 256];
+        let l1 = record::record_len(3, 5);
+        record::encode(&mut page[..l1], KIND_VALUE, b"foo", b"hello", 1, 0);
+        let l2 = record::record_len(3, 2);
+        record::encode(&mut page[l1..l1 + l2], KIND_VALUE, b"bar", b"hi", 2, 0);
+        let mut items = ItemList::with_capacity(app.max_write_items());
+        app.cache_on_write(7, 4096, &page, &mut items);
+        assert_eq!(items.len(), 2);
+        let mut w = CacheWriter::new(Config::for_items(100)).unwrap();
+        for it in items.as_slice() {
+            w.insert(*it).unwrap();
+        }
+        let reader = w.reader();
+        let view = CacheView::new(&reader);
+        let get = cmd(&[b"get", b"foo"]);
+        let (mut host, mut dpu) = (ReqList::with_capacity(1), ReqList::with_capacity(1));
+        app.offload_predicate(&get, &view, &mut host, &mut dpu)
+            .unwrap();
+        assert_eq!((host.len(), dpu.len()), (0, 1));
+        let Offload::Read(op) = app.offload_function(&get, dpu.as_slice()[0], &view) else {
+            panic!("not offloaded");
+        };
+        assert_eq!((op.file_id, op.offset, op.size), (7, 4096, l1 as u32));
+        let mut room = [0u8; ROOM];
+        let mut data = vec![0u8; 128];
+        data[..l1].copy_from_slice(&page[..l1]);
+        let l = app
+            .build_response(&get, &op, Ok(op.size), &mut room, &mut data)
+            .unwrap();
+        let mut out = room[ROOM - l.header_len as usize..].to_vec();
+        out.extend_from_slice(&data[..(l.total_len - l.header_len) as usize]);
+        assert_eq!(out, b"$5\r\nhello\r\n");
+        // A record that is not the key's (space reused) is answered TRYAGAIN.
+        data[..l1].copy_from_slice(&page[l1..l1 + l1]);
+        let l = app
+            .build_response(&get, &op, Ok(op.size), &mut room, &mut data)
+            .unwrap();
+        assert_eq!(
+            &room[ROOM - l.header_len as usize..],
+            b"-TRYAGAIN record moved, retry\r\n"
+        );
+        // Misses, other commands and long requests go to the host.
+        for m in [
+            cmd(&[b"GET", b"nope"]),
+            cmd(&[b"SET", b"foo", b"x"]),
+            cmd(&[b"GET", &[b'k'; 60]]),
+        ] {
+            let (mut host, mut dpu) = (ReqList::with_capacity(1), ReqList::with_capacity(1));
+            app.offload_predicate(&m, &view, &mut host, &mut dpu)
+                .unwrap();
+            assert_eq!((host.len(), dpu.len()), (1, 0));
+        }
+    }
+
+    #[test]
+    fn writes_name_every_key_they_modify() {
+        let app = RedisApp::default();
+        let mut keys = KeyList::with_capacity(app.max_forward_keys());
+        let d = ReqDesc::default();
+        let h = |k: &[u8]| record::key_hash(k).0;
+        app.invalidate_on_forward(&cmd(&[b"MSET", b"a", b"1", b"b", b"2"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"a"), h(b"b")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"del", b"a", b"b", b"c"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"a"), h(b"b"), h(b"c")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"SET", b"k", b"v", b"EX", b"10"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"k")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"GET", b"k"]), d, &mut keys);
+        assert!(keys.is_empty());
+    }
+}

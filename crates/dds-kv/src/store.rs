@@ -1,0 +1,924 @@
+//! The hybrid log and its index (`docs/kv-service.md` §1–§3), single-threaded: the server's
+//! event loop owns the store.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{ensure, Context, Result};
+
+use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::record::{self, Header, FLAG_SUPERSEDED, HEADER, KIND_TOMBSTONE, KIND_VALUE};
+use crate::storage::{Storage, StoreFile};
+
+/// What survives a restart (`docs/kv-service.md` §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Nothing: the log starts empty.
+    None,
+    /// Writes older than the sync interval.
+    Periodic,
+    /// Every acknowledged write.
+    Fsync,
+}
+
+/// Settings of a store.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Page bytes (power of two, ≥ 64 KiB).
+    pub page_size: usize,
+    /// Bytes of memory for log pages (at least 3 pages).
+    pub memory: usize,
+    /// Log file bytes (a multiple of the page size, at least 8 pages).
+    pub log_size: u64,
+    /// Largest key.
+    pub max_key: usize,
+    /// Largest value (at most half a page).
+    pub max_value: usize,
+    /// What survives a restart.
+    pub durability: Durability,
+    /// Keep the DPU's cache table coherent with the log (the log file is exposed).
+    pub offload: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            page_size: 1 << 20,
+            memory: 64 << 20,
+            log_size: 1 << 30,
+            max_key: 4096,
+            max_value: 512 << 10,
+            durability: Durability::Periodic,
+            offload: true,
+        }
+    }
+}
+
+/// Why an operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The live data fills the log file.
+    #[error("log full: live data fills the log file (raise --log-size)")]
+    LogFull,
+    /// The value is not an integer (INCR).
+    #[error("value is not an integer or out of range")]
+    NotInteger,
+    /// INCR would overflow.
+    #[error("increment or decrement would overflow")]
+    Overflow,
+    /// A key above the limit.
+    #[error("key too large (limit {0} bytes)")]
+    KeyTooLarge(usize),
+    /// A value above the limit.
+    #[error("value too large (limit {0} bytes)")]
+    ValueTooLarge(usize),
+    /// Storage failed: the store can no longer be trusted to have written what it said.
+    #[error("storage: {0:#}")]
+    Storage(anyhow::Error),
+}
+
+impl From<anyhow::Error> for StoreError {
+    fn from(e: anyhow::Error) -> Self {
+        StoreError::Storage(e)
+    }
+}
+
+/// Receives a key's previous value (SET ... GET, GETSET).
+pub type OldValue<'a> = &'a mut dyn FnMut(Option<&[u8]>);
+
+/// Result of store operations.
+pub type StoreResult<T> = std::result::Result<T, StoreError>;
+
+/// SET conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetCond {
+    /// Always.
+    Always,
+    /// Only if the key is missing (NX).
+    IfMissing,
+    /// Only if the key exists (XX).
+    IfExists,
+}
+
+/// Expiry of a SET.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// No expiry.
+    None,
+    /// At this Unix time in milliseconds.
+    At(u64),
+    /// Keep the key's current expiry (KEEPTTL).
+    Keep,
+}
+
+/// Counters for INFO and the benchmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreStats {
+    /// Reads of records that were in memory.
+    pub memory_reads: u64,
+    /// Reads of records from storage.
+    pub storage_reads: u64,
+    /// Updates done in place (mutable region).
+    pub in_place_updates: u64,
+    /// Records appended.
+    pub appends: u64,
+    /// Pages written to storage.
+    pub page_writes: u64,
+    /// Pages compacted.
+    pub compactions: u64,
+    /// Live records moved by compaction.
+    pub compaction_moves: u64,
+    /// Keys invalidated in the DPU's cache table by the host.
+    pub invalidations: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+}
+
+/// The index hashes keys with XXH3 already: its hasher passes the low word through.
+#[derive(Default)]
+struct PassHasher(u64);
+impl Hasher for PassHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        // (h1, h2) is hashed as two words; h1 alone is a uniform hash.
+        if self.0 == 0 {
+            self.0 = v;
+        }
+    }
+}
+
+const TOMB: u64 = 1 << 63;
+
+/// The store: hybrid log, index, checkpoint.
+pub struct Store {
+    cfg: StoreConfig,
+    storage: Box<dyn Storage>,
+    file: Box<dyn StoreFile>,
+    ckpt: Option<CheckpointFile>,
+    ps: u64,
+    cap: u64,
+    frames: Vec<Box<[u8]>>,
+    mutable_pages: u64,
+    begin: u64,
+    head: u64,
+    read_only: u64,
+    flushed: u64,
+    tail: u64,
+    /// End of the page the tail is in (equal to `tail` when no page is started).
+    tail_page_end: u64,
+    /// `begin` as the newest durable checkpoint has it.
+    durable_begin: u64,
+    seq: u64,
+    /// (h1, h2) → address | TOMB.
+    index: HashMap<(u64, u64), u64, BuildHasherDefault<PassHasher>>,
+    live: u64,
+    dirty: bool,
+    invalidate: Vec<u64>,
+    stats: StoreStats,
+    scratch: Vec<u8>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A record found for a key.
+struct Found {
+    hdr: Header,
+}
+
+impl Store {
+    /// Opens the store in `storage`: recovers the log (unless durability is `None`) and
+    /// exposes it to the DPU when `offload` is on.
+    pub fn open(storage: Box<dyn Storage>, cfg: StoreConfig) -> Result<Store> {
+        let ps = cfg.page_size as u64;
+        ensure!(
+            cfg.page_size.is_power_of_two() && cfg.page_size >= 64 << 10,
+            "page size must be a power of two of at least 64 KiB"
+        );
+        let mem_pages = (cfg.memory / cfg.page_size) as u64;
+        ensure!(mem_pages >= 3, "memory must hold at least 3 pages");
+        ensure!(
+            cfg.log_size.is_multiple_of(ps) && cfg.log_size / ps >= 8,
+            "log size must be a multiple of the page size and at least 8 pages"
+        );
+        ensure!(
+            cfg.log_size >= mem_pages * ps,
+            "log size must be at least the memory budget"
+        );
+        ensure!(
+            record::record_len(cfg.max_key, cfg.max_value) <= cfg.page_size,
+            "a record of the largest key and value must fit in a page"
+        );
+        ensure!(
+            cfg.max_key >= 1 && cfg.max_key <= u16::MAX as usize,
+            "key limit"
+        );
+        let file = storage.open("log")?;
+        if file.size()? < cfg.log_size {
+            file.set_size(cfg.log_size).context("size the log file")?;
+        }
+        let ckpt = match cfg.durability {
+            Durability::None => None,
+            _ => Some(CheckpointFile::open(storage.open("checkpoint")?)?),
+        };
+        let frames = (0..mem_pages)
+            .map(|_| vec![0u8; cfg.page_size].into_boxed_slice())
+            .collect();
+        let mut s = Store {
+            ps,
+            cap: cfg.log_size,
+            mutable_pages: ((mem_pages * 9) / 10).clamp(1, mem_pages - 2),
+            frames,
+            begin: 0,
+            head: 0,
+            read_only: 0,
+            flushed: 0,
+            tail: 0,
+            tail_page_end: 0,
+            durable_begin: 0,
+            seq: 0,
+            index: HashMap::default(),
+            live: 0,
+            dirty: false,
+            invalidate: Vec::new(),
+            stats: StoreStats::default(),
+            scratch: Vec::new(),
+            file,
+            ckpt,
+            storage,
+            cfg,
+        };
+        if let Some(c) = s.ckpt.as_ref().and_then(|c| c.latest()) {
+            ensure!(
+                c.page_size == ps && c.capacity == s.cap,
+                "the log was written with page size {} and log size {}; start with those",
+                c.page_size,
+                c.capacity
+            );
+            s.recover(c)?;
+        } else if s.ckpt.is_some() {
+            // A new store: an empty checkpoint, so recovery never reads old bytes of the file.
+            s.write_checkpoint()?;
+        }
+        if s.cfg.offload {
+            s.storage.expose(s.file.as_ref())?;
+        }
+        Ok(s)
+    }
+
+    fn page_of(&self, a: u64) -> u64 {
+        a / self.ps
+    }
+    fn frame(&self, page: u64) -> usize {
+        (page % self.frames.len() as u64) as usize
+    }
+    fn in_frame(&self, a: u64) -> (usize, usize) {
+        (self.frame(self.page_of(a)), (a % self.ps) as usize)
+    }
+
+    /// Replays the log from the checkpoint's `begin` into the index.
+    fn recover(&mut self, c: Checkpoint) -> Result<()> {
+        self.begin = c.begin;
+        let mut page = vec![0u8; self.ps as usize];
+        let mut last_seq = 0u64;
+        let mut a = c.begin;
+        self.tail = c.begin;
+        'scan: while a < c.begin + self.cap {
+            let p = self.page_of(a);
+            let n = self.file.read_at((p * self.ps) % self.cap, &mut page)?;
+            page[n..].fill(0);
+            let o = (a % self.ps) as usize;
+            let mut any = false;
+            for (off, h) in record::scan(&page[o..]) {
+                if h.seq <= last_seq {
+                    // Older bytes of the circular file: the log ends here.
+                    break 'scan;
+                }
+                last_seq = h.seq;
+                let at = o + off;
+                let kh = record::key_hash(&page[at + HEADER..at + HEADER + h.klen as usize]);
+                self.replay(kh, p * self.ps + at as u64, &h);
+                self.tail = p * self.ps + (at + h.len()) as u64;
+                any = true;
+            }
+            if !any {
+                break;
+            }
+            // The page's records end here (zeros follow): go on with the next page.
+            a = (p + 1) * self.ps;
+        }
+        self.seq = c.seq.max(last_seq);
+        // The tail page goes back into memory; everything recovered is on storage.
+        if !self.tail.is_multiple_of(self.ps) {
+            let tp = self.page_of(self.tail);
+            let fr = self.frame(tp);
+            let n = self
+                .file
+                .read_at((tp * self.ps) % self.cap, &mut self.frames[fr])?;
+            let used = (self.tail % self.ps) as usize;
+            ensure!(n >= used, "short read of the log's tail page");
+            self.frames[fr][used..].fill(0);
+            self.head = tp * self.ps;
+            self.tail_page_end = (tp + 1) * self.ps;
+        } else {
+            self.head = self.tail;
+            self.tail_page_end = self.tail;
+        }
+        self.read_only = self.tail;
+        self.flushed = self.tail;
+        self.durable_begin = self.begin;
+        tracing::info!(
+            begin = self.begin,
+            tail = self.tail,
+            keys = self.live,
+            "recovered the log"
+        );
+        Ok(())
+    }
+
+    fn replay(&mut self, h: (u64, u64), addr: u64, hdr: &Header) {
+        let old = self.index.get(&h).copied();
+        let old_live = matches!(old, Some(e) if e & TOMB == 0);
+        if hdr.kind == KIND_TOMBSTONE {
+            self.index.insert(h, addr | TOMB);
+            if old_live {
+                self.live -= 1;
+            }
+        } else {
+            self.index.insert(h, addr);
+            if !old_live {
+                self.live += 1;
+            }
+        }
+    }
+
+    /// Reads the record at `a` into `scratch` (from memory or storage); returns its header.
+    fn load(&mut self, a: u64) -> StoreResult<Header> {
+        if a >= self.head {
+            let (f, o) = self.in_frame(a);
+            let h = record::decode_header(&self.frames[f][o..])
+                .ok_or_else(|| StoreError::Storage(anyhow::anyhow!("bad record at {a}")))?;
+            self.scratch.clear();
+            self.scratch
+                .extend_from_slice(&self.frames[f][o..o + h.len()]);
+            self.stats.memory_reads += 1;
+            return Ok(h);
+        }
+        self.stats.storage_reads += 1;
+        let page_left = (self.ps - a % self.ps) as usize;
+        let first = page_left.min(256);
+        self.scratch.resize(first, 0);
+        let off = a % self.cap;
+        let n = self.file.read_at(off, &mut self.scratch)?;
+        let h = record::decode_header(&self.scratch[..n]).ok_or_else(|| {
+            StoreError::Storage(anyhow::anyhow!("no valid record at log address {a}"))
+        })?;
+        if h.len() > first {
+            self.scratch.resize(h.len(), 0);
+            let n2 = self
+                .file
+                .read_at(off + first as u64, &mut self.scratch[first..])?;
+            if n2 < h.len() - first {
+                return Err(StoreError::Storage(anyhow::anyhow!(
+                    "short read of the record at log address {a}"
+                )));
+            }
+        }
+        self.scratch.truncate(h.len());
+        if record::check(&self.scratch).is_none() {
+            return Err(StoreError::Storage(anyhow::anyhow!(
+                "damaged record at log address {a} (checksum)"
+            )));
+        }
+        Ok(h)
+    }
+
+    /// The newest live, unexpired record of `key` (loaded into `scratch`).
+    fn find(&mut self, key: &[u8]) -> StoreResult<Option<Found>> {
+        let h = record::key_hash(key);
+        let Some(&e) = self.index.get(&h) else {
+            return Ok(None);
+        };
+        if e & TOMB != 0 {
+            return Ok(None);
+        }
+        let hdr = self.load(e)?;
+        if &self.scratch[hdr.key_range()] != key {
+            tracing::error!("128-bit key hash collision; treating the key as missing");
+            return Ok(None);
+        }
+        if hdr.expire_ms != 0 && hdr.expire_ms <= now_ms() {
+            return Ok(None);
+        }
+        Ok(Some(Found { hdr }))
+    }
+
+    /// GET: calls `f` with the value (or `None`).
+    pub fn get_with<R>(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> R,
+    ) -> StoreResult<R> {
+        match self.find(key)? {
+            None => Ok(f(None)),
+            Some(found) => Ok(f(Some(&self.scratch[found.hdr.value_range()]))),
+        }
+    }
+
+    /// Whether `key` exists.
+    pub fn exists(&mut self, key: &[u8]) -> StoreResult<bool> {
+        Ok(self.find(key)?.is_some())
+    }
+
+    /// Live keys (expired keys not yet removed included, as Redis's DBSIZE).
+    pub fn len(&self) -> u64 {
+        self.live
+    }
+
+    /// No live keys.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        self.stats
+    }
+
+    /// Log addresses (begin, head, read_only, flushed, tail).
+    pub fn addresses(&self) -> [u64; 5] {
+        [
+            self.begin,
+            self.head,
+            self.read_only,
+            self.flushed,
+            self.tail,
+        ]
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    fn check_sizes(&self, key: &[u8], vlen: usize) -> StoreResult<()> {
+        if key.len() > self.cfg.max_key {
+            return Err(StoreError::KeyTooLarge(self.cfg.max_key));
+        }
+        if vlen > self.cfg.max_value {
+            return Err(StoreError::ValueTooLarge(self.cfg.max_value));
+        }
+        Ok(())
+    }
+
+    /// SET: stores `value` under `key` when `cond` holds; returns whether it stored. With
+    /// `old`, the previous value is passed to it first (SET ... GET, GETSET).
+    pub fn set(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: SetCond,
+        expiry: Expiry,
+        old: Option<OldValue<'_>>,
+    ) -> StoreResult<bool> {
+        self.check_sizes(key, value.len())?;
+        let need_old = cond != SetCond::Always || old.is_some() || expiry == Expiry::Keep;
+        let found = if need_old { self.find(key)? } else { None };
+        if let Some(f) = old {
+            f(found.as_ref().map(|x| &self.scratch[x.hdr.value_range()]));
+        }
+        match (cond, &found) {
+            (SetCond::IfMissing, Some(_)) | (SetCond::IfExists, None) => return Ok(false),
+            _ => {}
+        }
+        let expire = match expiry {
+            Expiry::None => 0,
+            Expiry::At(t) => t,
+            Expiry::Keep => found.as_ref().map_or(0, |f| f.hdr.expire_ms),
+        };
+        self.upsert(key, value, expire)?;
+        Ok(true)
+    }
+
+    /// Writes `value` as the key's newest version: in place when its record is in the
+    /// mutable region and the size fits, else a new record at the tail.
+    fn upsert(&mut self, key: &[u8], value: &[u8], expire_ms: u64) -> StoreResult<()> {
+        let h = record::key_hash(key);
+        if let Some(&e) = self.index.get(&h) {
+            if e & TOMB == 0 && e >= self.read_only && e >= self.head {
+                let (f, o) = self.in_frame(e);
+                let old = record::decode_header(&self.frames[f][o..]).expect("record in memory");
+                if old.len() == record::record_len(key.len(), value.len())
+                    && &self.frames[f][o + HEADER..o + HEADER + key.len()] == key
+                {
+                    // The record keeps its sequence number: sequence numbers grow along the
+                    // log, which is how recovery finds its end.
+                    let seq = old.seq;
+                    let len = old.len();
+                    record::encode(
+                        &mut self.frames[f][o..o + len],
+                        KIND_VALUE,
+                        key,
+                        value,
+                        seq,
+                        expire_ms,
+                    );
+                    self.stats.in_place_updates += 1;
+                    self.dirty = true;
+                    return Ok(());
+                }
+            }
+        }
+        self.append(h, KIND_VALUE, key, value, expire_ms)
+    }
+
+    /// Appends a record and points the index at it.
+    fn append(
+        &mut self,
+        h: (u64, u64),
+        kind: u8,
+        key: &[u8],
+        value: &[u8],
+        expire_ms: u64,
+    ) -> StoreResult<()> {
+        let len = record::record_len(key.len(), value.len()) as u64;
+        let a = self.allocate(len)?;
+        self.seq += 1;
+        let (f, o) = self.in_frame(a);
+        record::encode(
+            &mut self.frames[f][o..o + len as usize],
+            kind,
+            key,
+            value,
+            self.seq,
+            expire_ms,
+        );
+        self.stats.appends += 1;
+        self.dirty = true;
+        let old = self.index.get(&h).copied();
+        if let Some(e) = old {
+            if (e & !TOMB) < self.flushed && self.cfg.offload {
+                // The DPU may hold the old record in its cache: drop it before the reply.
+                self.invalidate.push(h.0);
+            }
+        }
+        self.replay(
+            h,
+            a,
+            &Header {
+                kind,
+                flags: 0,
+                klen: key.len() as u16,
+                vlen: value.len() as u32,
+                crc: 0,
+                seq: self.seq,
+                expire_ms,
+            },
+        );
+        Ok(())
+    }
+
+    /// Room for `len` bytes at the tail, starting a page (and compacting) if needed.
+    fn allocate(&mut self, len: u64) -> StoreResult<u64> {
+        assert!(len <= self.ps, "record larger than a page");
+        let mut rounds = 0u64;
+        while self.tail + len > self.tail_page_end {
+            let next = self.tail_page_end / self.ps;
+            if (next + 2) * self.ps > self.begin + self.cap {
+                // Keep one free page slot beyond the next page: compact the oldest page.
+                // Its live records go to the tail page or the next one, never to the page
+                // that reuses its slot, so they are written (and synced, before the
+                // checkpoint that drops the old page) ahead of the overwrite.
+                rounds += 1;
+                if rounds > self.cap / self.ps {
+                    return Err(StoreError::LogFull);
+                }
+                self.compact_one()?;
+                continue;
+            }
+            self.start_page(next)?;
+        }
+        let a = self.tail;
+        self.tail += len;
+        Ok(a)
+    }
+
+    /// Starts page `next` at the tail: makes room in memory (flushing and evicting the oldest
+    /// page) and moves the read-only boundary. Its file slot must be free.
+    fn start_page(&mut self, next: u64) -> StoreResult<()> {
+        assert_eq!(next * self.ps, self.tail_page_end, "pages start in order");
+        assert!(
+            (next + 1) * self.ps <= self.begin + self.cap,
+            "page slot still holds live data"
+        );
+        let frames = self.frames.len() as u64;
+        while next + 1 > self.page_of(self.head) + frames {
+            let evict_end = (self.page_of(self.head) + 1) * self.ps;
+            if self.read_only < evict_end {
+                self.read_only = evict_end;
+            }
+            self.flush_to(evict_end)?;
+            self.head = evict_end;
+        }
+        let fr = self.frame(next);
+        self.frames[fr].fill(0);
+        self.tail = next * self.ps;
+        self.tail_page_end = (next + 1) * self.ps;
+        // The mutable region: the newest `mutable_pages` pages.
+        let ro = (next + 1).saturating_sub(self.mutable_pages) * self.ps;
+        if ro > self.read_only {
+            self.read_only = ro.min(self.tail);
+        }
+        Ok(())
+    }
+
+    /// Moves the live records of the oldest page to the tail and frees the page.
+    fn compact_one(&mut self) -> StoreResult<()> {
+        let bp = self.page_of(self.begin);
+        let start = self.begin;
+        let end = (bp + 1) * self.ps;
+        assert!(end <= self.tail, "compacting the tail page");
+        let mut page = vec![0u8; (end - start) as usize];
+        if start >= self.head {
+            let (f, o) = self.in_frame(start);
+            let n = page.len();
+            page.copy_from_slice(&self.frames[f][o..o + n]);
+        } else {
+            let n = self.file.read_at(start % self.cap, &mut page)?;
+            page[n..].fill(0);
+        }
+        // Live records of the page: the index points at them.
+        let mut moves: Vec<(usize, Header)> = Vec::new();
+        for (o, h) in record::scan(&page) {
+            let a = start + o as u64;
+            let kh = record::key_hash(&page[o + HEADER..o + HEADER + h.klen as usize]);
+            if self.index.get(&kh).is_some_and(|&e| e & !TOMB == a) {
+                if h.kind == KIND_TOMBSTONE {
+                    // Every older record of the key is below it and gone: forget the key.
+                    self.index.remove(&kh);
+                } else {
+                    moves.push((o, h));
+                }
+            }
+        }
+        // The page is free; its records go to the tail (at most one page of them, and the
+        // slot freed here is what the next page needs).
+        self.begin = end;
+        self.stats.compactions += 1;
+        for (o, h) in moves {
+            let rec = &page[o..o + h.len()];
+            let key = &rec[h.key_range()];
+            let kh = record::key_hash(key);
+            let len = h.len() as u64;
+            if self.tail + len > self.tail_page_end {
+                let next = self.tail_page_end / self.ps;
+                if (next + 1) * self.ps > self.begin + self.cap {
+                    return Err(StoreError::LogFull);
+                }
+                self.start_page(next)?;
+            }
+            let a = self.tail;
+            self.tail += len;
+            self.seq += 1;
+            let (f, fo) = self.in_frame(a);
+            record::encode(
+                &mut self.frames[f][fo..fo + len as usize],
+                KIND_VALUE,
+                key,
+                &rec[h.value_range()],
+                self.seq,
+                h.expire_ms,
+            );
+            self.index.insert(kh, a);
+            if self.cfg.offload {
+                // The DPU may hold the old copy; the new one is cached once it is written.
+                // Until then an update of the key must not leave the old copy cached.
+                self.invalidate.push(kh.0);
+            }
+            self.stats.compaction_moves += 1;
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Writes `[flushed, to)` to the log file (`to ≤ read_only`), marking records that are no
+    /// longer their key's newest as superseded first.
+    fn flush_to(&mut self, to: u64) -> StoreResult<()> {
+        assert!(
+            to <= self.read_only && to <= self.tail.max(to),
+            "flush past read-only"
+        );
+        while self.flushed < to {
+            let a = self.flushed;
+            let p = self.page_of(a);
+            let end = to.min((p + 1) * self.ps);
+            // The page's slot is about to be overwritten: the durable checkpoint must not
+            // point recovery at what was there.
+            if self.ckpt.is_some() && (p + 1) * self.ps > self.durable_begin + self.cap {
+                self.file.sync()?;
+                self.write_checkpoint()?;
+            }
+            let (f, o) = self.in_frame(a);
+            let n = (end - a) as usize;
+            // Mark superseded records.
+            let mut at = o;
+            while at < o + n {
+                let Some(h) = record::decode_header(&self.frames[f][at..]) else {
+                    break;
+                };
+                let key = &self.frames[f][at + HEADER..at + HEADER + h.klen as usize];
+                let kh = record::key_hash(key);
+                let ra = p * self.ps + at as u64;
+                if self.index.get(&kh).is_none_or(|&e| e & !TOMB != ra) {
+                    self.frames[f][at + 5] |= FLAG_SUPERSEDED;
+                }
+                at += h.len();
+            }
+            let frame = &self.frames[f];
+            self.file.write_at(a % self.cap, &frame[o..o + n])?;
+            self.stats.page_writes += 1;
+            self.flushed = end;
+        }
+        Ok(())
+    }
+
+    /// Makes every write so far durable (fold-over: the whole log becomes read-only), and
+    /// records a checkpoint. Called per event-loop round in `fsync` mode and periodically in
+    /// `periodic` mode; does nothing when nothing changed.
+    pub fn commit(&mut self) -> StoreResult<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        self.read_only = self.tail;
+        self.flush_to(self.tail)?;
+        if self.ckpt.is_some() {
+            self.file.sync()?;
+            self.write_checkpoint()?;
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    fn write_checkpoint(&mut self) -> StoreResult<()> {
+        let c = Checkpoint {
+            begin: self.begin,
+            flushed: self.flushed,
+            page_size: self.ps,
+            capacity: self.cap,
+            seq: self.seq,
+        };
+        if let Some(f) = self.ckpt.as_mut() {
+            f.write(&c)?;
+            self.durable_begin = self.begin;
+            self.stats.checkpoints += 1;
+        }
+        Ok(())
+    }
+
+    /// Keys whose cached locations the DPU must drop before this round's replies go out.
+    pub fn take_invalidations(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.invalidate)
+    }
+
+    /// Applies [`take_invalidations`](Self::take_invalidations) through the storage (the DPU).
+    pub fn invalidate_now(&mut self) -> StoreResult<()> {
+        if self.invalidate.is_empty() {
+            return Ok(());
+        }
+        let keys = std::mem::take(&mut self.invalidate);
+        self.storage.invalidate(&keys)?;
+        self.stats.invalidations += keys.len() as u64;
+        Ok(())
+    }
+
+    /// Whether a commit has something to write.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// DEL: removes the key; returns whether it existed.
+    pub fn del(&mut self, key: &[u8]) -> StoreResult<bool> {
+        if key.len() > self.cfg.max_key {
+            return Ok(false);
+        }
+        if self.find(key)?.is_none() {
+            return Ok(false);
+        }
+        let h = record::key_hash(key);
+        self.append(h, KIND_TOMBSTONE, key, &[], 0)?;
+        Ok(true)
+    }
+
+    /// GETDEL-style read then delete: `f` gets the old value.
+    pub fn take_with(&mut self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>)) -> StoreResult<bool> {
+        match self.find(key)? {
+            None => {
+                f(None);
+                Ok(false)
+            }
+            Some(found) => {
+                f(Some(&self.scratch[found.hdr.value_range()]));
+                let h = record::key_hash(key);
+                self.append(h, KIND_TOMBSTONE, key, &[], 0)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// INCRBY: read-modify-write of a base-10 i64 (a missing key is 0); keeps the expiry.
+    pub fn incr_by(&mut self, key: &[u8], by: i64) -> StoreResult<i64> {
+        self.check_sizes(key, 20)?;
+        let (cur, expire) = match self.find(key)? {
+            None => (0i64, 0u64),
+            Some(f) => {
+                let v = &self.scratch[f.hdr.value_range()];
+                let n = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.len() <= 20 && !s.starts_with('+'))
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .filter(|n| n.to_string().as_bytes() == v)
+                    .ok_or(StoreError::NotInteger)?;
+                (n, f.hdr.expire_ms)
+            }
+        };
+        let new = cur.checked_add(by).ok_or(StoreError::Overflow)?;
+        self.upsert(key, new.to_string().as_bytes(), expire)?;
+        Ok(new)
+    }
+
+    /// APPEND: returns the new length; keeps the expiry.
+    pub fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize> {
+        let (mut v, expire) = match self.find(key)? {
+            None => (Vec::new(), 0),
+            Some(f) => (self.scratch[f.hdr.value_range()].to_vec(), f.hdr.expire_ms),
+        };
+        self.check_sizes(key, v.len() + data.len())?;
+        v.extend_from_slice(data);
+        self.upsert(key, &v, expire)?;
+        Ok(v.len())
+    }
+
+    /// Value length (0 when missing).
+    pub fn strlen(&mut self, key: &[u8]) -> StoreResult<usize> {
+        Ok(self.find(key)?.map_or(0, |f| f.hdr.vlen as usize))
+    }
+
+    /// FLUSHDB: drops every key. The DPU's cache forgets every key it may hold; a checkpoint
+    /// makes the empty store durable.
+    pub fn flush_all(&mut self) -> StoreResult<()> {
+        if self.cfg.offload {
+            let keys: Vec<u64> = self
+                .index
+                .iter()
+                .filter(|(_, &e)| e & !TOMB < self.flushed)
+                .map(|(k, _)| k.0)
+                .collect();
+            self.invalidate.extend(keys);
+            self.invalidate_now()?;
+        }
+        self.index.clear();
+        self.live = 0;
+        self.begin = self.tail_page_end;
+        self.head = self.begin;
+        self.read_only = self.begin;
+        self.flushed = self.begin;
+        self.tail = self.begin;
+        if self.ckpt.is_some() {
+            self.write_checkpoint()?;
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// Closes the store cleanly: commits (unless durability is `None`).
+    pub fn close(mut self) -> Result<()> {
+        if self.cfg.durability != Durability::None {
+            self.commit().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("addresses", &self.addresses())
+            .field("keys", &self.live)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;
