@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 need_pkgs=()
 command -v cc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
+# Real Redis peers and clients of the key-value service's tests.
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)
+command -v redis-benchmark >/dev/null || need_pkgs+=(redis-tools)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
@@ -16,6 +19,8 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+python3 -c 'import redis' 2>/dev/null || python3 -m pip install -q redis 2>/dev/null \
+  || python3 -m pip install -q --break-system-packages redis
 command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
 

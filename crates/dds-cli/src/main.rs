@@ -9,6 +9,7 @@ mod demo;
 mod dpu_cmd;
 mod fs_cmd;
 mod fsck_cmd;
+mod kv_cmd;
 mod stats_cmd;
 mod util;
 
@@ -53,6 +54,9 @@ enum Cmd {
     /// Runtime statistics of a running DPU (groups, memory, DMA, space, offload engine).
     Stats(stats_cmd::StatsArgs),
     App(app_cmd::AppArgs),
+    /// Serve the Redis protocol from a hybrid log in DDS files (GETs of records on storage
+    /// served by the DPU with `dds dpu --offload redis`).
+    Kv(kv_cmd::KvArgs),
 }
 
 /// The log filter: `--log`, else `$DDS_LOG`, else `$RUST_LOG`, else `warn`.
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
         Cmd::Stats(a) => stats_cmd::run(a),
         Cmd::Fsck(a) => fsck_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
+        Cmd::Kv(a) => kv_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

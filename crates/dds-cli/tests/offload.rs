@@ -3,12 +3,14 @@
 //! files) and the load client, over real TCP.
 
 use std::io::BufRead;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod common;
+use common::free_port;
 
 const DDS: &str = env!("CARGO_BIN_EXE_dds");
 
@@ -19,14 +21,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn wait_for(path: &Path) {

@@ -6,8 +6,10 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod commands;
 pub mod offload;
 pub mod record;
+pub mod server;
 pub mod storage;
 pub mod store;
 

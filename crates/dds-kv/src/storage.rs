@@ -32,9 +32,11 @@ pub trait StoreFile: Send {
 pub trait Storage: Send {
     /// Opens (creating it if missing) the file `name`.
     fn open(&self, name: &str) -> Result<Box<dyn StoreFile>>;
-    /// Lets the DPU's offload engine read the file and learn its records (cache-on-write).
-    fn expose(&self, _file: &dyn StoreFile) -> Result<()> {
-        Ok(())
+    /// Lets the DPU's offload engine read the file and learn its records (cache-on-write);
+    /// returns whether an offload engine runs (without one there is no cache to keep
+    /// coherent).
+    fn expose(&self, _file: &dyn StoreFile) -> Result<bool> {
+        Ok(false)
     }
     /// Drops keys from the DPU's cache table; returns once the DPU applied it.
     fn invalidate(&self, _keys: &[u64]) -> Result<()> {
@@ -186,13 +188,14 @@ impl Storage for DdsStorage {
             max_io,
         }))
     }
-    fn expose(&self, file: &dyn StoreFile) -> Result<()> {
-        if let Some(id) = file.dds_id() {
-            self.dds
+    fn expose(&self, file: &dyn StoreFile) -> Result<bool> {
+        match file.dds_id() {
+            Some(id) => self
+                .dds
                 .expose_file(id, true)
-                .context("expose the log file to the offload engine")?;
+                .context("expose the log file to the offload engine"),
+            None => Ok(false),
         }
-        Ok(())
     }
     fn invalidate(&self, keys: &[u64]) -> Result<()> {
         Ok(self.dds.invalidate_keys(keys)?)

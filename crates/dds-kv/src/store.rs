@@ -273,7 +273,8 @@ impl Store {
             s.write_checkpoint()?;
         }
         if s.cfg.offload {
-            s.storage.expose(s.file.as_ref())?;
+            // Without an offload engine on the DPU there is no cache to keep coherent.
+            s.cfg.offload = s.storage.expose(s.file.as_ref())?;
         }
         Ok(s)
     }

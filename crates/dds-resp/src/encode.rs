@@ -1,8 +1,9 @@
 //! Reply encoding into a caller's buffer.
 
-/// Appends RESP2 replies to a byte vector.
+/// Appends replies to a byte vector: RESP2, or RESP3 after `HELLO 3` (nulls and maps differ).
 pub struct Reply<'a> {
     out: &'a mut Vec<u8>,
+    resp3: bool,
 }
 
 fn push_int(out: &mut Vec<u8>, v: i64) {
@@ -25,9 +26,30 @@ fn push_int(out: &mut Vec<u8>, v: i64) {
 }
 
 impl<'a> Reply<'a> {
-    /// Replies go to the end of `out`.
+    /// RESP2 replies go to the end of `out`.
     pub fn new(out: &'a mut Vec<u8>) -> Self {
-        Reply { out }
+        Reply { out, resp3: false }
+    }
+
+    /// Replies in RESP3 (`resp3`) or RESP2 go to the end of `out`.
+    pub fn with_protocol(out: &'a mut Vec<u8>, resp3: bool) -> Self {
+        Reply { out, resp3 }
+    }
+
+    /// The buffer replies go to.
+    pub fn out_mut(&mut self) -> &mut Vec<u8> {
+        self.out
+    }
+
+    /// `%n` in RESP3, `*2n` in RESP2 (the caller appends `n` key-value pairs).
+    pub fn map(&mut self, n: usize) {
+        if self.resp3 {
+            self.out.push(b'%');
+            push_int(self.out, n as i64);
+            self.out.extend_from_slice(b"\r\n");
+        } else {
+            self.array(2 * n);
+        }
     }
 
     /// `+text` (no CR or LF in `text`).
@@ -75,9 +97,13 @@ impl<'a> Reply<'a> {
         self.out.extend_from_slice(b"\r\n");
     }
 
-    /// `$-1` (a missing value).
+    /// `$-1` (a missing value; `_` in RESP3).
     pub fn null(&mut self) {
-        self.out.extend_from_slice(b"$-1\r\n");
+        if self.resp3 {
+            self.out.extend_from_slice(b"_\r\n");
+        } else {
+            self.out.extend_from_slice(b"$-1\r\n");
+        }
     }
 
     /// `*n` (the caller appends `n` replies).

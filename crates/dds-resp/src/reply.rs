@@ -37,11 +37,13 @@ pub fn frame_reply(
         let line = &buf[at + 1..end];
         at = end + 2;
         match kind {
-            b'+' | b'-' => {}
+            // RESP3 line types: null, boolean, double, big number.
+            b'+' | b'-' | b'_' | b'#' | b',' | b'(' => {}
             b':' => {
                 parse_int(line).ok_or(ProtocolError("invalid integer reply"))?;
             }
-            b'$' => {
+            // RESP3 verbatim strings and blob errors are framed as bulk strings.
+            b'$' | b'=' | b'!' => {
                 let n = parse_int(line).ok_or(ProtocolError("invalid bulk length"))?;
                 if n >= 0 {
                     if n as u64 > max_bulk as u64 {
@@ -59,8 +61,14 @@ pub fn frame_reply(
                     return Err(ProtocolError("invalid bulk length"));
                 }
             }
-            b'*' => {
-                let n = parse_int(line).ok_or(ProtocolError("invalid multibulk length"))?;
+            // RESP3 maps (2n elements), sets, pushes and attributes.
+            b'*' | b'%' | b'~' | b'>' | b'|' => {
+                let mut n = parse_int(line).ok_or(ProtocolError("invalid multibulk length"))?;
+                if (kind == b'%' || kind == b'|') && n > 0 {
+                    n = n
+                        .checked_mul(2)
+                        .ok_or(ProtocolError("invalid multibulk length"))?;
+                }
                 if n > 0 {
                     if depth == MAX_REPLY_DEPTH {
                         return Err(ProtocolError("reply nested too deep"));
@@ -98,7 +106,10 @@ mod tests {
 
     #[test]
     fn frames_every_reply_type_only_when_complete() {
-        let replies: [&[u8]; 7] = [
+        let replies: [&[u8]; 10] = [
+            b"_\r\n",
+            b"%1\r\n+k\r\n*2\r\n:1\r\n_\r\n",
+            b"=8\r\ntxt:ab\r\n\r\n",
             b"+OK\r\n",
             b"-ERR no\r\n",
             b":-42\r\n",

@@ -63,3 +63,12 @@ pub fn start_dpu(img: &Path, socket: &Path, extra: &[&str]) -> Guard {
     wait_for_socket(socket);
     g
 }
+
+/// A TCP port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

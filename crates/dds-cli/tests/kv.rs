@@ -1,0 +1,574 @@
+//! `dds kv` end to end with real clients: `redis-cli` (replies held against a real
+//! `redis-server`), `redis-benchmark`, the PyPI `redis` client, the DPU serving GETs through
+//! the traffic director, kill -9 recovery, and hostile clients.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{format_device, free_port, start_dpu, Guard, DDS};
+
+/// `dds kv ARGS --listen 127.0.0.1:0`; returns the process and its address.
+fn start_kv(args: &[&str]) -> (Guard, SocketAddr) {
+    start_kv_on("127.0.0.1:0", args)
+}
+
+fn start_kv_on(listen: &str, args: &[&str]) -> (Guard, SocketAddr) {
+    let mut child = Command::new(DDS)
+        .args(["kv", "--listen", listen])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let g = Guard(child);
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no ready line: {line:?}"))
+        .parse()
+        .unwrap();
+    (g, addr)
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (package redis-tools) is installed by scripts/test.sh");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A RESP command.
+fn cmd(words: &[&[u8]]) -> Vec<u8> {
+    let mut b = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words {
+        b.extend(format!("${}\r\n", w.len()).bytes());
+        b.extend_from_slice(w);
+        b.extend_from_slice(b"\r\n");
+    }
+    b
+}
+
+/// Reads one reply (as framed by the codec) from a blocking stream.
+fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
+    loop {
+        if let Some(n) = dds_resp_frame(buf) {
+            return buf.drain(..n).collect();
+        }
+        let mut chunk = [0u8; 65536];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(
+            n > 0,
+            "connection closed; got {:?}",
+            String::from_utf8_lossy(buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Minimal reply framer for the tests (simple, error, integer, bulk replies).
+fn dds_resp_frame(b: &[u8]) -> Option<usize> {
+    let nl = b.windows(2).position(|w| w == b"\r\n")?;
+    match b[0] {
+        b'$' => {
+            let n: i64 = std::str::from_utf8(&b[1..nl]).ok()?.parse().ok()?;
+            if n < 0 {
+                return Some(nl + 2);
+            }
+            let end = nl + 2 + n as usize + 2;
+            (b.len() >= end).then_some(end)
+        }
+        _ => Some(nl + 2),
+    }
+}
+
+fn stats(socket: &Path) -> serde_json::Value {
+    let out = Command::new(DDS)
+        .args(["stats", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn redis_cli_replies_match_redis_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let rport = free_port();
+    let _redis = Guard(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &rport.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed by scripts/test.sh"),
+    );
+    let kvdir = dir.path().join("kv");
+    let (_kv, addr) = start_kv(&["--storage", "file", "--dir", kvdir.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_cli(rport, &["ping"]).trim() != "PONG" {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let script: &[&[&str]] = &[
+        &["ping"],
+        &["ping", "hello"],
+        &["echo", "x y"],
+        &["set", "k", "v"],
+        &["get", "k"],
+        &["get", "missing"],
+        &["get"],
+        &["get", "a", "b"],
+        &["set", "k"],
+        &["set", "k", "v", "nx"],
+        &["set", "k", "w", "xx"],
+        &["set", "k2", "w", "xx"],
+        &["set", "k", "v", "ex", "0"],
+        &["set", "k", "v", "ex", "x"],
+        &["set", "k", "v", "bogus"],
+        &["set", "k", "v", "nx", "xx"],
+        &["set", "k", "v3", "get"],
+        &["setnx", "k", "z"],
+        &["incr", "k"],
+        &["incr", "n"],
+        &["incrby", "n", "10"],
+        &["incrby", "n", "x"],
+        &["decr", "n"],
+        &["decrby", "n", "5"],
+        &["set", "big", "9223372036854775807"],
+        &["incr", "big"],
+        &["append", "k", "tail"],
+        &["strlen", "k"],
+        &["strlen", "missing"],
+        &["getset", "k", "new"],
+        &["getdel", "k"],
+        &["getdel", "k"],
+        &["mset", "a", "1", "b", "2"],
+        &["mset", "a", "1", "b"],
+        &["mget", "a", "b", "c"],
+        &["msetnx", "a", "9", "z", "9"],
+        &["exists", "a", "b", "c", "a"],
+        &["del", "a", "c"],
+        &["dbsize"],
+        &["select", "0"],
+        &["select", "x"],
+        &["client", "setname", "me"],
+        &["client", "getname"],
+        &["client", "setname", "a b"],
+        &["client", "bogus"],
+        &["nosuchcommand", "arg1", "arg2"],
+        &["nosuchcommand"],
+        &["auth", "pw"],
+        &["flushdb"],
+        &["dbsize"],
+        &["get", "b"],
+    ];
+    for c in script {
+        let want = redis_cli(rport, c);
+        let got = redis_cli(addr.port(), c);
+        assert_eq!(got, want, "reply to {c:?}");
+    }
+    // One database (Redis has 16).
+    assert_eq!(
+        redis_cli(addr.port(), &["select", "1"]).trim(),
+        "ERR DB index is out of range"
+    );
+}
+
+#[test]
+fn redis_benchmark_and_the_python_client_over_dds() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "512M");
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = start_dpu(&img, &socket, &[]);
+    // Little memory: most records are on storage and read through the host library.
+    let (_kv, addr) = start_kv(&[
+        "--socket",
+        socket.to_str().unwrap(),
+        "--memory",
+        "192K",
+        "--page-size",
+        "64K",
+        "--log-size",
+        "64M",
+    ]);
+    let p = addr.port().to_string();
+    let n = 10_000u64;
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &p,
+            "-t",
+            "set,get,incr,mset",
+            "-r",
+            "1000",
+            "-c",
+            "20",
+            "-q",
+        ])
+        .args(["-n", &n.to_string()])
+        .output()
+        .expect("redis-benchmark (package redis-tools) is installed by scripts/test.sh");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for t in ["SET:", "GET:", "INCR:", "MSET (10 keys):"] {
+        assert!(text.contains(t), "no {t} result in {text}");
+    }
+    assert!(!text.contains("ERR"), "{text}");
+    // Every INCR landed exactly once, every SET/MSET value reads back.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut buf = Vec::new();
+    let mut sum = 0u64;
+    let mut values = 0;
+    let mut seen: Option<Vec<u8>> = None;
+    for i in 0..1000 {
+        let key = format!("counter:{i:012}");
+        s.write_all(&cmd(&[b"GET", key.as_bytes()])).unwrap();
+        let r = read_reply(&mut s, &mut buf);
+        if r != b"$-1\r\n" {
+            let t = String::from_utf8(r).unwrap();
+            sum += t.lines().nth(1).unwrap().parse::<u64>().unwrap();
+        }
+        let key = format!("key:{i:012}");
+        s.write_all(&cmd(&[b"GET", key.as_bytes()])).unwrap();
+        let r = read_reply(&mut s, &mut buf);
+        if r != b"$-1\r\n" {
+            // SET writes one random 200-byte value everywhere, MSET the 3 bytes "VXK".
+            if r.starts_with(b"$200\r\n") {
+                let first = seen.get_or_insert_with(|| r.clone());
+                assert_eq!(&r, first);
+            } else {
+                assert_eq!(r, b"$3\r\nVXK\r\n");
+            }
+            values += 1;
+        }
+    }
+    assert_eq!(sum, n, "INCR count");
+    assert!(values > 900, "{values} keys of 1000 were set");
+    // 1 MB of values through 192 KiB of log memory: most reads come from storage.
+    let mut batch = Vec::new();
+    for i in 0..2000 {
+        let v = format!("{i:0500}");
+        batch.extend(cmd(&[b"SET", format!("big{i}").as_bytes(), v.as_bytes()]));
+    }
+    s.write_all(&batch).unwrap();
+    for _ in 0..2000 {
+        assert_eq!(read_reply(&mut s, &mut buf), b"+OK\r\n");
+    }
+    for i in 0..2000 {
+        s.write_all(&cmd(&[b"GET", format!("big{i}").as_bytes()]))
+            .unwrap();
+        let want = format!("$500\r\n{i:0500}\r\n");
+        assert_eq!(read_reply(&mut s, &mut buf), want.as_bytes());
+    }
+    let info = redis_cli(addr.port(), &["info"]);
+    let storage_reads: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("storage_reads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        storage_reads > 1000,
+        "records were read from storage: {info}"
+    );
+
+    // The PyPI client's functional suite.
+    let script = r#"
+import sys, time, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+r.flushdb()
+assert r.ping()
+assert r.set("a", b"\x00\xffbin") and r.get("a") == b"\x00\xffbin"
+assert r.set("a", "x", nx=True) is None
+assert r.set("a", "y", xx=True) and r.get("a") == b"y"
+assert r.incr("n") == 1 and r.incrby("n", 41) == 42 and r.decr("n") == 41
+try:
+    r.incr("a"); raise SystemExit("INCR of a string did not fail")
+except redis.ResponseError as e:
+    assert "not an integer" in str(e)
+assert r.append("a", "zz") == 3 and r.strlen("a") == 3
+assert r.mset({"k1": "v1", "k2": "v2"}) and r.mget("k1", "k2", "k3") == [b"v1", b"v2", None]
+assert r.exists("k1", "k2", "k3") == 2 and r.delete("k1", "k3") == 1
+assert r.getset("k2", "w") == b"v2" and r.getdel("k2") == b"w" and r.get("k2") is None
+p = r.pipeline(transaction=False)
+for i in range(500):
+    p.set(f"p{i}", i)
+for i in range(500):
+    p.get(f"p{i}")
+res = p.execute()
+assert res[500:] == [str(i).encode() for i in range(500)]
+r.set("t", "v", px=100)
+assert r.get("t") == b"v"
+time.sleep(0.3)
+assert r.get("t") is None
+assert r.dbsize() == 503, r.dbsize()
+assert r.client_setname("suite") and r.client_getname() == "suite"
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &p])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ok",
+        "python suite: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "512M");
+    let socket = dir.path().join("dpu.sock");
+    let (dport, hport) = (free_port(), free_port());
+    let _dpu = start_dpu(
+        &img,
+        &socket,
+        &[
+            "--offload",
+            "redis",
+            "--director-listen",
+            &format!("127.0.0.1:{dport}"),
+            "--host-app",
+            &format!("127.0.0.1:{hport}"),
+        ],
+    );
+    let (_kv, _) = start_kv_on(
+        &format!("127.0.0.1:{hport}"),
+        &[
+            "--socket",
+            socket.to_str().unwrap(),
+            "--memory",
+            "256K",
+            "--page-size",
+            "64K",
+            "--log-size",
+            "64M",
+            "--durability",
+            "fsync",
+        ],
+    );
+    let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
+    let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
+    let mut d = TcpStream::connect(via_dpu).unwrap();
+    let mut h = TcpStream::connect(direct).unwrap();
+    let (mut db, mut hb) = (Vec::new(), Vec::new());
+    let keys = 400;
+    for round in 0..3u32 {
+        // Round 0 writes through the director, round 1 straight to the host (the host must
+        // drop what the DPU cached), round 2 through the director again.
+        for i in 0..keys {
+            let v = format!("value-{round}-{i}-{}", "x".repeat(i % 50));
+            let k = format!("key{i}");
+            let (s, b) = if round == 1 {
+                (&mut h, &mut hb)
+            } else {
+                (&mut d, &mut db)
+            };
+            s.write_all(&cmd(&[b"SET", k.as_bytes(), v.as_bytes()]))
+                .unwrap();
+            assert_eq!(read_reply(s, b), b"+OK\r\n");
+            // Read back at once, through the DPU: never the previous value.
+            d.write_all(&cmd(&[b"GET", k.as_bytes()])).unwrap();
+            let want = format!("${}\r\n{v}\r\n", v.len());
+            assert_eq!(read_reply(&mut d, &mut db), want.as_bytes(), "{k}");
+        }
+        // Everything again, pipelined, through the DPU.
+        let mut batch = Vec::new();
+        for i in 0..keys {
+            batch.extend(cmd(&[b"GET", format!("key{i}").as_bytes()]));
+        }
+        d.write_all(&batch).unwrap();
+        for i in 0..keys {
+            let v = format!("value-{round}-{i}-{}", "x".repeat(i % 50));
+            let want = format!("${}\r\n{v}\r\n", v.len());
+            assert_eq!(
+                read_reply(&mut d, &mut db),
+                want.as_bytes(),
+                "round {round} key{i}"
+            );
+        }
+    }
+    let st = stats(&socket);
+    let dirs = st["offload"]["directors"].as_array().unwrap();
+    let offloaded: u64 = dirs.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum();
+    assert!(
+        offloaded > keys as u64,
+        "the DPU served {offloaded} GETs: {st}"
+    );
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "512M");
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = start_dpu(&img, &socket, &[]);
+    let args = [
+        "--socket",
+        socket.to_str().unwrap(),
+        "--memory",
+        "256K",
+        "--page-size",
+        "64K",
+        "--log-size",
+        "16M",
+        "--durability",
+        "fsync",
+    ];
+    let mut expect: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    for life in 0..3u32 {
+        let (mut kv, addr) = start_kv(&args);
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut b = Vec::new();
+        for (k, v) in &expect {
+            s.write_all(&cmd(&[b"GET", format!("{k}").as_bytes()]))
+                .unwrap();
+            let want = format!("${}\r\n{v}\r\n", v.len());
+            assert_eq!(
+                read_reply(&mut s, &mut b),
+                want.as_bytes(),
+                "life {life} key {k}"
+            );
+        }
+        // Pipelined writes; each acknowledged one is recorded.
+        let mut batch = Vec::new();
+        for i in 0..3000u32 {
+            let k = i % 700;
+            let v = format!("{life}:{i}:{}", "y".repeat((i % 300) as usize));
+            batch.extend(cmd(&[b"SET", format!("{k}").as_bytes(), v.as_bytes()]));
+        }
+        s.write_all(&batch).unwrap();
+        for i in 0..3000u32 {
+            assert_eq!(read_reply(&mut s, &mut b), b"+OK\r\n");
+            let v = format!("{life}:{i}:{}", "y".repeat((i % 300) as usize));
+            expect.insert(i % 700, v);
+        }
+        // kill -9 right after the last acknowledgement.
+        kv.0.kill().unwrap();
+        kv.0.wait().unwrap();
+    }
+}
+
+#[test]
+fn hostile_clients_get_clear_errors_and_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let kvdir = dir.path().join("kv");
+    let (kv, addr) = start_kv(&[
+        "--storage",
+        "file",
+        "--dir",
+        kvdir.to_str().unwrap(),
+        "--requirepass",
+        "s3cret",
+        "--client-query-buffer-limit",
+        "1M",
+        "--max-value-bytes",
+        "64K",
+        "--page-size",
+        "256K",
+        "--max-clients",
+        "10010",
+    ]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut b = Vec::new();
+    s.write_all(&cmd(&[b"GET", b"k"])).unwrap();
+    assert_eq!(
+        read_reply(&mut s, &mut b),
+        b"-NOAUTH Authentication required.\r\n"
+    );
+    s.write_all(&cmd(&[b"AUTH", b"wrong"])).unwrap();
+    assert!(read_reply(&mut s, &mut b).starts_with(b"-WRONGPASS"));
+    s.write_all(&cmd(&[b"AUTH", b"s3cret"])).unwrap();
+    assert_eq!(read_reply(&mut s, &mut b), b"+OK\r\n");
+    s.write_all(&cmd(&[b"SET", b"k", &[b'v'; 66_000]])).unwrap();
+    assert!(read_reply(&mut s, &mut b).starts_with(b"-ERR value too large"));
+    // A bulk longer than any value: refused from its header, connection closed.
+    let mut t = TcpStream::connect(addr).unwrap();
+    t.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$999999999\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    t.read_to_string(&mut reply).unwrap();
+    assert_eq!(reply, "-ERR Protocol error: invalid bulk length\r\n");
+    // An inline request without end.
+    let mut t = TcpStream::connect(addr).unwrap();
+    t.write_all(&[b'a'; 70_000]).unwrap();
+    let mut reply = Vec::new();
+    let _ = t.read_to_end(&mut reply);
+    assert_eq!(reply, b"-ERR Protocol error: too big inline request\r\n");
+    // A command of many small arguments past the query buffer limit (1M).
+    let mut t = TcpStream::connect(addr).unwrap();
+    let mut big = b"*200000\r\n".to_vec();
+    for _ in 0..150_000 {
+        big.extend_from_slice(b"$1\r\na\r\n");
+    }
+    t.write_all(&big).unwrap();
+    let mut reply = Vec::new();
+    let _ = t.read_to_end(&mut reply);
+    assert_eq!(
+        reply,
+        b"-ERR Protocol error: query buffer limit exceeded\r\n"
+    );
+    // 10,000 idle connections cost little memory.
+    let rss = || -> u64 {
+        let st = std::fs::read_to_string(format!("/proc/{}/status", kv.0.id())).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    let before = rss();
+    let mut idle = Vec::new();
+    for _ in 0..10_000 {
+        idle.push(TcpStream::connect(addr).unwrap());
+    }
+    // Each sends a partial command, so the server has seen every one of them.
+    for c in &mut idle {
+        c.write_all(b"*1\r\n$4\r\nPI").unwrap();
+    }
+    let mut last = idle.last_mut().unwrap();
+    last.write_all(b"NG\r\n").unwrap();
+    let mut r = [0u8; 64];
+    let n = last.read(&mut r).unwrap();
+    assert_eq!(&r[..n], b"-NOAUTH Authentication required.\r\n");
+    let after = rss();
+    assert!(
+        after.saturating_sub(before) < 64 << 20,
+        "10,000 idle connections took {} MiB",
+        (after - before) >> 20
+    );
+    // The server still answers.
+    s.write_all(&cmd(&[b"PING"])).unwrap();
+    assert_eq!(read_reply(&mut s, &mut b), b"+PONG\r\n");
+    let _ = &mut last;
+}

@@ -1,0 +1,692 @@
+//! The Redis commands of `dds kv`: arity, options and error replies as Redis 7 gives them.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dds_resp::Reply;
+
+use crate::offload::MAX_WRITE_KEYS;
+use crate::store::{Expiry, SetCond, Store, StoreError};
+
+/// Server-wide state the commands read.
+pub struct ServerInfo {
+    /// Clients connected now.
+    pub clients: usize,
+    /// Commands processed.
+    pub commands: u64,
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections refused (max clients).
+    pub rejected: u64,
+    /// Start time.
+    pub started: std::time::Instant,
+    /// TCP port.
+    pub port: u16,
+    /// Durability mode name.
+    pub durability: &'static str,
+    /// Storage description.
+    pub storage: String,
+}
+
+/// Per-connection state the commands change.
+#[derive(Default)]
+pub struct Session {
+    /// Connection id (CLIENT ID).
+    pub id: u64,
+    /// Authenticated (or no password set).
+    pub authed: bool,
+    /// CLIENT SETNAME.
+    pub name: Option<Vec<u8>>,
+    /// RESP3 (after `HELLO 3`).
+    pub resp3: bool,
+}
+
+/// What the connection does after a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    /// Go on.
+    Continue,
+    /// Send the replies, then close (QUIT).
+    Close,
+}
+
+/// Everything a command runs against.
+pub struct Ctx<'a> {
+    /// The store.
+    pub store: &'a mut Store,
+    /// This connection.
+    pub session: &'a mut Session,
+    /// The server.
+    pub info: &'a ServerInfo,
+    /// `requirepass`.
+    pub password: Option<&'a str>,
+}
+
+/// (name, arity): positive = exactly, negative = at least (as Redis's command table).
+const TABLE: &[(&str, i32)] = &[
+    ("ping", -1),
+    ("echo", 2),
+    ("get", 2),
+    ("set", -3),
+    ("setnx", 3),
+    ("setex", 4),
+    ("psetex", 4),
+    ("del", -2),
+    ("unlink", -2),
+    ("exists", -2),
+    ("mget", -2),
+    ("mset", -3),
+    ("msetnx", -3),
+    ("incr", 2),
+    ("decr", 2),
+    ("incrby", 3),
+    ("decrby", 3),
+    ("append", 3),
+    ("strlen", 2),
+    ("getset", 3),
+    ("getdel", 2),
+    ("dbsize", 1),
+    ("flushdb", -1),
+    ("flushall", -1),
+    ("info", -1),
+    ("select", 2),
+    ("client", -2),
+    ("config", -2),
+    ("command", -1),
+    ("quit", -1),
+    ("auth", -2),
+    ("hello", -1),
+];
+
+fn lower(a: &[u8]) -> String {
+    String::from_utf8_lossy(a).to_ascii_lowercase()
+}
+
+fn int_arg(a: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(a).ok()?;
+    if s.is_empty() || s.starts_with('+') || (s.len() > 1 && s.starts_with('0')) || s == "-0" {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn store_error(r: &mut Reply<'_>, e: &StoreError) {
+    match e {
+        StoreError::NotInteger => r.error("ERR value is not an integer or out of range"),
+        StoreError::Overflow => r.error("ERR increment or decrement would overflow"),
+        StoreError::KeyTooLarge(n) => r.error(&format!("ERR key too large (limit {n} bytes)")),
+        StoreError::ValueTooLarge(n) => r.error(&format!("ERR value too large (limit {n} bytes)")),
+        StoreError::LogFull => {
+            r.error("ERR log full: live data fills the log file (delete keys or raise --log-size)")
+        }
+        StoreError::Storage(err) => {
+            tracing::error!(error = %format!("{err:#}"), "storage failed");
+            r.error(&format!("ERR storage: {err:#}"))
+        }
+    }
+}
+
+/// Runs one command; its reply goes to `out`.
+pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
+    let mut r = Reply::with_protocol(out, ctx.session.resp3);
+    let Some(first) = argv.first() else {
+        return After::Continue;
+    };
+    let name = lower(first);
+    let Some(&(_, arity)) = TABLE.iter().find(|(n, _)| *n == name) else {
+        if ctx.password.is_some() && !ctx.session.authed {
+            r.error("NOAUTH Authentication required.");
+            return After::Continue;
+        }
+        let mut args = String::new();
+        for a in &argv[1..] {
+            if args.len() >= 128 {
+                break;
+            }
+            let s = String::from_utf8_lossy(a);
+            let take: String = s.chars().take(128 - args.len()).collect();
+            args.push_str(&format!("'{take}' "));
+        }
+        let shown: String = String::from_utf8_lossy(first).chars().take(128).collect();
+        r.error(&format!(
+            "ERR unknown command '{shown}', with args beginning with: {args}"
+        ));
+        return After::Continue;
+    };
+    let n = argv.len() as i32;
+    if (arity > 0 && n != arity) || (arity < 0 && n < -arity) {
+        r.error(&format!(
+            "ERR wrong number of arguments for '{name}' command"
+        ));
+        return After::Continue;
+    }
+    if ctx.password.is_some()
+        && !ctx.session.authed
+        && !matches!(name.as_str(), "auth" | "hello" | "quit")
+    {
+        r.error("NOAUTH Authentication required.");
+        return After::Continue;
+    }
+    let store = &mut *ctx.store;
+    let res: Result<(), StoreError> = (|| {
+        match name.as_str() {
+            "ping" => match argv.len() {
+                1 => r.simple("PONG"),
+                2 => r.bulk(argv[1]),
+                _ => r.error("ERR wrong number of arguments for 'ping' command"),
+            },
+            "echo" => r.bulk(argv[1]),
+            "quit" => {
+                r.ok();
+                return Ok(());
+            }
+            "get" => store.get_with(argv[1], |v| match v {
+                Some(v) => r.bulk(v),
+                None => r.null(),
+            })?,
+            "set" => set(store, &mut r, argv)?,
+            "setnx" => {
+                let ok = store.set(argv[1], argv[2], SetCond::IfMissing, Expiry::None, None)?;
+                r.int(i64::from(ok));
+            }
+            "setex" | "psetex" => {
+                let Some(t) = int_arg(argv[2]) else {
+                    r.error("ERR value is not an integer or out of range");
+                    return Ok(());
+                };
+                if t <= 0 {
+                    r.error(&format!("ERR invalid expire time in '{name}' command"));
+                    return Ok(());
+                }
+                let ms = if name == "setex" {
+                    t.saturating_mul(1000)
+                } else {
+                    t
+                };
+                let at = now_ms().saturating_add(ms as u64);
+                store.set(argv[1], argv[3], SetCond::Always, Expiry::At(at), None)?;
+                r.ok();
+            }
+            "del" | "unlink" => {
+                if argv.len() - 1 > MAX_WRITE_KEYS {
+                    r.error(&format!(
+                        "ERR too many keys in one command (limit {MAX_WRITE_KEYS})"
+                    ));
+                    return Ok(());
+                }
+                let mut n = 0;
+                for k in &argv[1..] {
+                    n += i64::from(store.del(k)?);
+                }
+                r.int(n);
+            }
+            "exists" => {
+                let mut n = 0;
+                for k in &argv[1..] {
+                    n += i64::from(store.exists(k)?);
+                }
+                r.int(n);
+            }
+            "mget" => {
+                r.array(argv.len() - 1);
+                for k in &argv[1..] {
+                    store.get_with(k, |v| match v {
+                        Some(v) => r.bulk(v),
+                        None => r.null(),
+                    })?;
+                }
+            }
+            "mset" | "msetnx" => {
+                if argv.len().is_multiple_of(2) {
+                    r.error(&format!(
+                        "ERR wrong number of arguments for '{name}' command"
+                    ));
+                    return Ok(());
+                }
+                if (argv.len() - 1) / 2 > MAX_WRITE_KEYS {
+                    r.error(&format!(
+                        "ERR too many keys in one command (limit {MAX_WRITE_KEYS})"
+                    ));
+                    return Ok(());
+                }
+                if name == "msetnx" {
+                    for p in argv[1..].chunks(2) {
+                        if store.exists(p[0])? {
+                            r.int(0);
+                            return Ok(());
+                        }
+                    }
+                }
+                for p in argv[1..].chunks(2) {
+                    store.set(p[0], p[1], SetCond::Always, Expiry::None, None)?;
+                }
+                if name == "msetnx" {
+                    r.int(1);
+                } else {
+                    r.ok();
+                }
+            }
+            "incr" | "decr" | "incrby" | "decrby" => {
+                let by = match name.as_str() {
+                    "incr" => 1,
+                    "decr" => -1,
+                    _ => match int_arg(argv[2]) {
+                        None => {
+                            r.error("ERR value is not an integer or out of range");
+                            return Ok(());
+                        }
+                        Some(v) if name == "decrby" => match v.checked_neg() {
+                            Some(v) => v,
+                            None => {
+                                r.error("ERR decrement would overflow");
+                                return Ok(());
+                            }
+                        },
+                        Some(v) => v,
+                    },
+                };
+                let v = store.incr_by(argv[1], by)?;
+                r.int(v);
+            }
+            "append" => {
+                let n = store.append_value(argv[1], argv[2])?;
+                r.int(n as i64);
+            }
+            "strlen" => {
+                let n = store.strlen(argv[1])?;
+                r.int(n as i64);
+            }
+            "getset" => {
+                let mut old = |v: Option<&[u8]>| match v {
+                    Some(v) => r.bulk(v),
+                    None => r.null(),
+                };
+                store.set(
+                    argv[1],
+                    argv[2],
+                    SetCond::Always,
+                    Expiry::None,
+                    Some(&mut old),
+                )?;
+            }
+            "getdel" => {
+                let mut old = |v: Option<&[u8]>| match v {
+                    Some(v) => r.bulk(v),
+                    None => r.null(),
+                };
+                store.take_with(argv[1], &mut old)?;
+            }
+            "dbsize" => r.int(store.len() as i64),
+            "flushdb" | "flushall" => {
+                if argv.len() > 2
+                    || argv.get(1).is_some_and(|a| {
+                        !a.eq_ignore_ascii_case(b"sync") && !a.eq_ignore_ascii_case(b"async")
+                    })
+                {
+                    r.error("ERR syntax error");
+                    return Ok(());
+                }
+                store.flush_all()?;
+                r.ok();
+            }
+            "info" => {
+                let text = info(store, ctx.info);
+                r.bulk(text.as_bytes());
+            }
+            "select" => match int_arg(argv[1]) {
+                Some(0) => r.ok(),
+                Some(_) => r.error("ERR DB index is out of range"),
+                None => r.error("ERR value is not an integer or out of range"),
+            },
+            "client" => client(ctx.session, &mut r, argv),
+            "config" => config(store, &mut r, argv),
+            "command" => command(&mut r, argv),
+            "auth" => auth(ctx.session, ctx.password, &mut r, argv),
+            "hello" => hello(ctx.session, ctx.password, &mut r, argv),
+            _ => unreachable!("every command of the table is handled"),
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        store_error(&mut r, &e);
+    }
+    if name == "quit" {
+        After::Close
+    } else {
+        After::Continue
+    }
+}
+
+fn set(store: &mut Store, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), StoreError> {
+    let mut cond = SetCond::Always;
+    let mut expiry = Expiry::None;
+    let mut get = false;
+    let mut i = 3;
+    let mut have_expiry = false;
+    while i < argv.len() {
+        let o = lower(argv[i]);
+        match o.as_str() {
+            "nx" if cond == SetCond::Always => cond = SetCond::IfMissing,
+            "xx" if cond == SetCond::Always => cond = SetCond::IfExists,
+            "get" => get = true,
+            "keepttl" if !have_expiry => {
+                have_expiry = true;
+                expiry = Expiry::Keep;
+            }
+            "ex" | "px" | "exat" | "pxat" if !have_expiry && i + 1 < argv.len() => {
+                have_expiry = true;
+                let Some(t) = int_arg(argv[i + 1]) else {
+                    r.error("ERR value is not an integer or out of range");
+                    return Ok(());
+                };
+                if t <= 0 {
+                    r.error("ERR invalid expire time in 'set' command");
+                    return Ok(());
+                }
+                let t = t as u64;
+                expiry = Expiry::At(match o.as_str() {
+                    "ex" => now_ms().saturating_add(t.saturating_mul(1000)),
+                    "px" => now_ms().saturating_add(t),
+                    "exat" => t.saturating_mul(1000),
+                    _ => t,
+                });
+                i += 1;
+            }
+            _ => {
+                r.error("ERR syntax error");
+                return Ok(());
+            }
+        }
+        i += 1;
+    }
+    if get {
+        let mut old = |v: Option<&[u8]>| match v {
+            Some(v) => r.bulk(v),
+            None => r.null(),
+        };
+        store.set(argv[1], argv[2], cond, expiry, Some(&mut old))?;
+    } else if store.set(argv[1], argv[2], cond, expiry, None)? {
+        r.ok();
+    } else {
+        r.null();
+    }
+    Ok(())
+}
+
+fn client(s: &mut Session, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let sub = lower(argv[1]);
+    match (sub.as_str(), argv.len()) {
+        ("setname", 3) => {
+            if argv[2].iter().any(|&b| b <= b' ' || b > b'~') {
+                r.error("ERR Client names cannot contain spaces, newlines or special characters.");
+            } else {
+                s.name = (!argv[2].is_empty()).then(|| argv[2].to_vec());
+                r.ok();
+            }
+        }
+        ("getname", 2) => match &s.name {
+            Some(n) => r.bulk(n),
+            None => r.null(),
+        },
+        ("id", 2) => r.int(s.id as i64),
+        ("setinfo", 4) => r.ok(),
+        ("setname" | "getname" | "id" | "setinfo", _) => r.error(&format!(
+            "ERR wrong number of arguments for 'client|{sub}' command"
+        )),
+        _ => r.error(&format!(
+            "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+            String::from_utf8_lossy(argv[1])
+        )),
+    }
+}
+
+/// Glob match with `*` and `?` (CONFIG GET patterns).
+fn glob(p: &[u8], s: &[u8]) -> bool {
+    match (p.first(), s.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+        (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+        (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => glob(&p[1..], &s[1..]),
+        _ => false,
+    }
+}
+
+fn config(store: &Store, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let sub = lower(argv[1]);
+    match sub.as_str() {
+        "get" if argv.len() >= 3 => {
+            let c = store.config();
+            let params: Vec<(&str, String)> = vec![
+                ("save", String::new()),
+                (
+                    "appendonly",
+                    if c.durability == crate::store::Durability::None {
+                        "no".into()
+                    } else {
+                        "yes".into()
+                    },
+                ),
+                (
+                    "appendfsync",
+                    match c.durability {
+                        crate::store::Durability::Fsync => "always".into(),
+                        _ => "everysec".into(),
+                    },
+                ),
+                ("databases", "1".into()),
+                ("maxmemory", c.memory.to_string()),
+                ("proto-max-bulk-len", c.max_value.to_string()),
+            ];
+            let mut hits = Vec::new();
+            for pat in &argv[2..] {
+                for (k, v) in &params {
+                    if glob(pat, k.as_bytes()) && !hits.iter().any(|(h, _)| h == k) {
+                        hits.push((*k, v.clone()));
+                    }
+                }
+            }
+            r.map(hits.len());
+            for (k, v) in hits {
+                r.bulk(k.as_bytes());
+                r.bulk(v.as_bytes());
+            }
+        }
+        "get" => r.error("ERR wrong number of arguments for 'config|get' command"),
+        "resetstat" => r.ok(),
+        "set" => r.error("ERR CONFIG SET is not supported by dds kv; restart with the option"),
+        _ => r.error(&format!(
+            "ERR unknown subcommand '{}'. Try CONFIG HELP.",
+            String::from_utf8_lossy(argv[1])
+        )),
+    }
+}
+
+fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let sub = argv.get(1).map(|a| lower(a));
+    match sub.as_deref() {
+        None => {
+            r.array(TABLE.len());
+            for (name, arity) in TABLE {
+                let keyed = !matches!(
+                    *name,
+                    "ping"
+                        | "echo"
+                        | "dbsize"
+                        | "flushdb"
+                        | "flushall"
+                        | "info"
+                        | "select"
+                        | "client"
+                        | "config"
+                        | "command"
+                        | "quit"
+                        | "auth"
+                        | "hello"
+                );
+                r.array(6);
+                r.bulk(name.as_bytes());
+                r.int(i64::from(*arity));
+                r.array(0);
+                let last = match *name {
+                    "del" | "unlink" | "exists" | "mget" | "mset" | "msetnx" => -1,
+                    _ => 1,
+                };
+                let step = if matches!(*name, "mset" | "msetnx") {
+                    2
+                } else {
+                    1
+                };
+                r.int(if keyed { 1 } else { 0 });
+                r.int(if keyed { last } else { 0 });
+                r.int(if keyed { step } else { 0 });
+            }
+        }
+        Some("count") => r.int(TABLE.len() as i64),
+        Some("docs") | Some("info") => r.array(0),
+        Some(_) => r.error(&format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            String::from_utf8_lossy(argv[1])
+        )),
+    }
+}
+
+fn auth(s: &mut Session, password: Option<&str>, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let given = match argv.len() {
+        2 => argv[1],
+        3 if argv[1] == b"default" => argv[2],
+        3 => {
+            r.error("WRONGPASS invalid username-password pair or user is disabled.");
+            return;
+        }
+        _ => {
+            r.error("ERR syntax error");
+            return;
+        }
+    };
+    match password {
+        None => r.error(
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        ),
+        Some(p) if constant_time_eq(p.as_bytes(), given) => {
+            s.authed = true;
+            r.ok();
+        }
+        Some(_) => r.error("WRONGPASS invalid username-password pair or user is disabled."),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn hello(s: &mut Session, password: Option<&str>, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let mut i = 1;
+    let mut proto = if s.resp3 { 3 } else { 2 };
+    if let Some(v) = argv.get(1) {
+        match int_arg(v) {
+            Some(p @ (2 | 3)) => proto = p,
+            Some(_) => {
+                r.error("NOPROTO sorry, this protocol version is not supported.");
+                return;
+            }
+            None => {
+                r.error("ERR Protocol version is not an integer or out of range");
+                return;
+            }
+        }
+        i = 2;
+    }
+    while i < argv.len() {
+        let o = lower(argv[i]);
+        if o == "auth" && i + 2 < argv.len() {
+            let mut sink = Vec::new();
+            let mut rr = Reply::new(&mut sink);
+            auth(s, password, &mut rr, &[b"auth", argv[i + 1], argv[i + 2]]);
+            if !s.authed {
+                r.error("WRONGPASS invalid username-password pair or user is disabled.");
+                return;
+            }
+            i += 3;
+        } else if o == "setname" && i + 1 < argv.len() {
+            s.name = Some(argv[i + 1].to_vec());
+            i += 2;
+        } else {
+            r.error(&format!(
+                "ERR Syntax error in HELLO option '{}'",
+                String::from_utf8_lossy(argv[i])
+            ));
+            return;
+        }
+    }
+    if password.is_some() && !s.authed {
+        r.error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+        return;
+    }
+    s.resp3 = proto == 3;
+    let mut r = Reply::with_protocol(r.out_mut(), s.resp3);
+    r.map(7);
+    for (k, v) in [("server", "redis"), ("version", "7.0.0")] {
+        r.bulk(k.as_bytes());
+        r.bulk(v.as_bytes());
+    }
+    r.bulk(b"proto");
+    r.int(proto);
+    r.bulk(b"id");
+    r.int(s.id as i64);
+    for (k, v) in [("mode", "standalone"), ("role", "master")] {
+        r.bulk(k.as_bytes());
+        r.bulk(v.as_bytes());
+    }
+    r.bulk(b"modules");
+    r.array(0);
+}
+
+fn info(store: &Store, i: &ServerInfo) -> String {
+    let st = store.stats();
+    let [begin, head, ro, flushed, tail] = store.addresses();
+    let c = store.config();
+    format!(
+        "# Server\r\nredis_version:7.0.0\r\ndds_kv:1\r\nredis_mode:standalone\r\nos:Linux\r\n\
+         tcp_port:{port}\r\nuptime_in_seconds:{up}\r\n\r\n\
+         # Clients\r\nconnected_clients:{clients}\r\n\r\n\
+         # Persistence\r\ndurability:{dur}\r\nstorage:{storage}\r\n\r\n\
+         # Stats\r\ntotal_connections_received:{conns}\r\ntotal_commands_processed:{cmds}\r\n\
+         rejected_connections:{rej}\r\n\r\n\
+         # Log\r\nlog_begin:{begin}\r\nlog_head:{head}\r\nlog_read_only:{ro}\r\n\
+         log_flushed:{flushed}\r\nlog_tail:{tail}\r\nlog_size:{size}\r\npage_size:{ps}\r\n\
+         memory_budget:{mem}\r\nmemory_reads:{mr}\r\nstorage_reads:{sr}\r\n\
+         in_place_updates:{ip}\r\nappends:{ap}\r\npage_writes:{pw}\r\ncompactions:{cp}\r\n\
+         compaction_moves:{cm}\r\ndpu_invalidations:{inv}\r\ncheckpoints:{ck}\r\n\r\n\
+         # Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n",
+        port = i.port,
+        up = i.started.elapsed().as_secs(),
+        clients = i.clients,
+        dur = i.durability,
+        storage = i.storage,
+        conns = i.connections,
+        cmds = i.commands,
+        rej = i.rejected,
+        size = c.log_size,
+        ps = c.page_size,
+        mem = c.memory,
+        mr = st.memory_reads,
+        sr = st.storage_reads,
+        ip = st.in_place_updates,
+        ap = st.appends,
+        pw = st.page_writes,
+        cp = st.compactions,
+        cm = st.compaction_moves,
+        inv = st.invalidations,
+        ck = st.checkpoints,
+        keys = store.len(),
+    )
+}
