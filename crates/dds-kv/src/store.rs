@@ -227,7 +227,12 @@ impl Store {
         );
         let file = storage.open("log")?;
         if file.size()? < cfg.log_size {
-            file.set_size(cfg.log_size).context("size the log file")?;
+            file.set_size(cfg.log_size).with_context(|| {
+                format!(
+                    "size the log file to {} bytes (does the device have room? choose a smaller --log-size)",
+                    cfg.log_size
+                )
+            })?;
         }
         let ckpt = match cfg.durability {
             Durability::None => None,
