@@ -10,6 +10,7 @@ pub mod child;
 pub mod cpu;
 pub mod dpu;
 pub mod files;
+pub mod kv;
 pub mod machine;
 pub mod placement;
 pub mod plot;

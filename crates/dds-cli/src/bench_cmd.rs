@@ -33,6 +33,9 @@ enum Which {
     /// prints the point's figures as JSON.
     #[command(hide = true)]
     RingPoint(RingPointArgs),
+    /// §9.2 / Fig. 22: `dds kv` without and with DPU offload, against redis-server, on
+    /// YCSB-style workloads and redis-benchmark GET.
+    Kv(dds_bench::kv::KvArgs),
     #[command(flatten)]
     Remote(dds_bench::remote::RemoteBench), // `remote` and `echo`
 }
@@ -247,6 +250,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             o.command = command_line();
             let report = files::run(&o).context("files benchmark")?;
             finish(&report, &f.common.dir())
+        }
+        Which::Kv(k) => {
+            let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
+            let report = dds_bench::kv::run_kv(k, command_line()).context("kv benchmark")?;
+            finish(&report, &out)
         }
         Which::CacheTable(c) => {
             let mut o = if c.common.quick {
