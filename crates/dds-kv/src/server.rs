@@ -193,17 +193,22 @@ impl Server {
         self.store.close()
     }
 
-    /// Durability and DPU-cache coherence of the round's writes, before its replies.
+    /// DPU-cache coherence and durability of the round's writes, before its replies.
+    ///
+    /// The invalidations go first: they drop the cache entries of records that were on
+    /// storage before this round (their cache-on-write is long done), and the commit that
+    /// follows writes the round's new records, which the DPU then caches at newer versions.
+    /// The other order would drop the new records' entries too.
     fn end_round(&mut self) -> bool {
+        if let Err(e) = self.store.invalidate_now() {
+            tracing::error!(error = %e, "DPU cache invalidation failed: the round's replies are withheld");
+            return false;
+        }
         if self.store.config().durability == Durability::Fsync {
             if let Err(e) = self.store.commit() {
                 tracing::error!(error = %e, "commit failed: the round's replies are withheld");
                 return false;
             }
-        }
-        if let Err(e) = self.store.invalidate_now() {
-            tracing::error!(error = %e, "DPU cache invalidation failed: the round's replies are withheld");
-            return false;
         }
         true
     }

@@ -1,0 +1,242 @@
+//! Linearizability of `dds kv` with the DPU serving GETs: several clients (most through the
+//! DPU's traffic director, one straight to the host) run SET/GET/INCRBY/DEL on a few keys;
+//! their histories are recorded with send and reply times and checked by a
+//! Wing–Gong–Lowe search (`lincheck`). Runs with offload on, and without the DPU in the path.
+
+mod common;
+mod lincheck;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use common::{format_device, free_port, start_dpu, Guard, DDS};
+use lincheck::{check, Event, Op, Ret};
+use rand::{Rng, SeedableRng};
+
+fn cmd(words: &[&[u8]]) -> Vec<u8> {
+    let mut b = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words {
+        b.extend(format!("${}\r\n", w.len()).bytes());
+        b.extend_from_slice(w);
+        b.extend_from_slice(b"\r\n");
+    }
+    b
+}
+
+/// Reads one reply of a simple, error, integer or bulk type.
+fn reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Ret {
+    loop {
+        if let Some(nl) = buf.windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8_lossy(&buf[1..nl]).to_string();
+            match buf[0] {
+                b'+' => {
+                    buf.drain(..nl + 2);
+                    return Ret::Ok;
+                }
+                b'-' => {
+                    buf.drain(..nl + 2);
+                    return Ret::Err;
+                }
+                b':' => {
+                    buf.drain(..nl + 2);
+                    return Ret::Int(line.parse().unwrap());
+                }
+                b'$' => {
+                    let n: i64 = line.parse().unwrap();
+                    if n < 0 {
+                        buf.drain(..nl + 2);
+                        return Ret::Value(None);
+                    }
+                    let end = nl + 2 + n as usize;
+                    if buf.len() >= end + 2 {
+                        let v = buf[nl + 2..end].to_vec();
+                        buf.drain(..end + 2);
+                        return Ret::Value(Some(v));
+                    }
+                }
+                other => panic!("unexpected reply type {other}"),
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "server closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn run_clients(addrs: &[SocketAddr], ops: usize) -> Vec<Event> {
+    let t0 = Instant::now();
+    // The read-mostly keys exist from the start (their SETs are part of the history).
+    let mut setup = Vec::new();
+    {
+        let mut s = TcpStream::connect(addrs[0]).unwrap();
+        let mut buf = Vec::new();
+        for k in [b"r0", b"r1", b"r2", b"r3"] {
+            let call = t0.elapsed().as_nanos() as u64;
+            s.write_all(&cmd(&[b"SET", k, b"initial"])).unwrap();
+            let r = reply(&mut s, &mut buf);
+            setup.push(Event {
+                client: addrs.len(),
+                key: k.to_vec(),
+                op: Op::Set(b"initial".to_vec()),
+                call,
+                ret: Some((t0.elapsed().as_nanos() as u64, r)),
+            });
+        }
+    }
+    let keys: [&[u8]; 8] = [b"k0", b"k1", b"k2", b"k3", b"k4", b"k5", b"n0", b"n1"];
+    let cold: [&[u8]; 4] = [b"r0", b"r1", b"r2", b"r3"];
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = addrs
+            .iter()
+            .enumerate()
+            .map(|(c, &addr)| {
+                sc.spawn(move || {
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(c as u64 + 11);
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.set_nodelay(true).unwrap();
+                    let mut buf = Vec::new();
+                    let mut out = Vec::new();
+                    for i in 0..ops {
+                        // Read-mostly keys (the DPU serves most of their GETs) and hot keys
+                        // (written as often as read: invalidations race the DPU's reads).
+                        let read_mostly = rng.gen_bool(0.4);
+                        let key = if read_mostly {
+                            cold[rng.gen_range(0..cold.len())]
+                        } else {
+                            keys[rng.gen_range(0..keys.len())]
+                        };
+                        let numeric = key[0] == b'n';
+                        let op = match rng.gen_range(0..20) {
+                            _ if read_mostly => {
+                                if rng.gen_ratio(1, 40) {
+                                    Op::Set(format!("c{c}-{i}").into_bytes())
+                                } else {
+                                    Op::Get
+                                }
+                            }
+                            0..=13 => Op::Get,
+                            14..=16 if numeric => Op::Incr(rng.gen_range(1..4)),
+                            14..=17 => Op::Set(format!("c{c}-{i}").into_bytes()),
+                            18 if numeric => {
+                                Op::Set(format!("{}", rng.gen_range(0..100)).into_bytes())
+                            }
+                            _ => Op::Del,
+                        };
+                        let wire = match &op {
+                            Op::Get => cmd(&[b"GET", key]),
+                            Op::Set(v) => cmd(&[b"SET", key, v]),
+                            Op::Incr(by) => cmd(&[b"INCRBY", key, by.to_string().as_bytes()]),
+                            Op::Del => cmd(&[b"DEL", key]),
+                        };
+                        let call = t0.elapsed().as_nanos() as u64;
+                        s.write_all(&wire).unwrap();
+                        let r = reply(&mut s, &mut buf);
+                        let ret_at = t0.elapsed().as_nanos() as u64;
+                        out.push(Event {
+                            client: c,
+                            key: key.to_vec(),
+                            op,
+                            call,
+                            ret: Some((ret_at, r)),
+                        });
+                    }
+                    out
+                })
+            })
+            .collect();
+        setup
+            .into_iter()
+            .chain(hs.into_iter().flat_map(|h| h.join().unwrap()))
+            .collect()
+    })
+}
+
+fn start_kv(listen: &str, socket: &std::path::Path) -> Guard {
+    let mut child = Command::new(DDS)
+        .args(["kv", "--listen", listen, "--socket"])
+        .arg(socket)
+        .args([
+            "--memory",
+            "192K",
+            "--page-size",
+            "64K",
+            "--log-size",
+            "16M",
+        ])
+        .args(["--durability", "fsync"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("ready"), "{line}");
+    Guard(child)
+}
+
+#[test]
+fn the_checker_accepts_linearizable_histories_and_rejects_the_others() {
+    lincheck::check_the_checker();
+}
+
+#[test]
+fn histories_with_dpu_served_gets_are_linearizable() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let (dport, hport) = (free_port(), free_port());
+    let _dpu = start_dpu(
+        &img,
+        &socket,
+        &[
+            "--offload",
+            "redis",
+            "--director-listen",
+            &format!("127.0.0.1:{dport}"),
+            "--host-app",
+            &format!("127.0.0.1:{hport}"),
+        ],
+    );
+    let _kv = start_kv(&format!("127.0.0.1:{hport}"), &socket);
+    let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
+    let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
+    let history = run_clients(&[via_dpu, via_dpu, via_dpu, direct], 400);
+    assert_eq!(history.len(), 1604);
+    if let Err(v) = check(&history) {
+        panic!("not linearizable: {v}");
+    }
+    // The DPU served some of the GETs (otherwise the test says nothing about offload).
+    let out = Command::new(DDS)
+        .args(["stats", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let served: u64 = st["offload"]["directors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["offloaded"].as_u64().unwrap())
+        .sum();
+    eprintln!("the DPU served {served} GETs");
+    assert!(served > 300, "the DPU served {served} GETs: {st}");
+}
+
+#[test]
+fn histories_without_the_dpu_in_the_path_are_linearizable() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = start_dpu(&img, &socket, &[]);
+    let port = free_port();
+    let _kv = start_kv(&format!("127.0.0.1:{port}"), &socket);
+    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let history = run_clients(&[a, a, a, a], 300);
+    if let Err(v) = check(&history) {
+        panic!("not linearizable: {v}");
+    }
+}
