@@ -127,11 +127,8 @@ fn check_key(evs: &[&Event]) -> Result<(), String> {
     let m = entries.len();
     let mut next: Vec<usize> = (1..=m).collect();
     next.push(0);
-    let mut prev: Vec<usize> = vec![0; m + 1];
-    prev[0] = m;
-    for i in 1..m {
-        prev[i] = i - 1;
-    }
+    // prev[0] is the sentinel m; prev[i] = i - 1 after it.
+    let mut prev: Vec<usize> = std::iter::once(m).chain(0..m).collect();
     next[m] = 0;
     let none = m + 1;
     if m == 0 {
