@@ -103,6 +103,15 @@ fn stats(socket: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+fn offloaded(socket: &Path) -> u64 {
+    stats(socket)["offload"]["directors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["offloaded"].as_u64().unwrap())
+        .sum()
+}
+
 #[test]
 fn redis_cli_replies_match_redis_server() {
     let dir = tempfile::tempdir().unwrap();
@@ -414,6 +423,36 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
             );
         }
     }
+    // MGETs split between the DPU (cached keys) and the host (the missing key), in order.
+    let mut want = format!("*{}\r\n", 12).into_bytes();
+    let mut words: Vec<Vec<u8>> = vec![b"MGET".to_vec()];
+    for i in 0..12 {
+        if i == 5 {
+            words.push(b"no-such-key".to_vec());
+            want.extend_from_slice(b"$-1\r\n");
+            continue;
+        }
+        let v = format!("value-2-{i}-{}", "x".repeat(i % 50));
+        words.push(format!("key{i}").into_bytes());
+        want.extend_from_slice(format!("${}\r\n{v}\r\n", v.len()).as_bytes());
+    }
+    let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+    let before = offloaded(&socket);
+    for _ in 0..20 {
+        d.write_all(&cmd(&refs)).unwrap();
+        let mut got = read_reply(&mut d, &mut db);
+        for _ in 0..12 {
+            got.extend(read_reply(&mut d, &mut db));
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want)
+        );
+    }
+    assert!(
+        offloaded(&socket) - before > 200,
+        "MGET keys were not read on the DPU"
+    );
     let st = stats(&socket);
     let dirs = st["offload"]["directors"].as_array().unwrap();
     let offloaded: u64 = dirs.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum();

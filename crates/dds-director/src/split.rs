@@ -268,9 +268,30 @@ impl Worker {
                             .copy_from_slice(&msg[d.offset as usize..d.offset as usize + hl]);
                         cx.head_len = hl as u8;
                         let dst = pool.data_ptr(ctx);
+                        if op.size == 0 {
+                            // A DPU response without a file read (an array header, a constant
+                            // reply): built now.
+                            pool.ctxs[ctx as usize].state = CtxState::Ready;
+                            let (room, data) = pool.room_and_data(ctx);
+                            let (room_len, cap) = (room.len(), data.len());
+                            let head = &msg[d.offset as usize..d.offset as usize + hl];
+                            match app.build_response(head, &op, Ok(0), room, data) {
+                                Ok(l)
+                                    if (l.header_len as usize) <= room_len
+                                        && l.total_len >= l.header_len
+                                        && (l.total_len - l.header_len) as usize <= cap =>
+                                {
+                                    pool.ctxs[ctx as usize].layout = l;
+                                }
+                                _ => {
+                                    c.order.push_back(Entry::Dpu { ctx });
+                                    c.dpu_ctxs += 1;
+                                    return Err(Close::Malformed("response builder failed"));
+                                }
+                            }
                         // SAFETY: the buffer holds `capacity() >= op.size` bytes and is not
                         // touched until the completion is polled (or leaked at shutdown).
-                        if unsafe { lane.submit(op, dst, u64::from(ctx)) }.is_err() {
+                        } else if unsafe { lane.submit(op, dst, u64::from(ctx)) }.is_err() {
                             // Cannot happen (contexts <= port depth); answer Busy.
                             pool.ctxs[ctx as usize].state = CtxState::Ready;
                             let (room, data) = pool.room_and_data(ctx);

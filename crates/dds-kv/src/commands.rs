@@ -95,6 +95,8 @@ const TABLE: &[(&str, i32)] = &[
     ("quit", -1),
     ("auth", -2),
     ("hello", -1),
+    // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
+    ("dds.mgetpart", -2),
 ];
 
 fn lower(a: &[u8]) -> String {
@@ -235,6 +237,14 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             }
             "mget" => {
                 r.array(argv.len() - 1);
+                for k in &argv[1..] {
+                    store.get_with(k, |v| match v {
+                        Some(v) => r.bulk(v),
+                        None => r.null(),
+                    })?;
+                }
+            }
+            "dds.mgetpart" => {
                 for k in &argv[1..] {
                     store.get_with(k, |v| match v {
                         Some(v) => r.bulk(v),

@@ -64,6 +64,68 @@ fn get_key(msg: &[u8]) -> Option<&[u8]> {
     Some(key)
 }
 
+/// Most keys of an MGET split between the DPU and the host (larger MGETs go to the host).
+pub const MAX_MGET_SPLIT: usize = 64;
+
+/// The host-side command that answers the host part of a split MGET: one reply frame per
+/// key, no array header (`docs/kv-service.md` §4).
+pub const MGET_PART: &[u8] = b"DDS.MGETPART";
+
+/// The key arguments of an `MGET` command: (offset of the `$` of each key's bulk string, its
+/// bulk string's length with CRLFs, the key); `None` if `msg` is not an MGET of 1..=`max`
+/// keys.
+fn mget_keys(msg: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_MGET_SPLIT])> {
+    let mut a = args(msg);
+    if !a.next()?.eq_ignore_ascii_case(b"MGET") {
+        return None;
+    }
+    let mut out = [(0u32, 0u32); MAX_MGET_SPLIT];
+    let mut n = 0;
+    for k in a {
+        if n == max.min(MAX_MGET_SPLIT) {
+            return None;
+        }
+        let at = k.as_ptr() as usize - msg.as_ptr() as usize;
+        let digits = decimal_digits(k.len());
+        let start = at - digits - 3;
+        out[n] = (start as u32, (digits + 3 + k.len() + 2) as u32);
+        n += 1;
+    }
+    (n > 0).then_some((n, out))
+}
+
+fn decimal_digits(mut n: usize) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// The key of a request head: a whole `GET key` command, or one `$len\r\nkey\r\n` bulk string
+/// (a key of a split MGET).
+fn head_key(head: &[u8]) -> Option<&[u8]> {
+    if head.first() == Some(&b'$') {
+        let nl = head.iter().position(|&b| b == b'\n')?;
+        let n: usize = std::str::from_utf8(head.get(1..nl - 1)?)
+            .ok()?
+            .parse()
+            .ok()?;
+        return head.get(nl + 1..nl + 1 + n);
+    }
+    get_key(head)
+}
+
+fn cached(cache: &CacheView<'_>, key: &[u8]) -> Option<ReadOp> {
+    let (h1, h2) = record::key_hash(key);
+    cache.get(h1).filter(|it| it.tag == h2).map(|it| ReadOp {
+        file_id: it.file_id,
+        size: it.size,
+        offset: it.offset,
+    })
+}
+
 /// Whether a command may modify keys, and where its keys are: (first key argument, step).
 fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
     const ONE: &[&str] = &[
@@ -112,7 +174,7 @@ impl OffloadApp for RedisApp {
         64 << 20
     }
     fn max_requests(&self) -> usize {
-        1
+        MAX_MGET_SPLIT + 1
     }
     fn max_forward_keys(&self) -> usize {
         MAX_WRITE_KEYS + 1
@@ -143,32 +205,61 @@ impl OffloadApp for RedisApp {
         host: &mut ReqList,
         dpu: &mut ReqList,
     ) -> Result<(), Malformed> {
-        let d = ReqDesc {
+        let whole = ReqDesc {
             offset: 0,
             len: msg.len() as u32,
             pos: 0,
         };
-        let to_dpu = msg.len() <= REQUEST_HEAD_BYTES
-            && get_key(msg).is_some_and(|k| {
-                let (h1, h2) = record::key_hash(k);
-                cache.get(h1).is_some_and(|it| it.tag == h2)
-            });
-        let list = if to_dpu { dpu } else { host };
-        list.push(d).map_err(|_| Malformed("request list full"))
+        let full = Malformed("request list full");
+        if msg.len() <= REQUEST_HEAD_BYTES {
+            if let Some(k) = get_key(msg) {
+                let list = if cached(cache, k).is_some() {
+                    dpu
+                } else {
+                    host
+                };
+                return list.push(whole).map_err(|_| full);
+            }
+        }
+        // An MGET is split when some of its keys are cached: request 0 is the array header
+        // (built on the DPU), requests 1.. the keys, each to the DPU or the host.
+        if let Some((n, keys)) = mget_keys(msg, dpu.capacity() - 1) {
+            let hit = |&(off, len): &(u32, u32)| {
+                len as usize <= REQUEST_HEAD_BYTES
+                    && head_key(&msg[off as usize..(off + len) as usize])
+                        .is_some_and(|k| cached(cache, k).is_some())
+            };
+            if keys[..n].iter().any(hit) {
+                dpu.push(ReqDesc {
+                    offset: 0,
+                    len: keys[0].0,
+                    pos: 0,
+                })
+                .map_err(|_| full)?;
+                for (i, k) in keys[..n].iter().enumerate() {
+                    let d = ReqDesc {
+                        offset: k.0,
+                        len: k.1,
+                        pos: i as u32 + 1,
+                    };
+                    let list = if hit(k) { &mut *dpu } else { &mut *host };
+                    list.push(d).map_err(|_| full)?;
+                }
+                return Ok(());
+            }
+        }
+        host.push(whole).map_err(|_| full)
     }
 
-    fn offload_function(&self, msg: &[u8], _req: ReqDesc, cache: &CacheView<'_>) -> Offload {
-        let Some(k) = get_key(msg) else {
-            return Offload::Host;
-        };
-        let (h1, h2) = record::key_hash(k);
-        match cache.get(h1) {
-            Some(it) if it.tag == h2 => Offload::Read(ReadOp {
-                file_id: it.file_id,
-                size: it.size,
-                offset: it.offset,
-            }),
-            _ => Offload::Host,
+    fn offload_function(&self, msg: &[u8], req: ReqDesc, cache: &CacheView<'_>) -> Offload {
+        let part = &msg[req.offset as usize..(req.offset + req.len) as usize];
+        if req.pos == 0 && part.first() == Some(&b'*') && req.len < msg.len() as u32 {
+            // The array header of a split MGET: no read.
+            return Offload::Read(ReadOp::default());
+        }
+        match head_key(part).and_then(|k| cached(cache, k)) {
+            Some(op) => Offload::Read(op),
+            None => Offload::Host,
         }
     }
 
@@ -180,7 +271,6 @@ impl OffloadApp for RedisApp {
         room: &mut [u8],
         data: &mut [u8],
     ) -> Result<ResponseLayout, Malformed> {
-        let key = get_key(req_head).ok_or(Malformed("offloaded request is not a GET"))?;
         let fail = |room: &mut [u8], text: &[u8]| {
             let at = room.len() - text.len();
             room[at..].copy_from_slice(text);
@@ -189,6 +279,25 @@ impl OffloadApp for RedisApp {
                 total_len: text.len() as u32,
             })
         };
+        if op.size == 0 {
+            // The array header of a split MGET: `*<keys>`.
+            let nl = req_head
+                .iter()
+                .position(|&b| b == b'\r')
+                .ok_or(Malformed("MGET header without CRLF"))?;
+            let argc: usize = std::str::from_utf8(&req_head[1..nl])
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .filter(|&a| a >= 2)
+                .ok_or(Malformed("MGET header without a count"))?;
+            let mut text = [0u8; 24];
+            let mut w = &mut text[..];
+            std::io::Write::write_fmt(&mut w, format_args!("*{}\r\n", argc - 1))
+                .map_err(|_| Malformed("MGET count too long"))?;
+            let len = 24 - w.len();
+            return fail(room, &text[..len]);
+        }
+        let key = head_key(req_head).ok_or(Malformed("offloaded request is not a GET"))?;
         let n = match result {
             Ok(n) if n == op.size => n as usize,
             _ => return fail(room, b"-ERR DPU read of the record failed, retry\r\n"),
@@ -225,11 +334,37 @@ impl OffloadApp for RedisApp {
         host: &[ReqDesc],
         out: &mut [u8],
     ) -> Result<usize, Malformed> {
-        if host.len() != 1 {
-            return Err(Malformed("one command per message"));
+        if host.len() == 1 && host[0].len as usize == msg.len() {
+            out[..msg.len()].copy_from_slice(msg);
+            return Ok(msg.len());
         }
-        out[..msg.len()].copy_from_slice(msg);
-        Ok(msg.len())
+        // The host part of a split MGET: `DDS.MGETPART key...`, answered one frame per key.
+        let mut at = 0;
+        let mut put = |b: &[u8]| -> Result<(), Malformed> {
+            out.get_mut(at..at + b.len())
+                .ok_or(Malformed("host message too large"))?
+                .copy_from_slice(b);
+            at += b.len();
+            Ok(())
+        };
+        let mut head = [0u8; 48];
+        let mut w = &mut head[..];
+        std::io::Write::write_fmt(
+            &mut w,
+            format_args!("*{}\r\n${}\r\n", host.len() + 1, MGET_PART.len()),
+        )
+        .map_err(|_| Malformed("host message header"))?;
+        let hl = 48 - w.len();
+        put(&head[..hl])?;
+        put(MGET_PART)?;
+        put(b"\r\n")?;
+        for d in host {
+            if d.pos == 0 {
+                return Err(Malformed("an MGET header sent to the host"));
+            }
+            put(&msg[d.offset as usize..(d.offset + d.len) as usize])?;
+        }
+        Ok(at)
     }
 
     fn invalidate_on_forward(&self, msg: &[u8], _req: ReqDesc, keys: &mut KeyList) {
@@ -347,6 +482,72 @@ mod tests {
                 .unwrap();
             assert_eq!((host.len(), dpu.len()), (1, 0));
         }
+    }
+
+    #[test]
+    fn mgets_are_split_between_the_dpu_and_the_host() {
+        let app = RedisApp::default();
+        let mut page = vec![0u8; 256];
+        let l1 = record::record_len(3, 5);
+        record::encode(&mut page[..l1], KIND_VALUE, b"foo", b"hello", 1, 0);
+        let l2 = record::record_len(3, 2);
+        record::encode(&mut page[l1..l1 + l2], KIND_VALUE, b"bar", b"hi", 2, 0);
+        let mut items = ItemList::with_capacity(app.max_write_items());
+        app.cache_on_write(7, 0, &page, &mut items);
+        let mut w = CacheWriter::new(Config::for_items(100)).unwrap();
+        for it in items.as_slice() {
+            w.insert(*it).unwrap();
+        }
+        let reader = w.reader();
+        let view = CacheView::new(&reader);
+        let m = cmd(&[b"MGET", b"foo", b"nope", b"bar"]);
+        let n = app.max_requests();
+        let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+        app.offload_predicate(&m, &view, &mut host, &mut dpu)
+            .unwrap();
+        let pos = |l: &ReqList| l.as_slice().iter().map(|d| d.pos).collect::<Vec<_>>();
+        assert_eq!(pos(&dpu), vec![0, 1, 3]);
+        assert_eq!(pos(&host), vec![2]);
+        // The header: no read, `*3`.
+        let d0 = dpu.as_slice()[0];
+        let Offload::Read(op) = app.offload_function(&m, d0, &view) else {
+            panic!("header not on the DPU");
+        };
+        assert_eq!(op.size, 0);
+        let head = &m[..d0.len as usize];
+        let (mut room, mut data) = ([0u8; ROOM], vec![0u8; 64]);
+        let l = app
+            .build_response(head, &op, Ok(0), &mut room, &mut data)
+            .unwrap();
+        assert_eq!(&room[ROOM - l.header_len as usize..], b"*3\r\n");
+        assert_eq!(l.total_len, l.header_len);
+        // A key: read and answered as a bulk string.
+        let d3 = dpu.as_slice()[2];
+        let Offload::Read(op) = app.offload_function(&m, d3, &view) else {
+            panic!("bar not on the DPU");
+        };
+        let head = &m[d3.offset as usize..(d3.offset + d3.len) as usize];
+        assert_eq!(head, b"$3\r\nbar\r\n");
+        data[..l2].copy_from_slice(&page[l1..l1 + l2]);
+        let l = app
+            .build_response(head, &op, Ok(op.size), &mut room, &mut data)
+            .unwrap();
+        let mut out = room[ROOM - l.header_len as usize..].to_vec();
+        out.extend_from_slice(&data[..(l.total_len - l.header_len) as usize]);
+        assert_eq!(out, b"$2\r\nhi\r\n");
+        // The host part.
+        let mut hm = vec![0u8; m.len()];
+        let len = app
+            .build_host_message(&m, host.as_slice(), &mut hm)
+            .unwrap();
+        assert_eq!(&hm[..len], &cmd(&[b"DDS.MGETPART", b"nope"])[..]);
+        // No key cached: the whole MGET goes to the host as it came.
+        let m = cmd(&[b"MGET", b"x", b"y"]);
+        let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+        app.offload_predicate(&m, &view, &mut host, &mut dpu)
+            .unwrap();
+        assert_eq!((host.len(), dpu.len()), (1, 0));
+        assert_eq!(host.as_slice()[0].len as usize, m.len());
     }
 
     #[test]

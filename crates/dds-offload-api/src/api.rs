@@ -265,6 +265,8 @@ pub trait OffloadApp: Send + Sync {
     ) -> Result<(), Malformed>;
 
     /// Offload function: the file read serving a DPU-bound request, or `Offload::Host`.
+    /// A read of 0 bytes reads no file: the response builder then makes the whole response
+    /// (with `Ok(0)`), as for a protocol's array header.
     fn offload_function(&self, msg: &[u8], req: ReqDesc, cache: &CacheView<'_>) -> Offload;
 
     /// Response builder. `req_head` holds the first bytes of the request (at most

@@ -159,7 +159,8 @@ impl Planner {
             let d = self.dpu.as_slice()[i];
             let view = CacheView::restricted(cache, false, pending, &self.masked_map, d.pos);
             let read = match app.offload_function(msg, d, &view) {
-                Offload::Read(op) if !exposed.contains(op.file_id) => {
+                // A read of 0 bytes touches no file: a response the builder makes alone.
+                Offload::Read(op) if op.size > 0 && !exposed.contains(op.file_id) => {
                     summary.unexposed += 1;
                     None
                 }
