@@ -33,6 +33,7 @@
 
 pub mod align;
 mod codec;
+mod commit;
 pub mod device;
 mod error;
 mod io;
@@ -43,13 +44,13 @@ mod service;
 mod types;
 
 pub use device::{
-    DevCompletion, DevOp, Device, DeviceBusy, DeviceLock, FaultInjector, MemDevice, UringDevice,
-    DEFAULT_QUEUE_DEPTH,
+    DevCompletion, DevOp, Device, DeviceBusy, DeviceLock, FaultInjector, MemDevice, MetaIo,
+    UringDevice, DEFAULT_QUEUE_DEPTH,
 };
 pub use error::FsError;
 pub use layout::{
     FormatConfig, DEFAULT_LOG_BYTES, DEFAULT_MAX_DIRS, DEFAULT_MAX_FILES, DEFAULT_MAX_NAME_LEN,
     DEFAULT_SEGMENT_SIZE, MAX_DIRS_LIMIT, MAX_FILES_LIMIT, MAX_NAME_LEN_LIMIT, SUPERBLOCK_MAGIC,
 };
-pub use service::{check, format, CheckReport, FileService};
+pub use service::{check, format, CheckReport, FileService, MetaDone, MetaOp};
 pub use types::{DirEntry, EntryKind, FileId, FileInfo, OpenConfig, SpaceInfo};
