@@ -301,6 +301,11 @@ impl GroupState {
                         // A flush covers every earlier write: wait for them to complete.
                         return Ok(Dispatch::Blocked);
                     }
+                    if matches!(h.op, Op::Read | Op::Write) && fs.is_fenced(FileId(h.file_id)) {
+                        // A delete or shrink of this file waits for its I/O: hold this request
+                        // (and the ring behind it) until that change is done.
+                        return Ok(Dispatch::Blocked);
+                    }
                 }
                 if fs.inflight() >= fs_inflight_max {
                     return Ok(Dispatch::Blocked);

@@ -1,13 +1,14 @@
 //! The service thread: sole owner of the file service, the DMA engine and the groups.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, Sender};
 use dds_dma::EmulatedDma;
-use dds_fs::{FileId, FileService};
+use dds_fs::{FileId, FileService, MetaDone, MetaOp};
 use dds_proto::control::{
     DirEntry, DmaCounters, DpuStats, EntryKind, ExposeInfo, FileInfo, GroupInfo, GroupStats,
     HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
@@ -51,6 +52,26 @@ pub(crate) struct Service {
     memory_used: u64,
     fs_inflight_max: usize,
     offload: Option<OffloadHooks>,
+    /// Metadata operations handed to the file service, by user data: who waits for the reply.
+    meta_waiting: HashMap<u64, MetaWaiter>,
+    next_meta: u64,
+}
+
+/// A control request waiting for its metadata operation (`FileService::submit_meta`).
+struct MetaWaiter {
+    reply: Sender<Reply>,
+    /// What the reply carries.
+    kind: MetaKind,
+}
+
+#[derive(Clone, Copy)]
+enum MetaKind {
+    /// `()`.
+    Unit,
+    /// The new file's `FileInfo`.
+    Created,
+    /// `()`; the file (this id) is withdrawn from the offload engine.
+    Deleted(u32),
 }
 
 /// Offloaded reads handed from the port to the file service per round at most.
@@ -71,6 +92,13 @@ impl Service {
             o.port.port().set_service_waker(move || b.ring());
         }
         let fs_inflight_max = fs.max_inflight() as usize;
+        let mut fs = fs;
+        // Metadata commits and their fdatasync run on the file service's metadata thread,
+        // which rings our bell when one finished (the data plane never waits for them).
+        let b = bell.clone();
+        if let Err(e) = fs.start_meta_thread(move || b.ring()) {
+            tracing::warn!(error = %e, "metadata commits stay on the service thread");
+        }
         Service {
             config,
             fs,
@@ -82,6 +110,8 @@ impl Service {
             memory_used: 0,
             fs_inflight_max,
             offload,
+            meta_waiting: HashMap::new(),
+            next_meta: 0,
         }
     }
 
@@ -98,10 +128,11 @@ impl Service {
         let mut idle_rounds = 0u32;
         loop {
             let stopping = stop.load(Ordering::Acquire);
-            if stopping && self.fs.inflight() == 0 {
+            if stopping && self.fs.inflight() == 0 && self.fs.meta_pending() == 0 {
                 break;
             }
             let mut worked = self.handle_commands();
+            worked |= self.meta_round();
             worked |= self.data_round();
             self.reap_closed();
             if worked {
@@ -152,7 +183,7 @@ impl Service {
         }
         // Announce, then look once more: a request published before a host could see the
         // announcement is found here; one published after it rings the doorbell.
-        let mut found = !self.commands.is_empty();
+        let mut found = !self.commands.is_empty() || self.fs.meta_ready();
         for g in self.groups.iter_mut().flatten().filter(|g| live(g)) {
             let r = g
                 .set_sleeping(true, &mut self.dma)
@@ -251,6 +282,48 @@ impl Service {
         worked
     }
 
+    /// Advances the file service's metadata operations and replies to those that finished.
+    fn meta_round(&mut self) -> bool {
+        if self.fs.meta_pending() == 0 {
+            return false;
+        }
+        let waiting = &mut self.meta_waiting;
+        let mut finished = Vec::new();
+        self.fs.poll_meta(|user, r| match waiting.remove(&user) {
+            Some(w) => finished.push((w, r)),
+            None => tracing::error!(user, "metadata result nobody waits for"),
+        });
+        let n = finished.len();
+        for (w, r) in finished {
+            let reply = match r {
+                Err(e) => Reply::err(Status::from(&e), e.to_string()),
+                Ok(done) => match (w.kind, done) {
+                    (MetaKind::Created, MetaDone::Created(id)) => match self.fs.stat(id) {
+                        Ok(i) => Reply::ok(&file_info(i)),
+                        Err(e) => Reply::err(Status::from(&e), e.to_string()),
+                    },
+                    (MetaKind::Deleted(id), _) => {
+                        if let Some(o) = &self.offload {
+                            o.exposed.withdraw(id);
+                        }
+                        Reply::ok(&())
+                    }
+                    _ => Reply::ok(&()),
+                },
+            };
+            let _ = w.reply.send(reply);
+        }
+        n > 0
+    }
+
+    /// Hands a metadata operation to the file service; the reply is sent when it is durable.
+    fn submit_meta(&mut self, op: MetaOp, kind: MetaKind, reply: Sender<Reply>) {
+        let user = self.next_meta;
+        self.next_meta += 1;
+        self.meta_waiting.insert(user, MetaWaiter { reply, kind });
+        self.fs.submit_meta(op, user);
+    }
+
     /// Frees groups that are closing and have no I/O left in the file service.
     fn reap_closed(&mut self) {
         for slot in self.groups.iter_mut() {
@@ -278,8 +351,39 @@ impl Service {
                     fds,
                     reply,
                 } => {
-                    let r = self.execute(conn, req, fds);
-                    let _ = reply.send(r);
+                    let meta = match req {
+                        Request::CreateDir { path } => {
+                            Ok((MetaOp::CreateDir { path }, MetaKind::Unit))
+                        }
+                        Request::RemoveDir { path } => {
+                            Ok((MetaOp::RemoveDir { path }, MetaKind::Unit))
+                        }
+                        Request::CreateFile { path } => {
+                            Ok((MetaOp::CreateFile { path }, MetaKind::Created))
+                        }
+                        Request::DeleteFile { id } => {
+                            Ok((MetaOp::DeleteFile { id: FileId(id) }, MetaKind::Deleted(id)))
+                        }
+                        Request::Rename { from, to } => {
+                            Ok((MetaOp::Rename { from, to }, MetaKind::Unit))
+                        }
+                        Request::Resize { id, size } => Ok((
+                            MetaOp::Resize {
+                                id: FileId(id),
+                                size,
+                            },
+                            MetaKind::Unit,
+                        )),
+                        other => Err(other),
+                    };
+                    match meta {
+                        // Changes: replied to by `meta_round` once durable.
+                        Ok((op, kind)) => self.submit_meta(op, kind, reply),
+                        Err(req) => {
+                            let r = self.execute(conn, req, fds);
+                            let _ = reply.send(r);
+                        }
+                    }
                 }
                 Command::Disconnect { conn } => {
                     for g in self.groups.iter_mut().flatten() {
@@ -297,8 +401,6 @@ impl Service {
         let fs = &mut self.fs;
         let r: Result<Reply, dds_fs::FsError> = match req {
             Request::Hello { .. } => Ok(Reply::ok(&self.hello())),
-            Request::CreateDir { path } => fs.create_dir(&path).map(|_| Reply::ok(&())),
-            Request::RemoveDir { path } => fs.remove_dir(&path).map(|_| Reply::ok(&())),
             Request::ListDir { path } => fs.list_dir(&path).map(|entries| {
                 let list: Vec<DirEntry> = entries
                     .into_iter()
@@ -314,18 +416,8 @@ impl Service {
                     .collect();
                 Reply::ok(&list)
             }),
-            Request::CreateFile { path } => fs
-                .create_file(&path)
-                .and_then(|id| fs.stat(id))
-                .map(|i| Reply::ok(&file_info(i))),
             Request::Lookup { path } => fs.lookup(&path).map(|i| Reply::ok(&file_info(i))),
             Request::Stat { id } => fs.stat(FileId(id)).map(|i| Reply::ok(&file_info(i))),
-            Request::DeleteFile { id } => fs.delete_file_by_id(FileId(id)).map(|_| {
-                if let Some(o) = &self.offload {
-                    o.exposed.withdraw(id);
-                }
-                Reply::ok(&())
-            }),
             Request::ExposeFile { id, exposed } => fs.stat(FileId(id)).map(|_| {
                 let engine = match &self.offload {
                     Some(o) if exposed => {
@@ -341,9 +433,13 @@ impl Service {
                 tracing::debug!(id, exposed, engine, "file exposure");
                 Reply::ok(&ExposeInfo { engine })
             }),
-            Request::Rename { from, to } => fs.rename_file(&from, &to).map(|_| Reply::ok(&())),
-            Request::Resize { id, size } => fs.resize(FileId(id), size).map(|_| Reply::ok(&())),
             Request::Stats => return Reply::ok(&self.stats()),
+            Request::CreateDir { .. }
+            | Request::RemoveDir { .. }
+            | Request::CreateFile { .. }
+            | Request::DeleteFile { .. }
+            | Request::Rename { .. }
+            | Request::Resize { .. } => unreachable!("metadata changes go through submit_meta"),
             Request::FreeSpace => {
                 let s = fs.free_space();
                 Ok(Reply::ok(&SpaceInfo {

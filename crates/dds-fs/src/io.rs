@@ -298,6 +298,9 @@ impl FileService {
             return Err(FsError::TooLarge);
         }
         let fslot = self.file_slot(file)?;
+        if self.files_io[fslot as usize].fenced {
+            return Err(FsError::Busy);
+        }
         let size = self.meta.files[fslot as usize].as_ref().expect("live").size;
         if offset > size {
             return Err(FsError::OutOfRange);
@@ -384,7 +387,16 @@ impl FileService {
         if src.is_null() && len > 0 {
             return Err(FsError::InvalidArgument("null write buffer"));
         }
-        let old_size = self.meta.files[fslot as usize].as_ref().expect("live").size;
+        if self.files_io[fslot as usize].fenced {
+            return Err(FsError::Busy);
+        }
+        let mut old_size = self.meta.files[fslot as usize].as_ref().expect("live").size;
+        if end > old_size {
+            // An extending write commits its new size: after the metadata job in flight.
+            self.finish_job_in_flight();
+            self.check_writable()?;
+            old_size = self.meta.files[fslot as usize].as_ref().expect("live").size;
+        }
         let bs = self.bs;
         let direct = offset.is_multiple_of(bs)
             && u64::from(len) % bs == 0
@@ -431,7 +443,7 @@ impl FileService {
             }
         }
         if end > old_size {
-            if let Err(e) = self.set_size(fslot, end) {
+            if let Err(e) = self.extend_to(fslot, end) {
                 self.dp.free_bounce(i);
                 self.dp.release_slot(i);
                 return Err(e);

@@ -1,7 +1,7 @@
 //! Durable metadata commits: log appends and checkpoints (docs/on-disk-format.md §5).
 
 use crate::align::{align_up, AlignedBuf};
-use crate::device::Device;
+use crate::device::MetaIo;
 use crate::error::FsError;
 use crate::layout::Geometry;
 use crate::meta::{MetaState, Record};
@@ -44,7 +44,7 @@ impl Journal {
     /// not modified.
     pub(crate) fn append(
         &mut self,
-        dev: &mut dyn Device,
+        dev: &mut dyn MetaIo,
         g: &Geometry,
         st: &MetaState,
         rec: &Record<'_>,
@@ -71,7 +71,7 @@ impl Journal {
     /// Writes a checkpoint of `st` into the other slot and restarts the log.
     pub(crate) fn checkpoint(
         &mut self,
-        dev: &mut dyn Device,
+        dev: &mut dyn MetaIo,
         g: &Geometry,
         st: &MetaState,
     ) -> Result<(), FsError> {

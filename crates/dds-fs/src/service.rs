@@ -1,21 +1,26 @@
 //! The file service: format, open/recovery and metadata operations.
 //! The data path lives in `io.rs`.
 
-use crate::align::{align_down, align_up, AlignedBuf};
+use crate::align::{align_up, AlignedBuf};
+use crate::commit::{Committer, Executor};
+use crate::device::DevIo;
 use crate::device::{DevCompletion, DevOp, Device, DeviceBusy};
 use crate::error::FsError;
 use crate::io::DataPath;
 use crate::journal::Journal;
 use crate::layout::{FormatConfig, Geometry, SB_LEN};
 use crate::meta::{
-    make_file_id, name_ok, parse_log_entry, record_seq, LogEntry, MetaState, NameError, Record,
-    Segs,
+    make_file_id, name_ok, parse_log_entry, record_seq, LogEntry, MetaState, NameError,
 };
 use crate::types::{DirEntry, EntryKind, FileId, FileInfo, OpenConfig, SpaceInfo};
 use std::io;
 
+mod metaq;
 mod namespace;
 mod recovery;
+
+use metaq::MetaQueue;
+pub use metaq::{MetaDone, MetaOp};
 
 pub use recovery::{check, CheckReport};
 use recovery::{load_metadata, Loaded};
@@ -92,6 +97,8 @@ pub(crate) struct FileIo {
     /// conflicts.
     pub first_write: u32,
     pub last_write: u32,
+    /// A pending delete or shrink of this file: new reads and writes are refused (`Busy`).
+    pub fenced: bool,
 }
 
 /// No slot (end of a list).
@@ -104,6 +111,7 @@ impl Default for FileIo {
             writes: 0,
             first_write: NO_SLOT,
             last_write: NO_SLOT,
+            fenced: false,
         }
     }
 }
@@ -112,16 +120,16 @@ impl Default for FileIo {
 pub struct FileService {
     pub(crate) dev: Box<dyn Device>,
     pub(crate) geom: Geometry,
+    /// The metadata as of the last change made durable and applied.
     pub(crate) meta: MetaState,
-    journal: Journal,
+    /// Makes metadata changes durable: inline or on the metadata thread (`commit.rs`).
+    exec: Executor,
+    /// Metadata operations queued, active and finished (`service/metaq.rs`).
+    mq: MetaQueue,
     /// Set after a metadata write/sync failure: no further changes until reopened.
     failed: Option<String>,
     pub(crate) bs: u64,
     pub(crate) align: usize,
-    /// One block of aligned scratch for read-modify-write of metadata-path zeroing.
-    block_scratch: AlignedBuf,
-    /// Reusable list of segments picked for an allocation (capacity: all segments).
-    seg_scratch: Vec<u32>,
     /// Next file slot to try (round robin, so slots and ids are not reused quickly).
     next_file_slot: u32,
     pub(crate) files_io: Vec<FileIo>,
@@ -146,7 +154,7 @@ impl FileService {
         let Loaded {
             g,
             align,
-            meta,
+            mut meta,
             active,
             generation,
             seq,
@@ -164,46 +172,44 @@ impl FileService {
 
         let journal = Journal::new(&g, align, active, generation, seq, pos as u64);
         let max_files = g.max_files as usize;
-        let total_segments = g.total_segments as usize;
         let next_file_slot = meta.next_gen % g.max_files;
-        let mut fs = FileService {
-            dev,
-            bs: u64::from(g.block_size),
-            align,
-            block_scratch: AlignedBuf::new(g.block_size as usize, align),
-            seg_scratch: Vec::with_capacity(total_segments),
-            next_file_slot,
-            files_io: vec![FileIo::default(); max_files],
-            dp,
-            geom: g,
-            meta,
-            journal,
-            failed: None,
-        };
+        let mut committer = Committer::new(g.clone(), journal, meta.clone(), align);
         // Re-zero tails of files whose shrink may not have finished zeroing.
         let mut dirty = false;
         for slot in 0..max_files {
-            let Some(f) = fs.meta.files[slot].as_ref() else {
+            let Some(f) = meta.files[slot].as_ref() else {
                 continue;
             };
             if !f.tail_dirty {
                 continue;
             }
-            let (size, end) = (f.size, f.segs.len() as u64 * fs.geom.segment_size);
+            let (size, end) = (f.size, f.segs.len() as u64 * g.segment_size);
             if size < end {
-                fs.zero_file_range(slot as u32, size, end)?;
+                committer.zero_file_range(&mut DevIo(&mut *dev), slot as u32, size, end)?;
             }
             dirty = true;
         }
         if dirty {
-            fs.dev
-                .sync()
+            dev.sync()
                 .map_err(|e| FsError::io("sync after tail zeroing", e))?;
-            for f in fs.meta.files.iter_mut().flatten() {
+            for f in meta.files.iter_mut().flatten() {
                 f.tail_dirty = false;
             }
+            committer.clear_tail_flags();
         }
-        Ok(fs)
+        Ok(FileService {
+            dev,
+            bs: u64::from(g.block_size),
+            align,
+            next_file_slot,
+            files_io: vec![FileIo::default(); max_files],
+            dp,
+            geom: g,
+            meta,
+            exec: Executor::Inline(Box::new(committer)),
+            mq: MetaQueue::default(),
+            failed: None,
+        })
     }
 
     // ----------------------------------------------------------------------------------
@@ -268,6 +274,8 @@ impl FileService {
     /// Closes the service after waiting for in-flight device I/O (unreported completions are
     /// dropped) and returns the device.
     pub fn into_device(mut self) -> Box<dyn Device> {
+        // The metadata thread finishes the job it may be running and ends.
+        self.exec = Executor::Moved;
         self.quiesce_device();
         std::mem::replace(&mut self.dev, Box::new(NullDevice))
     }
@@ -376,23 +384,6 @@ impl FileService {
         tracing::error!(error = %e, "metadata I/O failed; refusing further changes");
         self.failed = Some(e.to_string());
         e
-    }
-
-    /// Makes `rec` durable, then applies it to the in-memory state.
-    fn commit(&mut self, rec: &Record<'_>) -> Result<(), FsError> {
-        self.check_writable()?;
-        if let Err(e) = self
-            .journal
-            .append(&mut *self.dev, &self.geom, &self.meta, rec)
-        {
-            return Err(self.fail(e));
-        }
-        if let Err(e) = self.meta.apply(rec) {
-            // Validated before logging; reaching this is a bug. Stop changing anything.
-            debug_assert!(false, "durable record failed to apply: {e}");
-            return Err(self.fail(FsError::Corrupt(e)));
-        }
-        Ok(())
     }
 
     /// Waits for every device operation, discarding completions (used when closing).

@@ -79,6 +79,10 @@ fn run(steps: Vec<Step>, seed: u64, block: u32) -> Result<(), TestCaseError> {
         fs_uuid: Some(seed),
     };
     let mut fs = fresh(Box::new(dev), fcfg, ocfg());
+    if seed & 2 != 0 {
+        // Half the cases commit metadata on the metadata thread.
+        fs.start_meta_thread(|| {}).unwrap();
+    }
     fs.create_dir("/d").unwrap();
     let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for i in [0, 1, 3, 4] {

@@ -3,7 +3,8 @@
 //! durable operation. A test kills it with SIGKILL at random moments and checks that every
 //! acknowledged operation survived.
 //!
-//! Usage: `dds-fs-crash-worker <device> <seed> [max_ops]`
+//! Usage: `dds-fs-crash-worker <device> <seed> [max_ops]`; odd seeds commit metadata on the
+//! file service's metadata thread, even seeds inline.
 //!
 //! Op lines: `create_dir NAME`, `remove_dir NAME`, `create_file PATH`, `delete PATH`,
 //! `rename FROM TO`, `resize PATH SIZE`, `write PATH OFFSET LEN SEED` (data = pattern(SEED),
@@ -173,6 +174,11 @@ fn main() {
         bounce_bytes: 1 << 20,
     };
     let mut fs = FileService::open(Box::new(dev), cfg).expect("open file service");
+    if seed % 2 == 1 {
+        // Odd seeds commit metadata on the metadata thread (as the DPU does), even ones inline.
+        fs.start_meta_thread(|| {})
+            .expect("start the metadata thread");
+    }
     let mut r = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
     let out = std::io::stdout();
     for _ in 0..max_ops {

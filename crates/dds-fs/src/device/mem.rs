@@ -1,6 +1,6 @@
 //! In-memory device for tests, with optional completion reordering and fault injection.
 
-use super::{check_aligned, DevCompletion, DevOp, Device, DeviceBusy};
+use super::{check_aligned, DevCompletion, DevOp, Device, DeviceBusy, MetaIo};
 use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -127,7 +127,9 @@ struct Pending {
 /// [`with_reordering`](MemDevice::with_reordering) they execute at poll time, a random subset
 /// per poll in random order, which exercises out-of-order completion.
 pub struct MemDevice {
-    data: Vec<u8>,
+    /// The contents, shared with the [`MetaIo`] handles of [`Device::meta_io`].
+    data: Arc<Mutex<Vec<u8>>>,
+    len: u64,
     block_size: u32,
     mem_align: usize,
     queue_depth: usize,
@@ -166,7 +168,8 @@ impl MemDevice {
         assert!(block_size.is_power_of_two() && block_size >= 512);
         assert_eq!(image.len() % block_size as usize, 0);
         MemDevice {
-            data: image,
+            len: image.len() as u64,
+            data: Arc::new(Mutex::new(image)),
             block_size,
             mem_align: block_size as usize,
             queue_depth: 128,
@@ -206,12 +209,16 @@ impl MemDevice {
 
     /// Copy of the current contents.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.data.clone()
+        self.bytes().clone()
     }
 
-    /// The current contents.
-    pub fn image(&self) -> &[u8] {
-        &self.data
+    /// The current contents (locked while the guard lives).
+    pub fn image(&self) -> impl std::ops::Deref<Target = Vec<u8>> + '_ {
+        self.bytes()
+    }
+
+    fn bytes(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        lock_bytes(&self.data)
     }
 
     fn next_rand(&mut self) -> u64 {
@@ -224,9 +231,7 @@ impl MemDevice {
     }
 
     fn range_ok(&self, offset: u64, len: u64) -> bool {
-        offset
-            .checked_add(len)
-            .is_some_and(|end| end <= self.data.len() as u64)
+        range_ok(self.len, offset, len)
     }
 
     /// Executes one async operation and returns its completion result.
@@ -245,7 +250,7 @@ impl MemDevice {
                 let o = offset as usize;
                 // SAFETY: submit contract: buf valid for len bytes; ranges checked above.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(self.data.as_ptr().add(o), buf, len as usize)
+                    std::ptr::copy_nonoverlapping(self.bytes().as_ptr().add(o), buf, len as usize)
                 };
                 len as i32
             }
@@ -258,7 +263,11 @@ impl MemDevice {
                 let o = offset as usize;
                 // SAFETY: as above.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(buf, self.data.as_mut_ptr().add(o), len as usize)
+                    std::ptr::copy_nonoverlapping(
+                        buf,
+                        self.bytes().as_mut_ptr().add(o),
+                        len as usize,
+                    )
                 };
                 len as i32
             }
@@ -266,6 +275,36 @@ impl MemDevice {
         }
     }
 
+    fn shared(&self) -> MemShared {
+        MemShared {
+            data: Arc::clone(&self.data),
+            len: self.len,
+            block_size: self.block_size,
+            mem_align: self.mem_align,
+            faults: Arc::clone(&self.faults),
+        }
+    }
+}
+
+fn lock_bytes(data: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    data.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn range_ok(size: u64, offset: u64, len: u64) -> bool {
+    offset.checked_add(len).is_some_and(|end| end <= size)
+}
+
+/// The synchronous side of a [`MemDevice`]: its own helpers, and the [`MetaIo`] handle a
+/// metadata thread uses (same contents, same fault injector).
+struct MemShared {
+    data: Arc<Mutex<Vec<u8>>>,
+    len: u64,
+    block_size: u32,
+    mem_align: usize,
+    faults: Arc<FaultInjector>,
+}
+
+impl MemShared {
     fn sync_check(&self, offset: u64, addr: usize, len: u64) -> io::Result<()> {
         check_aligned(
             offset,
@@ -274,10 +313,60 @@ impl MemDevice {
             u64::from(self.block_size),
             self.mem_align,
         )?;
-        if !self.range_ok(offset, len) {
+        if !range_ok(self.len, offset, len) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(())
+    }
+}
+
+impl MetaIo for MemShared {
+    fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.sync_check(offset, buf.as_ptr() as usize, buf.len() as u64)?;
+        match self.faults.on_sync() {
+            Verdict::Ok => {
+                let o = offset as usize;
+                buf.copy_from_slice(&lock_bytes(&self.data)[o..o + buf.len()]);
+                Ok(())
+            }
+            _ => Err(io::Error::from_raw_os_error(EIO)),
+        }
+    }
+
+    fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.sync_check(offset, buf.as_ptr() as usize, buf.len() as u64)?;
+        let o = offset as usize;
+        match self.faults.on_sync() {
+            Verdict::Ok => {
+                lock_bytes(&self.data)[o..o + buf.len()].copy_from_slice(buf);
+                Ok(())
+            }
+            Verdict::Torn => {
+                let half = (buf.len() / 2) / 512 * 512;
+                lock_bytes(&self.data)[o..o + half].copy_from_slice(&buf[..half]);
+                Err(io::Error::from_raw_os_error(EIO))
+            }
+            Verdict::Fail => Err(io::Error::from_raw_os_error(EIO)),
+        }
+    }
+
+    fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        self.sync_check(offset, 0, len)?;
+        match self.faults.on_sync() {
+            Verdict::Ok => {
+                let o = offset as usize;
+                lock_bytes(&self.data)[o..o + len as usize].fill(0);
+                Ok(())
+            }
+            _ => Err(io::Error::from_raw_os_error(EIO)),
+        }
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        match self.faults.on_sync() {
+            Verdict::Ok => Ok(()),
+            _ => Err(io::Error::from_raw_os_error(EIO)),
+        }
     }
 }
 
@@ -289,7 +378,7 @@ impl Device for MemDevice {
         self.mem_align
     }
     fn capacity(&self) -> u64 {
-        self.data.len() as u64
+        self.len
     }
     fn queue_depth(&self) -> usize {
         self.queue_depth
@@ -344,51 +433,23 @@ impl Device for MemDevice {
     }
 
     fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.sync_check(offset, buf.as_ptr() as usize, buf.len() as u64)?;
-        match self.faults.on_sync() {
-            Verdict::Ok => {
-                let o = offset as usize;
-                buf.copy_from_slice(&self.data[o..o + buf.len()]);
-                Ok(())
-            }
-            _ => Err(io::Error::from_raw_os_error(EIO)),
-        }
+        self.shared().read_sync(offset, buf)
     }
 
     fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.sync_check(offset, buf.as_ptr() as usize, buf.len() as u64)?;
-        let o = offset as usize;
-        match self.faults.on_sync() {
-            Verdict::Ok => {
-                self.data[o..o + buf.len()].copy_from_slice(buf);
-                Ok(())
-            }
-            Verdict::Torn => {
-                let half = (buf.len() / 2) / 512 * 512;
-                self.data[o..o + half].copy_from_slice(&buf[..half]);
-                Err(io::Error::from_raw_os_error(EIO))
-            }
-            Verdict::Fail => Err(io::Error::from_raw_os_error(EIO)),
-        }
+        self.shared().write_sync(offset, buf)
     }
 
     fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()> {
-        self.sync_check(offset, 0, len)?;
-        match self.faults.on_sync() {
-            Verdict::Ok => {
-                let o = offset as usize;
-                self.data[o..o + len as usize].fill(0);
-                Ok(())
-            }
-            _ => Err(io::Error::from_raw_os_error(EIO)),
-        }
+        self.shared().zero_sync(offset, len)
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        match self.faults.on_sync() {
-            Verdict::Ok => Ok(()),
-            _ => Err(io::Error::from_raw_os_error(EIO)),
-        }
+        self.shared().sync()
+    }
+
+    fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
+        Some(Ok(Box::new(self.shared())))
     }
 }
 

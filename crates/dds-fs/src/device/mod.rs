@@ -14,6 +14,38 @@ mod uring;
 pub use mem::{FaultInjector, MemDevice};
 pub use uring::{DeviceLock, UringDevice, DEFAULT_QUEUE_DEPTH};
 
+/// Synchronous access to a device from another thread (the file service's metadata thread):
+/// the same helpers as [`Device`]'s, on their own handle, so a metadata commit and its
+/// `fdatasync` never run on the thread that drives the data path.
+pub trait MetaIo: Send {
+    /// Synchronous aligned read.
+    fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Synchronous aligned write. Not durable until [`sync`](MetaIo::sync).
+    fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes `[offset, offset+len)` read as zeros (block aligned). Not durable until `sync`.
+    fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()>;
+    /// fdatasync: makes every completed write durable (data-path writes included).
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+/// A device's own synchronous helpers seen as [`MetaIo`] (metadata committed inline).
+pub(crate) struct DevIo<'a>(pub &'a mut dyn Device);
+
+impl MetaIo for DevIo<'_> {
+    fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_sync(offset, buf)
+    }
+    fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.0.write_sync(offset, buf)
+    }
+    fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        self.0.zero_sync(offset, len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.0.sync()
+    }
+}
+
 /// One asynchronous device operation.
 #[derive(Debug, Clone, Copy)]
 pub enum DevOp {
@@ -89,6 +121,12 @@ pub trait Device: Send {
     fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()>;
     /// fdatasync: makes every completed write durable.
     fn sync(&mut self) -> io::Result<()>;
+
+    /// A second handle on the same storage for synchronous metadata I/O from another thread,
+    /// or `None` if this device cannot provide one (metadata is then committed inline).
+    fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
+        None
+    }
 }
 
 impl Device for Box<dyn Device> {
@@ -128,6 +166,9 @@ impl Device for Box<dyn Device> {
     }
     fn sync(&mut self) -> io::Result<()> {
         (**self).sync()
+    }
+    fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
+        (**self).meta_io()
     }
 }
 

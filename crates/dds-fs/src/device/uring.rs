@@ -1,6 +1,6 @@
 //! io_uring + O_DIRECT device over a block device or a preallocated regular file.
 
-use super::{check_aligned, DevCompletion, DevOp, Device, DeviceBusy};
+use super::{check_aligned, DevCompletion, DevOp, Device, DeviceBusy, MetaIo};
 use crate::align::AlignedBuf;
 use crate::error::FsError;
 use io_uring::{opcode, types, IoUring};
@@ -89,7 +89,8 @@ impl DeviceLock {
 /// [`poll`](Device::poll) / [`wait`](Device::wait) (one `io_uring_enter` per batch). At most
 /// `queue_depth` operations are outstanding; beyond that `submit` returns [`DeviceBusy`].
 pub struct UringDevice {
-    file: File,
+    /// The device file (registered with the ring) and the synchronous helpers on it.
+    sync: SyncFile,
     /// Holds the exclusive advisory lock on the device.
     _lock: File,
     path: PathBuf,
@@ -99,6 +100,16 @@ pub struct UringDevice {
     capacity: u64,
     queue_depth: usize,
     inflight: usize,
+}
+
+/// Synchronous O_DIRECT access to the device file (the metadata path): the device's own
+/// helpers, and the [`MetaIo`] handle given to the metadata thread (a duplicate descriptor of
+/// the same open file, so both see the same O_DIRECT file description).
+struct SyncFile {
+    file: File,
+    block_size: u32,
+    mem_align: usize,
+    capacity: u64,
     is_block_device: bool,
     zero_buf: Option<AlignedBuf>,
 }
@@ -177,7 +188,14 @@ impl UringDevice {
             "opened io_uring device"
         );
         Ok(UringDevice {
-            file,
+            sync: SyncFile {
+                file,
+                block_size,
+                mem_align,
+                capacity,
+                is_block_device,
+                zero_buf: None,
+            },
             _lock: lock.file,
             path: path.to_path_buf(),
             ring,
@@ -186,8 +204,6 @@ impl UringDevice {
             capacity,
             queue_depth,
             inflight: 0,
-            is_block_device,
-            zero_buf: None,
         })
     }
 
@@ -266,20 +282,6 @@ impl UringDevice {
                 }
             }
         }
-    }
-
-    fn write_zeros(&mut self, mut offset: u64, len: u64) -> io::Result<()> {
-        let align = self.mem_align.max(self.block_size as usize);
-        let zero = self
-            .zero_buf
-            .get_or_insert_with(|| AlignedBuf::new(ZERO_CHUNK, align));
-        let end = offset + len;
-        while offset < end {
-            let n = (end - offset).min(ZERO_CHUNK as u64) as usize;
-            pwrite_all(&self.file, &zero.as_slice()[..n], offset)?;
-            offset += n as u64;
-        }
-        Ok(())
     }
 }
 
@@ -420,6 +422,59 @@ impl Device for UringDevice {
         }
     }
 
+    fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.sync.read_sync(offset, buf)
+    }
+
+    fn write_sync(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.sync.write_sync(offset, buf)
+    }
+
+    fn zero_sync(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        self.sync.zero_sync(offset, len)
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.sync.sync()
+    }
+
+    fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
+        Some(
+            self.sync
+                .try_clone()
+                .map(|s| Box::new(s) as Box<dyn MetaIo>),
+        )
+    }
+}
+
+impl SyncFile {
+    fn try_clone(&self) -> io::Result<SyncFile> {
+        Ok(SyncFile {
+            file: self.file.try_clone()?,
+            block_size: self.block_size,
+            mem_align: self.mem_align,
+            capacity: self.capacity,
+            is_block_device: self.is_block_device,
+            zero_buf: None,
+        })
+    }
+
+    fn write_zeros(&mut self, mut offset: u64, len: u64) -> io::Result<()> {
+        let align = self.mem_align.max(self.block_size as usize);
+        let zero = self
+            .zero_buf
+            .get_or_insert_with(|| AlignedBuf::new(ZERO_CHUNK, align));
+        let end = offset + len;
+        while offset < end {
+            let n = (end - offset).min(ZERO_CHUNK as u64) as usize;
+            pwrite_all(&self.file, &zero.as_slice()[..n], offset)?;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl MetaIo for SyncFile {
     fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_aligned(
             offset,

@@ -68,6 +68,92 @@ impl<'a> Segs<'a> {
     }
 }
 
+/// A metadata change that owns its name and segments (handed to the metadata thread).
+#[derive(Debug, Clone)]
+pub(crate) enum OwnedRecord {
+    CreateDir {
+        slot: u32,
+        name: String,
+    },
+    RemoveDir {
+        slot: u32,
+    },
+    CreateFile {
+        slot: u32,
+        gen: u32,
+        dir: u32,
+        name: String,
+    },
+    DeleteFile {
+        slot: u32,
+        gen: u32,
+    },
+    RenameFile {
+        slot: u32,
+        gen: u32,
+        dir: u32,
+        name: String,
+    },
+    SetSize {
+        slot: u32,
+        gen: u32,
+        size: u64,
+        tail_dirty: bool,
+        keep: u32,
+        append: Vec<u32>,
+    },
+}
+
+impl OwnedRecord {
+    pub(crate) fn as_record(&self) -> Record<'_> {
+        match self {
+            OwnedRecord::CreateDir { slot, name } => Record::CreateDir { slot: *slot, name },
+            OwnedRecord::RemoveDir { slot } => Record::RemoveDir { slot: *slot },
+            OwnedRecord::CreateFile {
+                slot,
+                gen,
+                dir,
+                name,
+            } => Record::CreateFile {
+                slot: *slot,
+                gen: *gen,
+                dir: *dir,
+                name,
+            },
+            OwnedRecord::DeleteFile { slot, gen } => Record::DeleteFile {
+                slot: *slot,
+                gen: *gen,
+            },
+            OwnedRecord::RenameFile {
+                slot,
+                gen,
+                dir,
+                name,
+            } => Record::RenameFile {
+                slot: *slot,
+                gen: *gen,
+                dir: *dir,
+                name,
+            },
+            OwnedRecord::SetSize {
+                slot,
+                gen,
+                size,
+                tail_dirty,
+                keep,
+                append,
+            } => Record::SetSize {
+                slot: *slot,
+                gen: *gen,
+                size: *size,
+                tail_dirty: *tail_dirty,
+                keep: *keep,
+                append: Segs::Slice(append),
+            },
+        }
+    }
+}
+
 impl Record<'_> {
     pub(crate) fn kind(&self) -> u16 {
         match self {

@@ -1,0 +1,585 @@
+//! Metadata operations as a queue the data-path thread advances without waiting.
+//!
+//! [`FileService::submit_meta`] queues an operation; [`FileService::poll_meta`] advances the
+//! queue and reports finished operations. One operation is active at a time, in queue order:
+//!
+//! 1. *Start*: validated against the current state (as the synchronous calls always did).
+//!    A delete, or a shrink, of a file with data operations in flight first *fences* the
+//!    file (new reads and writes of it are refused with `Busy`; the DPU holds them back in
+//!    its rings instead of submitting them) and waits, without blocking, until they are done.
+//! 2. *Commit*: the change is prepared as a [`Job`] (its segments picked, its record encoded)
+//!    and handed to the committer: inline, or to the metadata thread, which zeroes new
+//!    segments, appends the record, `fdatasync`s, zeroes a cut tail, and posts the result.
+//! 3. *Finish*: only when the job's record is durable is the change applied to the in-memory
+//!    state, the fence lifted and the operation reported.
+//!
+//! While a job is with the metadata thread the data path runs on the state before the change.
+//! That is safe: a job's segments are still free in that state but no other job can pick them
+//! (one job at a time: an extending write first waits for the job in flight), a fenced file
+//! gets no new I/O, and a file being created has no id anyone knows yet.
+
+use std::collections::VecDeque;
+
+use super::*;
+use crate::commit::{Executor, Job, JobResult};
+use crate::device::DevIo;
+use crate::meta::OwnedRecord;
+
+/// A metadata operation for [`FileService::submit_meta`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaOp {
+    /// Create a named directory.
+    CreateDir { path: String },
+    /// Remove an empty named directory.
+    RemoveDir { path: String },
+    /// Create an empty file.
+    CreateFile { path: String },
+    /// Delete a file by id (after its in-flight I/O completed).
+    DeleteFile { id: FileId },
+    /// Delete a file by path.
+    DeletePath { path: String },
+    /// Rename / move a file.
+    Rename { from: String, to: String },
+    /// Set a file's size.
+    Resize { id: FileId, size: u64 },
+}
+
+/// What a finished [`MetaOp`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaDone {
+    /// The change is durable and visible.
+    Done,
+    /// The file was created with this id (durable and visible).
+    Created(FileId),
+}
+
+/// Who waits for an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// A caller of `submit_meta`, with its user data.
+    User(u64),
+    /// A synchronous call of this service (`create_file`, ...).
+    Blocking,
+}
+
+/// A committed change waiting for its job's result.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    origin: Origin,
+    rec: OwnedRecord,
+    /// The job zeroes a cut tail: clear `TAIL_DIRTY` once applied.
+    tail: bool,
+    /// The file fenced for this change.
+    fence: Option<u32>,
+    outcome: MetaDone,
+}
+
+#[derive(Debug)]
+enum Active {
+    /// Waiting for file `slot`'s data operations (the file is fenced).
+    Draining {
+        origin: Origin,
+        op: MetaOp,
+        slot: u32,
+    },
+    /// The job is with the metadata thread.
+    Committing(Pending),
+}
+
+/// The operation queue (see the module documentation).
+#[derive(Debug, Default)]
+pub(crate) struct MetaQueue {
+    queue: VecDeque<(Origin, MetaOp)>,
+    active: Option<Active>,
+    done: VecDeque<(Origin, Result<MetaDone, FsError>)>,
+}
+
+/// How an operation starts.
+enum Start {
+    /// Finished without a change (or refused).
+    Now(Result<MetaDone, FsError>),
+    /// Wait for the file's data operations first.
+    Drain(u32),
+    /// Commit this job.
+    Commit(Pending, Job),
+}
+
+impl FileService {
+    /// Queues a metadata operation; its result is reported by [`poll_meta`](Self::poll_meta)
+    /// with `user_data`, once durable. Operations run one at a time in submission order;
+    /// neither this call nor `poll_meta` waits for a metadata write or sync when the metadata
+    /// thread runs ([`start_meta_thread`](Self::start_meta_thread)).
+    pub fn submit_meta(&mut self, op: MetaOp, user_data: u64) {
+        self.mq.queue.push_back((Origin::User(user_data), op));
+        self.meta_advance(false);
+    }
+
+    /// Advances queued metadata operations and reports each finished one to
+    /// `f(user_data, result)`, in submission order. Never blocks. Returns the number reported.
+    pub fn poll_meta(&mut self, mut f: impl FnMut(u64, Result<MetaDone, FsError>)) -> usize {
+        self.meta_advance(false);
+        let mut n = 0;
+        let mut k = 0;
+        while k < self.mq.done.len() {
+            if let Origin::User(ud) = self.mq.done[k].0 {
+                let (_, r) = self.mq.done.remove(k).expect("in range");
+                f(ud, r);
+                n += 1;
+            } else {
+                k += 1;
+            }
+        }
+        n
+    }
+
+    /// Metadata operations submitted and not yet reported by `poll_meta`.
+    pub fn meta_pending(&self) -> usize {
+        self.mq.queue.len() + usize::from(self.mq.active.is_some()) + self.mq.done.len()
+    }
+
+    /// True when `poll_meta` has something to do now: a result to report, an operation to
+    /// start, a drained file, or a finished job. A caller that parks checks this after
+    /// arming its wake-up (the metadata thread calls the waker after posting a result).
+    pub fn meta_ready(&mut self) -> bool {
+        if !self.mq.done.is_empty() {
+            return true;
+        }
+        match &self.mq.active {
+            None => !self.mq.queue.is_empty(),
+            Some(Active::Draining { slot, .. }) => self.files_io[*slot as usize].inflight == 0,
+            Some(Active::Committing(_)) => match &mut self.exec {
+                Executor::Thread(t) => t.ready(),
+                Executor::Inline(_) | Executor::Moved => true,
+            },
+        }
+    }
+
+    /// True if `id` names a file that a pending delete or shrink fenced: reads and writes of
+    /// it are refused (`Busy`) until the change is done. A caller holds them back instead.
+    pub fn is_fenced(&self, id: FileId) -> bool {
+        self.file_slot(id)
+            .is_ok_and(|s| self.files_io[s as usize].fenced)
+    }
+
+    /// Moves metadata commits to their own thread ("dds-meta") with its own handle on the
+    /// device, so that no metadata write or `fdatasync` runs on the caller's thread any more.
+    /// `waker` is called each time a commit finished (to wake a parked data-path thread).
+    /// Fails (and commits stay inline) if the device offers no second handle.
+    pub fn start_meta_thread(&mut self, waker: impl Fn() + Send + 'static) -> Result<(), FsError> {
+        if matches!(self.exec, Executor::Thread(_)) {
+            return Ok(());
+        }
+        // Nothing is in flight: inline jobs complete within the call that starts them.
+        let io = match self.dev.meta_io() {
+            None => {
+                return Err(FsError::InvalidConfig(
+                    "the device offers no handle for a metadata thread".into(),
+                ))
+            }
+            Some(Err(e)) => return Err(FsError::io("metadata handle on the device", e)),
+            Some(Ok(io)) => io,
+        };
+        let c = match std::mem::replace(&mut self.exec, Executor::Moved) {
+            Executor::Inline(c) => c,
+            other => {
+                self.exec = other;
+                return Ok(());
+            }
+        };
+        match crate::commit::MetaThread::start(c, io, Box::new(waker)) {
+            Ok(t) => {
+                self.exec = Executor::Thread(t);
+                Ok(())
+            }
+            Err((c, e)) => {
+                self.exec = Executor::Inline(c);
+                Err(FsError::io("start the metadata thread", e))
+            }
+        }
+    }
+
+    /// Runs `op` to completion (the synchronous metadata calls), advancing any queued
+    /// operations before it.
+    pub(crate) fn meta_blocking(&mut self, op: MetaOp) -> Result<MetaDone, FsError> {
+        self.mq.queue.push_back((Origin::Blocking, op));
+        loop {
+            self.meta_advance(true);
+            if let Some(k) = self
+                .mq
+                .done
+                .iter()
+                .position(|(o, _)| *o == Origin::Blocking)
+            {
+                return self.mq.done.remove(k).expect("in range").1;
+            }
+        }
+    }
+
+    /// Advances the queue as far as it goes; with `block`, waits for drains and jobs until the
+    /// queue is empty.
+    fn meta_advance(&mut self, block: bool) {
+        loop {
+            match self.mq.active.take() {
+                None => {
+                    let Some((origin, op)) = self.mq.queue.pop_front() else {
+                        return;
+                    };
+                    self.meta_start(origin, op);
+                }
+                Some(Active::Draining { origin, op, slot }) => {
+                    if self.files_io[slot as usize].inflight == 0 {
+                        // Drained: start again (still fenced: nothing new was submitted).
+                        self.files_io[slot as usize].fenced = false;
+                        self.meta_start(origin, op);
+                    } else if block {
+                        self.mq.active = Some(Active::Draining { origin, op, slot });
+                        if let Err(e) = self.progress(true) {
+                            self.mq.active = None;
+                            self.files_io[slot as usize].fenced = false;
+                            self.mq.done.push_back((origin, Err(e)));
+                        }
+                    } else {
+                        self.mq.active = Some(Active::Draining { origin, op, slot });
+                        return;
+                    }
+                }
+                Some(Active::Committing(p)) => {
+                    let r = match &mut self.exec {
+                        Executor::Thread(t) => t.result(block),
+                        Executor::Inline(_) | Executor::Moved => {
+                            unreachable!("inline jobs finish when submitted")
+                        }
+                    };
+                    match r {
+                        Some(r) => self.meta_finish_queued(p, r),
+                        None => {
+                            self.mq.active = Some(Active::Committing(p));
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts `op` (no operation is active).
+    fn meta_start(&mut self, origin: Origin, op: MetaOp) {
+        debug_assert!(self.mq.active.is_none());
+        match self.meta_prepare(origin, &op) {
+            Err(e) => self.mq.done.push_back((origin, Err(e))),
+            Ok(Start::Now(r)) => self.mq.done.push_back((origin, r)),
+            Ok(Start::Drain(slot)) => {
+                self.files_io[slot as usize].fenced = true;
+                self.mq.active = Some(Active::Draining { origin, op, slot });
+            }
+            Ok(Start::Commit(p, job)) => {
+                if let Some(s) = p.fence {
+                    self.files_io[s as usize].fenced = true;
+                }
+                match self.exec_submit(job) {
+                    Some(r) => self.meta_finish_queued(p, r),
+                    None => self.mq.active = Some(Active::Committing(p)),
+                }
+            }
+        }
+    }
+
+    fn meta_finish_queued(&mut self, p: Pending, r: JobResult) {
+        let origin = p.origin;
+        let r = self.meta_finish(p, r);
+        self.mq.done.push_back((origin, r));
+    }
+
+    /// Applies a finished job's record (when durable), lifts its fence, returns its result.
+    pub(crate) fn meta_finish(&mut self, p: Pending, r: JobResult) -> Result<MetaDone, FsError> {
+        if let Some(s) = p.fence {
+            self.files_io[s as usize].fenced = false;
+        }
+        let (applied, err) = match r {
+            Ok(()) => (true, None),
+            Err(e) => (e.applied, Some(e.err)),
+        };
+        if applied {
+            let rec = p.rec.as_record();
+            if let Err(e) = self.meta.apply(&rec) {
+                debug_assert!(false, "durable record failed to apply: {e}");
+                return Err(self.fail(FsError::Corrupt(e)));
+            }
+            if let OwnedRecord::CreateFile { slot, .. } = p.rec {
+                self.next_file_slot = (slot + 1) % self.geom.max_files;
+            }
+            if p.tail && err.is_none() {
+                if let OwnedRecord::SetSize { slot, .. } = p.rec {
+                    if let Some(f) = self.meta.files[slot as usize].as_mut() {
+                        f.tail_dirty = false;
+                    }
+                }
+            }
+        }
+        match err {
+            Some(e) => Err(self.fail(e)),
+            None => Ok(p.outcome),
+        }
+    }
+
+    /// Hands `job` to the committer: its result now if inline, `None` if it went to the
+    /// metadata thread.
+    fn exec_submit(&mut self, job: Job) -> Option<JobResult> {
+        match &mut self.exec {
+            Executor::Inline(c) => Some(c.run(&mut DevIo(&mut *self.dev), &job)),
+            Executor::Thread(t) => {
+                t.submit(job);
+                None
+            }
+            Executor::Moved => unreachable!("the committer is always put back"),
+        }
+    }
+
+    /// Commits `job` and waits for it (an extending write's `SET_SIZE`): first waits for the
+    /// job in flight, if any, and finishes it (reported later by `poll_meta`).
+    pub(crate) fn commit_now(&mut self, p: Pending, job: Job) -> Result<(), FsError> {
+        self.finish_job_in_flight();
+        if let Some(s) = p.fence {
+            self.files_io[s as usize].fenced = true;
+        }
+        let r = match self.exec_submit(job) {
+            Some(r) => r,
+            None => match &mut self.exec {
+                Executor::Thread(t) => t.result(true).expect("blocking result"),
+                _ => unreachable!("only the thread defers"),
+            },
+        };
+        self.meta_finish(p, r).map(|_| ())
+    }
+
+    /// Waits for the job with the metadata thread, if one is, and finishes it.
+    pub(crate) fn finish_job_in_flight(&mut self) {
+        if let Some(Active::Committing(_)) = self.mq.active {
+            let Some(Active::Committing(p)) = self.mq.active.take() else {
+                unreachable!("matched above");
+            };
+            let r = match &mut self.exec {
+                Executor::Thread(t) => t.result(true).expect("blocking result"),
+                _ => unreachable!("only the thread defers"),
+            };
+            self.meta_finish_queued(p, r);
+        }
+    }
+
+    /// Validates `op` against the current state and says how it starts.
+    fn meta_prepare(&mut self, origin: Origin, op: &MetaOp) -> Result<Start, FsError> {
+        self.check_writable()?;
+        let commit = |rec: OwnedRecord, outcome: MetaDone| {
+            Start::Commit(
+                Pending {
+                    origin,
+                    rec: rec.clone(),
+                    tail: false,
+                    fence: None,
+                    outcome,
+                },
+                Job {
+                    zero_segs: Vec::new(),
+                    rec,
+                    tail: None,
+                },
+            )
+        };
+        match op {
+            MetaOp::CreateDir { path } => {
+                let name = self.parse_dir_path(path)?.ok_or(FsError::Exists)?;
+                if self.meta.name_taken(0, name) {
+                    return Err(FsError::Exists);
+                }
+                let slot = (1..=self.geom.max_dirs)
+                    .find(|&s| self.meta.dirs[s as usize].is_none())
+                    .ok_or(FsError::TooManyDirs)?;
+                let rec = OwnedRecord::CreateDir {
+                    slot,
+                    name: name.to_string(),
+                };
+                Ok(commit(rec, MetaDone::Done))
+            }
+            MetaOp::RemoveDir { path } => {
+                let name = self.parse_dir_path(path)?.ok_or(FsError::InvalidPath)?;
+                let slot = self.dir_slot(Some(name))?;
+                if !self.meta.dirs[slot as usize]
+                    .as_ref()
+                    .expect("live")
+                    .files
+                    .is_empty()
+                {
+                    return Err(FsError::NotEmpty);
+                }
+                Ok(commit(OwnedRecord::RemoveDir { slot }, MetaDone::Done))
+            }
+            MetaOp::CreateFile { path } => {
+                let (dir, name) = self.parse_file_path(path)?;
+                if self.meta.name_taken(dir, name) {
+                    return Err(FsError::Exists);
+                }
+                let max = self.geom.max_files;
+                if self.meta.nfiles >= max {
+                    return Err(FsError::TooManyFiles);
+                }
+                let start = self.next_file_slot % max;
+                let slot = (0..max)
+                    .map(|i| (start + i) % max)
+                    .find(|&s| self.meta.files[s as usize].is_none())
+                    .ok_or(FsError::TooManyFiles)?;
+                let gen = self.meta.next_gen;
+                let rec = OwnedRecord::CreateFile {
+                    slot,
+                    gen,
+                    dir,
+                    name: name.to_string(),
+                };
+                Ok(commit(
+                    rec,
+                    MetaDone::Created(FileId(make_file_id(slot, gen))),
+                ))
+            }
+            MetaOp::DeleteFile { id } => {
+                let slot = self.file_slot(*id)?;
+                Ok(self.delete_start(origin, slot))
+            }
+            MetaOp::DeletePath { path } => {
+                let slot = self.file_by_path(path)?;
+                Ok(self.delete_start(origin, slot))
+            }
+            MetaOp::Rename { from, to } => {
+                let slot = self.file_by_path(from)?;
+                let (dir, name) = self.parse_file_path(to)?;
+                let f = self.meta.files[slot as usize].as_ref().expect("live");
+                if f.dir == dir && f.name == name {
+                    return Ok(Start::Now(Ok(MetaDone::Done)));
+                }
+                if self.meta.name_taken(dir, name) {
+                    return Err(FsError::Exists);
+                }
+                let rec = OwnedRecord::RenameFile {
+                    slot,
+                    gen: f.gen,
+                    dir,
+                    name: name.to_string(),
+                };
+                Ok(commit(rec, MetaDone::Done))
+            }
+            MetaOp::Resize { id, size } => {
+                let slot = self.file_slot(*id)?;
+                if *size > self.geom.max_file_size() {
+                    return Err(FsError::OutOfRange);
+                }
+                let cur = self.meta.files[slot as usize].as_ref().expect("live").size;
+                if *size < cur && self.files_io[slot as usize].inflight > 0 {
+                    return Ok(Start::Drain(slot));
+                }
+                Ok(match self.size_job(origin, slot, *size)? {
+                    None => Start::Now(Ok(MetaDone::Done)),
+                    Some((p, job)) => Start::Commit(p, job),
+                })
+            }
+        }
+    }
+
+    fn delete_start(&mut self, origin: Origin, slot: u32) -> Start {
+        if self.files_io[slot as usize].inflight > 0 {
+            return Start::Drain(slot);
+        }
+        let gen = self.meta.files[slot as usize].as_ref().expect("live").gen;
+        let rec = OwnedRecord::DeleteFile { slot, gen };
+        Start::Commit(
+            Pending {
+                origin,
+                rec: rec.clone(),
+                tail: false,
+                fence: Some(slot),
+                outcome: MetaDone::Done,
+            },
+            Job {
+                zero_segs: Vec::new(),
+                rec,
+                tail: None,
+            },
+        )
+    }
+
+    /// The job that changes file `slot`'s size to `new_size` (`None`: already that size).
+    /// Growth picks free segments (zeroed by the job before they are attached); a shrink
+    /// (the file has no I/O in flight) is fenced and zeroes the cut tail after its record.
+    pub(crate) fn size_job(
+        &mut self,
+        origin: Origin,
+        slot: u32,
+        new_size: u64,
+    ) -> Result<Option<(Pending, Job)>, FsError> {
+        self.check_writable()?;
+        let seg = self.geom.segment_size;
+        let f = self.meta.files[slot as usize].as_ref().expect("live");
+        let (gen, size, nseg) = (f.gen, f.size, f.segs.len() as u32);
+        let hint = f.segs.last().map_or(0, |&s| s + 1);
+        debug_assert!(new_size <= self.geom.max_file_size());
+        let new_nseg = new_size.div_ceil(seg) as u32;
+        if new_size == size {
+            return Ok(None);
+        }
+        let mut zero_segs = Vec::new();
+        let mut tail = None;
+        let mut fence = None;
+        let rec = if new_nseg > nseg {
+            if !self
+                .meta
+                .segmap
+                .pick_free(new_nseg - nseg, hint, &mut zero_segs)
+            {
+                return Err(FsError::NoSpace);
+            }
+            OwnedRecord::SetSize {
+                slot,
+                gen,
+                size: new_size,
+                tail_dirty: false,
+                keep: nseg,
+                append: zero_segs.clone(),
+            }
+        } else if new_size < size {
+            debug_assert_eq!(self.files_io[slot as usize].inflight, 0);
+            fence = Some(slot);
+            let end = size.min(u64::from(new_nseg) * seg);
+            if new_size < end {
+                tail = Some((slot, new_size, end));
+            }
+            OwnedRecord::SetSize {
+                slot,
+                gen,
+                size: new_size,
+                tail_dirty: true,
+                keep: new_nseg,
+                append: Vec::new(),
+            }
+        } else {
+            OwnedRecord::SetSize {
+                slot,
+                gen,
+                size: new_size,
+                tail_dirty: false,
+                keep: nseg,
+                append: Vec::new(),
+            }
+        };
+        Ok(Some((
+            Pending {
+                origin,
+                rec: rec.clone(),
+                tail: true,
+                fence,
+                outcome: MetaDone::Done,
+            },
+            Job {
+                zero_segs,
+                rec,
+                tail,
+            },
+        )))
+    }
+}
