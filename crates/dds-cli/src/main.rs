@@ -10,6 +10,7 @@ mod dpu_cmd;
 mod fs_cmd;
 mod fsck_cmd;
 mod kv_cmd;
+mod pageserver_cmd;
 mod stats_cmd;
 mod util;
 
@@ -57,6 +58,9 @@ enum Cmd {
     /// Serve the Redis protocol from a hybrid log in DDS files (GETs of records on storage
     /// served by the DPU with `dds dpu --offload redis`).
     Kv(kv_cmd::KvArgs),
+    /// Serve GetPage@LSN and log appends for a storage-disaggregated DBMS from pages in DDS
+    /// files (page versions on storage served by the DPU with `dds dpu --offload pageserver`).
+    Pageserver(pageserver_cmd::PageServerArgs),
 }
 
 /// The log filter: `--log`, else `$DDS_LOG`, else `$RUST_LOG`, else `warn`.
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         Cmd::Fsck(a) => fsck_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
         Cmd::Kv(a) => kv_cmd::run(a),
+        Cmd::Pageserver(a) => pageserver_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

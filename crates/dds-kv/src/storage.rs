@@ -42,6 +42,10 @@ pub trait Storage: Send {
     fn invalidate(&self, _keys: &[u64]) -> Result<()> {
         Ok(())
     }
+    /// Tells the DPU's cache table where objects of `file` are: (key, offset, size, tag).
+    fn cache(&self, _file: &dyn StoreFile, _items: &[(u64, u64, u32, u64)]) -> Result<()> {
+        Ok(())
+    }
     /// What it is, for logs.
     fn describe(&self) -> String;
 }
@@ -199,6 +203,22 @@ impl Storage for DdsStorage {
     }
     fn invalidate(&self, keys: &[u64]) -> Result<()> {
         Ok(self.dds.invalidate_keys(keys)?)
+    }
+    fn cache(&self, file: &dyn StoreFile, items: &[(u64, u64, u32, u64)]) -> Result<()> {
+        let Some(file_id) = file.dds_id() else {
+            return Ok(());
+        };
+        let items: Vec<dds_host::CacheRecordItem> = items
+            .iter()
+            .map(|&(key, offset, size, tag)| dds_host::CacheRecordItem {
+                key,
+                offset,
+                file_id,
+                size,
+                tag,
+            })
+            .collect();
+        Ok(self.dds.cache_items(&items)?)
     }
     fn describe(&self) -> String {
         format!("DDS files in {}", self.dir)

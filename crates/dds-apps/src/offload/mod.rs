@@ -32,6 +32,11 @@ pub fn registry() -> Registry {
         |_| Arc::new(dds_kv::offload::RedisApp::default()),
     );
     r.register(
+        "pageserver",
+        "GetPage@LSN of `dds pageserver`: page versions on storage served on the DPU",
+        |_| Arc::new(dds_pageserver::offload::PageServerApp),
+    );
+    r.register(
         "kv",
         "log-structured key-value protocol: GETs of cached keys served on the DPU",
         |_| Arc::new(KvApp),
