@@ -143,13 +143,13 @@ fn plan(a: &KvArgs) -> Plan {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn taskset(exe: &Path, cpus: Option<&[usize]>) -> Command {
+pub(crate) fn taskset(exe: &Path, cpus: Option<&[usize]>) -> Command {
     match cpus {
         Some(list) => {
             let mut c = Command::new("taskset");
@@ -170,7 +170,7 @@ struct Side {
     _dir: tempfile::TempDir,
 }
 
-fn wait_port(addr: SocketAddr) -> Result<()> {
+pub(crate) fn wait_port(addr: SocketAddr) -> Result<()> {
     let t0 = Instant::now();
     while std::net::TcpStream::connect(addr).is_err() {
         if t0.elapsed() > Duration::from_secs(20) {
@@ -179,6 +179,58 @@ fn wait_port(addr: SocketAddr) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// Formats a device in `dir` and starts `dds dpu` on it (pinned as `place` says, with
+/// `extra` arguments); returns it once its socket accepts connections.
+pub(crate) fn spawn_dpu(
+    exe: &Path,
+    dir: &Path,
+    device_size: &str,
+    dma_cost: &str,
+    extra: &[String],
+    place: &Placement,
+) -> Result<(ChildGuard, PathBuf)> {
+    let device = dir.join("dev.img");
+    let st = Command::new(exe)
+        .args(["format", "--size", device_size, "--device"])
+        .arg(&device)
+        .stdout(Stdio::null())
+        .status()?;
+    if !st.success() {
+        bail!("dds format failed");
+    }
+    let socket = dir.join("dpu.sock");
+    let mut dargs: Vec<String> = vec![
+        "dpu".into(),
+        "--device".into(),
+        device.display().to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--dma-cost".into(),
+        dma_cost.into(),
+    ];
+    dargs.extend(place.dpu_args());
+    dargs.extend(extra.iter().cloned());
+    let log = std::fs::File::create(dir.join("dpu.log"))?;
+    let child = Command::new(exe)
+        .args(&dargs)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("start dds dpu")?;
+    let dpu = ChildGuard::new(child, "dds dpu");
+    let t0 = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "dds dpu did not start (see {})",
+                dir.join("dpu.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((dpu, socket))
 }
 
 fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Side> {
@@ -215,31 +267,13 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
             _dir: dir,
         });
     }
-    let device = dir.path().join("dev.img");
-    let st = Command::new(&exe)
-        .args(["format", "--size", p.device, "--device"])
-        .arg(&device)
-        .stdout(Stdio::null())
-        .status()?;
-    if !st.success() {
-        bail!("dds format failed");
-    }
-    let socket = dir.path().join("dpu.sock");
     let (director, host_port) = (free_port()?, free_port()?);
-    let mut dargs: Vec<String> = vec![
-        "dpu".into(),
-        "--device".into(),
-        device.display().to_string(),
-        "--socket".into(),
-        socket.display().to_string(),
-        "--dma-cost".into(),
-        a.dma_cost.clone(),
+    let mut extra: Vec<String> = vec![
         "--cache-items".into(),
         (2 * (p.keys + p.rb_keys)).to_string(),
     ];
-    dargs.extend(place.dpu_args());
     if mode == Mode::Offload {
-        dargs.extend([
+        extra.extend([
             "--offload".into(),
             "redis".into(),
             "--director-listen".into(),
@@ -248,24 +282,7 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
             format!("127.0.0.1:{host_port}"),
         ]);
     }
-    let log = std::fs::File::create(dir.path().join("dpu.log"))?;
-    let child = Command::new(&exe)
-        .args(&dargs)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("start dds dpu")?;
-    let dpu = ChildGuard::new(child, "dds dpu");
-    let t0 = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if t0.elapsed() > Duration::from_secs(20) {
-            bail!(
-                "dds dpu did not start (see {})",
-                dir.path().join("dpu.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (dpu, socket) = spawn_dpu(&exe, dir.path(), p.device, &a.dma_cost, &extra, place)?;
     let memory = if mode == Mode::Inmemory {
         (p.log_size / 2).max(4 * p.memory)
     } else {

@@ -12,6 +12,7 @@ pub mod dpu;
 pub mod files;
 pub mod kv;
 pub mod machine;
+pub mod pageserver;
 pub mod placement;
 pub mod plot;
 pub mod progress;

@@ -36,6 +36,9 @@ enum Which {
     /// §9.2 / Fig. 22: `dds kv` without and with DPU offload, against redis-server, on
     /// YCSB-style workloads and redis-benchmark GET.
     Kv(dds_bench::kv::KvArgs),
+    /// §9.1 / Figs. 2 and 21: GetPage@LSN from `dds pageserver` without and with DPU offload
+    /// while the log is replayed.
+    Pageserver(dds_bench::pageserver::PageServerBenchArgs),
     #[command(flatten)]
     Remote(dds_bench::remote::RemoteBench), // `remote` and `echo`
 }
@@ -254,6 +257,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Which::Kv(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
             let report = dds_bench::kv::run_kv(k, command_line()).context("kv benchmark")?;
+            finish(&report, &out)
+        }
+        Which::Pageserver(k) => {
+            let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
+            let report =
+                dds_bench::pageserver::run(k, command_line()).context("pageserver benchmark")?;
             finish(&report, &out)
         }
         Which::CacheTable(c) => {

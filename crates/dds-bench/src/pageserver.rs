@@ -1,0 +1,592 @@
+//! `dds bench pageserver`: the page server of §9.1 (Figs. 2 and 21), side by side in one run:
+//!
+//! - `no-offload`: `dds dpu` + `dds pageserver` on DDS files, clients on the host server;
+//! - `offload`: `dds dpu --offload pageserver` with its director in front of the same server,
+//!   page versions on storage answered by the DPU.
+//!
+//! Clients read random pages of the database (GetPage at the newest acknowledged LSN, with the
+//! page's exact last-modified LSN as not-modified-since) while a log writer appends page
+//! patches at a fixed rate, which the host replays. The buffer pool holds a tenth of the
+//! database, so most page reads come from storage. Host CPU per read is the server process's CPU
+//! minus what the replay alone costs at that log rate (measured first, with no readers). The DPU
+//! is the `dds dpu` process with an emulated DMA engine, on a core of its own.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dds_pageserver::proto::{self, status, GetPage, Record};
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::child::ChildGuard;
+use crate::cpu::process_cpu_seconds;
+use crate::kv::{free_port, spawn_dpu, taskset, wait_port};
+use crate::machine::{cost_model_text, Machine};
+use crate::placement::Placement;
+use crate::plot::{LineChart, Series};
+use crate::report::{fmt_num, ratio, Report, Table, Target};
+
+/// Settings of `dds bench pageserver`.
+#[derive(Args, Debug, Clone, Serialize)]
+pub struct PageServerBenchArgs {
+    /// Short run: a 32 MiB database, two load points of 2 s.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the JSON and the plots go (default bench/results, or bench/results/quick).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Scratch directory for the DPU's device file.
+    #[arg(long)]
+    pub work: Option<PathBuf>,
+    /// Pages of 8 KiB in the database (default 16384 = 128 MiB; quick 4096).
+    #[arg(long)]
+    pub pages: Option<u64>,
+    /// Log records appended per second while pages are read.
+    #[arg(long, default_value_t = 2000)]
+    pub log_rate: u64,
+    /// Client connections, swept (default 1,4,16,64; quick 4,16).
+    #[arg(long, value_delimiter = ',')]
+    pub connections: Vec<usize>,
+    /// GetPages per message.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Seconds per load point (default 5; quick 2).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Emulated PCIe DMA costs in the DPU (on or off).
+    #[arg(long, default_value = "on")]
+    pub dma_cost: String,
+    /// CPUs of the `dds dpu` process (default: the last CPU).
+    #[arg(long)]
+    pub dpu_cpus: Option<String>,
+    /// Let the DPU share the host's cores.
+    #[arg(long)]
+    pub shared_cores: bool,
+}
+
+const PS: usize = 8192;
+
+#[derive(Clone, Debug, Serialize)]
+struct Point {
+    mode: &'static str,
+    connections: usize,
+    reads_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Host CPU per read, the replay's share taken out.
+    host_cpu_us_per_read: f64,
+    /// Host CPU per read including the replay.
+    host_cpu_us_per_read_gross: f64,
+    dpu_cpu_us_per_read: f64,
+    dpu_read_fraction: f64,
+    log_records_per_sec: f64,
+    retries: u64,
+}
+
+/// Shared state of the log writer and the readers.
+struct Log {
+    /// Newest acknowledged LSN.
+    acked: AtomicU64,
+    /// Per page, the LSN of its last record sent (set before the record is appended).
+    page_lsn: Vec<AtomicU64>,
+    next_lsn: AtomicU64,
+}
+
+fn call(s: &mut TcpStream, msg: &[u8], n: usize, buf: &mut Vec<u8>) -> Result<Vec<(u16, u64)>> {
+    s.write_all(msg)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut h = [0u8; 4];
+        s.read_exact(&mut h)?;
+        let len = u32::from_le_bytes(h) as usize;
+        if len < proto::RESP_HEADER {
+            bail!("bad response length {len}");
+        }
+        buf.resize(len, 0);
+        buf[..4].copy_from_slice(&h);
+        s.read_exact(&mut buf[4..])?;
+        let st = u16::from_le_bytes([buf[4], buf[5]]);
+        let lsn = u64::from_le_bytes(buf[16..24].try_into().expect("8"));
+        out.push((st, lsn));
+    }
+    Ok(out)
+}
+
+/// Appends one range of `n` records (random pages, 64-byte patches); returns when acked.
+fn append_range(
+    s: &mut TcpStream,
+    log: &Log,
+    pages: u64,
+    n: usize,
+    rng: &mut SmallRng,
+) -> Result<()> {
+    let start = log.next_lsn.load(Ordering::Relaxed);
+    let data = [7u8; 64];
+    let mut recs = Vec::with_capacity(n);
+    let mut lsn = start;
+    for _ in 0..n {
+        let page = rng.gen_range(0..pages);
+        log.page_lsn[page as usize].store(lsn, Ordering::Release);
+        recs.push(Record {
+            lsn,
+            page,
+            offset: rng.gen_range(0..1024),
+            data: &data,
+        });
+        lsn += 1;
+    }
+    let mut m = Vec::new();
+    proto::encode_append(&mut m, start, lsn, &recs);
+    let r = call(s, &m, 1, &mut Vec::new())?;
+    if r[0].0 != status::OK {
+        bail!("AppendWal [{start}, {lsn}) answered status {}", r[0].0);
+    }
+    log.next_lsn.store(lsn, Ordering::Relaxed);
+    log.acked.store(lsn - 1, Ordering::Release);
+    Ok(())
+}
+
+/// Writes every page once (so every page has a version on storage).
+fn load(addr: SocketAddr, log: &Log, pages: u64) -> Result<()> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let data = [1u8; 16];
+    let mut p = 0;
+    while p < pages {
+        let start = log.next_lsn.load(Ordering::Relaxed);
+        let end_page = (p + 500).min(pages);
+        let recs: Vec<Record<'_>> = (p..end_page)
+            .map(|pg| {
+                let lsn = start + (pg - p);
+                log.page_lsn[pg as usize].store(lsn, Ordering::Release);
+                Record {
+                    lsn,
+                    page: pg,
+                    offset: 0,
+                    data: &data,
+                }
+            })
+            .collect();
+        let end = start + recs.len() as u64;
+        let mut m = Vec::new();
+        proto::encode_append(&mut m, start, end, &recs);
+        if call(&mut s, &m, 1, &mut Vec::new())?[0].0 != status::OK {
+            bail!("loading the pages failed");
+        }
+        log.next_lsn.store(end, Ordering::Relaxed);
+        log.acked.store(end - 1, Ordering::Release);
+        p = end_page;
+    }
+    // Wait until the replay applied it all.
+    let mut w = Vec::new();
+    proto::encode_watermark(&mut w, 1);
+    let t0 = Instant::now();
+    loop {
+        let r = call(&mut s, &w, 1, &mut Vec::new())?;
+        if r[0].1 >= log.acked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            bail!("the replay did not catch up with the load");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Fields drop in order: the server stops before the DPU it uses.
+struct Side {
+    server: ChildGuard,
+    dpu: ChildGuard,
+    socket: PathBuf,
+    addr: SocketAddr,
+    host: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) -> Result<Side> {
+    let exe = std::env::current_exe().context("locate the dds binary")?;
+    let dir = match &a.work {
+        Some(w) => tempfile::tempdir_in(w)?,
+        None => tempfile::tempdir()?,
+    };
+    let (director, host_port) = (free_port()?, free_port()?);
+    let mut extra: Vec<String> = vec!["--cache-items".into(), (2 * pages).to_string()];
+    if offload {
+        extra.extend([
+            "--offload".into(),
+            "pageserver".into(),
+            "--director-listen".into(),
+            format!("127.0.0.1:{director}"),
+            "--host-app".into(),
+            format!("127.0.0.1:{host_port}"),
+        ]);
+    }
+    let size = if pages * PS as u64 > (400 << 20) {
+        "2G"
+    } else {
+        "1G"
+    };
+    let (dpu, socket) = spawn_dpu(&exe, dir.path(), size, &a.dma_cost, &extra, place)?;
+    let mut child = taskset(&exe, place.host_cpus.as_deref())
+        .args(["pageserver", "--listen", &format!("127.0.0.1:{host_port}")])
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--pages", &pages.to_string()])
+        .args(["--buffer-pool", &(pages / 10).max(16).to_string()])
+        .args(["--wal-size", "256M"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("start dds pageserver")?;
+    let out = child.stdout.take().context("stdout")?;
+    let server = ChildGuard::new(child, "dds pageserver");
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    if !line.contains("ready") {
+        bail!("dds pageserver did not start: {line}");
+    }
+    let host = SocketAddr::from(([127, 0, 0, 1], host_port));
+    let addr = if offload {
+        SocketAddr::from(([127, 0, 0, 1], director))
+    } else {
+        host
+    };
+    wait_port(addr)?;
+    Ok(Side {
+        server,
+        dpu,
+        socket,
+        addr,
+        host,
+        _dir: dir,
+    })
+}
+
+fn dpu_reads(socket: &std::path::Path) -> u64 {
+    let Ok(dds) = dds_host::Dds::connect(socket) else {
+        return 0;
+    };
+    dds.stats()
+        .ok()
+        .and_then(|st| st.offload)
+        .and_then(|o| o["directors"].as_array().cloned())
+        .map(|d| d.iter().filter_map(|x| x["offloaded"].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// Runs the log writer at `rate` records/s until `stop`.
+fn log_writer(
+    addr: SocketAddr,
+    log: &Log,
+    pages: u64,
+    rate: u64,
+    stop: &AtomicBool,
+) -> Result<u64> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut rng = SmallRng::seed_from_u64(3);
+    let per = 50usize;
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let due = (t0.elapsed().as_secs_f64() * rate as f64) as u64;
+        if sent + per as u64 > due {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        append_range(&mut s, log, pages, per, &mut rng)?;
+        sent += per as u64;
+    }
+    Ok(sent)
+}
+
+/// Closed-loop readers for `secs`; returns (reads, retries, histogram).
+fn readers(
+    addr: SocketAddr,
+    log: &Log,
+    pages: u64,
+    conns: usize,
+    batch: usize,
+    secs: f64,
+) -> Result<(u64, u64, Histogram<u64>)> {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let results: Vec<Result<(u64, u64, Histogram<u64>)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..conns)
+            .map(|c| {
+                sc.spawn(move || -> Result<(u64, u64, Histogram<u64>)> {
+                    let mut s = TcpStream::connect(addr)?;
+                    s.set_nodelay(true)?;
+                    let mut rng = SmallRng::seed_from_u64(c as u64 + 17);
+                    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+                    let (mut reads, mut retries, mut id) = (0u64, 0u64, 0u64);
+                    let mut buf = Vec::new();
+                    let mut m = Vec::new();
+                    while Instant::now() < deadline {
+                        let r = log.acked.load(Ordering::Acquire);
+                        let mut reqs = Vec::with_capacity(batch);
+                        while reqs.len() < batch {
+                            let page = rng.gen_range(0..pages);
+                            let n = log.page_lsn[page as usize].load(Ordering::Acquire);
+                            if n > r {
+                                continue; // its newest record is not acknowledged yet
+                            }
+                            id += 1;
+                            reqs.push(GetPage {
+                                req_id: id,
+                                lsn: r,
+                                nms: n,
+                                page,
+                            });
+                        }
+                        m.clear();
+                        proto::encode_getpages(&mut m, &reqs);
+                        let t = Instant::now();
+                        let resps = call(&mut s, &m, reqs.len(), &mut buf)?;
+                        let us = t.elapsed().as_micros().max(1) as u64;
+                        for (st, _) in resps {
+                            match st {
+                                status::OK | status::OLD_VERSION => reads += 1,
+                                status::RETRY => retries += 1,
+                                other => bail!("GetPage answered status {other}"),
+                            }
+                        }
+                        h.record_n(us, batch as u64).ok();
+                    }
+                    Ok((reads, retries, h))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("reader")).collect()
+    });
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut reads, mut retries) = (0, 0);
+    for r in results {
+        let (n, rt, h) = r?;
+        reads += n;
+        retries += rt;
+        hist.add(&h)?;
+    }
+    Ok((reads, retries, hist))
+}
+
+/// Runs the benchmark.
+pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
+    let pages = a.pages.unwrap_or(if a.quick { 4096 } else { 16384 });
+    let secs = a.seconds.unwrap_or(if a.quick { 2.0 } else { 5.0 });
+    let conns = if a.connections.is_empty() {
+        if a.quick {
+            vec![4, 16]
+        } else {
+            vec![1, 4, 16, 64]
+        }
+    } else {
+        a.connections.clone()
+    };
+    let machine = Machine::detect();
+    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let place = Placement::plan(nproc, a.dpu_cpus.as_deref(), a.shared_cores)?;
+    let _pin = place.pin_host()?;
+    let mut points = Vec::new();
+    for (offload, mode) in [(false, "no-offload"), (true, "offload")] {
+        eprintln!("dds bench pageserver: {mode} ...");
+        let side = start(offload, &a, pages, &place)?;
+        let log = Log {
+            acked: AtomicU64::new(0),
+            page_lsn: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            next_lsn: AtomicU64::new(1),
+        };
+        load(side.host, &log, pages)?;
+        // The replay's own CPU at this log rate, with no readers.
+        let stop = AtomicBool::new(false);
+        let replay_cpu_per_sec = std::thread::scope(|sc| -> Result<f64> {
+            let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, &stop));
+            std::thread::sleep(Duration::from_millis(300));
+            let c0 = process_cpu_seconds(side.server.pid())?;
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(secs.min(2.0)));
+            let c = process_cpu_seconds(side.server.pid())? - c0;
+            let rate = c / t0.elapsed().as_secs_f64();
+            stop.store(true, Ordering::Relaxed);
+            w.join().expect("log writer")?;
+            Ok(rate)
+        })?;
+        for &c in &conns {
+            let stop = AtomicBool::new(false);
+            let (r, logged, cpu, dcpu, dreads, t) = std::thread::scope(|sc| -> Result<_> {
+                let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, &stop));
+                let (h0, d0, r0) = (
+                    process_cpu_seconds(side.server.pid())?,
+                    process_cpu_seconds(side.dpu.pid())?,
+                    dpu_reads(&side.socket),
+                );
+                let t0 = Instant::now();
+                let r = readers(side.addr, &log, pages, c, a.batch.max(1), secs)?;
+                let t = t0.elapsed().as_secs_f64();
+                let (h1, d1, r1) = (
+                    process_cpu_seconds(side.server.pid())?,
+                    process_cpu_seconds(side.dpu.pid())?,
+                    dpu_reads(&side.socket),
+                );
+                stop.store(true, Ordering::Relaxed);
+                let logged = w.join().expect("log writer")?;
+                Ok((r, logged, h1 - h0, d1 - d0, r1 - r0, t))
+            })?;
+            let (reads, retries, hist) = r;
+            let n = reads.max(1) as f64;
+            let p = Point {
+                mode,
+                connections: c,
+                reads_per_sec: reads as f64 / t,
+                p50_us: hist.value_at_quantile(0.5) as f64,
+                p99_us: hist.value_at_quantile(0.99) as f64,
+                host_cpu_us_per_read: ((cpu - replay_cpu_per_sec * t).max(0.0)) * 1e6 / n,
+                host_cpu_us_per_read_gross: cpu * 1e6 / n,
+                dpu_cpu_us_per_read: dcpu * 1e6 / n,
+                dpu_read_fraction: dreads as f64 / n,
+                log_records_per_sec: logged as f64 / t,
+                retries,
+            };
+            eprintln!(
+                "  {c:>3} conns: {:>8.0} reads/s  p99 {:>7.0} µs  host {:>6.2} µs/read  dpu {:>6.2} µs/read  on DPU {:.2}",
+                p.reads_per_sec, p.p99_us, p.host_cpu_us_per_read, p.dpu_cpu_us_per_read, p.dpu_read_fraction
+            );
+            points.push(p);
+        }
+        let mut side = side;
+        let _ = side.server.stop(Duration::from_secs(10));
+        let _ = side.dpu.stop(Duration::from_secs(5));
+    }
+    Ok(report(&a, pages, command, machine, &place, points))
+}
+
+fn report(
+    a: &PageServerBenchArgs,
+    pages: u64,
+    command: String,
+    machine: Machine,
+    place: &Placement,
+    points: Vec<Point>,
+) -> Report {
+    fn of<'a>(points: &'a [Point], m: &'a str) -> impl Iterator<Item = &'a Point> + 'a {
+        points.iter().filter(move |p| p.mode == m)
+    }
+    let of = |m: &'static str| of(&points, m);
+    let peak = |m: &'static str| of(m).map(|p| p.reads_per_sec).fold(0.0, f64::max);
+    let no_peak_point = of("no-offload").max_by(|x, y| x.reads_per_sec.total_cmp(&y.reads_per_sec));
+    let p99_ratio = no_peak_point
+        .and_then(|np| {
+            of("offload")
+                .find(|p| p.connections == np.connections)
+                .map(|o| ratio(o.p99_us, np.p99_us))
+        })
+        .unwrap_or(f64::NAN);
+    let cmax = points.iter().map(|p| p.connections).max().unwrap_or(1);
+    let at_max = |m: &'static str| of(m).find(|p| p.connections == cmax);
+    let cpu_ratio = match (at_max("offload"), at_max("no-offload")) {
+        (Some(o), Some(n)) => ratio(o.host_cpu_us_per_read, n.host_cpu_us_per_read),
+        _ => f64::NAN,
+    };
+    let peak_ratio = ratio(peak("offload"), peak("no-offload"));
+    let targets = vec![
+        Target::at_most("offload_host_cpu_per_read_over_no_offload", cpu_ratio, 0.02),
+        Target::at_most("offload_p99_over_no_offload_p99", p99_ratio, 0.5),
+        Target::at_least("offload_peak_over_no_offload_peak", peak_ratio, 1.5),
+    ];
+    let summary = json!({
+        "offload_host_cpu_per_read_over_no_offload": cpu_ratio,
+        "offload_p99_over_no_offload_p99": p99_ratio,
+        "offload_peak_over_no_offload_peak": peak_ratio,
+        "no_offload_peak_reads_per_sec": peak("no-offload"),
+        "offload_peak_reads_per_sec": peak("offload"),
+        "targets": targets,
+    });
+    let mut t = Table::new(
+        format!(
+            "GetPage over {pages} pages of 8 KiB (buffer pool 10%), log applied at {} records/s",
+            a.log_rate
+        ),
+        &[
+            "mode",
+            "conns",
+            "reads/s",
+            "p50 µs",
+            "p99 µs",
+            "host µs/read",
+            "DPU µs/read",
+            "on DPU",
+        ],
+    );
+    for p in &points {
+        t.row(vec![
+            p.mode.into(),
+            p.connections.to_string(),
+            fmt_num(p.reads_per_sec),
+            fmt_num(p.p50_us),
+            fmt_num(p.p99_us),
+            fmt_num(p.host_cpu_us_per_read),
+            fmt_num(p.dpu_cpu_us_per_read),
+            format!("{:.0}%", 100.0 * p.dpu_read_fraction),
+        ]);
+    }
+    let note = format!(
+        "{} CPUs; DPU emulated: the dds dpu process on its own core",
+        machine.nproc
+    );
+    let series = |f: &dyn Fn(&Point) -> (f64, f64)| -> Vec<Series> {
+        ["no-offload", "offload"]
+            .iter()
+            .map(|m| Series {
+                name: (*m).into(),
+                points: of(m).map(f).collect(),
+                spread: Vec::new(),
+            })
+            .collect()
+    };
+    let lat = series(&|p| (p.reads_per_sec, p.p99_us));
+    let cpu = series(&|p| (p.connections as f64, p.host_cpu_us_per_read));
+    let charts = vec![
+        LineChart {
+            file: "pageserver_latency.png".into(),
+            title: "GetPage: p99 latency vs throughput (Fig. 21)".into(),
+            note: note.clone(),
+            x_label: "page reads/s".into(),
+            y_label: "p99 µs".into(),
+            log_y: crate::plot::spans_decades(
+                lat.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
+            ),
+            series: lat,
+        },
+        LineChart {
+            file: "pageserver_host_cpu.png".into(),
+            title: "Host CPU per page read (replay excluded)".into(),
+            note,
+            x_label: "client connections".into(),
+            y_label: "host CPU µs per read".into(),
+            log_y: false,
+            series: cpu,
+        },
+    ];
+    Report {
+        benchmark: "pageserver".into(),
+        command,
+        dpu_emulation: format!(
+            "emulated: `dds dpu` runs as a separate process on its own core and reaches host \
+             memory only through the emulated DMA engine; DMA cost model {}",
+            cost_model_text(a.dma_cost != "off")
+        ),
+        machine,
+        config: json!({"args": a, "placement": place, "pages": pages, "page_size": PS}),
+        summary,
+        points: Value::Array(points.iter().map(|p| json!(p)).collect()),
+        tables: vec![t],
+        charts,
+    }
+}
