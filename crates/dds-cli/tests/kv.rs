@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{format_device, free_port, start_dpu, Guard, DDS};
+use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
 
 /// `dds kv ARGS --listen 127.0.0.1:0`; returns the process and its address.
 fn start_kv(args: &[&str]) -> (Guard, SocketAddr) {
@@ -101,15 +101,6 @@ fn stats(socket: &Path) -> serde_json::Value {
         .unwrap();
     assert!(out.status.success());
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn offloaded(socket: &Path) -> u64 {
-    stats(socket)["offload"]["directors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["offloaded"].as_u64().unwrap())
-        .sum()
 }
 
 #[test]
@@ -352,21 +343,7 @@ print("ok")
 #[test]
 fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
     let dir = tempfile::tempdir().unwrap();
-    let img = format_device(dir.path(), "512M");
-    let socket = dir.path().join("dpu.sock");
-    let (dport, hport) = (free_port(), free_port());
-    let _dpu = start_dpu(
-        &img,
-        &socket,
-        &[
-            "--offload",
-            "redis",
-            "--director-listen",
-            &format!("127.0.0.1:{dport}"),
-            "--host-app",
-            &format!("127.0.0.1:{hport}"),
-        ],
-    );
+    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "512M", "redis");
     let (_kv, _) = start_kv_on(
         &format!("127.0.0.1:{hport}"),
         &[

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{format_device, free_port, start_dpu, Guard, DDS};
+use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
 use dds_pageserver::page;
 use dds_pageserver::proto::{self, status, GetPage, Record, Response};
 use rand::{Rng, SeedableRng};
@@ -184,37 +184,10 @@ fn run_workload(writer: SocketAddr, readers: &[SocketAddr], ranges: usize) -> (u
     (checked.into_inner(), retried.into_inner())
 }
 
-fn offloaded(socket: &Path) -> u64 {
-    let out = Command::new(DDS)
-        .args(["stats", "--json", "--socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    st["offload"]["directors"]
-        .as_array()
-        .map(|d| d.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum())
-        .unwrap_or(0)
-}
-
 #[test]
 fn getpages_match_the_model_with_the_dpu_serving_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let img = format_device(dir.path(), "256M");
-    let socket = dir.path().join("dpu.sock");
-    let (dport, hport) = (free_port(), free_port());
-    let _dpu = start_dpu(
-        &img,
-        &socket,
-        &[
-            "--offload",
-            "pageserver",
-            "--director-listen",
-            &format!("127.0.0.1:{dport}"),
-            "--host-app",
-            &format!("127.0.0.1:{hport}"),
-        ],
-    );
+    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "256M", "pageserver");
     let _ps = start_pageserver(&format!("127.0.0.1:{hport}"), &socket, &[]);
     let d: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
     let h: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();

@@ -72,3 +72,40 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A DPU on a new `size` device in `dir` running the offload app `app` with its traffic
+/// director: returns it, its control socket, the director's port (clients) and the host
+/// application's port (where the director forwards).
+pub fn start_offload_dpu(dir: &Path, size: &str, app: &str) -> (Guard, PathBuf, u16, u16) {
+    let img = format_device(dir, size);
+    let socket = dir.join("dpu.sock");
+    let (dport, hport) = (free_port(), free_port());
+    let g = start_dpu(
+        &img,
+        &socket,
+        &[
+            "--offload",
+            app,
+            "--director-listen",
+            &format!("127.0.0.1:{dport}"),
+            "--host-app",
+            &format!("127.0.0.1:{hport}"),
+        ],
+    );
+    (g, socket, dport, hport)
+}
+
+/// Requests the DPU's traffic directors served on the DPU so far (`dds stats --json`).
+pub fn offloaded(socket: &Path) -> u64 {
+    let out = Command::new(DDS)
+        .args(["stats", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dds stats failed");
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    st["offload"]["directors"]
+        .as_array()
+        .map(|d| d.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum())
+        .unwrap_or(0)
+}
