@@ -24,6 +24,15 @@ enum StorageArg {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum EngineArg {
+    /// FASTER-style hybrid log on DDS (or regular) files: most data on storage.
+    HybridLog,
+    /// DPU-KV's in-memory MICA-style store (docs/dpu-kv.md): everything in --memory, nothing
+    /// durable, a clear OOM error when full.
+    Memory,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 enum DurabilityArg {
     /// Nothing survives a restart.
     None,
@@ -39,6 +48,11 @@ pub struct KvArgs {
     /// tells which).
     #[arg(long, default_value = "127.0.0.1:6379")]
     listen: SocketAddr,
+    #[arg(long, value_enum, default_value = "hybrid-log")]
+    engine: EngineArg,
+    /// Partitions of the memory engine.
+    #[arg(long, default_value_t = 4)]
+    partitions: usize,
     #[arg(long, value_enum, default_value = "dds")]
     storage: StorageArg,
     /// Control socket of the DPU (storage dds).
@@ -50,7 +64,8 @@ pub struct KvArgs {
     /// Directory of the log and checkpoint files (storage file).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Memory for log pages (most records live on storage when the data is larger).
+    /// Memory for log pages (most records live on storage when the data is larger); with
+    /// `--engine memory`, the whole store.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     memory: u64,
     /// Log file size (live data must fit; compaction reclaims the rest).
@@ -86,6 +101,55 @@ pub struct KvArgs {
 }
 
 pub fn run(a: KvArgs) -> Result<()> {
+    let (store, describe): (Box<dyn dds_kv::Engine>, String) = match a.engine {
+        EngineArg::Memory => {
+            let memory = usize::try_from(a.memory).context("--memory")?;
+            let e = dds_kv::MemEngine::new(a.partitions, memory)?;
+            (
+                Box::new(e),
+                format!("in memory, {} partitions", a.partitions.max(1)),
+            )
+        }
+        EngineArg::HybridLog => {
+            let (store, describe) = open_hybrid_log(&a)?;
+            (Box::new(store), describe)
+        }
+    };
+    let keys = store.len();
+    let durability = format!("{:?}", store.durability()).to_lowercase();
+    let server = Server::bind(
+        ServerConfig {
+            listen: a.listen,
+            password: a.requirepass.filter(|p| !p.is_empty()),
+            max_clients: a.max_clients.max(1),
+            query_buffer_limit: usize::try_from(a.client_query_buffer_limit)
+                .context("--client-query-buffer-limit")?,
+            sync_interval: Duration::from_millis(a.sync_interval_ms.max(1)),
+            ..ServerConfig::default()
+        },
+        store,
+        describe.clone(),
+    )?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    println!(
+        "dds kv ready: listening on {} ({describe}, durability {}, {keys} keys recovered, pid {})",
+        server.local_addr()?,
+        durability,
+        std::process::id()
+    );
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    server.run(&stop)?;
+    if stop.load(Ordering::Relaxed) {
+        eprintln!("dds kv: stopped; the log is committed");
+    }
+    Ok(())
+}
+
+fn open_hybrid_log(a: &KvArgs) -> Result<(Store, String)> {
     let page_size = usize::try_from(a.page_size).context("--page-size")?;
     let max_value = match a.max_value_bytes {
         Some(v) => usize::try_from(v).context("--max-value-bytes")?,
@@ -130,35 +194,5 @@ pub fn run(a: KvArgs) -> Result<()> {
         },
     )
     .context("open the store")?;
-    let keys = store.len();
-    let server = Server::bind(
-        ServerConfig {
-            listen: a.listen,
-            password: a.requirepass.filter(|p| !p.is_empty()),
-            max_clients: a.max_clients.max(1),
-            query_buffer_limit: usize::try_from(a.client_query_buffer_limit)
-                .context("--client-query-buffer-limit")?,
-            sync_interval: Duration::from_millis(a.sync_interval_ms.max(1)),
-            ..ServerConfig::default()
-        },
-        store,
-        describe.clone(),
-    )?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
-    println!(
-        "dds kv ready: listening on {} ({describe}, durability {:?}, {keys} keys recovered, pid {})",
-        server.local_addr()?,
-        a.durability,
-        std::process::id()
-    );
-    use std::io::Write;
-    std::io::stdout().flush()?;
-    server.run(&stop)?;
-    if stop.load(Ordering::Relaxed) {
-        eprintln!("dds kv: stopped; the log is committed");
-    }
-    Ok(())
+    Ok((store, describe))
 }

@@ -103,11 +103,9 @@ fn stats(socket: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-#[test]
-fn redis_cli_replies_match_redis_server() {
-    let dir = tempfile::tempdir().unwrap();
+fn start_redis_server(dir: &Path) -> (Guard, u16) {
     let rport = free_port();
-    let _redis = Guard(
+    let g = Guard(
         Command::new("redis-server")
             .args([
                 "--port",
@@ -118,18 +116,21 @@ fn redis_cli_replies_match_redis_server() {
                 "no",
             ])
             .arg("--dir")
-            .arg(dir.path())
+            .arg(dir)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server is installed by scripts/test.sh"),
     );
-    let kvdir = dir.path().join("kv");
-    let (_kv, addr) = start_kv(&["--storage", "file", "--dir", kvdir.to_str().unwrap()]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while redis_cli(rport, &["ping"]).trim() != "PONG" {
         assert!(Instant::now() < deadline, "redis-server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
+    (g, rport)
+}
+
+/// Runs the same redis-cli script against redis-server and `dds kv`; the outputs must match.
+fn replies_match_redis_server(rport: u16, port: u16) {
     let script: &[&[&str]] = &[
         &["ping"],
         &["ping", "hello"],
@@ -185,14 +186,62 @@ fn redis_cli_replies_match_redis_server() {
     ];
     for c in script {
         let want = redis_cli(rport, c);
-        let got = redis_cli(addr.port(), c);
+        let got = redis_cli(port, c);
         assert_eq!(got, want, "reply to {c:?}");
     }
     // One database (Redis has 16).
     assert_eq!(
-        redis_cli(addr.port(), &["select", "1"]).trim(),
+        redis_cli(port, &["select", "1"]).trim(),
         "ERR DB index is out of range"
     );
+}
+
+#[test]
+fn redis_cli_replies_match_redis_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, rport) = start_redis_server(dir.path());
+    let kvdir = dir.path().join("kv");
+    let (_kv, addr) = start_kv(&["--storage", "file", "--dir", kvdir.to_str().unwrap()]);
+    replies_match_redis_server(rport, addr.port());
+}
+
+#[test]
+fn the_memory_engine_passes_the_same_suites() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, rport) = start_redis_server(dir.path());
+    let (_kv, addr) = start_kv(&["--engine", "memory", "--memory", "64M"]);
+    replies_match_redis_server(rport, addr.port());
+    python_suite(addr.port());
+    // A full memory budget is a clear error, and nothing stored is lost.
+    let (_small, small) = start_kv(&[
+        "--engine",
+        "memory",
+        "--memory",
+        "256K",
+        "--partitions",
+        "1",
+    ]);
+    let mut s = TcpStream::connect(small).unwrap();
+    let mut b = Vec::new();
+    let mut stored = 0u32;
+    loop {
+        let k = format!("k{stored}");
+        s.write_all(&cmd(&[b"SET", k.as_bytes(), &[b'v'; 500]]))
+            .unwrap();
+        let r = read_reply(&mut s, &mut b);
+        if r != b"+OK\r\n" {
+            assert!(r.starts_with(b"-OOM"), "{}", String::from_utf8_lossy(&r));
+            break;
+        }
+        stored += 1;
+        assert!(stored < 10_000, "the memory budget never filled");
+    }
+    assert!(stored > 100);
+    for i in 0..stored {
+        s.write_all(&cmd(&[b"STRLEN", format!("k{i}").as_bytes()]))
+            .unwrap();
+        assert_eq!(read_reply(&mut s, &mut b), b":500\r\n", "k{i}");
+    }
 }
 
 #[test]
@@ -295,49 +344,7 @@ fn redis_benchmark_and_the_python_client_over_dds() {
         "records were read from storage: {info}"
     );
 
-    // The PyPI client's functional suite.
-    let script = r#"
-import sys, time, redis
-r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
-r.flushdb()
-assert r.ping()
-assert r.set("a", b"\x00\xffbin") and r.get("a") == b"\x00\xffbin"
-assert r.set("a", "x", nx=True) is None
-assert r.set("a", "y", xx=True) and r.get("a") == b"y"
-assert r.incr("n") == 1 and r.incrby("n", 41) == 42 and r.decr("n") == 41
-try:
-    r.incr("a"); raise SystemExit("INCR of a string did not fail")
-except redis.ResponseError as e:
-    assert "not an integer" in str(e)
-assert r.append("a", "zz") == 3 and r.strlen("a") == 3
-assert r.mset({"k1": "v1", "k2": "v2"}) and r.mget("k1", "k2", "k3") == [b"v1", b"v2", None]
-assert r.exists("k1", "k2", "k3") == 2 and r.delete("k1", "k3") == 1
-assert r.getset("k2", "w") == b"v2" and r.getdel("k2") == b"w" and r.get("k2") is None
-p = r.pipeline(transaction=False)
-for i in range(500):
-    p.set(f"p{i}", i)
-for i in range(500):
-    p.get(f"p{i}")
-res = p.execute()
-assert res[500:] == [str(i).encode() for i in range(500)]
-r.set("t", "v", px=100)
-assert r.get("t") == b"v"
-time.sleep(0.3)
-assert r.get("t") is None
-assert r.dbsize() == 503, r.dbsize()
-assert r.client_setname("suite") and r.client_getname() == "suite"
-print("ok")
-"#;
-    let out = Command::new("python3")
-        .args(["-c", script, &p])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "ok",
-        "python suite: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_suite(addr.port());
 }
 
 #[test]
@@ -587,4 +594,50 @@ fn hostile_clients_get_clear_errors_and_bounded_memory() {
     s.write_all(&cmd(&[b"PING"])).unwrap();
     assert_eq!(read_reply(&mut s, &mut b), b"+PONG\r\n");
     let _ = &mut last;
+}
+
+/// The PyPI client's functional suite against the server on `port`.
+fn python_suite(port: u16) {
+    let script = r#"
+import sys, time, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+r.flushdb()
+assert r.ping()
+assert r.set("a", b"\x00\xffbin") and r.get("a") == b"\x00\xffbin"
+assert r.set("a", "x", nx=True) is None
+assert r.set("a", "y", xx=True) and r.get("a") == b"y"
+assert r.incr("n") == 1 and r.incrby("n", 41) == 42 and r.decr("n") == 41
+try:
+    r.incr("a"); raise SystemExit("INCR of a string did not fail")
+except redis.ResponseError as e:
+    assert "not an integer" in str(e)
+assert r.append("a", "zz") == 3 and r.strlen("a") == 3
+assert r.mset({"k1": "v1", "k2": "v2"}) and r.mget("k1", "k2", "k3") == [b"v1", b"v2", None]
+assert r.exists("k1", "k2", "k3") == 2 and r.delete("k1", "k3") == 1
+assert r.getset("k2", "w") == b"v2" and r.getdel("k2") == b"w" and r.get("k2") is None
+p = r.pipeline(transaction=False)
+for i in range(500):
+    p.set(f"p{i}", i)
+for i in range(500):
+    p.get(f"p{i}")
+res = p.execute()
+assert res[500:] == [str(i).encode() for i in range(500)]
+r.set("t", "v", px=100)
+assert r.get("t") == b"v"
+time.sleep(0.3)
+assert r.get("t") is None
+assert r.dbsize() == 503, r.dbsize()
+assert r.client_setname("suite") and r.client_getname() == "suite"
+print("ok")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &port.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ok",
+        "python suite: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -155,18 +155,28 @@ fn run_clients(addrs: &[SocketAddr], ops: usize) -> Vec<Event> {
 }
 
 fn start_kv(listen: &str, socket: &std::path::Path) -> Guard {
-    let mut child = Command::new(DDS)
-        .args(["kv", "--listen", listen, "--socket"])
-        .arg(socket)
-        .args([
+    let s = socket.to_str().unwrap();
+    start_kv_with(
+        listen,
+        &[
+            "--socket",
+            s,
             "--memory",
             "192K",
             "--page-size",
             "64K",
             "--log-size",
             "16M",
-        ])
-        .args(["--durability", "fsync"])
+            "--durability",
+            "fsync",
+        ],
+    )
+}
+
+fn start_kv_with(listen: &str, args: &[&str]) -> Guard {
+    let mut child = Command::new(DDS)
+        .args(["kv", "--listen", listen])
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -209,6 +219,20 @@ fn histories_without_the_dpu_in_the_path_are_linearizable() {
     let _dpu = start_dpu(&img, &socket, &[]);
     let port = free_port();
     let _kv = start_kv(&format!("127.0.0.1:{port}"), &socket);
+    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let history = run_clients(&[a, a, a, a], 300);
+    if let Err(v) = check(&history) {
+        panic!("not linearizable: {v}");
+    }
+}
+
+#[test]
+fn histories_of_the_memory_engine_are_linearizable() {
+    let port = free_port();
+    let _kv = start_kv_with(
+        &format!("127.0.0.1:{port}"),
+        &["--engine", "memory", "--memory", "16M"],
+    );
     let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let history = run_clients(&[a, a, a, a], 300);
     if let Err(v) = check(&history) {

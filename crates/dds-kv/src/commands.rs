@@ -4,8 +4,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use dds_resp::Reply;
 
+use crate::engine::Engine;
 use crate::offload::MAX_WRITE_KEYS;
-use crate::store::{Expiry, SetCond, Store, StoreError};
+use crate::store::{Durability, Expiry, SetCond, StoreError};
 
 /// Server-wide state the commands read.
 pub struct ServerInfo {
@@ -52,7 +53,7 @@ pub enum After {
 /// Everything a command runs against.
 pub struct Ctx<'a> {
     /// The store.
-    pub store: &'a mut Store,
+    pub store: &'a mut dyn Engine,
     /// This connection.
     pub session: &'a mut Session,
     /// The server.
@@ -127,6 +128,9 @@ fn store_error(r: &mut Reply<'_>, e: &StoreError) {
         StoreError::LogFull => {
             r.error("ERR log full: live data fills the log file (delete keys or raise --log-size)")
         }
+        StoreError::OutOfMemory => {
+            r.error("OOM command not allowed when used memory > 'maxmemory'.")
+        }
         StoreError::Storage(err) => {
             tracing::error!(error = %format!("{err:#}"), "storage failed");
             r.error(&format!("ERR storage: {err:#}"))
@@ -188,7 +192,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 r.ok();
                 return Ok(());
             }
-            "get" => store.get_with(argv[1], |v| match v {
+            "get" => store.get_with(argv[1], &mut |v| match v {
                 Some(v) => r.bulk(v),
                 None => r.null(),
             })?,
@@ -238,7 +242,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "mget" => {
                 r.array(argv.len() - 1);
                 for k in &argv[1..] {
-                    store.get_with(k, |v| match v {
+                    store.get_with(k, &mut |v| match v {
                         Some(v) => r.bulk(v),
                         None => r.null(),
                     })?;
@@ -246,7 +250,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             }
             "dds.mgetpart" => {
                 for k in &argv[1..] {
-                    store.get_with(k, |v| match v {
+                    store.get_with(k, &mut |v| match v {
                         Some(v) => r.bulk(v),
                         None => r.null(),
                     })?;
@@ -373,7 +377,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
     }
 }
 
-fn set(store: &mut Store, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), StoreError> {
+fn set(store: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), StoreError> {
     let mut cond = SetCond::Always;
     let mut expiry = Expiry::None;
     let mut get = false;
@@ -467,32 +471,29 @@ fn glob(p: &[u8], s: &[u8]) -> bool {
     }
 }
 
-fn config(store: &Store, r: &mut Reply<'_>, argv: &[&[u8]]) {
+fn config(store: &dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) {
     let sub = lower(argv[1]);
     match sub.as_str() {
         "get" if argv.len() >= 3 => {
-            let c = store.config();
-            let params: Vec<(&str, String)> = vec![
+            let d = store.durability();
+            let mut params: Vec<(&str, String)> = vec![
                 ("save", String::new()),
                 (
                     "appendonly",
-                    if c.durability == crate::store::Durability::None {
-                        "no".into()
-                    } else {
-                        "yes".into()
-                    },
+                    if d == Durability::None { "no" } else { "yes" }.into(),
                 ),
                 (
                     "appendfsync",
-                    match c.durability {
-                        crate::store::Durability::Fsync => "always".into(),
-                        _ => "everysec".into(),
-                    },
+                    if d == Durability::Fsync {
+                        "always"
+                    } else {
+                        "everysec"
+                    }
+                    .into(),
                 ),
                 ("databases", "1".into()),
-                ("maxmemory", c.memory.to_string()),
-                ("proto-max-bulk-len", c.max_value.to_string()),
             ];
+            params.extend(store.config_params());
             let mut hits = Vec::new();
             for pat in &argv[2..] {
                 for (k, v) in &params {
@@ -660,10 +661,11 @@ fn hello(s: &mut Session, password: Option<&str>, r: &mut Reply<'_>, argv: &[&[u
     r.array(0);
 }
 
-fn info(store: &Store, i: &ServerInfo) -> String {
-    let st = store.stats();
-    let [begin, head, ro, flushed, tail] = store.addresses();
-    let c = store.config();
+fn info(store: &dyn Engine, i: &ServerInfo) -> String {
+    let mut engine = String::new();
+    for (k, v) in store.info() {
+        engine.push_str(&format!("{k}:{v}\r\n"));
+    }
     format!(
         "# Server\r\nredis_version:7.0.0\r\ndds_kv:1\r\nredis_mode:standalone\r\nos:Linux\r\n\
          tcp_port:{port}\r\nuptime_in_seconds:{up}\r\n\r\n\
@@ -671,11 +673,7 @@ fn info(store: &Store, i: &ServerInfo) -> String {
          # Persistence\r\ndurability:{dur}\r\nstorage:{storage}\r\n\r\n\
          # Stats\r\ntotal_connections_received:{conns}\r\ntotal_commands_processed:{cmds}\r\n\
          rejected_connections:{rej}\r\n\r\n\
-         # Log\r\nlog_begin:{begin}\r\nlog_head:{head}\r\nlog_read_only:{ro}\r\n\
-         log_flushed:{flushed}\r\nlog_tail:{tail}\r\nlog_size:{size}\r\npage_size:{ps}\r\n\
-         memory_budget:{mem}\r\nmemory_reads:{mr}\r\nstorage_reads:{sr}\r\n\
-         in_place_updates:{ip}\r\nappends:{ap}\r\npage_writes:{pw}\r\ncompactions:{cp}\r\n\
-         compaction_moves:{cm}\r\ndpu_invalidations:{inv}\r\ncheckpoints:{ck}\r\n\r\n\
+         # Engine\r\n{engine}\r\n\
          # Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n",
         port = i.port,
         up = i.started.elapsed().as_secs(),
@@ -685,18 +683,6 @@ fn info(store: &Store, i: &ServerInfo) -> String {
         conns = i.connections,
         cmds = i.commands,
         rej = i.rejected,
-        size = c.log_size,
-        ps = c.page_size,
-        mem = c.memory,
-        mr = st.memory_reads,
-        sr = st.storage_reads,
-        ip = st.in_place_updates,
-        ap = st.appends,
-        pw = st.page_writes,
-        cp = st.compactions,
-        cm = st.compaction_moves,
-        inv = st.invalidations,
-        ck = st.checkpoints,
         keys = store.len(),
     )
 }

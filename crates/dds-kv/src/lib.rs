@@ -7,10 +7,12 @@
 
 pub mod checkpoint;
 pub mod commands;
+pub mod engine;
 pub mod offload;
 pub mod record;
 pub mod server;
 pub mod storage;
 pub mod store;
 
+pub use engine::{Engine, MemEngine};
 pub use store::{Durability, Expiry, SetCond, Store, StoreConfig, StoreError, StoreStats};

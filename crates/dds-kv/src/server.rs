@@ -15,7 +15,8 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::commands::{execute, After, Ctx, ServerInfo, Session};
-use crate::store::{Durability, Store};
+use crate::engine::Engine;
+use crate::store::Durability;
 
 /// Settings of the server.
 #[derive(Clone, Debug)]
@@ -68,7 +69,7 @@ pub struct Server {
     cfg: ServerConfig,
     listener: TcpListener,
     poll: Poll,
-    store: Store,
+    store: Box<dyn Engine>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     info: ServerInfo,
@@ -78,7 +79,7 @@ pub struct Server {
 
 impl Server {
     /// Binds the listening socket.
-    pub fn bind(cfg: ServerConfig, store: Store, storage: String) -> Result<Server> {
+    pub fn bind(cfg: ServerConfig, store: Box<dyn Engine>, storage: String) -> Result<Server> {
         let listener =
             TcpListener::bind(cfg.listen).with_context(|| format!("listen on {}", cfg.listen))?;
         let poll = Poll::new()?;
@@ -86,12 +87,12 @@ impl Server {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let port = listener.local_addr()?.port();
-        let c = store.config();
+        let (max_key, max_value) = store.limits();
         let limits = Limits {
-            max_bulk: c.max_value.max(c.max_key) + 1024,
+            max_bulk: max_value.max(max_key) + 1024,
             ..Limits::default()
         };
-        let durability = match c.durability {
+        let durability = match store.durability() {
             Durability::None => "none",
             Durability::Periodic => "periodic",
             Durability::Fsync => "fsync",
@@ -166,7 +167,7 @@ impl Server {
             }
             let ok = self.end_round();
             if Instant::now() >= next_sync {
-                if self.store.config().durability == Durability::Periodic {
+                if self.store.durability() == Durability::Periodic {
                     if let Err(e) = self.store.commit() {
                         tracing::error!(error = %e, "periodic commit failed");
                     }
@@ -204,7 +205,7 @@ impl Server {
             tracing::error!(error = %e, "DPU cache invalidation failed: the round's replies are withheld");
             return false;
         }
-        if self.store.config().durability == Durability::Fsync {
+        if self.store.durability() == Durability::Fsync {
             if let Err(e) = self.store.commit() {
                 tracing::error!(error = %e, "commit failed: the round's replies are withheld");
                 return false;
@@ -314,7 +315,7 @@ impl Server {
                         }
                         self.info.commands += 1;
                         let mut ctx = Ctx {
-                            store: &mut self.store,
+                            store: self.store.as_mut(),
                             session: &mut c.session,
                             info: &self.info,
                             password: self.cfg.password.as_deref(),

@@ -73,6 +73,9 @@ pub enum StoreError {
     /// A value above the limit.
     #[error("value too large (limit {0} bytes)")]
     ValueTooLarge(usize),
+    /// The in-memory engine's memory budget is full (nothing was evicted).
+    #[error("out of memory")]
+    OutOfMemory,
     /// Storage failed: the store can no longer be trusted to have written what it said.
     #[error("storage: {0:#}")]
     Storage(anyhow::Error),

@@ -15,7 +15,7 @@
 
 mod partition;
 
-pub use partition::{KvError, Partition, PartitionStats};
+pub use partition::{KvError, Partition, PartitionStats, MAX_KEY};
 
 use xxhash_rust::xxh3::xxh3_64;
 

@@ -1,0 +1,320 @@
+//! The engines `dds kv` serves from: the hybrid log on DDS files ([`Store`]), and the
+//! in-memory MICA-style store of DPU-KV ([`MemEngine`], `dds kv --engine memory`).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use dds_kvmem::KvError;
+
+use crate::store::{Durability, Expiry, OldValue, SetCond, Store, StoreError, StoreResult};
+
+/// What the Redis commands need from an engine.
+pub trait Engine: Send {
+    /// GET: calls `f` with the value (or `None`).
+    fn get_with(&mut self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>)) -> StoreResult<()>;
+    /// Whether `key` exists.
+    fn exists(&mut self, key: &[u8]) -> StoreResult<bool>;
+    /// SET under `cond` and `expiry`; `old` gets the previous value first.
+    fn set(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: SetCond,
+        expiry: Expiry,
+        old: Option<OldValue<'_>>,
+    ) -> StoreResult<bool>;
+    /// DEL: whether it existed.
+    fn del(&mut self, key: &[u8]) -> StoreResult<bool>;
+    /// GETDEL.
+    fn take_with(&mut self, key: &[u8], f: OldValue<'_>) -> StoreResult<bool>;
+    /// INCRBY.
+    fn incr_by(&mut self, key: &[u8], by: i64) -> StoreResult<i64>;
+    /// APPEND: the new length.
+    fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize>;
+    /// STRLEN.
+    fn strlen(&mut self, key: &[u8]) -> StoreResult<usize>;
+    /// FLUSHDB.
+    fn flush_all(&mut self) -> StoreResult<()>;
+    /// Keys.
+    fn len(&self) -> u64;
+    /// No keys.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// What survives a restart.
+    fn durability(&self) -> Durability;
+    /// Makes the writes so far durable (engines without durability do nothing).
+    fn commit(&mut self) -> StoreResult<()>;
+    /// Drops stale DPU cache entries before a round's replies.
+    fn invalidate_now(&mut self) -> StoreResult<()>;
+    /// `CONFIG GET` parameters (name, value).
+    fn config_params(&self) -> Vec<(&'static str, String)>;
+    /// Lines of the engine's INFO section (`name:value`).
+    fn info(&self) -> Vec<(&'static str, String)>;
+    /// Largest key and value.
+    fn limits(&self) -> (usize, usize);
+    /// Closes cleanly (commits).
+    fn close(self: Box<Self>) -> Result<()>;
+}
+
+impl Engine for Store {
+    fn get_with(&mut self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>)) -> StoreResult<()> {
+        Store::get_with(self, key, f)
+    }
+    fn exists(&mut self, key: &[u8]) -> StoreResult<bool> {
+        Store::exists(self, key)
+    }
+    fn set(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: SetCond,
+        expiry: Expiry,
+        old: Option<OldValue<'_>>,
+    ) -> StoreResult<bool> {
+        Store::set(self, key, value, cond, expiry, old)
+    }
+    fn del(&mut self, key: &[u8]) -> StoreResult<bool> {
+        Store::del(self, key)
+    }
+    fn take_with(&mut self, key: &[u8], f: OldValue<'_>) -> StoreResult<bool> {
+        Store::take_with(self, key, f)
+    }
+    fn incr_by(&mut self, key: &[u8], by: i64) -> StoreResult<i64> {
+        Store::incr_by(self, key, by)
+    }
+    fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize> {
+        Store::append_value(self, key, data)
+    }
+    fn strlen(&mut self, key: &[u8]) -> StoreResult<usize> {
+        Store::strlen(self, key)
+    }
+    fn flush_all(&mut self) -> StoreResult<()> {
+        Store::flush_all(self)
+    }
+    fn len(&self) -> u64 {
+        Store::len(self)
+    }
+    fn durability(&self) -> Durability {
+        self.config().durability
+    }
+    fn commit(&mut self) -> StoreResult<()> {
+        Store::commit(self)
+    }
+    fn invalidate_now(&mut self) -> StoreResult<()> {
+        Store::invalidate_now(self)
+    }
+    fn config_params(&self) -> Vec<(&'static str, String)> {
+        let c = self.config();
+        vec![
+            ("maxmemory", c.memory.to_string()),
+            ("proto-max-bulk-len", c.max_value.to_string()),
+        ]
+    }
+    fn info(&self) -> Vec<(&'static str, String)> {
+        let st = self.stats();
+        let [begin, head, ro, flushed, tail] = self.addresses();
+        let c = self.config();
+        vec![
+            ("engine", "hybrid-log".into()),
+            ("log_begin", begin.to_string()),
+            ("log_head", head.to_string()),
+            ("log_read_only", ro.to_string()),
+            ("log_flushed", flushed.to_string()),
+            ("log_tail", tail.to_string()),
+            ("log_size", c.log_size.to_string()),
+            ("page_size", c.page_size.to_string()),
+            ("memory_budget", c.memory.to_string()),
+            ("memory_reads", st.memory_reads.to_string()),
+            ("storage_reads", st.storage_reads.to_string()),
+            ("in_place_updates", st.in_place_updates.to_string()),
+            ("appends", st.appends.to_string()),
+            ("page_writes", st.page_writes.to_string()),
+            ("compactions", st.compactions.to_string()),
+            ("compaction_moves", st.compaction_moves.to_string()),
+            ("dpu_invalidations", st.invalidations.to_string()),
+            ("checkpoints", st.checkpoints.to_string()),
+        ]
+    }
+    fn limits(&self) -> (usize, usize) {
+        (self.config().max_key, self.config().max_value)
+    }
+    fn close(self: Box<Self>) -> Result<()> {
+        Store::close(*self)
+    }
+}
+
+/// DPU-KV's in-memory engine (`docs/dpu-kv.md` §1) behind the Redis commands: values carry
+/// their expiry (8 bytes, Unix milliseconds, 0 for none) in front. Nothing is durable.
+pub struct MemEngine {
+    store: dds_kvmem::Store,
+    memory: usize,
+    partitions: usize,
+    max_value: usize,
+    buf: Vec<u8>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn mem_error(e: KvError) -> StoreError {
+    match e {
+        KvError::Full | KvError::IndexFull => StoreError::OutOfMemory,
+        KvError::TooLarge(n) => StoreError::ValueTooLarge(n),
+        KvError::NotInteger => StoreError::NotInteger,
+        KvError::Overflow => StoreError::Overflow,
+        KvError::TooSmall => StoreError::OutOfMemory,
+    }
+}
+
+impl MemEngine {
+    /// `partitions` partitions sharing `memory` bytes.
+    pub fn new(partitions: usize, memory: usize) -> Result<MemEngine> {
+        let store = dds_kvmem::Store::new(partitions.max(1), memory)
+            .map_err(|e| anyhow::anyhow!("the in-memory store: {e}"))?;
+        Ok(MemEngine {
+            store,
+            memory,
+            partitions: partitions.max(1),
+            max_value: (memory / partitions.max(1) / 8).max(64),
+            buf: Vec::new(),
+        })
+    }
+
+    /// The live value (expiry checked) with its expiry.
+    fn live(&mut self, key: &[u8]) -> Option<(u64, &[u8])> {
+        let (p, h) = self.store.part(key);
+        let v = p.get(key, h)?;
+        let exp = u64::from_le_bytes(v[..8].try_into().expect("expiry prefix"));
+        if exp != 0 && exp <= now_ms() {
+            return None;
+        }
+        Some((exp, &v[8..]))
+    }
+
+    fn put(&mut self, key: &[u8], expire: u64, value: &[u8]) -> StoreResult<()> {
+        if key.len() > dds_kvmem::MAX_KEY {
+            return Err(StoreError::KeyTooLarge(dds_kvmem::MAX_KEY));
+        }
+        if value.len() > self.max_value {
+            return Err(StoreError::ValueTooLarge(self.max_value));
+        }
+        self.buf.clear();
+        self.buf.extend_from_slice(&expire.to_le_bytes());
+        self.buf.extend_from_slice(value);
+        let (p, h) = self.store.part(key);
+        p.set(key, h, &self.buf).map_err(mem_error)
+    }
+}
+
+impl Engine for MemEngine {
+    fn get_with(&mut self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>)) -> StoreResult<()> {
+        f(self.live(key).map(|x| x.1));
+        Ok(())
+    }
+    fn exists(&mut self, key: &[u8]) -> StoreResult<bool> {
+        Ok(self.live(key).is_some())
+    }
+    fn set(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        cond: SetCond,
+        expiry: Expiry,
+        old: Option<OldValue<'_>>,
+    ) -> StoreResult<bool> {
+        let cur = self.live(key).map(|(e, v)| (e, v.to_vec()));
+        if let Some(f) = old {
+            f(cur.as_ref().map(|x| &x.1[..]));
+        }
+        match (cond, &cur) {
+            (SetCond::IfMissing, Some(_)) | (SetCond::IfExists, None) => return Ok(false),
+            _ => {}
+        }
+        let exp = match expiry {
+            Expiry::None => 0,
+            Expiry::At(t) => t,
+            Expiry::Keep => cur.map_or(0, |c| c.0),
+        };
+        self.put(key, exp, value)?;
+        Ok(true)
+    }
+    fn del(&mut self, key: &[u8]) -> StoreResult<bool> {
+        let live = self.live(key).is_some();
+        let (p, h) = self.store.part(key);
+        p.del(key, h);
+        Ok(live)
+    }
+    fn take_with(&mut self, key: &[u8], f: OldValue<'_>) -> StoreResult<bool> {
+        let cur = self.live(key).map(|x| x.1.to_vec());
+        f(cur.as_deref());
+        self.del(key)
+    }
+    fn incr_by(&mut self, key: &[u8], by: i64) -> StoreResult<i64> {
+        let (exp, cur) = match self.live(key) {
+            None => (0, 0i64),
+            Some((e, v)) => {
+                let n = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|s| !s.is_empty() && !s.starts_with('+'))
+                    .and_then(|s| s.parse::<i64>().ok().filter(|n| n.to_string() == s))
+                    .ok_or(StoreError::NotInteger)?;
+                (e, n)
+            }
+        };
+        let n = cur.checked_add(by).ok_or(StoreError::Overflow)?;
+        self.put(key, exp, n.to_string().as_bytes())?;
+        Ok(n)
+    }
+    fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize> {
+        let (exp, mut v) = self
+            .live(key)
+            .map(|(e, v)| (e, v.to_vec()))
+            .unwrap_or_default();
+        v.extend_from_slice(data);
+        self.put(key, exp, &v)?;
+        Ok(v.len())
+    }
+    fn strlen(&mut self, key: &[u8]) -> StoreResult<usize> {
+        Ok(self.live(key).map_or(0, |x| x.1.len()))
+    }
+    fn flush_all(&mut self) -> StoreResult<()> {
+        self.store = dds_kvmem::Store::new(self.partitions, self.memory).map_err(mem_error)?;
+        Ok(())
+    }
+    fn len(&self) -> u64 {
+        self.store.len()
+    }
+    fn durability(&self) -> Durability {
+        Durability::None
+    }
+    fn commit(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+    fn invalidate_now(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+    fn config_params(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("maxmemory", self.memory.to_string()),
+            ("proto-max-bulk-len", self.max_value.to_string()),
+        ]
+    }
+    fn info(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("engine", "memory".into()),
+            ("partitions", self.partitions.to_string()),
+            ("memory_budget", self.memory.to_string()),
+        ]
+    }
+    fn limits(&self) -> (usize, usize) {
+        (dds_kvmem::MAX_KEY, self.max_value)
+    }
+    fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
