@@ -53,6 +53,9 @@ pub struct PageServerArgs {
     /// How long a GetPage waits for the log to be applied, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     lsn_wait_ms: u64,
+    /// Unparsed input all connections may hold together (a connection past it waits).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    input_memory: u64,
     /// Do not tell the DPU's offload engine about the pages.
     #[arg(long)]
     no_offload: bool,
@@ -87,6 +90,7 @@ pub fn run(a: PageServerArgs) -> Result<()> {
             lsn_wait: Duration::from_millis(a.lsn_wait_ms),
             max_connections: 1024,
             offload: !a.no_offload && a.storage == StorageArg::Dds,
+            input_memory: usize::try_from(a.input_memory).context("--input-memory")?,
         },
         storage,
     )

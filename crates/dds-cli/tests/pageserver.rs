@@ -387,3 +387,57 @@ fn bad_input_gets_clear_statuses_and_loses_nothing() {
     let r = get(&mut s, 29, 21, 4);
     assert_eq!((r.status, r.lsn), (status::OK, 21));
 }
+
+#[test]
+fn partial_messages_stay_within_the_input_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = start_dpu(&img, &socket, &[]);
+    let port = free_port();
+    let ps = start_pageserver(
+        &format!("127.0.0.1:{port}"),
+        &socket,
+        &["--input-memory", "1M"],
+    );
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let rss = || -> u64 {
+        let st = std::fs::read_to_string(format!("/proc/{}/status", ps.0.id())).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    let before = rss();
+    // 40 connections each announce a 12 MiB AppendWal and send 1 MiB of it.
+    let mut conns = Vec::new();
+    for _ in 0..40 {
+        let mut t = TcpStream::connect(addr).unwrap();
+        let mut m = Vec::new();
+        m.extend_from_slice(&(12u32 << 20).to_le_bytes());
+        m.extend_from_slice(&1u16.to_le_bytes());
+        m.extend_from_slice(&proto::KIND_APPEND.to_le_bytes());
+        m.resize(1 << 20, 0);
+        t.set_write_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let _ = t.write_all(&m);
+        conns.push(t);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 16 << 20,
+        "40 partial messages took {} MiB",
+        grown >> 20
+    );
+    // Others are still served.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut m = Vec::new();
+    proto::encode_watermark(&mut m, 1);
+    assert_eq!(call(&mut s, &m, 1)[0].status, status::OK);
+}

@@ -39,6 +39,9 @@ pub struct PageServerConfig {
     pub max_connections: usize,
     /// Tell the DPU where pages read for GetPage are (the host library's CACHE records).
     pub offload: bool,
+    /// Bytes of unparsed input all connections may hold together; a connection past it is
+    /// not read until the others' messages are done.
+    pub input_memory: usize,
 }
 
 impl Default for PageServerConfig {
@@ -52,6 +55,7 @@ impl Default for PageServerConfig {
             lsn_wait: Duration::from_secs(5),
             max_connections: 1024,
             offload: true,
+            input_memory: 256 << 20,
         }
     }
 }
@@ -84,6 +88,8 @@ struct Conn {
     blocked_since: Option<Instant>,
     dead: bool,
     close_after: bool,
+    /// Not read to the end (back-pressure): read again next round.
+    more: bool,
 }
 
 struct Frame {
@@ -125,6 +131,8 @@ pub struct PageServer {
     free: Vec<usize>,
     nconn: usize,
     recache: Vec<(u64, u64, u32, u64)>,
+    /// Unparsed input held by all connections.
+    input_bytes: usize,
     stats: PageServerStats,
 }
 
@@ -221,6 +229,7 @@ impl PageServer {
             free: Vec::new(),
             nconn: 0,
             recache: Vec::new(),
+            input_bytes: 0,
             stats: PageServerStats::default(),
             cfg,
         })
@@ -262,6 +271,13 @@ impl PageServer {
                 let i = ev.token().0;
                 self.read_conn(i, &mut scratch);
                 touched.push(i);
+            }
+            // Connections that stopped reading for back-pressure read again.
+            for i in 0..self.conns.len() {
+                if self.conns[i].as_ref().is_some_and(|c| c.more && !c.dead) {
+                    self.read_conn(i, &mut scratch);
+                    touched.push(i);
+                }
             }
             // Every connection with input or a blocked message gets a turn (a blocked one may
             // have been unblocked by the replay, or timed out).
@@ -349,6 +365,7 @@ impl PageServer {
                 blocked_since: None,
                 dead: false,
                 close_after: false,
+                more: false,
             });
             self.nconn += 1;
         }
@@ -358,11 +375,20 @@ impl PageServer {
         let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
             return;
         };
-        // Back-pressure: a connection with a megabyte of unsent replies or unparsed input
-        // waits; so does every connection while the replay queue is full.
+        // Back-pressure: a connection with a whole message unparsed or 8 MiB of unsent
+        // replies waits, and so does one with input while all connections together hold the
+        // input budget (buffers grow only with bytes that arrived).
         let limit = proto::MSG_MAX + MSG_HEADER;
+        c.more = false;
         loop {
-            if c.dead || c.input.len() >= limit || c.out.len() - c.out_at > (8 << 20) {
+            if c.dead {
+                return;
+            }
+            if c.input.len() >= limit
+                || c.out.len() - c.out_at > (8 << 20)
+                || (!c.input.is_empty() && self.input_bytes >= self.cfg.input_memory)
+            {
+                c.more = true;
                 return;
             }
             match c.stream.read(scratch) {
@@ -370,7 +396,10 @@ impl PageServer {
                     c.dead = true;
                     return;
                 }
-                Ok(n) => c.input.extend_from_slice(&scratch[..n]),
+                Ok(n) => {
+                    c.input.extend_from_slice(&scratch[..n]);
+                    self.input_bytes += n;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -396,7 +425,8 @@ impl PageServer {
                 Err(Malformed(why)) => {
                     tracing::warn!(conn = i, why, "malformed message: closing");
                     c.close_after = true;
-                    c.input.clear();
+                    self.input_bytes -= c.input.len();
+                    c.input = Vec::new();
                     return;
                 }
             };
@@ -439,6 +469,7 @@ impl PageServer {
                 return;
             }
             c.input.drain(..n);
+            self.input_bytes -= n;
             c.blocked_since = None;
         }
     }
@@ -712,6 +743,7 @@ impl PageServer {
         }
         if c.dead || (c.close_after && c.out.is_empty()) {
             let mut c = self.conns[i].take().expect("live");
+            self.input_bytes -= c.input.len();
             let _ = self.poll.registry().deregister(&mut c.stream);
             self.free.push(i);
             self.nconn -= 1;
