@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 mod partition;
+pub mod qp;
 
 pub use partition::{KvError, Partition, PartitionStats, MAX_KEY};
 
