@@ -52,6 +52,13 @@
 #define DDS_ENTRY_DIR 1
 
 /**
+ * A registered buffer (opaque): shared memory of the connection that the DPU reads and
+ * writes by DMA. Create with `dds_register_buffer`, get its address with `dds_buffer_data`,
+ * free with `dds_unregister_buffer` or `dds_disconnect`.
+ */
+typedef struct dds_buffer_t dds_buffer_t;
+
+/**
  * A snapshot of a directory's entries (opaque), from `dds_list_directory`. Independent of
  * the connection (it may outlive it); free with `dds_dir_close`. Not safe for concurrent
  * use from several threads.
@@ -79,6 +86,11 @@ typedef struct dds_t dds_t;
  * `DDS_INTERNAL`.
  */
 typedef int32_t dds_status;
+
+/**
+ * A file id, as returned by `dds_create_file` and `dds_lookup`.
+ */
+typedef uint32_t dds_file_id;
 
 /**
  * Settings of a notification group (`dds_group_config_default` fills in the defaults).
@@ -139,11 +151,6 @@ typedef struct dds_info {
      */
     uint32_t block_size;
 } dds_info;
-
-/**
- * A file id, as returned by `dds_create_file` and `dds_lookup`.
- */
-typedef uint32_t dds_file_id;
 
 /**
  * A file's id and size.
@@ -343,6 +350,22 @@ typedef struct dds_const_iovec {
 #define DDS_PROTOCOL 22
 
 /**
+ * No registered buffer with this id on this connection (it was unregistered, or the handle
+ * belongs to another connection).
+ */
+#define DDS_UNKNOWN_BUFFER 23
+
+/**
+ * The offset and length reach outside the registered buffer.
+ */
+#define DDS_BUFFER_RANGE 24
+
+/**
+ * Registering would exceed the DPU's cap on registered buffers or bytes per connection.
+ */
+#define DDS_BUFFER_LIMIT 25
+
+/**
  * A defect inside the library was caught at the API boundary (the call did not complete;
  * its effects are unknown). `dds_last_error_message` has the details.
  */
@@ -351,6 +374,103 @@ typedef struct dds_const_iovec {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Allocates `len` bytes of shared memory, registers them with the DPU (a sealed memfd passed
+ * over the control socket) and stores the new buffer handle in `*out`. Reads and writes on
+ * ranges of it (`dds_read_registered`, `dds_write_registered` and their `_sync` forms) move
+ * their data by DMA straight between the DPU and the buffer. `DDS_BUFFER_LIMIT`: the DPU's
+ * cap on registered bytes per connection is reached.
+ *
+ * # Safety
+ * `dds` is NULL or a live handle; `out` is NULL or writable.
+ */
+dds_status dds_register_buffer(struct dds_t *dds, size_t len, struct dds_buffer_t **out);
+
+/**
+ * Stores the buffer's address (page aligned) in `*data` and its length in `*len` (either may
+ * be NULL). The application fills and reads the buffer there; a range with a read in flight
+ * must not be accessed, and one with a write in flight must not change, until the
+ * completion.
+ *
+ * # Safety
+ * `buf` is NULL or a live buffer handle; `data` and `len` are NULL or writable.
+ */
+dds_status dds_buffer_data(const struct dds_buffer_t *buf, void **data, size_t *len);
+
+/**
+ * Unregisters a buffer of connection `dds` and frees its handle. Operations still in flight
+ * on it keep it registered until they complete; its memory is unmapped after that.
+ *
+ * # Safety
+ * `dds` is NULL or a live handle; `buf` is NULL or a buffer handle of `dds` that no other
+ * thread uses during or after this call.
+ */
+dds_status dds_unregister_buffer(struct dds_t *dds, struct dds_buffer_t *buf);
+
+/**
+ * Issues a read of `len` bytes of file `file` at `offset` that the DPU puts by DMA into
+ * `buf` at `buf_offset` (no copy by the library). Completes like `dds_read` (bytes read,
+ * short at end of file). `DDS_BUFFER_RANGE`: the range reaches outside the buffer.
+ *
+ * # Safety
+ * `dds` is NULL or a live handle; `buf` is NULL or a buffer handle of `dds`; the range is
+ * not accessed until the completion has been returned by `dds_poll_wait`.
+ */
+dds_status dds_read_registered(struct dds_t *dds,
+                               dds_file_id file,
+                               uint64_t offset,
+                               const struct dds_buffer_t *buf,
+                               size_t buf_offset,
+                               uint32_t len,
+                               uint64_t io_ctx);
+
+/**
+ * Issues a write of `len` bytes of `buf` at `buf_offset` to file `file` at `offset`; the DPU
+ * fetches them by DMA from the buffer (no copy by the library), so the range must not change
+ * until the completion. Completes like `dds_write` (bytes written).
+ *
+ * # Safety
+ * `dds` is NULL or a live handle; `buf` is NULL or a buffer handle of `dds`.
+ */
+dds_status dds_write_registered(struct dds_t *dds,
+                                dds_file_id file,
+                                uint64_t offset,
+                                const struct dds_buffer_t *buf,
+                                size_t buf_offset,
+                                uint32_t len,
+                                uint64_t io_ctx);
+
+/**
+ * Blocking form of `dds_read_registered`: stores the bytes read in `*bytes_read` unless it
+ * is NULL.
+ *
+ * # Safety
+ * As for `dds_read_registered`, the range untouched during the call; `bytes_read` is NULL or
+ * writable.
+ */
+dds_status dds_read_registered_sync(struct dds_t *dds,
+                                    dds_file_id file,
+                                    uint64_t offset,
+                                    const struct dds_buffer_t *buf,
+                                    size_t buf_offset,
+                                    uint32_t len,
+                                    uint32_t *bytes_read);
+
+/**
+ * Blocking form of `dds_write_registered`: stores the bytes written in `*bytes_written`
+ * unless it is NULL.
+ *
+ * # Safety
+ * As for `dds_write_registered`; `bytes_written` is NULL or writable.
+ */
+dds_status dds_write_registered_sync(struct dds_t *dds,
+                                     dds_file_id file,
+                                     uint64_t offset,
+                                     const struct dds_buffer_t *buf,
+                                     size_t buf_offset,
+                                     uint32_t len,
+                                     uint32_t *bytes_written);
 
 /**
  * Writes the default connection settings into `*config`.

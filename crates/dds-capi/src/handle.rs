@@ -23,6 +23,8 @@ pub struct dds_t {
     pub(crate) default_group: *mut dds_group_t,
     /// Addresses of the group handles made by `dds_create_group` and not deleted yet.
     pub(crate) groups: Mutex<HashSet<usize>>,
+    /// Addresses of the buffer handles made by `dds_register_buffer` and not unregistered.
+    pub(crate) buffers: Mutex<HashSet<usize>>,
 }
 
 /// A notification group (opaque): a request ring, a response ring and the completions of the
@@ -54,7 +56,12 @@ impl dds_t {
             dds,
             default_group,
             groups: Mutex::new(HashSet::new()),
+            buffers: Mutex::new(HashSet::new()),
         }
+    }
+
+    pub(crate) fn lock_buffers(&self) -> std::sync::MutexGuard<'_, HashSet<usize>> {
+        self.buffers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// True when `g` is the default group or a group created on this connection and not
@@ -70,6 +77,11 @@ impl dds_t {
 
 impl Drop for dds_t {
     fn drop(&mut self) {
+        let buffers = self.buffers.get_mut().unwrap_or_else(|p| p.into_inner());
+        for addr in buffers.drain() {
+            // SAFETY: the set holds only live handles made by `new_buffer` for this connection.
+            unsafe { crate::buffer::free_buffer(addr as *mut crate::buffer::dds_buffer_t) };
+        }
         let groups = self.groups.get_mut().unwrap_or_else(|p| p.into_inner());
         for addr in groups.drain() {
             // SAFETY: the set holds only live handles made by `new_group` for this connection.

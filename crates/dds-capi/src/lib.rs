@@ -8,7 +8,7 @@
 //!   arguments fail with `DDS_INVALID_ARGUMENT`; `dds_last_error_message` tells the detail;
 //! - no panic crosses the boundary: a defect caught inside fails with `DDS_INTERNAL`;
 //! - handles are opaque: `dds_t` (a connection), `dds_group_t` (a notification group),
-//!   `dds_dir_iter_t` (a directory listing).
+//!   `dds_dir_iter_t` (a directory listing), `dds_buffer_t` (a registered buffer).
 //!
 //! Threads: a `dds_t` may be used from many threads at once (all calls except
 //! `dds_disconnect`, which must be the last one); so may a `dds_group_t` (many threads may
@@ -20,6 +20,7 @@
 
 #![allow(non_camel_case_types)]
 
+mod buffer;
 mod conn;
 mod dir;
 mod group;
@@ -28,6 +29,7 @@ mod io;
 mod status;
 mod types;
 
+pub use buffer::*;
 pub use conn::*;
 pub use dir::*;
 pub use group::*;

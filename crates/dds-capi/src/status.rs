@@ -62,12 +62,19 @@ pub const DDS_BUSY: dds_status = 20;
 pub const DDS_INVALID_ARGUMENT: dds_status = 21;
 /// Protocol version mismatch, or a reply the library does not understand.
 pub const DDS_PROTOCOL: dds_status = 22;
+/// No registered buffer with this id on this connection (it was unregistered, or the handle
+/// belongs to another connection).
+pub const DDS_UNKNOWN_BUFFER: dds_status = 23;
+/// The offset and length reach outside the registered buffer.
+pub const DDS_BUFFER_RANGE: dds_status = 24;
+/// Registering would exceed the DPU's cap on registered buffers or bytes per connection.
+pub const DDS_BUFFER_LIMIT: dds_status = 25;
 /// A defect inside the library was caught at the API boundary (the call did not complete;
 /// its effects are unknown). `dds_last_error_message` has the details.
 pub const DDS_INTERNAL: dds_status = 255;
 
 /// C names of the protocol codes, indexed by code.
-const NAMES: [&std::ffi::CStr; 23] = [
+const NAMES: [&std::ffi::CStr; 26] = [
     c"DDS_OK",
     c"DDS_UNKNOWN_FILE",
     c"DDS_UNKNOWN_DIR",
@@ -91,10 +98,13 @@ const NAMES: [&std::ffi::CStr; 23] = [
     c"DDS_BUSY",
     c"DDS_INVALID_ARGUMENT",
     c"DDS_PROTOCOL",
+    c"DDS_UNKNOWN_BUFFER",
+    c"DDS_BUFFER_RANGE",
+    c"DDS_BUFFER_LIMIT",
 ];
 
 /// Descriptions of the protocol codes, indexed by code.
-const MESSAGES: [&std::ffi::CStr; 23] = [
+const MESSAGES: [&std::ffi::CStr; 26] = [
     c"ok",
     c"unknown file id",
     c"unknown directory",
@@ -118,6 +128,9 @@ const MESSAGES: [&std::ffi::CStr; 23] = [
     c"file service busy, retry",
     c"invalid argument",
     c"protocol version mismatch",
+    c"unknown registered buffer",
+    c"range outside the registered buffer",
+    c"registered buffer limit reached",
 ];
 
 pub(crate) fn status_code(s: Status) -> dds_status {
@@ -288,6 +301,9 @@ mod tests {
             DDS_BUSY,
             DDS_INVALID_ARGUMENT,
             DDS_PROTOCOL,
+            DDS_UNKNOWN_BUFFER,
+            DDS_BUFFER_RANGE,
+            DDS_BUFFER_LIMIT,
         ];
         assert_eq!(c.len(), Status::ALL.len());
         for (i, st) in Status::ALL.iter().enumerate() {
@@ -307,7 +323,8 @@ mod tests {
         assert_eq!(s(dds_status_name(DDS_PROTOCOL)), "DDS_PROTOCOL");
         assert_eq!(s(dds_status_name(DDS_INTERNAL)), "DDS_INTERNAL");
         assert_eq!(s(dds_status_name(-1)), "DDS_UNKNOWN_STATUS");
-        assert_eq!(s(dds_status_name(23)), "DDS_UNKNOWN_STATUS");
+        assert_eq!(s(dds_status_name(DDS_BUFFER_LIMIT)), "DDS_BUFFER_LIMIT");
+        assert_eq!(s(dds_status_name(26)), "DDS_UNKNOWN_STATUS");
         assert_eq!(s(dds_status_name(i32::MIN)), "DDS_UNKNOWN_STATUS");
         assert_eq!(s(dds_status_message(1000)), "unknown status code");
     }

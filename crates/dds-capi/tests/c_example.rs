@@ -61,6 +61,7 @@ fn build_and_run(name: &str, link: &[&str]) {
         "wrote 12800 bytes (2 writes, 1 gather write, 1 blocking write)",
         "read back 12800 bytes (plain, scatter, blocking read); all bytes match",
         "stat of an unknown id: DDS_UNKNOWN_FILE",
+        "registered buffer: 2 writes and 2 reads by DMA, all bytes match; outside it: DDS_BUFFER_RANGE",
         "dds example: OK",
     ] {
         assert!(

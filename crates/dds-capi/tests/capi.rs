@@ -561,3 +561,102 @@ fn dpu_gone_is_dpu_dead() {
         ok(dds_disconnect(dds));
     }
 }
+
+/// Registered buffers through the C functions: DMA round trips, handle checks (NULL, another
+/// connection's buffer, a freed handle), range errors, and buffers left to `dds_disconnect`.
+#[test]
+fn registered_buffers() {
+    let dpu = start_dpu();
+    let dds = connect(dpu.socket());
+    let other = connect(dpu.socket());
+    let file = create_file(dds, "/registered");
+    let mut buf = null_mut();
+    // SAFETY (whole test): valid arguments unless a check is the point.
+    unsafe {
+        assert_rc(
+            dds_register_buffer(null_mut(), 4096, &mut buf),
+            DDS_INVALID_ARGUMENT,
+        );
+        assert_rc(dds_register_buffer(dds, 0, &mut buf), DDS_INVALID_ARGUMENT);
+        ok(dds_register_buffer(dds, 64 << 10, &mut buf));
+        let mut data: *mut c_void = null_mut();
+        let mut len = 0usize;
+        ok(dds_buffer_data(buf, &mut data, &mut len));
+        assert_eq!(len, 64 << 10);
+        assert_eq!(data as usize % 4096, 0);
+        let bytes = std::slice::from_raw_parts_mut(data.cast::<u8>(), len);
+        for (i, b) in bytes[..8192].iter_mut().enumerate() {
+            *b = (i * 13 + 5) as u8;
+        }
+        let mut n = 0u32;
+        ok(dds_write_registered_sync(
+            dds, file, 0, buf, 0, 8192, &mut n,
+        ));
+        assert_eq!(n, 8192);
+        let mut plain = vec![0u8; 8192];
+        ok(dds_read_sync(
+            dds,
+            file,
+            0,
+            plain.as_mut_ptr().cast(),
+            8192,
+            &mut n,
+        ));
+        assert!(plain[..] == bytes[..8192]);
+        ok(dds_read_registered_sync(
+            dds,
+            file,
+            4096,
+            buf,
+            32 << 10,
+            8192,
+            &mut n,
+        ));
+        assert_eq!(n, 4096, "short read at the end of the file");
+        assert!(bytes[32 << 10..(32 << 10) + 4096] == plain[4096..]);
+        // Async, completing through the default group.
+        ok(dds_read_registered(dds, file, 0, buf, 16 << 10, 4096, 7));
+        let mut group = null_mut();
+        ok(dds_default_group(dds, &mut group));
+        let mut c = completion();
+        ok(dds_poll_wait(group, &mut c, 5_000_000));
+        assert_eq!((c.io_ctx, c.status, c.bytes), (7, DDS_OK, 4096));
+        assert!(bytes[16 << 10..(16 << 10) + 4096] == plain[..4096]);
+
+        assert_rc(
+            dds_read_registered_sync(dds, file, 0, buf, (64 << 10) - 1, 2, null_mut()),
+            DDS_BUFFER_RANGE,
+        );
+        assert_rc(
+            dds_write_registered(dds, file, 0, null(), 0, 16, 0),
+            DDS_INVALID_ARGUMENT,
+        );
+        // Another connection's buffer.
+        assert_rc(
+            dds_write_registered_sync(other, file, 0, buf, 0, 16, null_mut()),
+            DDS_INVALID_ARGUMENT,
+        );
+        assert_rc(dds_unregister_buffer(other, buf), DDS_INVALID_ARGUMENT);
+        ok(dds_unregister_buffer(dds, buf));
+        // A buffer left registered is freed by dds_disconnect.
+        let mut left = null_mut();
+        ok(dds_register_buffer(dds, 4096, &mut left));
+    }
+    let st = dds_host::Dds::connect(dpu.socket())
+        .unwrap()
+        .stats()
+        .unwrap();
+    assert_eq!((st.registered_buffers, st.registered_bytes), (1, 4096));
+    // SAFETY: live handles, used by no other thread.
+    unsafe {
+        ok(dds_disconnect(dds));
+        ok(dds_disconnect(other));
+    }
+    let probe = dds_host::Dds::connect(dpu.socket()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while probe.stats().unwrap().registered_buffers != 0 {
+        assert!(Instant::now() < deadline, "buffers not released");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    dpu.shutdown();
+}

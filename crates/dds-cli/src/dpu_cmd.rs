@@ -70,6 +70,10 @@ pub struct DpuArgs {
     /// DPU memory all notification groups' buffers may use together.
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     pub memory_budget: u64,
+    /// Bytes of application buffers one host connection may register (zero-copy reads and
+    /// writes straight from and into them); registrations past it are refused.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub max_registered_bytes: u64,
     /// Always spin, as on a dedicated DPU core (by default the idle service thread parks
     /// until a host, the control plane or the director has work for it).
     #[arg(long)]
@@ -199,6 +203,7 @@ impl DpuArgs {
             }),
             max_io_bytes: max_io,
             memory_budget_bytes: self.memory_budget,
+            max_registered_bytes_per_conn: self.max_registered_bytes,
             park_when_idle: !self.spin,
             allow_uids: self.allow_uids.clone(),
             allow_gids: self.allow_gids.clone(),

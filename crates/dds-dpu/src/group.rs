@@ -8,9 +8,10 @@
 //! A request's record stays in the request mirror until its response is buffered (TailB
 //! passed it): write data is handed to the device in place, so Head is advanced only then.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 
-use dds_dma::{DmaEngine, LocalBuf, RegionId};
+use dds_dma::{DmaEngine, DmaOp, LocalBuf, RegionId};
 use dds_fs::{FileId, FileService, FsError};
 use dds_offload_engine::CacheMaintainer;
 use dds_proto::record::{
@@ -36,15 +37,55 @@ struct Pending {
     /// For cache-on-write at completion: a WRITE's file, offset, data position in the request
     /// mirror, length and cache version.
     write: Option<WriteInfo>,
+    /// A `REGISTERED` READ or WRITE: its buffer and its place in the staging area.
+    reg: Option<RegIo>,
+    /// Staging-area position just past this request's staging space (or the allocation
+    /// position at its dispatch, without any).
+    stage_end: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 struct WriteInfo {
     file_id: u32,
     offset: u64,
+    /// Position of the data in the request mirror, or in the staging area (`staged`).
     data_pos: u64,
+    staged: bool,
     len: u32,
     version: u64,
+}
+
+/// The registered-buffer side of a `REGISTERED` request.
+#[derive(Clone, Copy, Debug)]
+struct RegIo {
+    read: bool,
+    region: RegionId,
+    buf_offset: u64,
+    /// Staging-area position of the data.
+    stage_pos: u64,
+}
+
+/// One application buffer registered by a host connection (`register_buffer`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RegBuf {
+    pub region: RegionId,
+    pub len: u64,
+}
+
+/// The buffers a host connection registered, by id.
+#[derive(Debug, Default)]
+pub(crate) struct ConnBuffers {
+    pub map: HashMap<u32, RegBuf>,
+    pub bytes: u64,
+}
+
+/// DPU-side staging of registered I/O: a byte ring the file service reads into and writes
+/// from, allocated in request order and freed as responses are buffered.
+struct Staging {
+    buf: LocalBuf,
+    cap: u64,
+    alloc: u64,
+    free: u64,
 }
 
 /// Buffers of the copy mode: device I/O goes through them, with a copy on each side.
@@ -77,6 +118,8 @@ pub(crate) struct GroupState {
     payload_align: u32,
     max_io_bytes: u32,
     copy: Option<CopyBuffers>,
+    /// Staging of registered I/O; allocated once the connection registers a buffer.
+    staging: Option<Staging>,
     /// No new requests are taken (deleted group or disconnected host).
     pub closing: bool,
     /// The ring framing was corrupt: the group is stopped.
@@ -163,11 +206,60 @@ impl GroupState {
             payload_align: p.payload_align,
             max_io_bytes: p.max_io_bytes,
             copy,
+            staging: None,
             closing: false,
             broken: false,
             memory_bytes: group_memory(p.req_capacity, p.resp_capacity, p.mode),
             counters: GroupCounters::default(),
         }
+    }
+
+    /// Bytes of the staging area of registered I/O (the larger ring's capacity).
+    pub fn staging_bytes(&self) -> u64 {
+        self.req_capacity.max(self.resp_capacity)
+    }
+
+    pub fn has_staging(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// Allocates the staging area of registered I/O (once), adding it to `memory_bytes`.
+    pub fn add_staging(&mut self) {
+        if self.staging.is_none() {
+            let cap = self.staging_bytes();
+            self.staging = Some(Staging {
+                buf: LocalBuf::new(cap as usize, 4096),
+                cap,
+                alloc: 0,
+                free: 0,
+            });
+            self.memory_bytes += cap;
+        }
+    }
+
+    /// Where `n` bytes of staging would go (not yet allocated): `Err(true)` when they can
+    /// never fit, `Err(false)` when the area is full now.
+    fn stage_place(&self, n: u64) -> Result<u64, bool> {
+        let Some(st) = &self.staging else {
+            return Err(true);
+        };
+        if n > st.cap {
+            return Err(true);
+        }
+        let mut at = st.alloc.next_multiple_of(u64::from(self.payload_align));
+        if at % st.cap + n > st.cap {
+            at = at.next_multiple_of(st.cap);
+        }
+        if at + n - st.free > st.cap {
+            return Err(false);
+        }
+        Ok(at)
+    }
+
+    fn stage_ptr(&self, pos: u64) -> *mut u8 {
+        let st = self.staging.as_ref().expect("registered I/O has staging");
+        // SAFETY: the offset is reduced modulo the buffer's capacity.
+        unsafe { st.buf.as_ptr().cast_mut().add((pos % st.cap) as usize) }
     }
 
     /// True when no I/O of this group is in the file service (its buffers may be freed).
@@ -225,6 +317,7 @@ impl GroupState {
         dma: &mut dyn DmaEngine,
         user_base: u64,
         fs_inflight_max: usize,
+        buffers: Option<&ConnBuffers>,
         mut hooks: Option<&mut CacheMaintainer>,
     ) -> Result<Dispatch, RingFault> {
         while self.dispatched < self.req.fetched() && !self.broken {
@@ -291,7 +384,11 @@ impl GroupState {
                 Ok(h) => (
                     h.op.code(),
                     h.request_id,
-                    if h.op == Op::Read { h.bytes } else { 0 },
+                    if h.op == Op::Read && h.buffer.is_none() {
+                        h.bytes
+                    } else {
+                        0
+                    },
                     None,
                 ),
             };
@@ -311,6 +408,37 @@ impl GroupState {
                     return Ok(Dispatch::Blocked);
                 }
             }
+            // A registered READ or WRITE: its buffer, range and staging space.
+            let mut reg = None;
+            let early = match (early, header) {
+                (None, Ok(h)) => match h.buffer {
+                    None => None,
+                    Some(b) => match buffers.and_then(|m| m.map.get(&b.id)) {
+                        None => Some(Status::UnknownBuffer),
+                        Some(rb)
+                            if b.offset
+                                .checked_add(u64::from(h.bytes))
+                                .is_none_or(|end| end > rb.len) =>
+                        {
+                            Some(Status::BufferRange)
+                        }
+                        Some(rb) => match self.stage_place(u64::from(h.bytes)) {
+                            Err(true) => Some(Status::TooLarge),
+                            Err(false) => return Ok(Dispatch::Blocked),
+                            Ok(at) => {
+                                reg = Some(RegIo {
+                                    read: h.op == Op::Read,
+                                    region: rb.region,
+                                    buf_offset: b.offset,
+                                    stage_pos: at,
+                                });
+                                None
+                            }
+                        },
+                    },
+                },
+                (e, _) => e,
+            };
             let align = if read_len > 0 { self.payload_align } else { 8 };
             // A read slot that can never fit the response ring gets TooLarge, not a slot.
             let (read_len, early) = if early.is_none()
@@ -348,6 +476,10 @@ impl GroupState {
                 },
                 slot,
             );
+            if let (Some(r), Ok(h), Some(st)) = (reg, header, self.staging.as_mut()) {
+                st.alloc = r.stage_pos + u64::from(h.bytes);
+            }
+            let stage_end = self.staging.as_ref().map_or(0, |st| st.alloc);
             let seq = self.pending_tail;
             self.pending_tail += 1;
             *self.pending_at(seq) = Pending {
@@ -357,6 +489,8 @@ impl GroupState {
                 read_len,
                 done: false,
                 write: None,
+                reg,
+                stage_end,
             };
             self.dispatched = pos + len;
             if let (None, Ok(h), Some(m)) = (early, header, hooks.as_deref_mut()) {
@@ -368,7 +502,11 @@ impl GroupState {
                         self.pending_at(seq).write = Some(WriteInfo {
                             file_id: h.file_id,
                             offset: h.offset,
-                            data_pos: pos + REQUEST_HEADER_BYTES as u64,
+                            data_pos: match reg {
+                                Some(r) => r.stage_pos,
+                                None => pos + REQUEST_HEADER_BYTES as u64,
+                            },
+                            staged: reg.is_some(),
                             len: h.bytes,
                             version: m.next_version(),
                         })
@@ -379,7 +517,7 @@ impl GroupState {
             let user = user_base | (seq & 0xFFFF_FFFF);
             let submitted = match (early, header) {
                 (Some(status), _) => Err(status),
-                (None, Ok(h)) => self.submit(fs, &h, pos, resp_at, user),
+                (None, Ok(h)) => self.submit(fs, dma, &h, reg, pos, resp_at, user),
                 (None, Err(_)) => unreachable!("malformed requests have an early status"),
             };
             match submitted {
@@ -391,14 +529,40 @@ impl GroupState {
     }
 
     /// Submits one request's I/O to the file service.
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &mut self,
         fs: &mut FileService,
+        dma: &mut dyn DmaEngine,
         h: &record::RequestHeader,
+        reg: Option<RegIo>,
         req_pos: u64,
         resp_at: u64,
         user: u64,
     ) -> Result<(), Status> {
+        if let Some(r) = reg {
+            let stage = self.stage_ptr(r.stage_pos);
+            let res = if r.read {
+                // The device reads into staging; `on_complete` DMAs it into the buffer.
+                // SAFETY: the staging space stays allocated until the response is buffered.
+                unsafe { fs.submit_read(FileId(h.file_id), h.offset, stage, h.bytes, user) }
+            } else {
+                // Fetch the data from the registered buffer by DMA, then write it from staging.
+                if h.bytes > 0 {
+                    let op = DmaOp::read(r.region, r.buf_offset, stage, h.bytes, user);
+                    // SAFETY: the staging space is ours until the response is buffered, and
+                    // the engine has no other operation in flight (every DMA of the service
+                    // thread runs to completion before the next).
+                    if let Err(e) = unsafe { dds_dma::run_sync(dma, &[op]) } {
+                        tracing::debug!(group = self.id, "registered write fetch: {e}");
+                        return Err(Status::UnknownBuffer);
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { fs.submit_write(FileId(h.file_id), h.offset, stage, h.bytes, user) }
+            };
+            return res.map_err(|e| Status::from(&e));
+        }
         let r = match h.op {
             Op::Read => {
                 let slot_data = resp_at + RESPONSE_HEADER_BYTES as u64;
@@ -446,6 +610,7 @@ impl GroupState {
         &mut self,
         user: u64,
         result: Result<u32, FsError>,
+        dma: &mut dyn DmaEngine,
         hooks: Option<&mut CacheMaintainer>,
     ) {
         assert!(
@@ -459,18 +624,42 @@ impl GroupState {
             self.pending_head + (low.wrapping_sub(self.pending_head & 0xFFFF_FFFF) & 0xFFFF_FFFF);
         assert!(seq < self.pending_tail, "completion for an unknown request");
         if let (Some(w), Some(m)) = (self.pending_at(seq).write, hooks) {
-            // SAFETY: the write's record is not released before its response is buffered.
-            let data =
-                unsafe { std::slice::from_raw_parts(self.req_ptr(w.data_pos), w.len as usize) };
+            let at = match w.staged {
+                true => self.stage_ptr(w.data_pos),
+                false => self.req_ptr(w.data_pos),
+            };
+            // SAFETY: the write's record (or staging space) is not released before its
+            // response is buffered.
+            let data = unsafe { std::slice::from_raw_parts(at, w.len as usize) };
             // Cache-on-write runs before the response can be delivered (advance runs later).
             match result {
                 Ok(_) => m.write_completed(w.file_id, w.offset, data, w.version),
                 Err(_) => m.write_failed(w.file_id, w.offset, data, w.version),
             }
         }
-        match result {
-            Ok(bytes) => self.complete_seq(seq, Status::Ok, bytes),
-            Err(e) => self.complete_seq(seq, Status::from(&e), 0),
+        match (result, self.pending_at(seq).reg) {
+            (Ok(bytes), Some(r)) if r.read && bytes > 0 => {
+                // Put the data read into the registered buffer, then answer.
+                let op = DmaOp::write(
+                    r.region,
+                    r.buf_offset,
+                    self.stage_ptr(r.stage_pos),
+                    bytes,
+                    user,
+                );
+                // SAFETY: staging stays allocated until the response is buffered; no other
+                // DMA operation is in flight (see `submit`).
+                match unsafe { dds_dma::run_sync(dma, &[op]) } {
+                    Ok(()) => self.complete_seq(seq, Status::Ok, bytes),
+                    Err(e) => {
+                        // The buffer was unregistered (or its connection closed) meanwhile.
+                        tracing::debug!(group = self.id, "registered read delivery: {e}");
+                        self.complete_seq(seq, Status::UnknownBuffer, 0)
+                    }
+                }
+            }
+            (Ok(bytes), _) => self.complete_seq(seq, Status::Ok, bytes),
+            (Err(e), _) => self.complete_seq(seq, Status::from(&e), 0),
         }
     }
 
@@ -500,7 +689,7 @@ impl GroupState {
         c.requests += 1;
         if status != Status::Ok {
             c.errors += 1;
-        } else if p.read_len > 0 {
+        } else if p.read_len > 0 || p.reg.is_some_and(|r| r.read) {
             c.bytes_read += u64::from(bytes);
         } else {
             c.bytes_written += u64::from(bytes);
@@ -524,6 +713,9 @@ impl GroupState {
             }
             self.tail_b = p.resp_end;
             release = Some(p.req_end);
+            if let Some(st) = self.staging.as_mut() {
+                st.free = st.free.max(p.stage_end);
+            }
             self.pending_head += 1;
         }
         let mut moved = release.is_some();

@@ -62,7 +62,13 @@ pub struct DpuConfig {
     /// A control frame whose first byte arrived must be complete within this time, or the
     /// connection is closed. Waiting between frames is not limited.
     pub control_frame_timeout: Duration,
+    /// Bytes of application buffers one control connection may register at most
+    /// (`register_buffer`); more get `BufferLimit`.
+    pub max_registered_bytes_per_conn: u64,
 }
+
+/// Application buffers one control connection may register at most.
+pub const MAX_BUFFERS_PER_CONN: usize = 1024;
 
 impl Default for DpuConfig {
     fn default() -> Self {
@@ -81,6 +87,7 @@ impl Default for DpuConfig {
             allow_gids: Vec::new(),
             max_control_connections: 64,
             control_frame_timeout: Duration::from_secs(10),
+            max_registered_bytes_per_conn: 1 << 30,
         }
     }
 }

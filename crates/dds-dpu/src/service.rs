@@ -10,15 +10,15 @@ use crossbeam_channel::{Receiver, Sender};
 use dds_dma::EmulatedDma;
 use dds_fs::{FileId, FileService, MetaDone, MetaOp};
 use dds_proto::control::{
-    DirEntry, DmaCounters, DpuStats, EntryKind, ExposeInfo, FileInfo, GroupInfo, GroupStats,
-    HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
+    BufferInfo, DirEntry, DmaCounters, DpuStats, EntryKind, ExposeInfo, FileInfo, GroupInfo,
+    GroupStats, HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
 };
 use dds_proto::Status;
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 use crate::bell::{self, Bell};
 use crate::control::Command;
-use crate::group::{group_memory, Dispatch, GroupParams, GroupState};
+use crate::group::{group_memory, ConnBuffers, Dispatch, GroupParams, GroupState, RegBuf};
 use crate::offload::{port_result, FsReads, OffloadHooks};
 use crate::DpuConfig;
 
@@ -55,6 +55,10 @@ pub(crate) struct Service {
     /// Metadata operations handed to the file service, by user data: who waits for the reply.
     meta_waiting: HashMap<u64, MetaWaiter>,
     next_meta: u64,
+    /// Application buffers registered per control connection.
+    buffers: HashMap<u64, ConnBuffers>,
+    /// Ids are never reused, so a stale id never names another buffer.
+    next_buffer_id: u32,
 }
 
 /// A control request waiting for its metadata operation (`FileService::submit_meta`).
@@ -112,6 +116,8 @@ impl Service {
             offload,
             meta_waiting: HashMap::new(),
             next_meta: 0,
+            buffers: HashMap::new(),
+            next_buffer_id: 1,
         }
     }
 
@@ -236,12 +242,14 @@ impl Service {
             }
             let user_base = (index as u64) << 32;
             let hooks = self.offload.as_mut().map(|o| &mut o.maintainer);
+            let buffers = self.buffers.get(&g.conn);
             let r = g.fetch(&mut self.dma).and_then(|fetched| {
                 let d = g.dispatch(
                     &mut self.fs,
                     &mut self.dma,
                     user_base,
                     self.fs_inflight_max,
+                    buffers,
                     hooks,
                 )?;
                 Ok(fetched || d == Dispatch::Blocked)
@@ -253,6 +261,7 @@ impl Service {
         }
         let groups = &mut self.groups;
         let offload = &mut self.offload;
+        let dma = &mut self.dma;
         let completed = self.fs.poll(|user, result| {
             if let Some(o) = offload.as_mut() {
                 if o.port.on_completion(user, port_result(&result)) {
@@ -262,7 +271,7 @@ impl Service {
             let index = (user >> 32) as usize;
             let hooks = offload.as_mut().map(|o| &mut o.maintainer);
             match groups.get_mut(index).and_then(|g| g.as_mut()) {
-                Some(g) => g.on_complete(user, result, hooks),
+                Some(g) => g.on_complete(user, result, dma, hooks),
                 None => tracing::error!(user, "completion for a vanished group"),
             }
         });
@@ -391,6 +400,14 @@ impl Service {
                             g.closing = true;
                         }
                     }
+                    // The host's buffers go with its connection; a request still in flight
+                    // on one fails its DMA (`UnknownBuffer`) instead of touching it.
+                    if let Some(b) = self.buffers.remove(&conn) {
+                        for rb in b.map.values() {
+                            self.dma.unregister(rb.region);
+                        }
+                        tracing::debug!(conn, buffers = b.map.len(), "buffers released");
+                    }
                 }
             }
         }
@@ -434,6 +451,24 @@ impl Service {
                 Reply::ok(&ExposeInfo { engine })
             }),
             Request::Stats => return Reply::ok(&self.stats()),
+            Request::RegisterBuffer { len } => return self.register_buffer(conn, fds, len),
+            Request::UnregisterBuffer { buffer } => {
+                return match self
+                    .buffers
+                    .get_mut(&conn)
+                    .and_then(|b| b.map.remove(&buffer).map(|rb| (b, rb)))
+                {
+                    Some((b, rb)) => {
+                        b.bytes -= rb.len;
+                        self.dma.unregister(rb.region);
+                        Reply::ok(&())
+                    }
+                    None => Reply::err(
+                        Status::UnknownBuffer,
+                        format!("no buffer {buffer} on this connection"),
+                    ),
+                };
+            }
             Request::CreateDir { .. }
             | Request::RemoveDir { .. }
             | Request::CreateFile { .. }
@@ -530,7 +565,90 @@ impl Service {
                 dirs: s.dirs,
             },
             offload: self.offload.as_mut().map(|o| o.stats()),
+            registered_buffers: self.buffers.values().map(|b| b.map.len() as u64).sum(),
+            registered_bytes: self.buffers.values().map(|b| b.bytes).sum(),
         }
+    }
+
+    /// `register_buffer`: maps a host application buffer for registered READ and WRITE
+    /// records of this connection's groups.
+    fn register_buffer(&mut self, conn: u64, fds: Vec<OwnedFd>, len: u64) -> Reply {
+        let bad = |m: String| Reply::err(Status::InvalidArgument, m);
+        let [shm]: [OwnedFd; 1] = match fds.try_into() {
+            Ok(a) => a,
+            Err(v) => {
+                return bad(format!(
+                    "register_buffer needs 1 descriptor (shared memory), got {}",
+                    v.len()
+                ))
+            }
+        };
+        let Ok(len_usize) = usize::try_from(len) else {
+            return bad(format!("buffer length {len} too large"));
+        };
+        if len == 0 {
+            return bad("buffer length 0".into());
+        }
+        let cap = self.config.max_registered_bytes_per_conn;
+        let (count, bytes) = self
+            .buffers
+            .get(&conn)
+            .map_or((0, 0), |b| (b.map.len(), b.bytes));
+        if count >= crate::MAX_BUFFERS_PER_CONN {
+            return Reply::err(
+                Status::BufferLimit,
+                format!(
+                    "this connection holds {count} registered buffers already (at most {})",
+                    crate::MAX_BUFFERS_PER_CONN
+                ),
+            );
+        }
+        if bytes.saturating_add(len) > cap {
+            return Reply::err(
+                Status::BufferLimit,
+                format!(
+                    "registering {len} bytes would make {} bytes of registered buffers on this \
+                     connection; the cap is {cap} (dds dpu --max-registered-bytes)",
+                    bytes.saturating_add(len)
+                ),
+            );
+        }
+        // Staging for registered I/O in every group of the connection that lacks it.
+        let need: u64 = self
+            .groups
+            .iter()
+            .flatten()
+            .filter(|g| g.conn == conn && !g.closing && !g.has_staging())
+            .map(|g| g.staging_bytes())
+            .sum();
+        if self.memory_used + need > self.config.memory_budget_bytes {
+            return Reply::err(
+                Status::NoSpace,
+                format!(
+                    "staging registered I/O needs {need} bytes of DPU memory, {} of {} left",
+                    self.config.memory_budget_bytes - self.memory_used,
+                    self.config.memory_budget_bytes
+                ),
+            );
+        }
+        let region = match self.dma.register(shm, len_usize) {
+            Ok(r) => r,
+            Err(e) => return bad(format!("cannot register buffer: {e}")),
+        };
+        for g in self.groups.iter_mut().flatten() {
+            if g.conn == conn && !g.closing && !g.has_staging() {
+                let before = g.memory_bytes;
+                g.add_staging();
+                self.memory_used += g.memory_bytes - before;
+            }
+        }
+        let id = self.next_buffer_id;
+        self.next_buffer_id = self.next_buffer_id.wrapping_add(1).max(1);
+        let b = self.buffers.entry(conn).or_default();
+        b.map.insert(id, RegBuf { region, len });
+        b.bytes += len;
+        tracing::debug!(conn, buffer = id, len, "buffer registered");
+        Reply::ok(&BufferInfo { buffer: id })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -591,7 +709,13 @@ impl Service {
                 format!("DPU serves {live} groups already"),
             );
         }
-        let need = group_memory(req_capacity, resp_capacity, self.config.exec_mode);
+        let staged = self.buffers.get(&conn).is_some_and(|b| !b.map.is_empty());
+        let need = group_memory(req_capacity, resp_capacity, self.config.exec_mode)
+            + if staged {
+                req_capacity.max(resp_capacity)
+            } else {
+                0
+            };
         if self.memory_used + need > self.config.memory_budget_bytes {
             return Reply::err(
                 Status::NoSpace,
@@ -623,7 +747,10 @@ impl Service {
             max_io_bytes: self.config.max_io_bytes.min(self.fs.max_io_bytes()),
             mode: self.config.exec_mode,
         };
-        let g = GroupState::new(params);
+        let mut g = GroupState::new(params);
+        if staged {
+            g.add_staging();
+        }
         self.memory_used += g.memory_bytes;
         match self.groups.iter().position(|s| s.is_none()) {
             Some(i) => self.groups[i] = Some(g),

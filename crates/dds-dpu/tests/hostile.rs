@@ -113,6 +113,7 @@ fn malformed_records_get_errors_and_corrupt_groups_stop_alone() {
         file_id: 1,
         offset: 0,
         bytes: 8,
+        buffer: None,
     });
     g.producer.try_push(77, &tail, &[], 8).unwrap();
     let r = next_response(&g, Duration::from_secs(5)).expect("answer to a bad opcode");
@@ -135,6 +136,7 @@ fn malformed_records_get_errors_and_corrupt_groups_stop_alone() {
         file_id: 999,
         offset: 0,
         bytes: 8,
+        buffer: None,
     });
     g.producer.try_push(OP_READ, &tail, &[], 8).unwrap();
     let r = next_response(&g, Duration::from_secs(5)).unwrap();

@@ -19,6 +19,7 @@ use dds_proto::record::Op;
 use dds_proto::Status;
 use serde::de::DeserializeOwned;
 
+use crate::buffer::RegisteredBuffer;
 use crate::error::{DdsError, Result};
 use crate::group::{Group, GroupConfig, GroupInner, IoVec};
 
@@ -447,6 +448,163 @@ impl Dds {
         let waiter = crate::group::WaiterInner::new();
         g.inner().issue_flush(fctx, 0, Some(waiter.clone()))?;
         g.inner().wait(&waiter).map(|_| ())
+    }
+
+    // ---- registered buffers (zero copy on the host) ----
+
+    /// Allocates an application buffer of `len` bytes in shared memory and registers it with
+    /// the DPU (a sealed memfd passed over the control socket). Reads and writes that name a
+    /// range of it ([`Dds::read_registered`], [`Dds::write_registered`] and their `_sync`
+    /// forms) move their data by DMA straight between the DPU and the buffer: the library
+    /// copies nothing. Fails with `BufferLimit` past the DPU's cap on registered bytes per
+    /// connection. Dropping the buffer unregisters it (after the operations in flight on it).
+    pub fn register_buffer(&self, len: usize) -> Result<RegisteredBuffer> {
+        RegisteredBuffer::register(&self.shared, len)
+    }
+
+    fn check_buffer(&self, buf: &RegisteredBuffer, offset: usize, len: u32) -> Result<()> {
+        if !Arc::ptr_eq(&buf.inner.shared, &self.shared) {
+            return Err(DdsError::new(
+                Status::InvalidArgument,
+                "the buffer is registered on another connection",
+            ));
+        }
+        buf.check_range(offset, len)
+    }
+
+    /// Issues a read of `len` bytes at `offset` of `file` that the DPU puts by DMA into
+    /// `buf[buf_offset .. buf_offset + len]`; completes through the file's group (bytes read,
+    /// short at end of file). The buffer stays registered until the completion.
+    ///
+    /// # Safety
+    /// That range of `buf` is not accessed until the completion is returned.
+    pub unsafe fn read_registered(
+        &self,
+        file: u32,
+        offset: u64,
+        buf: &RegisteredBuffer,
+        buf_offset: usize,
+        len: u32,
+        io_ctx: u64,
+    ) -> Result<()> {
+        self.check_buffer(buf, buf_offset, len)?;
+        self.route(file, |g, fctx| unsafe {
+            g.issue_registered(
+                Op::Read,
+                file,
+                offset,
+                &buf.inner,
+                buf_offset as u64,
+                len,
+                fctx,
+                io_ctx,
+                None,
+            )
+        })
+    }
+
+    /// Issues a write of `buf[buf_offset .. buf_offset + len]` to `file` at `offset`; the
+    /// DPU fetches the data by DMA from the buffer, so that range must not change until the
+    /// completion is returned (bytes written).
+    pub fn write_registered(
+        &self,
+        file: u32,
+        offset: u64,
+        buf: &RegisteredBuffer,
+        buf_offset: usize,
+        len: u32,
+        io_ctx: u64,
+    ) -> Result<()> {
+        self.check_buffer(buf, buf_offset, len)?;
+        // SAFETY: a WRITE never stores into the buffer.
+        self.route(file, |g, fctx| unsafe {
+            g.issue_registered(
+                Op::Write,
+                file,
+                offset,
+                &buf.inner,
+                buf_offset as u64,
+                len,
+                fctx,
+                io_ctx,
+                None,
+            )
+        })
+    }
+
+    /// Reads into `buf[buf_offset .. buf_offset + len]` and waits; returns the bytes read.
+    pub fn read_registered_sync(
+        &self,
+        file: u32,
+        offset: u64,
+        buf: &mut RegisteredBuffer,
+        buf_offset: usize,
+        len: u32,
+    ) -> Result<usize> {
+        // SAFETY: `buf` is borrowed mutably for the whole call.
+        unsafe { self.read_registered_sync_shared(file, offset, buf, buf_offset, len) }
+    }
+
+    /// As [`Dds::read_registered_sync`] on a shared buffer handle (for the C ABI).
+    ///
+    /// # Safety
+    /// That range of `buf` is not accessed by anyone else during the call.
+    pub unsafe fn read_registered_sync_shared(
+        &self,
+        file: u32,
+        offset: u64,
+        buf: &RegisteredBuffer,
+        buf_offset: usize,
+        len: u32,
+    ) -> Result<usize> {
+        self.check_buffer(buf, buf_offset, len)?;
+        let (g, fctx) = self.group_of(file);
+        let waiter = crate::group::WaiterInner::new();
+        // SAFETY: the caller keeps the range to us, and `wait` returns only once the
+        // operation completed (or failed).
+        unsafe {
+            g.inner().issue_registered(
+                Op::Read,
+                file,
+                offset,
+                &buf.inner,
+                buf_offset as u64,
+                len,
+                fctx,
+                0,
+                Some(waiter.clone()),
+            )?
+        };
+        g.inner().wait(&waiter).map(|n| n as usize)
+    }
+
+    /// Writes `buf[buf_offset .. buf_offset + len]` and waits; returns the bytes written.
+    pub fn write_registered_sync(
+        &self,
+        file: u32,
+        offset: u64,
+        buf: &RegisteredBuffer,
+        buf_offset: usize,
+        len: u32,
+    ) -> Result<usize> {
+        self.check_buffer(buf, buf_offset, len)?;
+        let (g, fctx) = self.group_of(file);
+        let waiter = crate::group::WaiterInner::new();
+        // SAFETY: a WRITE never stores into the buffer.
+        unsafe {
+            g.inner().issue_registered(
+                Op::Write,
+                file,
+                offset,
+                &buf.inner,
+                buf_offset as u64,
+                len,
+                fctx,
+                0,
+                Some(waiter.clone()),
+            )?
+        };
+        g.inner().wait(&waiter).map(|n| n as usize)
     }
 
     /// Sends cache-table items to the DPU's offload engine, for state that lives in host

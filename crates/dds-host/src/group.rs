@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use dds_dma::SharedRegion;
 use dds_proto::control::{GroupInfo, Request};
-use dds_proto::record::{self, Op, RequestHeader, RESPONSE_HEADER_BYTES};
+use dds_proto::record::{self, BufferRef, Op, RequestHeader, RESPONSE_HEADER_BYTES};
 use dds_proto::Status;
 use dds_ring::{RequestProducer, ResponseConsumer, RingError, POINTER_AREA_BYTES};
 
+use crate::buffer::BufInner;
 use crate::conn::Shared;
 use crate::error::{DdsError, Result};
 
@@ -121,6 +122,8 @@ struct SlotData {
     iov_count: usize,
     requested: u32,
     waiter: Option<Waiter>,
+    /// A registered READ or WRITE: the buffer, kept registered until the completion.
+    buffer: Option<Arc<BufInner>>,
     status: Status,
     bytes: u32,
 }
@@ -243,6 +246,7 @@ impl Group {
                         iov_count: 0,
                         requested: 0,
                         waiter: None,
+                        buffer: None,
                         status: Status::Ok,
                         bytes: 0,
                     }),
@@ -334,13 +338,16 @@ impl GroupInner {
         let was = slot.state.swap(FREE, Ordering::AcqRel);
         assert_eq!(was, ISSUED);
         // SAFETY: the request was not published, so no one else can touch the slot.
-        unsafe { (*slot.data.get()).waiter = None };
+        unsafe {
+            (*slot.data.get()).waiter = None;
+            (*slot.data.get()).buffer = None;
+        }
         self.free.push(idx).expect("free queue sized to slots");
     }
 
     fn push(&self, op: Op, idx: u16, header: &RequestHeader, data: &[&[u8]]) -> Result<()> {
         let tail = record::encode_request_tail(header);
-        let align = if op == Op::Write {
+        let align = if op == Op::Write && header.buffer.is_none() {
             self.payload_align
         } else {
             8
@@ -419,6 +426,7 @@ impl GroupInner {
             file_id: file,
             offset,
             bytes: total as u32,
+            buffer: None,
         };
         self.push(Op::Read, idx, &h, &[])
     }
@@ -470,8 +478,59 @@ impl GroupInner {
             file_id: file,
             offset,
             bytes: total as u32,
+            buffer: None,
         };
         self.push(op, idx, &h, bufs)
+    }
+
+    /// Issues a READ or WRITE whose data moves by DMA straight between the DPU and `buf`
+    /// (`offset .. offset + len` of it, checked by the caller).
+    ///
+    /// # Safety
+    /// For a READ, the range is not accessed until the completion is returned.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn issue_registered(
+        &self,
+        op: Op,
+        file: u32,
+        offset: u64,
+        buf: &Arc<BufInner>,
+        buf_offset: u64,
+        len: u32,
+        file_ctx: u64,
+        io_ctx: u64,
+        waiter: Option<Waiter>,
+    ) -> Result<()> {
+        debug_assert!(matches!(op, Op::Read | Op::Write));
+        self.check_issue()?;
+        if len > self.max_io_bytes {
+            return Err(DdsError::new(
+                Status::TooLarge,
+                format!("I/O of {len} bytes exceeds {} bytes", self.max_io_bytes),
+            ));
+        }
+        let (idx, request_id) = self.take_slot(|d| {
+            d.op = op;
+            d.file_ctx = file_ctx;
+            d.io_ctx = io_ctx;
+            d.iov_count = 0;
+            d.requested = len;
+            d.waiter = waiter;
+            d.buffer = Some(buf.clone());
+        })?;
+        let buffer = BufferRef {
+            id: buf.id,
+            offset: buf_offset,
+        };
+        let h = RequestHeader {
+            op,
+            request_id,
+            file_id: file,
+            offset,
+            bytes: len,
+            buffer: Some(buffer),
+        };
+        self.push(op, idx, &h, &[&buffer.encode()])
     }
 
     pub(crate) fn issue_flush(
@@ -495,6 +554,7 @@ impl GroupInner {
             file_id: 0,
             offset: 0,
             bytes: 0,
+            buffer: None,
         };
         self.push(Op::Flush, idx, &h, &[])
     }
@@ -530,7 +590,13 @@ impl GroupInner {
         let d = unsafe { &mut *slot.data.get() };
         let mut status = Status::from_code(h.status);
         let mut bytes = h.bytes;
-        if status == Status::Ok && d.op == Op::Read {
+        if status == Status::Ok && d.buffer.is_some() {
+            // Registered: the data is in the buffer already, the response carries none.
+            if bytes > d.requested {
+                status = Status::Protocol;
+                bytes = 0;
+            }
+        } else if status == Status::Ok && d.op == Op::Read {
             let avail = rec.len().saturating_sub(RESPONSE_HEADER_BYTES);
             if bytes > d.requested || bytes as usize > avail {
                 status = Status::Protocol;
@@ -559,6 +625,9 @@ impl GroupInner {
         let d = unsafe { &mut *slot.data.get() };
         d.status = status;
         d.bytes = bytes;
+        // The registration may end once nothing is in flight on it (dropped after the slot
+        // is handed on, as the last reference unregisters it over the control socket).
+        let _buffer = d.buffer.take();
         if let Some(w) = d.waiter.take() {
             self.release(idx);
             w.complete(status, bytes);

@@ -7,10 +7,12 @@
 //! once (non-blocking mode) or sleeps until the DPU's "interrupt" (an eventfd write) or a
 //! timeout. Many threads may issue and poll concurrently.
 
+mod buffer;
 mod conn;
 mod error;
 mod group;
 
+pub use buffer::RegisteredBuffer;
 pub use conn::{Config, Dds};
 pub use dds_proto::cache_records::CacheRecordItem;
 pub use dds_proto::control::{DirEntry, EntryKind, FileInfo, HelloInfo, SpaceInfo};

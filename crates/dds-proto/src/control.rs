@@ -134,6 +134,15 @@ pub enum Request {
     },
     /// Runtime statistics of the DPU (`DpuStats`).
     Stats,
+    /// Registers an application buffer (one fd: a sealed memfd of at least `len` bytes) that
+    /// READ and WRITE records flagged `REGISTERED` name by the returned id (`BufferInfo`).
+    RegisterBuffer {
+        len: u64,
+    },
+    /// Unregisters a buffer of this connection.
+    UnregisterBuffer {
+        buffer: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +219,11 @@ pub struct DpuStats {
     pub space: SpaceInfo,
     /// The offload engine (cache table, cache writer, directors), when it runs.
     pub offload: Option<serde_json::Value>,
+    /// Application buffers registered by all connections, and their bytes.
+    #[serde(default)]
+    pub registered_buffers: u64,
+    #[serde(default)]
+    pub registered_bytes: u64,
 }
 
 /// Reply of `ExposeFile`.
@@ -248,6 +262,12 @@ pub struct SpaceInfo {
     pub segment_size: u64,
     pub files: u32,
     pub dirs: u32,
+}
+
+/// Reply of `RegisterBuffer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferInfo {
+    pub buffer: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -406,6 +426,10 @@ mod tests {
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"op":"resize","id":3,"size":4096}"#);
         assert_eq!(decode::<Request>(s.as_bytes()).unwrap(), r);
+        let rb = serde_json::to_string(&Request::RegisterBuffer { len: 4096 }).unwrap();
+        assert_eq!(rb, r#"{"op":"register_buffer","len":4096}"#);
+        let ub = serde_json::to_string(&Request::UnregisterBuffer { buffer: 2 }).unwrap();
+        assert_eq!(ub, r#"{"op":"unregister_buffer","buffer":2}"#);
         let fs = serde_json::to_string(&Request::FreeSpace).unwrap();
         assert_eq!(fs, r#"{"op":"free_space"}"#);
         assert!(decode::<Request>(br#"{"op":"format_disk"}"#).is_err());

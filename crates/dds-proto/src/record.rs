@@ -12,6 +12,13 @@ pub const OP_CACHE: u16 = 4;
 pub const OP_INVALIDATE: u16 = 5;
 
 pub const REQUEST_HEADER_BYTES: usize = 32;
+/// `flags` bit of a READ or WRITE whose data lives in a registered buffer: a 16-byte buffer
+/// descriptor follows the header instead of inline data (`docs/records.md`).
+pub const FLAG_REGISTERED: u16 = 1;
+/// Bytes of the buffer descriptor of a `REGISTERED` record.
+pub const BUFFER_DESCRIPTOR_BYTES: usize = 16;
+/// Total length of a `REGISTERED` record.
+pub const REGISTERED_REQUEST_BYTES: usize = REQUEST_HEADER_BYTES + BUFFER_DESCRIPTOR_BYTES;
 pub const RESPONSE_HEADER_BYTES: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +58,23 @@ impl Op {
     }
 }
 
+/// Where a `REGISTERED` READ or WRITE moves its data: a registered buffer and an offset in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferRef {
+    pub id: u32,
+    pub offset: u64,
+}
+
+impl BufferRef {
+    /// The 16-byte buffer descriptor that follows the header (`docs/records.md`).
+    pub fn encode(&self) -> [u8; BUFFER_DESCRIPTOR_BYTES] {
+        let mut d = [0u8; BUFFER_DESCRIPTOR_BYTES];
+        d[0..4].copy_from_slice(&self.id.to_le_bytes());
+        d[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        d
+    }
+}
+
 /// Decoded request header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestHeader {
@@ -59,6 +83,19 @@ pub struct RequestHeader {
     pub file_id: u32,
     pub offset: u64,
     pub bytes: u32,
+    /// `Some` for a `REGISTERED` READ or WRITE: no inline data, the descriptor instead.
+    pub buffer: Option<BufferRef>,
+}
+
+impl RequestHeader {
+    /// Bytes that follow the header in the record: inline data or the buffer descriptor.
+    pub fn body_bytes(&self) -> u32 {
+        match self.buffer {
+            Some(_) => BUFFER_DESCRIPTOR_BYTES as u32,
+            None if self.op.carries_data() => self.bytes,
+            None => 0,
+        }
+    }
 }
 
 /// Why a request record was rejected. The record's `len` was still sane, so the ring stays
@@ -100,6 +137,9 @@ pub fn response_len(data_bytes: u32) -> u32 {
 pub fn encode_request_tail(h: &RequestHeader) -> [u8; REQUEST_HEADER_BYTES - 6] {
     let mut t = [0u8; REQUEST_HEADER_BYTES - 6];
     // offsets below are record offsets minus 6
+    if h.buffer.is_some() {
+        t[0..2].copy_from_slice(&FLAG_REGISTERED.to_le_bytes());
+    }
     t[2..6].copy_from_slice(&h.request_id.to_le_bytes());
     t[6..10].copy_from_slice(&h.file_id.to_le_bytes());
     t[10..18].copy_from_slice(&h.offset.to_le_bytes());
@@ -107,12 +147,16 @@ pub fn encode_request_tail(h: &RequestHeader) -> [u8; REQUEST_HEADER_BYTES - 6] 
     t
 }
 
-/// Encodes a whole request header (framing included) into `out[..32]`.
+/// Encodes a whole request header (framing included) into `out[..32]`, and a `REGISTERED`
+/// record's buffer descriptor into `out[32..48]`.
 pub fn encode_request(h: &RequestHeader, out: &mut [u8]) {
-    let len = request_len(if h.op.carries_data() { h.bytes } else { 0 });
+    let len = request_len(h.body_bytes());
     out[0..4].copy_from_slice(&len.to_le_bytes());
     out[4..6].copy_from_slice(&h.op.code().to_le_bytes());
     out[6..REQUEST_HEADER_BYTES].copy_from_slice(&encode_request_tail(h));
+    if let Some(b) = h.buffer {
+        out[REQUEST_HEADER_BYTES..REGISTERED_REQUEST_BYTES].copy_from_slice(&b.encode());
+    }
 }
 
 /// Decodes the request record at the start of `rec` (which holds at least the whole record
@@ -128,16 +172,31 @@ pub fn decode_request(rec: &[u8]) -> Result<RequestHeader, RecordError> {
     let request_id = u32_at(rec, 8);
     let malformed = RecordError::Malformed { request_id };
     let op = Op::from_code(u16_at(rec, 4)).ok_or(malformed)?;
-    if u16_at(rec, 6) != 0 || u32_at(rec, 28) != 0 {
+    let flags = u16_at(rec, 6);
+    if (flags != 0 && flags != FLAG_REGISTERED) || u32_at(rec, 28) != 0 {
         return Err(malformed);
     }
-    let h = RequestHeader {
+    let mut h = RequestHeader {
         op,
         request_id,
         file_id: u32_at(rec, 12),
         offset: u64_at(rec, 16),
         bytes: u32_at(rec, 24),
+        buffer: None,
     };
+    if flags == FLAG_REGISTERED {
+        if !matches!(op, Op::Read | Op::Write)
+            || len != REGISTERED_REQUEST_BYTES
+            || u32_at(rec, 36) != 0
+        {
+            return Err(malformed);
+        }
+        h.buffer = Some(BufferRef {
+            id: u32_at(rec, 32),
+            offset: u64_at(rec, 40),
+        });
+        return Ok(h);
+    }
     match op {
         _ if op.carries_data() && request_len(h.bytes) as usize != len => Err(malformed),
         Op::Read | Op::Flush if len != REQUEST_HEADER_BYTES => Err(malformed),
@@ -207,10 +266,21 @@ mod tests {
         #[test]
         fn request_round_trip(op in op_strategy(), id: u32, file: u32, offset: u64, bytes in 0u32..100_000) {
             let bytes = if op == Op::Flush { 0 } else { bytes };
-            let h = RequestHeader { op, request_id: id, file_id: file, offset, bytes };
+            let h = RequestHeader { op, request_id: id, file_id: file, offset, bytes, buffer: None };
             let len = request_len(if op.carries_data() { bytes } else { 0 }) as usize;
             let mut rec = vec![0u8; len];
             encode_request(&h, &mut rec);
+            prop_assert_eq!(decode_request(&rec), Ok(h));
+        }
+
+        #[test]
+        fn registered_round_trip(read: bool, id: u32, file: u32, offset: u64, bytes: u32, buf_id: u32, buf_off: u64) {
+            let op = if read { Op::Read } else { Op::Write };
+            let buffer = Some(BufferRef { id: buf_id, offset: buf_off });
+            let h = RequestHeader { op, request_id: id, file_id: file, offset, bytes, buffer };
+            let mut rec = [0u8; REGISTERED_REQUEST_BYTES];
+            encode_request(&h, &mut rec);
+            prop_assert_eq!(u32_at(&rec, 0) as usize, REGISTERED_REQUEST_BYTES);
             prop_assert_eq!(decode_request(&rec), Ok(h));
         }
 
@@ -229,6 +299,7 @@ mod tests {
             file_id: 1,
             offset: 0,
             bytes: 0,
+            buffer: None,
         };
         let mut rec = [0u8; 32];
         encode_request(&h, &mut rec);
@@ -243,6 +314,7 @@ mod tests {
             file_id: 1,
             offset: 0,
             bytes: 4,
+            buffer: None,
         };
         let mut rec = [0u8; 32];
         encode_request(&h, &mut rec);
@@ -268,6 +340,7 @@ mod tests {
             file_id: 1,
             offset: 0,
             bytes: 64,
+            buffer: None,
         };
         let mut wrec = [0u8; 40];
         encode_request(&w, &mut wrec);
@@ -276,6 +349,41 @@ mod tests {
             decode_request(&wrec),
             Err(RecordError::Malformed { request_id: 3 })
         );
+    }
+
+    #[test]
+    fn malformed_registered_records_are_rejected() {
+        let h = RequestHeader {
+            op: Op::Write,
+            request_id: 4,
+            file_id: 1,
+            offset: 0,
+            bytes: 4096,
+            buffer: Some(BufferRef { id: 2, offset: 0 }),
+        };
+        let mut rec = [0u8; REGISTERED_REQUEST_BYTES];
+        encode_request(&h, &mut rec);
+        assert_eq!(decode_request(&rec), Ok(h));
+        let bad = RecordError::Malformed { request_id: 4 };
+        // Registered FLUSH / CACHE.
+        for op in [OP_FLUSH, OP_CACHE] {
+            let mut r = rec;
+            r[4..6].copy_from_slice(&op.to_le_bytes());
+            assert_eq!(decode_request(&r), Err(bad));
+        }
+        // Reserved word of the descriptor.
+        let mut r = rec;
+        r[36] = 1;
+        assert_eq!(decode_request(&r), Err(bad));
+        // Unknown flag bits.
+        let mut r = rec;
+        r[6] = 3;
+        assert_eq!(decode_request(&r), Err(bad));
+        // A registered record of the wrong length (descriptor missing).
+        let mut r = [0u8; 40];
+        r.copy_from_slice(&rec[..40]);
+        r[0..4].copy_from_slice(&40u32.to_le_bytes());
+        assert_eq!(decode_request(&r), Err(bad));
     }
 
     #[test]

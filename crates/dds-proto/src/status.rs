@@ -27,13 +27,16 @@ pub enum Status {
     Busy = 20,
     InvalidArgument = 21,
     Protocol = 22,
+    UnknownBuffer = 23,
+    BufferRange = 24,
+    BufferLimit = 25,
 }
 
 impl Status {
     /// Response status of a slot whose I/O has not completed yet. Never delivered to the host.
     pub const PENDING: u16 = 0xFFFF;
 
-    pub const ALL: [Status; 23] = [
+    pub const ALL: [Status; 26] = [
         Status::Ok,
         Status::UnknownFile,
         Status::UnknownDir,
@@ -57,6 +60,9 @@ impl Status {
         Status::Busy,
         Status::InvalidArgument,
         Status::Protocol,
+        Status::UnknownBuffer,
+        Status::BufferRange,
+        Status::BufferLimit,
     ];
 
     pub fn code(self) -> u16 {
@@ -96,6 +102,9 @@ impl Status {
             Status::Busy => "file service busy, retry",
             Status::InvalidArgument => "invalid argument",
             Status::Protocol => "protocol version mismatch",
+            Status::UnknownBuffer => "unknown registered buffer",
+            Status::BufferRange => "range outside the registered buffer",
+            Status::BufferLimit => "registered buffer limit reached",
         }
     }
 }
