@@ -32,6 +32,9 @@ use crate::workload::{self, WorkloadResult, WorkloadSpec};
 pub enum FilesMode {
     /// The DDS library against `dds dpu --mode zero-copy`.
     ZeroCopy,
+    /// As `ZeroCopy`, with every read and write on a registered host buffer: no copy by the
+    /// library on either side.
+    Registered,
     /// The DDS library against `dds dpu --mode copy`.
     Copy,
     /// The host itself: io_uring + O_DIRECT on a regular file.
@@ -39,11 +42,17 @@ pub enum FilesMode {
 }
 
 impl FilesMode {
-    pub const ALL: [FilesMode; 3] = [FilesMode::ZeroCopy, FilesMode::Copy, FilesMode::IoUring];
+    pub const ALL: [FilesMode; 4] = [
+        FilesMode::ZeroCopy,
+        FilesMode::Registered,
+        FilesMode::Copy,
+        FilesMode::IoUring,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             FilesMode::ZeroCopy => "zero_copy",
+            FilesMode::Registered => "registered",
             FilesMode::Copy => "copy",
             FilesMode::IoUring => "io_uring",
         }
@@ -52,6 +61,7 @@ impl FilesMode {
     pub fn label(self) -> &'static str {
         match self {
             FilesMode::ZeroCopy => "DDS zero-copy",
+            FilesMode::Registered => "DDS zero-copy, registered buffers",
             FilesMode::Copy => "DDS copy",
             FilesMode::IoUring => "host io_uring",
         }
@@ -59,7 +69,7 @@ impl FilesMode {
 
     fn dpu_mode(self) -> Option<&'static str> {
         match self {
-            FilesMode::ZeroCopy => Some("zero-copy"),
+            FilesMode::ZeroCopy | FilesMode::Registered => Some("zero-copy"),
             FilesMode::Copy => Some("copy"),
             FilesMode::IoUring => None,
         }
@@ -73,7 +83,7 @@ impl std::str::FromStr for FilesMode {
         FilesMode::ALL
             .into_iter()
             .find(|m| m.name() == s.replace('-', "_"))
-            .ok_or_else(|| format!("unknown mode {s:?} (zero-copy, copy, io-uring)"))
+            .ok_or_else(|| format!("unknown mode {s:?} (zero-copy, registered, copy, io-uring)"))
     }
 }
 
@@ -244,6 +254,7 @@ impl Bench<'_> {
             depth: self.opts.depth,
             ops,
             seed,
+            registered: false,
         }
     }
 
@@ -354,7 +365,10 @@ impl Bench<'_> {
             None => {
                 let pilot = workload::run(
                     &dds,
-                    &self.spec(file.id, io_bytes, self.opts.pilot_ops, seed ^ 1),
+                    &WorkloadSpec {
+                        registered: mode == FilesMode::Registered,
+                        ..self.spec(file.id, io_bytes, self.opts.pilot_ops, seed ^ 1)
+                    },
                     &|_| {},
                 )?;
                 let n = self.ops_for(&pilot);
@@ -362,7 +376,10 @@ impl Bench<'_> {
                 n
             }
         };
-        let spec = self.spec(file.id, io_bytes, ops, seed);
+        let spec = WorkloadSpec {
+            registered: mode == FilesMode::Registered,
+            ..self.spec(file.id, io_bytes, ops, seed)
+        };
         let host0 = self_cpu_seconds();
         let dpu0 = process_cpu_seconds(dpu.pid())?;
         let result = workload::run(&dds, &spec, &|_| {});
@@ -671,6 +688,24 @@ fn summarize(
             }
         }
     }
+    if has(FilesMode::ZeroCopy) && has(FilesMode::Registered) {
+        // Host-side zero copy: the same DPU and workload, buffers registered or not.
+        for &size in &opts.sizes {
+            let l = size_label(size);
+            let (z, r) = (
+                get(FilesMode::ZeroCopy, size),
+                get(FilesMode::Registered, size),
+            );
+            summary.insert(
+                format!("registered_over_copy_path_host_cpu_{l}"),
+                json!(ratio(r.host_cpu_us, z.host_cpu_us)),
+            );
+            summary.insert(
+                format!("registered_over_copy_path_iops_{l}"),
+                json!(ratio(r.iops, z.iops)),
+            );
+        }
+    }
     if let Some(cores) = idle_dpu_cores {
         summary.insert("idle_dpu_cpu_cores".into(), json!(cores));
         targets.push(Target::at_most(
@@ -753,6 +788,33 @@ fn summarize(
             format!("{:.2}", ratio(z.host_cpu_us, u.host_cpu_us)),
         ]);
     }
+    let mut treg = Table::new(
+        "Host CPU per op: library copy path against registered buffers (same zero-copy DPU)",
+        &[
+            "size",
+            "copy path µs/op",
+            "registered µs/op",
+            "registered / copy path",
+            "copy path IOPS",
+            "registered IOPS",
+        ],
+    );
+    if opts.modes.contains(&FilesMode::ZeroCopy) && opts.modes.contains(&FilesMode::Registered) {
+        for &size in &opts.sizes {
+            let (z, r) = (
+                get(FilesMode::ZeroCopy, size),
+                get(FilesMode::Registered, size),
+            );
+            treg.row(vec![
+                size_text(size),
+                format!("{:.2}", z.host_cpu_us),
+                format!("{:.2}", r.host_cpu_us),
+                format!("{:.2}", ratio(r.host_cpu_us, z.host_cpu_us)),
+                fmt_num(z.iops),
+                fmt_num(r.iops),
+            ]);
+        }
+    }
     let note = format!(
         "{} CPUs, {}; DPU emulated (separate process, DMA cost model {}); {} threads x {} outstanding, {:.0}% reads",
         machine.nproc,
@@ -825,7 +887,11 @@ fn summarize(
         config: json!(opts),
         summary: serde_json::Value::Object(summary),
         points: json!(points),
-        tables: vec![t, tr],
+        tables: if treg.rows.is_empty() {
+            vec![t, tr]
+        } else {
+            vec![t, tr, treg]
+        },
         charts,
     }
 }

@@ -190,6 +190,7 @@ mod tests {
             depth: 4,
             ops: 500,
             seed: 7,
+            registered: false,
         };
         match run(&path, &spec, &|_| {}) {
             Ok(r) => {

@@ -26,6 +26,10 @@ pub struct WorkloadSpec {
     pub depth: usize,
     pub ops: u64,
     pub seed: u64,
+    /// Each slot's buffer is a range of one buffer registered with the DPU
+    /// (`Dds::register_buffer`): reads land in it and writes are fetched from it by DMA, with
+    /// no copy by the library.
+    pub registered: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -85,6 +89,21 @@ pub fn run(
     for i in 0..nslots {
         slots.free.push(i as u32).expect("sized");
     }
+    let registered = match spec.registered {
+        false => None,
+        true => {
+            let mut b = dds.register_buffer(nslots * spec.io_bytes as usize)?;
+            for (i, chunk) in b
+                .as_mut_slice()
+                .chunks_mut(spec.io_bytes as usize)
+                .enumerate()
+            {
+                chunk.fill((i % 251) as u8);
+            }
+            Some(b)
+        }
+    };
+    let registered = registered.as_ref();
     let issued = AtomicU64::new(0);
     let completed = AtomicU64::new(0);
     let epoch = Instant::now();
@@ -96,6 +115,7 @@ pub fn run(
             .map(|t| {
                 let (slots, issued, completed, barrier, group) =
                     (&slots, &issued, &completed, &barrier, &group);
+                let reg_at = move |slot: u32| slot as usize * spec.io_bytes as usize;
                 s.spawn(move || -> Result<ThreadTotals> {
                     let mut rng = SmallRng::seed_from_u64(
                         spec.seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
@@ -121,7 +141,31 @@ pub fn run(
                             // SAFETY: this thread holds the slot index.
                             let buf = unsafe { &mut *slots.buffers[slot as usize].0.get() };
                             let is_read = rng.gen_bool(spec.read_ratio);
-                            let r = if is_read {
+                            let r = if let Some(b) = registered {
+                                if is_read {
+                                    // SAFETY: the slot's range of the registered buffer is
+                                    // not touched until the completion returns the slot.
+                                    unsafe {
+                                        dds.read_registered(
+                                            spec.file,
+                                            offset,
+                                            b,
+                                            reg_at(slot),
+                                            spec.io_bytes,
+                                            slot as u64,
+                                        )
+                                    }
+                                } else {
+                                    dds.write_registered(
+                                        spec.file,
+                                        offset,
+                                        b,
+                                        reg_at(slot),
+                                        spec.io_bytes,
+                                        slot as u64,
+                                    )
+                                }
+                            } else if is_read {
                                 // SAFETY: the buffer lives in `slots` for the whole run and
                                 // is not touched until the completion returns the slot.
                                 unsafe {

@@ -98,8 +98,13 @@ struct FilesArgs {
     /// I/O sizes.
     #[arg(long, value_delimiter = ',', default_value = "1K,4K,16K,64K", value_parser = parse_size)]
     sizes: Vec<u64>,
-    /// Modes: zero-copy, copy, io-uring.
-    #[arg(long, value_delimiter = ',', default_value = "zero-copy,copy,io-uring")]
+    /// Modes: zero-copy, registered (zero-copy DPU, I/O on registered host buffers), copy,
+    /// io-uring.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "zero-copy,registered,copy,io-uring"
+    )]
     modes: Vec<FilesMode>,
     /// Size of the file the workload touches (default 1G, 128M with --quick).
     #[arg(long, value_parser = parse_size)]

@@ -116,6 +116,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         depth: a.depth,
         ops: a.ops,
         seed: 42,
+        registered: false,
     };
     let bar = ProgressBar::new(a.ops);
     bar.set_style(
