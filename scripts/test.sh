@@ -10,6 +10,8 @@ command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
 # Real Redis peers and clients of the key-value service's tests.
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v redis-benchmark >/dev/null || need_pkgs+=(redis-tools)
+# etcd, where DPU-KV registers its endpoints.
+command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq

@@ -176,11 +176,11 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
 #[derive(Clone, Debug)]
 pub struct CpuList(pub Vec<usize>);
 
-fn parse_cpus(s: &str) -> Result<CpuList, String> {
+pub(crate) fn parse_cpus(s: &str) -> Result<CpuList, String> {
     dds_dpu::profile::parse_cpu_list(s).map(CpuList)
 }
 
-fn parse_on_off(s: &str) -> Result<bool, String> {
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" | "true" | "1" => Ok(true),
         "off" | "false" | "0" => Ok(false),

@@ -7,6 +7,7 @@ mod config_file;
 #[cfg(feature = "bench")]
 mod demo;
 mod dpu_cmd;
+mod dpukv_cmd;
 mod fs_cmd;
 mod fsck_cmd;
 mod kv_cmd;
@@ -58,6 +59,10 @@ enum Cmd {
     /// Serve the Redis protocol from a hybrid log in DDS files (GETs of records on storage
     /// served by the DPU with `dds dpu --offload redis`).
     Kv(kv_cmd::KvArgs),
+    /// DPU-KV: an in-memory key-value store whose communication engine runs on the DPU, in
+    /// six placements (docs/dpu-kv.md).
+    #[command(subcommand)]
+    Dpukv(dpukv_cmd::DpuKvCmd),
     /// Serve GetPage@LSN and log appends for a storage-disaggregated DBMS from pages in DDS
     /// files (page versions on storage served by the DPU with `dds dpu --offload pageserver`).
     Pageserver(pageserver_cmd::PageServerArgs),
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
         Cmd::Fsck(a) => fsck_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
         Cmd::Kv(a) => kv_cmd::run(a),
+        Cmd::Dpukv(c) => dpukv_cmd::run(c),
         Cmd::Pageserver(a) => pageserver_cmd::run(a),
     };
     match result {

@@ -239,3 +239,22 @@ fn histories_of_the_memory_engine_are_linearizable() {
         panic!("not linearizable: {v}");
     }
 }
+
+/// DPU-KV designs: `lat` through KV queue pairs to two host workers, and `dual` with clients
+/// on both the DPU's endpoint and the host's (one store behind both).
+#[test]
+fn histories_of_dpu_kv_designs_are_linearizable() {
+    for (design, host_args) in [
+        ("lat", &["--workers", "2", "--partitions", "2"][..]),
+        ("dual", &["--partitions", "2"][..]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = common::start_dpukv(dir.path(), design, &[], host_args);
+        let e = &d.endpoints;
+        let last = *e.last().unwrap();
+        let history = run_clients(&[e[0], e[0], e[0], last], 300);
+        if let Err(v) = check(&history) {
+            panic!("{design}: not linearizable: {v}");
+        }
+    }
+}

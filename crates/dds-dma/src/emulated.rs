@@ -312,9 +312,10 @@ unsafe fn read_narrow(src: *const u8, dst: *mut u8, left: usize) -> usize {
     }
 }
 
-/// Copies local memory into host memory with `Relaxed` stores (the caller issues the
-/// `Release` fence first): aligned `u64` words, narrower atomics at the ragged edges as in
-/// [`copy_from_host`].
+/// Copies local memory into host memory in ascending address order with `Release` stores
+/// (PCIe posted writes are not reordered, so a host thread that sees a later word of the
+/// operation sees the earlier ones): aligned `u64` words, narrower atomics at the ragged edges
+/// as in [`copy_from_host`].
 ///
 /// # Safety
 /// `dst..dst+len` is mapped, `src..src+len` is valid for reads.
@@ -328,7 +329,7 @@ unsafe fn copy_to_host(src: *const u8, dst: *mut u8, len: usize) {
         }
         while i + 8 <= len {
             let w = (src.add(i) as *const u64).read_unaligned();
-            AtomicU64::from_ptr(dst.add(i) as *mut u64).store(w, Ordering::Relaxed);
+            AtomicU64::from_ptr(dst.add(i) as *mut u64).store(w, Ordering::Release);
             i += 8;
         }
         while i < len {
@@ -347,14 +348,14 @@ unsafe fn write_narrow(src: *const u8, dst: *mut u8, left: usize) -> usize {
     unsafe {
         if a.is_multiple_of(4) && left >= 4 {
             let v = (src as *const u32).read_unaligned();
-            AtomicU32::from_ptr(dst as *mut u32).store(v, Ordering::Relaxed);
+            AtomicU32::from_ptr(dst as *mut u32).store(v, Ordering::Release);
             4
         } else if a.is_multiple_of(2) && left >= 2 {
             let v = (src as *const u16).read_unaligned();
-            AtomicU16::from_ptr(dst as *mut u16).store(v, Ordering::Relaxed);
+            AtomicU16::from_ptr(dst as *mut u16).store(v, Ordering::Release);
             2
         } else {
-            AtomicU8::from_ptr(dst).store(*src, Ordering::Relaxed);
+            AtomicU8::from_ptr(dst).store(*src, Ordering::Release);
             1
         }
     }

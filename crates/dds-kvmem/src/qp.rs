@@ -1,5 +1,6 @@
-//! KV queue pair records (`docs/dpu-kv.md` §2): the compact `{op, key, value, tag}` requests
-//! the DPU's communication engine sends a host worker, and the responses it gets back, packed
+//! KV queue pair records (`docs/dpu-kv.md` §2): the compact `{op, key, value}` requests
+//! the DPU's communication engine sends a host worker (responses come back in request order, so
+//! no record needs a tag), and the responses it gets back, packed
 //! into batches that cross PCIe with one DMA operation each. Encoding appends to a batch
 //! buffer; decoding borrows from it and checks every length against the bytes present.
 
@@ -21,25 +22,37 @@ pub enum Op<'a> {
     Del,
     /// INCRBY key n.
     Incr(i64),
+    /// EXISTS key.
+    Exists,
 }
 
-/// A request record.
+impl Op<'_> {
+    fn code(&self) -> u8 {
+        match self {
+            Op::Get => 1,
+            Op::Set(_) => 2,
+            Op::Del => 3,
+            Op::Incr(_) => 4,
+            Op::Exists => 5,
+        }
+    }
+}
+
+/// A request record. Responses come back in request order, so a record carries no tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request<'a> {
-    /// The DPU's slot of the client request.
-    pub tag: u16,
     /// The key (1..=255 bytes).
     pub key: &'a [u8],
     /// What to do.
     pub op: Op<'a>,
 }
 
-/// Response statuses.
+/// Response codes with nothing after them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
-    /// Done.
+    /// Done (SET, DEL or EXISTS of a present key).
     Ok = 0,
-    /// GET/DEL of a missing key.
+    /// GET/DEL/EXISTS of a missing key.
     NotFound = 1,
     /// INCRBY of a value that is not an integer.
     NotInteger = 2,
@@ -49,15 +62,18 @@ pub enum Status {
     OutOfMemory = 4,
 }
 
+const VALUE: u8 = 5;
+const INT: u8 = 6;
+
 /// A response record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Response<'a> {
-    /// A status alone (SET, DEL, misses, errors).
-    Status(u16, Status),
+    /// A status alone (SET, DEL, EXISTS, misses, errors).
+    Status(Status),
     /// A GET hit.
-    Value(u16, &'a [u8]),
+    Value(&'a [u8]),
     /// An INCRBY result.
-    Int(u16, i64),
+    Int(i64),
 }
 
 /// Why bytes are not a valid batch.
@@ -65,16 +81,38 @@ pub enum Response<'a> {
 #[error("malformed KV queue pair batch: {0}")]
 pub struct Malformed(pub &'static str);
 
+/// Bytes of a request record.
+pub fn request_len(r: &Request<'_>) -> usize {
+    2 + r.key.len()
+        + match r.op {
+            Op::Set(v) => 2 + v.len(),
+            Op::Incr(_) => 8,
+            _ => 0,
+        }
+}
+
+/// Bytes of a response record.
+pub fn response_len(r: &Response<'_>) -> usize {
+    match r {
+        Response::Status(_) => 1,
+        Response::Value(v) => 3 + v.len(),
+        Response::Int(_) => 9,
+    }
+}
+
 /// A batch being filled.
 pub struct BatchWriter<'b> {
     buf: &'b mut Vec<u8>,
     start: usize,
     count: u16,
+    max: usize,
 }
 
 impl<'b> BatchWriter<'b> {
-    /// Starts a batch with sequence number `seq` at the end of `buf`.
-    pub fn new(buf: &'b mut Vec<u8>, seq: u32) -> Self {
+    /// Starts a batch with sequence number `seq` at the end of `buf`, of at most `max` bytes
+    /// (header included; at most [`BATCH_MAX`]).
+    pub fn new(buf: &'b mut Vec<u8>, seq: u32, max: usize) -> Self {
+        assert!((BATCH_HEADER..=BATCH_MAX).contains(&max), "batch limit");
         let start = buf.len();
         buf.extend_from_slice(&[0; 4]);
         buf.extend_from_slice(&seq.to_le_bytes());
@@ -82,35 +120,27 @@ impl<'b> BatchWriter<'b> {
             buf,
             start,
             count: 0,
+            max,
         }
     }
 
-    fn room(&self, n: usize) -> bool {
-        self.buf.len() - self.start + n <= BATCH_MAX && self.count < u16::MAX
+    /// Whether `n` more bytes fit.
+    pub fn room(&self, n: usize) -> bool {
+        self.buf.len() - self.start + n <= self.max && self.count < u16::MAX
     }
 
     /// Appends a request; `false` when the batch is full (nothing appended). Keys must be
     /// 1..=255 bytes and SET values at most 65,535 bytes.
     pub fn request(&mut self, r: &Request<'_>) -> bool {
         assert!(!r.key.is_empty() && r.key.len() <= 255, "key length");
-        let (code, extra) = match r.op {
-            Op::Get => (1u8, 0),
-            Op::Set(v) => {
-                assert!(v.len() <= u16::MAX as usize, "value length");
-                (2, 2 + v.len())
-            }
-            Op::Del => (3, 0),
-            Op::Incr(_) => (4, 8),
-        };
-        let n = 4 + r.key.len() + extra;
-        if !self.room(n) {
+        if !self.room(request_len(r)) {
             return false;
         }
-        self.buf.push(code);
+        self.buf.push(r.op.code());
         self.buf.push(r.key.len() as u8);
-        self.buf.extend_from_slice(&r.tag.to_le_bytes());
         match r.op {
             Op::Set(v) => {
+                assert!(v.len() <= u16::MAX as usize, "value length");
                 self.buf.extend_from_slice(&(v.len() as u16).to_le_bytes());
                 self.buf.extend_from_slice(r.key);
                 self.buf.extend_from_slice(v);
@@ -127,28 +157,19 @@ impl<'b> BatchWriter<'b> {
 
     /// Appends a response; `false` when the batch is full.
     pub fn response(&mut self, r: &Response<'_>) -> bool {
-        let n = match r {
-            Response::Status(..) => 4,
-            Response::Value(_, v) => 6 + v.len(),
-            Response::Int(..) => 12,
-        };
-        if !self.room(n) {
+        if !self.room(response_len(r)) {
             return false;
         }
         match *r {
-            Response::Status(tag, st) => {
-                self.buf.extend_from_slice(&[st as u8, 0]);
-                self.buf.extend_from_slice(&tag.to_le_bytes());
-            }
-            Response::Value(tag, v) => {
-                self.buf.extend_from_slice(&[Status::Ok as u8, 1]);
-                self.buf.extend_from_slice(&tag.to_le_bytes());
+            Response::Status(st) => self.buf.push(st as u8),
+            Response::Value(v) => {
+                assert!(v.len() <= u16::MAX as usize, "value length");
+                self.buf.push(VALUE);
                 self.buf.extend_from_slice(&(v.len() as u16).to_le_bytes());
                 self.buf.extend_from_slice(v);
             }
-            Response::Int(tag, n) => {
-                self.buf.extend_from_slice(&[Status::Ok as u8, 2]);
-                self.buf.extend_from_slice(&tag.to_le_bytes());
+            Response::Int(n) => {
+                self.buf.push(INT);
                 self.buf.extend_from_slice(&n.to_le_bytes());
             }
         }
@@ -159,6 +180,16 @@ impl<'b> BatchWriter<'b> {
     /// Records in the batch.
     pub fn count(&self) -> u16 {
         self.count
+    }
+
+    /// Bytes so far, header included.
+    pub fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// Only the header.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
     }
 
     /// Closes the batch (writes its header); returns its length.
@@ -200,13 +231,12 @@ pub fn requests(b: &[u8]) -> impl Iterator<Item = Result<Request<'_>, Malformed>
     let body = &b[..len];
     let mut at = BATCH_HEADER;
     RecIter::new(count, move || {
-        let h = take(body, &mut at, 4)?;
+        let h = take(body, &mut at, 2)?;
         let (code, klen) = (h[0], h[1] as usize);
-        let tag = u16::from_le_bytes([h[2], h[3]]);
         if klen == 0 {
             return Err(Malformed("empty key"));
         }
-        let op_and_key = match code {
+        let (op, key) = match code {
             1 => (Op::Get, take(body, &mut at, klen)?),
             2 => {
                 let v = take(body, &mut at, 2)?;
@@ -223,13 +253,10 @@ pub fn requests(b: &[u8]) -> impl Iterator<Item = Result<Request<'_>, Malformed>
                     key,
                 )
             }
+            5 => (Op::Exists, take(body, &mut at, klen)?),
             _ => return Err(Malformed("unknown op")),
         };
-        Ok(Request {
-            tag,
-            key: op_and_key.1,
-            op: op_and_key.0,
-        })
+        Ok(Request { key, op })
     })
 }
 
@@ -242,28 +269,23 @@ pub fn responses(b: &[u8]) -> impl Iterator<Item = Result<Response<'_>, Malforme
     let body = &b[..len];
     let mut at = BATCH_HEADER;
     RecIter::new(count, move || {
-        let h = take(body, &mut at, 4)?;
-        let tag = u16::from_le_bytes([h[2], h[3]]);
-        let st = match h[0] {
-            0 => Status::Ok,
-            1 => Status::NotFound,
-            2 => Status::NotInteger,
-            3 => Status::Overflow,
-            4 => Status::OutOfMemory,
-            _ => return Err(Malformed("unknown status")),
-        };
-        Ok(match (st, h[1]) {
-            (Status::Ok, 1) => {
+        let code = take(body, &mut at, 1)?[0];
+        Ok(match code {
+            0 => Response::Status(Status::Ok),
+            1 => Response::Status(Status::NotFound),
+            2 => Response::Status(Status::NotInteger),
+            3 => Response::Status(Status::Overflow),
+            4 => Response::Status(Status::OutOfMemory),
+            VALUE => {
                 let l = take(body, &mut at, 2)?;
                 let n = u16::from_le_bytes([l[0], l[1]]) as usize;
-                Response::Value(tag, take(body, &mut at, n)?)
+                Response::Value(take(body, &mut at, n)?)
             }
-            (Status::Ok, 2) => {
+            INT => {
                 let n = take(body, &mut at, 8)?;
-                Response::Int(tag, i64::from_le_bytes(n.try_into().expect("8 bytes")))
+                Response::Int(i64::from_le_bytes(n.try_into().expect("8 bytes")))
             }
-            (st, 0) => Response::Status(tag, st),
-            _ => return Err(Malformed("unknown response kind")),
+            _ => return Err(Malformed("unknown response code")),
         })
     })
 }
@@ -310,34 +332,44 @@ impl<T> Iterator for RecIter<'_, T> {
     }
 }
 
-/// Runs a request on a partition and appends its response (the host worker's loop body).
-pub fn serve(p: &mut Partition, r: &Request<'_>, out: &mut BatchWriter<'_>) -> bool {
+/// Runs a request on a partition and passes its response to `f` (the processing engine's
+/// step, wherever it runs: a host worker serving a queue pair, or a front end serving its
+/// clients directly).
+pub fn execute<R>(p: &mut Partition, r: &Request<'_>, f: impl FnOnce(Response<'_>) -> R) -> R {
     let h = crate::key_hash(r.key);
     let resp = match r.op {
         Op::Get => match p.get(r.key, h) {
-            Some(v) => return out.response(&Response::Value(r.tag, v)),
-            None => Response::Status(r.tag, Status::NotFound),
+            Some(v) => return f(Response::Value(v)),
+            None => Response::Status(Status::NotFound),
         },
+        Op::Exists => Response::Status(if p.get(r.key, h).is_some() {
+            Status::Ok
+        } else {
+            Status::NotFound
+        }),
         Op::Set(v) => match p.set(r.key, h, v) {
-            Ok(()) => Response::Status(r.tag, Status::Ok),
-            Err(_) => Response::Status(r.tag, Status::OutOfMemory),
+            Ok(()) => Response::Status(Status::Ok),
+            Err(_) => Response::Status(Status::OutOfMemory),
         },
-        Op::Del => Response::Status(
-            r.tag,
-            if p.del(r.key, h) {
-                Status::Ok
-            } else {
-                Status::NotFound
-            },
-        ),
+        Op::Del => Response::Status(if p.del(r.key, h) {
+            Status::Ok
+        } else {
+            Status::NotFound
+        }),
         Op::Incr(by) => match p.incr(r.key, h, by) {
-            Ok(n) => Response::Int(r.tag, n),
-            Err(KvError::NotInteger) => Response::Status(r.tag, Status::NotInteger),
-            Err(KvError::Overflow) => Response::Status(r.tag, Status::Overflow),
-            Err(_) => Response::Status(r.tag, Status::OutOfMemory),
+            Ok(n) => Response::Int(n),
+            Err(KvError::NotInteger) => Response::Status(Status::NotInteger),
+            Err(KvError::Overflow) => Response::Status(Status::Overflow),
+            Err(_) => Response::Status(Status::OutOfMemory),
         },
     };
-    out.response(&resp)
+    f(resp)
+}
+
+/// Runs a request on a partition and appends its response (the host worker's loop body);
+/// `false` when the batch is full (nothing appended, but the request ran).
+pub fn serve(p: &mut Partition, r: &Request<'_>, out: &mut BatchWriter<'_>) -> bool {
+    execute(p, r, |resp| out.response(&resp))
 }
 
 #[cfg(test)]
@@ -347,25 +379,21 @@ mod tests {
     #[test]
     fn requests_and_responses_round_trip_and_are_compact() {
         let mut b = Vec::new();
-        let mut w = BatchWriter::new(&mut b, 7);
+        let mut w = BatchWriter::new(&mut b, 7, BATCH_MAX);
         let reqs = [
             Request {
-                tag: 1,
                 key: b"key00001",
                 op: Op::Get,
             },
             Request {
-                tag: 2,
                 key: b"key00002",
                 op: Op::Set(b"value002"),
             },
             Request {
-                tag: 3,
                 key: b"n",
                 op: Op::Incr(-5),
             },
             Request {
-                tag: 4,
                 key: b"key00002",
                 op: Op::Del,
             },
@@ -374,15 +402,15 @@ mod tests {
             assert!(w.request(r));
         }
         let len = w.finish();
-        // A GET of an 8-byte key is 12 bytes, a SET of 8/8 bytes 22 (RESP: 27 and 41).
-        assert_eq!(len, BATCH_HEADER + 12 + 22 + 13 + 12);
+        // A GET of an 8-byte key is 10 bytes, a SET of 8/8 bytes 20 (RESP: 27 and 41).
+        assert_eq!(len, BATCH_HEADER + 10 + 20 + 11 + 10);
         assert_eq!(batch_header(&b).unwrap(), (4, len, 7));
         let got: Vec<_> = requests(&b).collect::<Result<_, _>>().unwrap();
         assert_eq!(got, reqs);
         // The host serves them.
         let mut p = Partition::new(64 << 10).unwrap();
         let mut out = Vec::new();
-        let mut w = BatchWriter::new(&mut out, 7);
+        let mut w = BatchWriter::new(&mut out, 7, BATCH_MAX);
         for r in &got {
             assert!(serve(&mut p, r, &mut w));
         }
@@ -391,10 +419,10 @@ mod tests {
         assert_eq!(
             resp,
             vec![
-                Response::Status(1, Status::NotFound),
-                Response::Status(2, Status::Ok),
-                Response::Int(3, -5),
-                Response::Status(4, Status::Ok),
+                Response::Status(Status::NotFound),
+                Response::Status(Status::Ok),
+                Response::Int(-5),
+                Response::Status(Status::Ok),
             ]
         );
     }
@@ -402,9 +430,8 @@ mod tests {
     #[test]
     fn truncated_and_garbled_batches_are_errors() {
         let mut b = Vec::new();
-        let mut w = BatchWriter::new(&mut b, 1);
+        let mut w = BatchWriter::new(&mut b, 1, BATCH_MAX);
         w.request(&Request {
-            tag: 9,
             key: b"abc",
             op: Op::Set(b"xyz"),
         });

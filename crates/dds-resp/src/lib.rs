@@ -13,6 +13,7 @@
 mod encode;
 mod parse;
 mod reply;
+pub mod session;
 
 pub use encode::{bulk_header_into, Reply};
 pub use parse::{args, frame_command, parse_command, Args, Limits, ProtocolError};

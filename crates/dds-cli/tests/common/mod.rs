@@ -109,3 +109,78 @@ pub fn offloaded(socket: &Path) -> u64 {
         .map(|d| d.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum())
         .unwrap_or(0)
 }
+
+/// A DPU-KV deployment: its processes (DPU first, when there is one), the host's ready lines
+/// and the client endpoints of the first one (the DPU's first).
+pub struct DpuKv {
+    pub dpu: Option<Guard>,
+    pub host: Guard,
+    pub control: PathBuf,
+    pub lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    pub endpoints: Vec<std::net::SocketAddr>,
+}
+
+/// `dds dpukv dpu` on a control socket in `dir`, once it listens.
+pub fn start_dpukv_dpu(control: &Path, extra: &[&str]) -> Guard {
+    let _ = std::fs::remove_file(control);
+    let child = Command::new(DDS)
+        .args(["dpukv", "dpu", "--control"])
+        .arg(control)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let g = Guard(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !control.exists() {
+        assert!(Instant::now() < deadline, "dds dpukv dpu did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    g
+}
+
+/// Reads the host's next ready line: the endpoints it announces.
+pub fn next_endpoints(
+    lines: &mut std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) -> Vec<std::net::SocketAddr> {
+    let line = lines
+        .next()
+        .expect("the host process printed its endpoints")
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["addr"].as_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// A deployment of `design` (DPU process with `dpu_args`, host with `host_args`).
+pub fn start_dpukv(dir: &Path, design: &str, dpu_args: &[&str], host_args: &[&str]) -> DpuKv {
+    let control = dir.join("dpukv.sock");
+    let dpu = (design != "cpu-only").then(|| start_dpukv_dpu(&control, dpu_args));
+    let mut cmd = Command::new(DDS);
+    cmd.args(["dpukv", "host", "--design", design]);
+    if dpu.is_some() {
+        cmd.arg("--dpu").arg(&control);
+    }
+    let mut child = cmd
+        .args(host_args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let host = Guard(child);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+    let endpoints = next_endpoints(&mut lines);
+    DpuKv {
+        dpu,
+        host,
+        control,
+        lines,
+        endpoints,
+    }
+}

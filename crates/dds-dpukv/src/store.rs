@@ -1,0 +1,50 @@
+//! The processing engine as front ends and host workers share it: the partitions of a
+//! `dds-kvmem` store, each behind its own lock (uncontended when one thread owns a partition,
+//! as in `lat` and `sav`; `dual`'s spare-core front ends reach every partition).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dds_kvmem::{key_hash, partition_of, KvError, Partition, Store};
+
+/// Partitions shared by the threads of one process.
+#[derive(Clone)]
+pub struct SharedStore {
+    parts: Arc<Vec<Mutex<Partition>>>,
+}
+
+impl SharedStore {
+    /// `partitions` partitions sharing `memory` bytes.
+    pub fn new(partitions: usize, memory: usize) -> Result<SharedStore, KvError> {
+        let parts = Store::new(partitions, memory)?.into_partitions();
+        Ok(SharedStore {
+            parts: Arc::new(parts.into_iter().map(Mutex::new).collect()),
+        })
+    }
+
+    /// Partitions.
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The partition of `key`.
+    pub fn lock(&self, key: &[u8]) -> MutexGuard<'_, Partition> {
+        self.lock_part(partition_of(key_hash(key), self.parts.len()))
+    }
+
+    /// Partition `i`.
+    pub fn lock_part(&self, i: usize) -> MutexGuard<'_, Partition> {
+        // A panic while a partition was locked leaves it as consistent as the panicking
+        // operation left it: the partition's own invariants are asserted, not the lock's.
+        self.parts[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Items in every partition.
+    pub fn len(&self) -> u64 {
+        (0..self.parts.len()).map(|i| self.lock_part(i).len()).sum()
+    }
+
+    /// No items.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

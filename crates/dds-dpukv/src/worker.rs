@@ -1,0 +1,111 @@
+//! The host's processing-engine threads (`docs/dpu-kv.md` §3): each polls its queue pairs,
+//! runs the requests of a batch on the store and publishes the response batch.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dds_kvmem::qp::{self, BatchWriter};
+
+use crate::queue::HostQueue;
+use crate::store::SharedStore;
+
+/// Counters of the host workers.
+#[derive(Default, Debug)]
+pub struct WorkerStats {
+    /// Requests served.
+    pub requests: AtomicU64,
+    /// Batches served.
+    pub batches: AtomicU64,
+    /// Queue pairs closed because their DPU end broke the protocol.
+    pub broken: AtomicU64,
+}
+
+/// Serves `queues` round-robin until `stop`: spins while batches arrive, then yields, then
+/// sleeps in short steps (the DPU cannot ring a host doorbell, only write host memory).
+pub fn run(
+    mut queues: Vec<HostQueue>,
+    store: SharedStore,
+    batch_max: usize,
+    stop: &AtomicBool,
+    stats: &WorkerStats,
+) {
+    let mut req = Vec::with_capacity(batch_max);
+    let mut resp = Vec::with_capacity(batch_max);
+    let mut live = vec![true; queues.len()];
+    let mut last_work = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let mut work = false;
+        for (qi, q) in queues.iter_mut().enumerate() {
+            if !live[qi] {
+                continue;
+            }
+            match q.take(&mut req) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, queue = qi, "KV queue pair closed");
+                    live[qi] = false;
+                    stats.broken.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
+            work = true;
+            let (_, _, seq) = qp::batch_header(&req).expect("checked by take");
+            resp.clear();
+            let mut w = BatchWriter::new(&mut resp, seq, batch_max);
+            let mut n = 0u64;
+            let mut ok = true;
+            for r in qp::requests(&req) {
+                let Ok(r) = r else {
+                    ok = false;
+                    break;
+                };
+                let mut p = store.lock(r.key);
+                if !qp::serve(&mut p, &r, &mut w) {
+                    ok = false;
+                    break;
+                }
+                n += 1;
+            }
+            if !ok {
+                // A malformed batch, or one whose responses do not fit a slot: the DPU broke
+                // the protocol; its requests that ran stay applied, the queue pair closes.
+                tracing::error!(queue = qi, "malformed KV request batch: queue pair closed");
+                live[qi] = false;
+                stats.broken.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            w.finish();
+            q.respond(&resp);
+            stats.requests.fetch_add(n, Ordering::Relaxed);
+            stats.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        if work {
+            last_work = Instant::now();
+            continue;
+        }
+        let idle = last_work.elapsed();
+        if idle < Duration::from_micros(50) {
+            std::hint::spin_loop();
+        } else if idle < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// Spawns a worker thread.
+pub fn spawn(
+    name: String,
+    queues: Vec<HostQueue>,
+    store: SharedStore,
+    batch_max: usize,
+    stop: Arc<AtomicBool>,
+    stats: Arc<WorkerStats>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || run(queues, store, batch_max, &stop, &stats))
+}
