@@ -2,7 +2,10 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use dds_dma::{EmulatedDma, SharedRegion};
+use dds_dma::{DmaEngine, EmulatedDma};
+use dds_shm::SharedRegion;
+
+use crate::register_local;
 
 use crate::*;
 
@@ -19,12 +22,12 @@ fn req_ring(capacity: u64, m: u64) -> ReqRing {
         SharedRegion::create("req", offset + POINTER_AREA_BYTES + capacity as usize).unwrap(),
     );
     let mut dma = EmulatedDma::new(16, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let producer = RequestProducer::with_region(region, offset, capacity, m);
     producer.init();
     ReqRing {
         producer: Arc::new(producer),
-        consumer: RequestConsumer::new(id, offset as u64, capacity),
+        consumer: RequestConsumer::new(id, offset as u64, capacity).unwrap(),
         dma,
     }
 }
@@ -166,8 +169,8 @@ fn consumer_reports_corrupt_pointers() {
     let capacity = 4096;
     let region = SharedRegion::create("bad", POINTER_AREA_BYTES + capacity).unwrap();
     let mut dma = EmulatedDma::new(4, None);
-    let id = dma.register_shared(&region).unwrap();
-    let mut c = RequestConsumer::new(id, 0, capacity as u64);
+    let id = register_local(&mut dma, &region).unwrap();
+    let mut c = RequestConsumer::new(id, 0, capacity as u64).unwrap();
     // SAFETY: the test owns the region; nothing else touches it.
     unsafe {
         let p = region.as_ptr();
@@ -259,12 +262,12 @@ fn resp_ring(capacity: u64) -> RespRing {
         SharedRegion::create("resp", offset + POINTER_AREA_BYTES + capacity as usize).unwrap(),
     );
     let mut dma = EmulatedDma::new(16, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let consumer = ResponseConsumer::with_region(region, offset, capacity);
     consumer.init();
     RespRing {
         consumer: Arc::new(consumer),
-        producer: ResponseProducer::new(id, offset as u64, capacity),
+        producer: ResponseProducer::new(id, offset as u64, capacity).unwrap(),
         dma,
     }
 }
@@ -512,12 +515,12 @@ fn lock_based_ring_delivers_exactly_once() {
     let capacity = 4096;
     let region = Arc::new(SharedRegion::create("lock", POINTER_AREA_BYTES + capacity).unwrap());
     let mut dma = EmulatedDma::new(8, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let p = LockedProducer::with_region(region, 0, capacity as u64, capacity as u64);
     p.init();
     check_message_ring(
         Arc::new(p),
-        Box::new(RequestConsumer::new(id, 0, capacity as u64)),
+        Box::new(RequestConsumer::new(id, 0, capacity as u64).unwrap()),
         dma,
     );
 }
@@ -527,7 +530,7 @@ fn farm_ring_delivers_exactly_once_with_two_dma_ops_per_message() {
     let (slots, slot_bytes) = (16u64, 32usize);
     let region = Arc::new(SharedRegion::create("farm", 4096).unwrap());
     let mut dma = EmulatedDma::new(8, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let p = FarmProducer::with_region(region, 64, slots, slot_bytes);
     p.init();
     assert_eq!(p.try_send(&[0; 17]), Err(RingError::TooLarge));
@@ -542,7 +545,7 @@ fn farm_ring_delivers_exactly_once_with_two_dma_ops_per_message() {
 fn farm_consumer_issues_a_read_and_a_write_per_message() {
     let region = Arc::new(SharedRegion::create("farm", 4096).unwrap());
     let mut dma = EmulatedDma::new(8, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let p = FarmProducer::with_region(region, 0, 8, 24);
     p.init();
     let mut c = FarmConsumer::new(id, 0, 8, 24);
