@@ -2,26 +2,17 @@
 //! local buffers, with an optional PCIe cost model (crate documentation).
 
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Instant;
 
 use rustix::fs::SealFlags;
 
-use crate::{CostModel, DmaCompletion, DmaDir, DmaEngine, DmaError, DmaOp, RegionId, SharedRegion};
+use dds_shm::SharedRegion;
 
-/// Counters of an [`EmulatedDma`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DmaStats {
-    /// Completed read operations.
-    pub reads: u64,
-    /// Completed write operations.
-    pub writes: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// `submit` calls that started at least one operation.
-    pub doorbells: u64,
-}
+use crate::{
+    CostModel, DmaCompletion, DmaDir, DmaEngine, DmaError, DmaOp, DmaStats, Region, RegionExport,
+    RegionId,
+};
 
 struct Pending {
     op: DmaOp,
@@ -71,51 +62,6 @@ impl EmulatedDma {
         }
     }
 
-    /// Control plane: maps a host shared-memory object of `len` bytes (received over
-    /// `SCM_RIGHTS`) `MAP_SHARED` and registers it.
-    ///
-    /// The object must be sealed against shrinking, growing and further sealing
-    /// (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): otherwise the host could truncate it
-    /// under the mapping and every later access would kill the DPU with `SIGBUS`.
-    pub fn register(&mut self, fd: OwnedFd, len: usize) -> Result<RegionId, DmaError> {
-        let need = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
-        match rustix::fs::fcntl_get_seals(&fd) {
-            Ok(seals) if seals.contains(need) => {}
-            Ok(seals) => {
-                return Err(DmaError::Map(format!(
-                    "shared memory not sealed against resizing (seals {seals:?}; \
-                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL required)"
-                )))
-            }
-            Err(e) => {
-                return Err(DmaError::Map(format!(
-                    "shared memory must be a sealed memfd: {e}"
-                )))
-            }
-        }
-        let id = u32::try_from(self.regions.len())
-            .map_err(|_| DmaError::Map("too many regions".into()))?;
-        let region = SharedRegion::from_fd(fd, len).map_err(|e| DmaError::Map(e.to_string()))?;
-        self.regions.push(Some(region));
-        Ok(RegionId(id))
-    }
-
-    /// Unmaps a region. Operations on it that have not completed yet complete with
-    /// `UnknownRegion`.
-    pub fn unregister(&mut self, id: RegionId) {
-        if let Some(slot) = self.regions.get_mut(id.0 as usize) {
-            *slot = None;
-        }
-    }
-
-    /// For tests and benchmarks inside one process: registers an existing region (its fd is
-    /// duplicated and mapped a second time, as the DPU process would).
-    pub fn register_shared(&mut self, region: &SharedRegion) -> Result<RegionId, DmaError> {
-        let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0)
-            .map_err(|e| DmaError::Map(e.to_string()))?;
-        self.register(fd, region.len())
-    }
-
     /// Length of a registered region.
     pub fn region_len(&self, id: RegionId) -> Option<usize> {
         self.region(id).map(SharedRegion::len)
@@ -123,15 +69,6 @@ impl EmulatedDma {
 
     pub fn cost(&self) -> Option<CostModel> {
         self.cost
-    }
-
-    pub fn stats(&self) -> DmaStats {
-        self.stats
-    }
-
-    /// Operations posted or in flight.
-    pub fn outstanding(&self) -> usize {
-        self.queue.len()
     }
 
     fn region(&self, id: RegionId) -> Option<&SharedRegion> {
@@ -177,8 +114,62 @@ impl EmulatedDma {
 }
 
 impl DmaEngine for EmulatedDma {
+    /// Maps the shared-memory object `MAP_SHARED` (a second mapping of the host's memory, as
+    /// the DPU process has it).
+    ///
+    /// The object must be sealed against shrinking, growing and further sealing
+    /// (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): otherwise the host could truncate it
+    /// under the mapping and every later access would kill the DPU with `SIGBUS`.
+    fn register_region(&mut self, export: RegionExport) -> Result<Region, DmaError> {
+        let RegionExport { fd, len } = export;
+        let need = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+        match rustix::fs::fcntl_get_seals(&fd) {
+            Ok(seals) if seals.contains(need) => {}
+            Ok(seals) => {
+                return Err(DmaError::Map(format!(
+                    "shared memory not sealed against resizing (seals {seals:?}; \
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL required)"
+                )))
+            }
+            Err(e) => {
+                return Err(DmaError::Map(format!(
+                    "shared memory must be a sealed memfd: {e}"
+                )))
+            }
+        }
+        let id = u32::try_from(self.regions.len())
+            .map_err(|_| DmaError::Map("too many regions".into()))?;
+        let len_usize =
+            usize::try_from(len).map_err(|_| DmaError::Map(format!("region of {len} bytes")))?;
+        let region =
+            SharedRegion::from_fd(fd, len_usize).map_err(|e| DmaError::Map(e.to_string()))?;
+        self.regions.push(Some(region));
+        Ok(Region {
+            id: RegionId(id),
+            len,
+        })
+    }
+
+    fn unregister_region(&mut self, id: RegionId) -> Result<(), DmaError> {
+        match self.regions.get_mut(id.0 as usize) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(DmaError::UnknownRegion(id.0)),
+        }
+    }
+
     fn max_inflight(&self) -> usize {
         self.max_inflight
+    }
+
+    fn outstanding(&self) -> usize {
+        self.queue.len()
+    }
+
+    fn stats(&self) -> DmaStats {
+        self.stats
     }
 
     unsafe fn post(&mut self, op: DmaOp) -> Result<(), DmaError> {

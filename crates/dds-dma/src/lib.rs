@@ -7,15 +7,22 @@
 //! BlueField DOCA DMA library) can implement it as well as [`EmulatedDma`] does here.
 //!
 //! # Model
-//! * The host creates a [`SharedRegion`] (a `memfd` mapped `MAP_SHARED`) and passes its file
-//!   descriptor to the DPU process over the control socket ([`send_with_fds`],
-//!   [`recv_with_fds`]). The DPU maps it with [`EmulatedDma::register`] and from then on names
-//!   it by [`RegionId`] only.
+//! * The host creates a shared region (`dds_shm::SharedRegion`, a sealed `memfd` mapped
+//!   `MAP_SHARED`) and passes its file descriptor to the DPU process over the control socket
+//!   ([`send_with_fds`], [`recv_with_fds`]). The DPU hands it to its engine as a
+//!   [`RegionExport`] ([`DmaEngine::register_region`]) and from then on names it by the
+//!   [`Region`] it gets back: a [`RegionId`] and the region's length, the bounds of every
+//!   operation on it. This crate does not re-export the host's shared-memory type and the
+//!   DPU-side crates do not depend on `dds-shm`, so DPU code cannot reach host memory other
+//!   than by DMA.
 //! * DPU-side memory that DMA copies into or out of is a [`LocalBuf`].
 //! * An operation is [posted](DmaEngine::post), started by the next
 //!   [`submit`](DmaEngine::submit) (the doorbell), and its completion is returned by
-//!   [`poll`](DmaEngine::poll), in submission order. Nothing blocks; [`run_sync`] is the
-//!   convenience that spins until a batch is done.
+//!   [`poll`](DmaEngine::poll), in submission order. Nothing blocks. The DPU's data path
+//!   posts the operations of all its rings, rings the doorbell once per service round, and
+//!   consumes completions (matched by `user_data`) in a later step of the round or in a later
+//!   round; [`run_sync`] is the convenience that spins until a batch is done, for tests,
+//!   benchmarks and the control plane.
 //!
 //! # Emulation semantics
 //! [`EmulatedDma`] performs the copy of an operation when it completes (inside `poll`), in
@@ -55,16 +62,74 @@
 //! `poll` after their `submit`.
 
 mod emulated;
+mod fdpass;
 mod local;
-mod shm;
 
-pub use emulated::{DmaStats, EmulatedDma};
+use std::os::fd::OwnedFd;
+
+pub use emulated::EmulatedDma;
+pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS};
 pub use local::{AlignedBuf, LocalBuf};
-pub use shm::{recv_with_fds, send_with_fds, SharedRegion, MAX_FDS};
 
 /// A host memory region registered with a DMA engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RegionId(pub u32);
+
+/// What the host exports so that a DMA engine can reach one of its memory regions.
+///
+/// For the emulated engine, a shared-memory object (`memfd`, sealed against resizing) and its
+/// length, received from the host over `SCM_RIGHTS`. A hardware engine takes its own export
+/// descriptor in the same role (on BlueField, the blob of a host `doca_mmap` export).
+#[derive(Debug)]
+pub struct RegionExport {
+    pub(crate) fd: OwnedFd,
+    pub(crate) len: u64,
+}
+
+impl RegionExport {
+    /// A `memfd` of (at least) `len` bytes.
+    pub fn memfd(fd: OwnedFd, len: u64) -> Self {
+        RegionExport { fd, len }
+    }
+
+    /// Bytes of the exported region.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True if the region is empty (the engine refuses to register it).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A region registered with a DMA engine: how DPU-side code names host memory. The length is
+/// the bound of every operation on the region, learned at registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub id: RegionId,
+    pub len: u64,
+}
+
+impl Region {
+    /// Whether `[offset, offset + len)` lies inside the region.
+    pub fn contains(&self, offset: u64, len: u64) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+}
+
+/// Counters of a DMA engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DmaStats {
+    /// Completed read operations.
+    pub reads: u64,
+    /// Completed write operations.
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// `submit` calls that started at least one operation.
+    pub doorbells: u64,
+}
 
 /// Direction of a DMA operation, seen from the DPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,8 +258,28 @@ impl CostModel {
 /// A DMA engine: asynchronous, batchable copies between local buffers and registered host
 /// regions.
 pub trait DmaEngine: Send {
+    /// Control plane: makes a host region reachable by DMA. Every operation on it is bounded
+    /// by the returned [`Region`]'s length. Ids are not reused, so a stale id never reaches
+    /// another region.
+    ///
+    /// Errors: `Map` (the export is unusable: for the emulated engine, not a sealed memfd of
+    /// that size).
+    fn register_region(&mut self, export: RegionExport) -> Result<Region, DmaError>;
+
+    /// Control plane: forgets a region. Operations on it that have not completed yet
+    /// complete with `UnknownRegion`; later posts fail with `UnknownRegion`.
+    ///
+    /// Errors: `UnknownRegion` if it is not registered.
+    fn unregister_region(&mut self, id: RegionId) -> Result<(), DmaError>;
+
     /// Operations posted or in flight at most.
     fn max_inflight(&self) -> usize;
+
+    /// Operations posted or in flight now (their completions not yet returned by `poll`).
+    fn outstanding(&self) -> usize;
+
+    /// Counters since the engine was created.
+    fn stats(&self) -> DmaStats;
 
     /// Queues one operation; it is started by the next [`submit`](Self::submit) (doorbell).
     ///
@@ -212,6 +297,29 @@ pub trait DmaEngine: Send {
     /// Writes completed operations (in submission order) into `out`, up to `out.len()`;
     /// returns how many.
     fn poll(&mut self, out: &mut [DmaCompletion]) -> usize;
+}
+
+/// Submits what is posted and spins on `poll` until the engine has no operation outstanding,
+/// handing every completion to `f` (in completion order). For tests, benchmarks and the
+/// control plane (for example before parking): the data path consumes completions as they
+/// come instead.
+pub fn wait_all(engine: &mut dyn DmaEngine, mut f: impl FnMut(DmaCompletion)) {
+    let mut comps: [DmaCompletion; 16] = std::array::from_fn(|_| DmaCompletion::default());
+    engine.submit();
+    while engine.outstanding() > 0 {
+        let n = engine.poll(&mut comps);
+        for c in &mut comps[..n] {
+            f(std::mem::take(c));
+        }
+        if n == 0 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Whether `engine` takes `n` more operations now (else posting them would see `QueueFull`).
+pub fn has_room(engine: &dyn DmaEngine, n: usize) -> bool {
+    engine.outstanding() + n <= engine.max_inflight()
 }
 
 /// Posts all `ops`, submits, and spins on `poll` until all are complete; returns the first

@@ -2,9 +2,15 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use dds_shm::SharedRegion;
 use proptest::prelude::*;
 
 use super::*;
+
+/// The region as the host exports it to the engine.
+fn export(region: &SharedRegion) -> RegionExport {
+    RegionExport::memfd(region.export_fd().unwrap(), region.len() as u64)
+}
 
 fn host_write(region: &SharedRegion, offset: usize, bytes: &[u8]) {
     assert!(offset + bytes.len() <= region.len());
@@ -35,7 +41,7 @@ fn setup(
 ) -> (SharedRegion, EmulatedDma, RegionId) {
     let region = SharedRegion::create("dds-dma-test", len).unwrap();
     let mut dma = EmulatedDma::new(depth, cost);
-    let id = dma.register_shared(&region).unwrap();
+    let id = dma.register_region(export(&region)).unwrap().id;
     (region, dma, id)
 }
 
@@ -205,7 +211,11 @@ fn unregister_fails_inflight_ops() {
             .unwrap()
     };
     dma.submit();
-    dma.unregister(id);
+    dma.unregister_region(id).unwrap();
+    assert_eq!(
+        dma.unregister_region(id),
+        Err(DmaError::UnknownRegion(id.0))
+    );
     let mut out: [DmaCompletion; 1] = Default::default();
     assert_eq!(dma.poll(&mut out), 1);
     assert_eq!(out[0].result, Err(DmaError::UnknownRegion(id.0)));
@@ -335,11 +345,14 @@ fn fd_passing_maps_the_same_memory() {
     let n = recv_with_fds(&b, &mut buf, &mut fds).unwrap();
     assert_eq!((n, fds.len()), (1, 2));
     let mut dma = EmulatedDma::new(4, None);
-    let id = dma.register(fds.pop().unwrap(), 8192).unwrap();
+    let id = dma
+        .register_region(RegionExport::memfd(fds.pop().unwrap(), 8192))
+        .unwrap()
+        .id;
     assert_eq!(dma.region_len(id), Some(8192));
     // A length beyond the object is refused.
     assert!(matches!(
-        dma.register(fds.pop().unwrap(), 1 << 20),
+        dma.register_region(RegionExport::memfd(fds.pop().unwrap(), 1 << 20)),
         Err(DmaError::Map(_))
     ));
 
@@ -366,7 +379,9 @@ fn unsealed_shared_memory_is_refused_and_sealed_memory_cannot_shrink() {
     let fd = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
         .unwrap();
     rustix::fs::ftruncate(&fd, 8192).unwrap();
-    let e = dma.register(fd, 8192).unwrap_err();
+    let e = dma
+        .register_region(RegionExport::memfd(fd, 8192))
+        .unwrap_err();
     assert!(
         matches!(&e, DmaError::Map(m) if m.contains("sealed")),
         "{e}"
@@ -376,9 +391,9 @@ fn unsealed_shared_memory_is_refused_and_sealed_memory_cannot_shrink() {
         rustix::fs::memfd_create("half", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
     rustix::fs::ftruncate(&fd, 8192).unwrap();
     rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).unwrap();
-    assert!(dma.register(fd, 8192).is_err());
+    assert!(dma.register_region(RegionExport::memfd(fd, 8192)).is_err());
     // A host's region is sealed: shrinking it fails, registering it works.
     let region = SharedRegion::create("sealed", 8192).unwrap();
     assert!(rustix::fs::ftruncate(region.fd(), 4096).is_err());
-    dma.register_shared(&region).unwrap();
+    dma.register_region(export(&region)).unwrap();
 }

@@ -7,11 +7,18 @@
 //!
 //! A request's record stays in the request mirror until its response is buffered (TailB
 //! passed it): write data is handed to the device in place, so Head is advanced only then.
+//!
+//! DMA is asynchronous: the group posts its operations into the service's engine, stamped with
+//! their user data (the group's slot, what the operation is for, and for registered I/O the
+//! request), and the service hands each completion back to [`GroupState::on_dma`]. Nothing
+//! waits for a DMA: a ring step whose operations are in flight is simply not posted again, and
+//! the group's buffers are freed only once it has no operation in flight
+//! ([`GroupState::quiescent`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 
-use dds_dma::{DmaEngine, DmaOp, LocalBuf, RegionId};
+use dds_dma::{has_room, DmaEngine, DmaError, DmaOp, LocalBuf, Region, RegionId};
 use dds_fs::{FileId, FileService, FsError};
 use dds_offload_engine::CacheMaintainer;
 use dds_proto::record::{
@@ -21,6 +28,25 @@ use dds_proto::Status;
 use dds_ring::{RequestConsumer, ResponseProducer, RingFault};
 
 use crate::ExecMode;
+
+/// What a DMA operation of a group is for (bits 28..32 of its user data).
+const TAG_FETCH: u64 = 1;
+const TAG_RELEASE: u64 = 2;
+const TAG_SLEEPING: u64 = 3;
+const TAG_REFRESH: u64 = 4;
+const TAG_DELIVER: u64 = 5;
+/// A registered-buffer transfer; the low 28 bits hold the request's sequence number.
+const TAG_REGISTERED: u64 = 6;
+const SEQ_BITS: u32 = 28;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Outstanding requests per group at most, so that 28 bits of sequence number identify one.
+pub(crate) const MAX_PENDING: usize = 1 << (SEQ_BITS - 1);
+
+/// User data of a group's DMA operation: `user_base` (the group's slot in bits 32..), `tag`,
+/// and the low bits of `seq`.
+fn dma_user(user_base: u64, tag: u64, seq: u64) -> u64 {
+    user_base | (tag << SEQ_BITS) | (seq & SEQ_MASK)
+}
 
 /// One outstanding request, in request order.
 #[derive(Clone, Copy, Debug, Default)]
@@ -63,6 +89,11 @@ struct RegIo {
     buf_offset: u64,
     /// Staging-area position of the data.
     stage_pos: u64,
+    /// A write's file range (submitted once its data is fetched from the buffer).
+    file_id: u32,
+    file_offset: u64,
+    /// Bytes to move by DMA: a write's length; a read's bytes read, once known.
+    bytes: u32,
 }
 
 /// One application buffer registered by a host connection (`register_buffer`).
@@ -120,6 +151,16 @@ pub(crate) struct GroupState {
     copy: Option<CopyBuffers>,
     /// Staging of registered I/O; allocated once the connection registers a buffer.
     staging: Option<Staging>,
+    /// Registered-buffer transfers to post (request sequence numbers; a write's fetch or a
+    /// read's delivery), at most one per outstanding request.
+    reg_queue: VecDeque<u64>,
+    /// Registered writes whose data is fetched, waiting for room in the file service.
+    reg_ready: VecDeque<u64>,
+    /// Registered-buffer transfers posted and not completed.
+    reg_inflight: usize,
+    /// Registered writes not yet handed to the file service (queued, fetching or ready): each
+    /// will need a file-service slot.
+    reg_writes_unsubmitted: usize,
     /// No new requests are taken (deleted group or disconnected host).
     pub closing: bool,
     /// The ring framing was corrupt: the group is stopped.
@@ -151,7 +192,7 @@ pub(crate) enum Dispatch {
 pub(crate) struct GroupParams {
     pub id: u32,
     pub conn: u64,
-    pub region: RegionId,
+    pub region: Region,
     pub eventfd: OwnedFd,
     pub doorbell: OwnedFd,
     pub req_offset: u64,
@@ -174,12 +215,12 @@ pub(crate) fn group_memory(req_capacity: u64, resp_capacity: u64, mode: ExecMode
 }
 
 impl GroupState {
-    /// The ring geometry must have been validated (`dds_ring::valid_capacity`, 64-byte
-    /// aligned offsets inside the region).
-    pub fn new(p: GroupParams) -> GroupState {
-        assert!(p.max_pending > 0);
-        let req = RequestConsumer::new(p.region, p.req_offset, p.req_capacity);
-        let resp = ResponseProducer::new(p.region, p.resp_offset, p.resp_capacity);
+    /// A group over the rings of a registered region. Errors: `Layout` when a ring does not
+    /// fit the region.
+    pub fn new(p: GroupParams) -> Result<GroupState, RingFault> {
+        assert!((1..=MAX_PENDING).contains(&p.max_pending));
+        let req = RequestConsumer::new(p.region, p.req_offset, p.req_capacity)?;
+        let resp = ResponseProducer::new(p.region, p.resp_offset, p.resp_capacity)?;
         let copy = match p.mode {
             ExecMode::ZeroCopy => None,
             ExecMode::Copy => Some(CopyBuffers {
@@ -187,10 +228,10 @@ impl GroupState {
                 read_stage: LocalBuf::new(p.resp_capacity as usize, 4096),
             }),
         };
-        GroupState {
+        Ok(GroupState {
             id: p.id,
             conn: p.conn,
-            region: p.region,
+            region: p.region.id,
             eventfd: p.eventfd,
             doorbell: p.doorbell,
             req,
@@ -207,11 +248,15 @@ impl GroupState {
             max_io_bytes: p.max_io_bytes,
             copy,
             staging: None,
+            reg_queue: VecDeque::with_capacity(p.max_pending),
+            reg_ready: VecDeque::with_capacity(p.max_pending),
+            reg_inflight: 0,
+            reg_writes_unsubmitted: 0,
             closing: false,
             broken: false,
             memory_bytes: group_memory(p.req_capacity, p.resp_capacity, p.mode),
             counters: GroupCounters::default(),
-        }
+        })
     }
 
     /// Bytes of the staging area of registered I/O (the larger ring's capacity).
@@ -262,9 +307,26 @@ impl GroupState {
         unsafe { st.buf.as_ptr().cast_mut().add((pos % st.cap) as usize) }
     }
 
-    /// True when no I/O of this group is in the file service (its buffers may be freed).
+    /// True when no I/O of this group is in the file service and no DMA operation of it is
+    /// queued or in flight (its buffers may be freed).
     pub fn quiescent(&self) -> bool {
-        self.io_outstanding == 0
+        self.io_outstanding == 0 && self.dma_inflight() == 0 && self.reg_queue.is_empty()
+    }
+
+    /// DMA operations of this group posted and not completed.
+    pub fn dma_inflight(&self) -> usize {
+        self.req.dma_inflight() + self.resp.dma_inflight() + self.reg_inflight
+    }
+
+    /// Registered writes that will need a file-service slot (their data is being fetched).
+    pub fn reg_writes_unsubmitted(&self) -> usize {
+        self.reg_writes_unsubmitted
+    }
+
+    /// Whether fetched request bytes wait for the next steps (new bytes found by the last
+    /// pointer read, or records not dispatched yet).
+    pub fn has_fetched_work(&self) -> bool {
+        self.req.fetching() || self.dispatched < self.req.fetched()
     }
 
     fn pending_full(&self) -> bool {
@@ -295,18 +357,165 @@ impl GroupState {
         }
     }
 
-    /// Sets or clears the request ring's `Sleeping` word (parking, `crate::bell`).
-    pub fn set_sleeping(&mut self, on: bool, dma: &mut dyn DmaEngine) -> Result<(), RingFault> {
-        self.req.set_sleeping(on, dma)
+    /// Sets or clears the request ring's `Sleeping` word (parking, `crate::bell`): posts its
+    /// write (or leaves it for a later [`advance`](Self::advance) if the engine is full).
+    pub fn set_sleeping(
+        &mut self,
+        on: bool,
+        dma: &mut dyn DmaEngine,
+        user_base: u64,
+    ) -> Result<(), RingFault> {
+        self.req.want_sleeping(on);
+        self.req
+            .post_sleeping(dma, dma_user(user_base, TAG_SLEEPING, 0))?;
+        Ok(())
     }
 
-    /// Fetches new request records from the host ring (one DMA read of Progress+Tail, then
-    /// the new bytes). Returns true when new bytes arrived.
-    pub fn fetch(&mut self, dma: &mut dyn DmaEngine) -> Result<bool, RingFault> {
+    /// Posts the next step of fetching new request records from the host ring (a DMA read of
+    /// Progress+Tail, or of the new bytes it announced). Returns the operations posted.
+    pub fn post_fetch(
+        &mut self,
+        dma: &mut dyn DmaEngine,
+        user_base: u64,
+    ) -> Result<usize, RingFault> {
         if self.closing || self.broken {
-            return Ok(false);
+            return Ok(0);
         }
-        self.req.poll(dma)
+        self.req.post_fetch(dma, dma_user(user_base, TAG_FETCH, 0))
+    }
+
+    /// The completion of one of this group's DMA operations (`user_data` as posted). Returns
+    /// true when it moved anything (new request bytes, a delivery, a registered transfer).
+    /// `Err` is a ring fault: the caller stops the group.
+    pub fn on_dma(
+        &mut self,
+        user_data: u64,
+        result: Result<(), DmaError>,
+        fs: &mut FileService,
+    ) -> Result<bool, RingFault> {
+        match (user_data >> SEQ_BITS) & 0xF {
+            TAG_FETCH => self.req.complete_fetch(result),
+            TAG_RELEASE => self.req.complete_release(result).map(|()| false),
+            TAG_SLEEPING => self.req.complete_sleeping(result).map(|()| false),
+            TAG_REFRESH => self.resp.complete_refresh(result).map(|_| false),
+            TAG_DELIVER => match self.resp.complete_deliver(result)? {
+                Some(sleepers) => {
+                    if sleepers {
+                        // The "interrupt": wake host threads sleeping in PollWait. Never
+                        // blocks: a host's eventfd whose counter it filled up is skipped
+                        // (`bell::notify`).
+                        crate::bell::notify(self.eventfd.as_fd());
+                    }
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            TAG_REGISTERED => self.on_registered_dma(user_data, result, fs),
+            _ => Err(RingFault::Corrupt("DMA completion of an unknown kind")),
+        }
+    }
+
+    /// The completion of a registered-buffer transfer: a write's data is fetched (hand the
+    /// write to the file service), or a read's data is in the buffer (answer).
+    fn on_registered_dma(
+        &mut self,
+        user_data: u64,
+        result: Result<(), DmaError>,
+        fs: &mut FileService,
+    ) -> Result<bool, RingFault> {
+        self.reg_inflight = self.reg_inflight.checked_sub(1).ok_or(RingFault::Corrupt(
+            "registered DMA completion without a transfer",
+        ))?;
+        let low = user_data & SEQ_MASK;
+        // The full sequence number lies within `pending.len()` (< 2^27) of the head.
+        let seq = self.pending_head + (low.wrapping_sub(self.pending_head) & SEQ_MASK);
+        let p = match (seq < self.pending_tail).then(|| *self.pending_at(seq)) {
+            Some(p) if !p.done => p,
+            _ => {
+                return Err(RingFault::Corrupt(
+                    "registered DMA completion for no request",
+                ))
+            }
+        };
+        let Some(r) = p.reg else {
+            return Err(RingFault::Corrupt(
+                "registered DMA completion for no request",
+            ));
+        };
+        if let Err(e) = result {
+            // The buffer was unregistered (or its connection closed) meanwhile.
+            tracing::debug!(group = self.id, read = r.read, "registered transfer: {e}");
+            if !r.read {
+                self.reg_writes_unsubmitted -= 1;
+                self.io_outstanding -= 1;
+            }
+            self.complete_seq(seq, Status::UnknownBuffer, 0);
+            return Ok(true);
+        }
+        if r.read {
+            self.complete_seq(seq, Status::Ok, r.bytes);
+        } else {
+            self.reg_ready.push_back(seq);
+            self.submit_ready_writes(fs, user_data & !0xFFFF_FFFF);
+        }
+        Ok(true)
+    }
+
+    /// Hands registered writes whose data is fetched to the file service, in order, while it
+    /// has room.
+    fn submit_ready_writes(&mut self, fs: &mut FileService, user_base: u64) {
+        while let Some(&seq) = self.reg_ready.front() {
+            let r = self.pending_at(seq).reg.expect("a registered write");
+            let stage = self.stage_ptr(r.stage_pos);
+            let user = user_base | (seq & 0xFFFF_FFFF);
+            // SAFETY: the staging space stays allocated until the response is buffered.
+            let res =
+                unsafe { fs.submit_write(FileId(r.file_id), r.file_offset, stage, r.bytes, user) };
+            match res {
+                Err(FsError::Busy) => break,
+                Ok(()) => {}
+                Err(e) => {
+                    self.io_outstanding -= 1;
+                    self.complete_seq(seq, Status::from(&e), 0);
+                }
+            }
+            self.reg_ready.pop_front();
+            self.reg_writes_unsubmitted -= 1;
+        }
+    }
+
+    /// Posts the queued registered-buffer transfers the engine has room for.
+    fn post_registered(&mut self, dma: &mut dyn DmaEngine, user_base: u64) {
+        while let Some(&seq) = self.reg_queue.front() {
+            if !has_room(dma, 1) {
+                break;
+            }
+            let r = self.pending_at(seq).reg.expect("a registered request");
+            let stage = self.stage_ptr(r.stage_pos);
+            let user = dma_user(user_base, TAG_REGISTERED, seq);
+            let op = match r.read {
+                // The device read into staging: put it into the buffer.
+                true => DmaOp::write(r.region, r.buf_offset, stage, r.bytes, user),
+                // Fetch the write's data from the buffer into staging.
+                false => DmaOp::read(r.region, r.buf_offset, stage, r.bytes, user),
+            };
+            self.reg_queue.pop_front();
+            // SAFETY: the staging space is this request's until its response is buffered,
+            // which waits for the transfer's completion; nothing else touches it meanwhile.
+            match unsafe { dma.post(op) } {
+                Ok(()) => self.reg_inflight += 1,
+                Err(e) => {
+                    // For example the buffer's region is gone: the request fails, the group
+                    // carries on.
+                    tracing::debug!(group = self.id, "registered transfer: {e}");
+                    if !r.read {
+                        self.reg_writes_unsubmitted -= 1;
+                        self.io_outstanding -= 1;
+                    }
+                    self.complete_seq(seq, Status::UnknownBuffer, 0);
+                }
+            }
+        }
     }
 
     /// Parses fetched records and starts their execution, in order, until blocked.
@@ -320,6 +529,9 @@ impl GroupState {
         buffers: Option<&ConnBuffers>,
         mut hooks: Option<&mut CacheMaintainer>,
     ) -> Result<Dispatch, RingFault> {
+        // Registered writes fetched earlier go first: they hold their place in the file
+        // service's queue (`fs_inflight_max` accounts for them).
+        self.submit_ready_writes(fs, user_base);
         while self.dispatched < self.req.fetched() && !self.broken {
             let pos = self.dispatched;
             let in_ring = (pos % self.req_capacity) as usize;
@@ -342,7 +554,7 @@ impl GroupState {
                 self.dispatched += len;
                 if self.pending_head == self.pending_tail {
                     // Nothing outstanding before it: release right away.
-                    self.release_to(pos + len, dma)?;
+                    self.req.release_to(pos + len);
                 }
                 continue;
             }
@@ -431,6 +643,9 @@ impl GroupState {
                                     region: rb.region,
                                     buf_offset: b.offset,
                                     stage_pos: at,
+                                    file_id: h.file_id,
+                                    file_offset: h.offset,
+                                    bytes: h.bytes,
                                 });
                                 None
                             }
@@ -454,9 +669,13 @@ impl GroupState {
             };
             let Some(place) =
                 self.resp
-                    .alloc(dma, op_code, RESPONSE_HEADER_BYTES as u32, read_len, align)?
+                    .try_alloc(op_code, RESPONSE_HEADER_BYTES as u32, read_len, align)?
             else {
-                return Ok(Dispatch::Blocked); // response ring full: host must consume
+                // Response ring full as far as we know: learn how far the host consumed (the
+                // read completes in a later round) and wait.
+                self.resp
+                    .post_refresh(dma, dma_user(user_base, TAG_REFRESH, 0))?;
+                return Ok(Dispatch::Blocked);
             };
             let resp_at = place.header_at;
             let resp_end = place.end;
@@ -517,7 +736,7 @@ impl GroupState {
             let user = user_base | (seq & 0xFFFF_FFFF);
             let submitted = match (early, header) {
                 (Some(status), _) => Err(status),
-                (None, Ok(h)) => self.submit(fs, dma, &h, reg, pos, resp_at, user),
+                (None, Ok(h)) => self.submit(fs, &h, reg, seq, pos, resp_at, user),
                 (None, Err(_)) => unreachable!("malformed requests have an early status"),
             };
             match submitted {
@@ -533,9 +752,9 @@ impl GroupState {
     fn submit(
         &mut self,
         fs: &mut FileService,
-        dma: &mut dyn DmaEngine,
         h: &record::RequestHeader,
         reg: Option<RegIo>,
+        seq: u64,
         req_pos: u64,
         resp_at: u64,
         user: u64,
@@ -546,19 +765,14 @@ impl GroupState {
                 // The device reads into staging; `on_complete` DMAs it into the buffer.
                 // SAFETY: the staging space stays allocated until the response is buffered.
                 unsafe { fs.submit_read(FileId(h.file_id), h.offset, stage, h.bytes, user) }
+            } else if h.bytes > 0 {
+                // Fetch the data from the registered buffer by DMA (posted with the group's
+                // next operations); the write goes to the file service when it completes.
+                self.reg_queue.push_back(seq);
+                self.reg_writes_unsubmitted += 1;
+                Ok(())
             } else {
-                // Fetch the data from the registered buffer by DMA, then write it from staging.
-                if h.bytes > 0 {
-                    let op = DmaOp::read(r.region, r.buf_offset, stage, h.bytes, user);
-                    // SAFETY: the staging space is ours until the response is buffered, and
-                    // the engine has no other operation in flight (every DMA of the service
-                    // thread runs to completion before the next).
-                    if let Err(e) = unsafe { dds_dma::run_sync(dma, &[op]) } {
-                        tracing::debug!(group = self.id, "registered write fetch: {e}");
-                        return Err(Status::UnknownBuffer);
-                    }
-                }
-                // SAFETY: as above.
+                // SAFETY: as above (nothing to read).
                 unsafe { fs.submit_write(FileId(h.file_id), h.offset, stage, h.bytes, user) }
             };
             return res.map_err(|e| Status::from(&e));
@@ -610,7 +824,6 @@ impl GroupState {
         &mut self,
         user: u64,
         result: Result<u32, FsError>,
-        dma: &mut dyn DmaEngine,
         hooks: Option<&mut CacheMaintainer>,
     ) {
         assert!(
@@ -639,24 +852,11 @@ impl GroupState {
         }
         match (result, self.pending_at(seq).reg) {
             (Ok(bytes), Some(r)) if r.read && bytes > 0 => {
-                // Put the data read into the registered buffer, then answer.
-                let op = DmaOp::write(
-                    r.region,
-                    r.buf_offset,
-                    self.stage_ptr(r.stage_pos),
-                    bytes,
-                    user,
-                );
-                // SAFETY: staging stays allocated until the response is buffered; no other
-                // DMA operation is in flight (see `submit`).
-                match unsafe { dds_dma::run_sync(dma, &[op]) } {
-                    Ok(()) => self.complete_seq(seq, Status::Ok, bytes),
-                    Err(e) => {
-                        // The buffer was unregistered (or its connection closed) meanwhile.
-                        tracing::debug!(group = self.id, "registered read delivery: {e}");
-                        self.complete_seq(seq, Status::UnknownBuffer, 0)
-                    }
-                }
+                // Put the data read into the registered buffer (posted with the group's next
+                // operations), then answer when that completes (`on_dma`).
+                let bytes = bytes.min(r.bytes);
+                self.pending_at(seq).reg = Some(RegIo { bytes, ..r });
+                self.reg_queue.push_back(seq);
             }
             (Ok(bytes), _) => self.complete_seq(seq, Status::Ok, bytes),
             (Err(e), _) => self.complete_seq(seq, Status::from(&e), 0),
@@ -696,12 +896,15 @@ impl GroupState {
         }
     }
 
-    /// Advances TailB over completed responses, delivers buffered responses to the host (one
-    /// DMA write of the data, one of Tail, two at the wrap) when a batch is full or `flush`,
-    /// signals sleepers, and releases request-ring space. Returns true when it moved anything.
+    /// Advances TailB over completed responses, posts the delivery of buffered responses to
+    /// the host (DMA writes of the data and of Tail, then a read of Waiters; its completion
+    /// signals sleepers, `on_dma`) when a batch is full or `flush`, posts the release of
+    /// request-ring space, pending registered-buffer transfers and the `Sleeping` word.
+    /// Returns true when it moved anything.
     pub fn advance(
         &mut self,
         dma: &mut dyn DmaEngine,
+        user_base: u64,
         batch_bytes: u64,
         flush: bool,
     ) -> Result<bool, RingFault> {
@@ -719,15 +922,13 @@ impl GroupState {
             self.pending_head += 1;
         }
         let mut moved = release.is_some();
-        let buffered = self.tail_b - self.resp.delivered();
+        let buffered = self.tail_b - self.resp.delivering();
         if buffered > 0 && (flush || buffered >= batch_bytes) {
-            let sleepers = self.resp.deliver(self.tail_b, dma)?;
-            if sleepers {
-                // The "interrupt": wake host threads sleeping in PollWait. Never blocks: a
-                // host's eventfd whose counter it filled up is skipped (`bell::notify`).
-                crate::bell::notify(self.eventfd.as_fd());
-            }
-            moved = true;
+            // Nothing is posted while a delivery is in flight: these go with the next one.
+            moved |=
+                self.resp
+                    .post_deliver(self.tail_b, dma, dma_user(user_base, TAG_DELIVER, 0))?
+                    > 0;
         }
         if let Some(upto) = release {
             // Only records whose responses are buffered are released; with nothing pending,
@@ -737,16 +938,14 @@ impl GroupState {
             } else {
                 upto
             };
-            self.release_to(upto, dma)?;
+            self.req.release_to(upto);
         }
+        self.req
+            .post_release(dma, dma_user(user_base, TAG_RELEASE, 0))?;
+        self.req
+            .post_sleeping(dma, dma_user(user_base, TAG_SLEEPING, 0))?;
+        self.post_registered(dma, user_base);
         Ok(moved)
-    }
-
-    fn release_to(&mut self, upto: u64, dma: &mut dyn DmaEngine) -> Result<(), RingFault> {
-        if upto > self.req.released() {
-            self.req.release(upto, dma)?;
-        }
-        Ok(())
     }
 
     /// Requests dispatched and not yet completed.
@@ -761,6 +960,9 @@ impl GroupState {
     }
 
     fn break_group(&mut self, why: &str) {
+        if self.broken {
+            return;
+        }
         tracing::error!(
             group = self.id,
             conn = self.conn,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use dds_dma::EmulatedDma;
+use dds_dma::{DmaCompletion, DmaEngine, EmulatedDma, RegionExport};
 use dds_fs::{FileId, FileService, MetaDone, MetaOp};
 use dds_proto::control::{
     BufferInfo, DirEntry, DmaCounters, DpuStats, EntryKind, ExposeInfo, FileInfo, GroupInfo,
@@ -43,7 +43,10 @@ enum Park {
 pub(crate) struct Service {
     config: DpuConfig,
     fs: FileService,
-    dma: EmulatedDma,
+    /// The DMA engine: the service reaches host memory through it only, by region id.
+    dma: Box<dyn DmaEngine>,
+    /// Completions polled from the engine per call (allocated once).
+    completions: Vec<DmaCompletion>,
     commands: Receiver<Command>,
     /// Rung by the control plane and the directors while the thread is parked.
     bell: Arc<Bell>,
@@ -78,6 +81,9 @@ enum MetaKind {
     Deleted(u32),
 }
 
+/// DMA completions consumed per `poll` of the engine.
+const COMPLETIONS_PER_POLL: usize = 64;
+
 /// Offloaded reads handed from the port to the file service per round at most.
 const PORT_READS_PER_ROUND: usize = 64;
 
@@ -89,7 +95,7 @@ impl Service {
         bell: Arc<Bell>,
         offload: Option<OffloadHooks>,
     ) -> Service {
-        let dma = EmulatedDma::new(config.dma_queue_depth, config.dma_cost);
+        let dma = Box::new(EmulatedDma::new(config.dma_queue_depth, config.dma_cost));
         if let Some(o) = &offload {
             // Directors ring the bell when they queue reads for a parked service thread.
             let b = bell.clone();
@@ -107,6 +113,7 @@ impl Service {
             config,
             fs,
             dma,
+            completions: vec![DmaCompletion::default(); COMPLETIONS_PER_POLL],
             commands,
             bell,
             groups: Vec::new(),
@@ -135,6 +142,8 @@ impl Service {
         loop {
             let stopping = stop.load(Ordering::Acquire);
             if stopping && self.fs.inflight() == 0 && self.fs.meta_pending() == 0 {
+                // What is posted (deliveries among it) lands before the buffers go.
+                self.drain_dma();
                 break;
             }
             let mut worked = self.handle_commands();
@@ -178,6 +187,17 @@ impl Service {
             std::thread::yield_now();
             return Park::NotParked;
         }
+        // The idle path may wait for the DMA engine: what is in flight (pointer reads of idle
+        // groups, the last deliveries) completes now.
+        let mut found = self.drain_dma();
+        found |= self
+            .groups
+            .iter()
+            .flatten()
+            .any(|g| live(g) && g.has_fetched_work());
+        if found {
+            return Park::NotParked;
+        }
         if let Some(o) = &self.offload {
             if !o.port.prepare_sleep() {
                 return Park::NotParked;
@@ -188,17 +208,27 @@ impl Service {
             bell::drain(g.doorbell.as_fd());
         }
         // Announce, then look once more: a request published before a host could see the
-        // announcement is found here; one published after it rings the doorbell.
+        // announcement is found here; one published after it rings the doorbell. Every
+        // group's `Sleeping` write and pointer read go in one doorbell.
         let mut found = !self.commands.is_empty() || self.fs.meta_ready();
-        for g in self.groups.iter_mut().flatten().filter(|g| live(g)) {
+        for (index, slot) in self.groups.iter_mut().enumerate() {
+            let Some(g) = slot.as_mut().filter(|g| live(g)) else {
+                continue;
+            };
+            let base = (index as u64) << 32;
             let r = g
-                .set_sleeping(true, &mut self.dma)
-                .and_then(|()| g.fetch(&mut self.dma));
-            match r {
-                Ok(f) => found |= f,
-                Err(e) => g.fail(&e),
+                .set_sleeping(true, &mut *self.dma, base)
+                .and_then(|()| g.post_fetch(&mut *self.dma, base));
+            if let Err(e) = r {
+                g.fail(&e);
             }
         }
+        found |= self.drain_dma();
+        found |= self
+            .groups
+            .iter()
+            .flatten()
+            .any(|g| live(g) && g.has_fetched_work());
         let mut how = Park::NotParked;
         if !found {
             let mut fds = Vec::with_capacity(1 + self.groups.len());
@@ -212,15 +242,56 @@ impl Service {
                 _ => Park::Woken,
             };
         }
-        for g in self.groups.iter_mut().flatten().filter(|g| live(g)) {
-            if let Err(e) = g.set_sleeping(false, &mut self.dma) {
+        // Clearing the words is not waited for: the writes complete in the next rounds.
+        for (index, slot) in self.groups.iter_mut().enumerate() {
+            let Some(g) = slot.as_mut().filter(|g| live(g)) else {
+                continue;
+            };
+            if let Err(e) = g.set_sleeping(false, &mut *self.dma, (index as u64) << 32) {
                 g.fail(&e);
             }
         }
+        self.dma.submit();
         if let Some(o) = &self.offload {
             o.port.end_sleep();
         }
         how
+    }
+
+    /// Consumes the DMA completions available now and hands each to its group. Returns true
+    /// when one moved anything.
+    fn reap_dma(&mut self) -> bool {
+        let mut worked = false;
+        loop {
+            let n = self.dma.poll(&mut self.completions);
+            for c in &mut self.completions[..n] {
+                let index = (c.user_data >> 32) as usize;
+                let result = std::mem::replace(&mut c.result, Ok(()));
+                match self.groups.get_mut(index).and_then(Option::as_mut) {
+                    Some(g) => match g.on_dma(c.user_data, result, &mut self.fs) {
+                        Ok(w) => worked |= w,
+                        Err(e) => g.fail(&e),
+                    },
+                    // A group is freed only once none of its operations is in flight.
+                    None => tracing::error!(c.user_data, "DMA completion for a vanished group"),
+                }
+            }
+            if n < self.completions.len() {
+                return worked;
+            }
+        }
+    }
+
+    /// Rings the doorbell and consumes completions until no DMA operation is outstanding (the
+    /// idle path and shutdown only). Returns true when a completion moved anything.
+    fn drain_dma(&mut self) -> bool {
+        self.dma.submit();
+        let mut worked = false;
+        while self.dma.outstanding() > 0 {
+            worked |= self.reap_dma();
+            std::hint::spin_loop();
+        }
+        worked
     }
 
     /// One pass of the data plane over every group. Returns true when anything moved.
@@ -235,33 +306,52 @@ impl Service {
                 .submit_to(&mut FsReads(&mut self.fs), PORT_READS_PER_ROUND)
                 > 0;
         }
+        // Completions of the operations posted in earlier rounds: pointers and request
+        // bytes fetched, deliveries done, registered transfers done.
+        worked |= self.reap_dma();
+        // The next fetch step of every group (a pointer read, or the reads of the bytes a
+        // pointer read announced), in one doorbell. An idle group costs one pointer read in
+        // flight at a time, never a wait.
         for (index, slot) in self.groups.iter_mut().enumerate() {
-            let Some(g) = slot.as_mut() else { continue };
-            if g.broken {
+            let Some(g) = slot.as_mut().filter(|g| !g.broken) else {
                 continue;
+            };
+            if let Err(e) = g.post_fetch(&mut *self.dma, (index as u64) << 32) {
+                g.fail(&e);
             }
+        }
+        self.dma.submit();
+        // File-service slots promised to registered writes whose data is still on its way.
+        let mut promised: usize = self
+            .groups
+            .iter()
+            .flatten()
+            .map(GroupState::reg_writes_unsubmitted)
+            .sum();
+        for (index, slot) in self.groups.iter_mut().enumerate() {
+            let Some(g) = slot.as_mut().filter(|g| !g.broken) else {
+                continue;
+            };
             let user_base = (index as u64) << 32;
             let hooks = self.offload.as_mut().map(|o| &mut o.maintainer);
             let buffers = self.buffers.get(&g.conn);
-            let r = g.fetch(&mut self.dma).and_then(|fetched| {
-                let d = g.dispatch(
-                    &mut self.fs,
-                    &mut self.dma,
-                    user_base,
-                    self.fs_inflight_max,
-                    buffers,
-                    hooks,
-                )?;
-                Ok(fetched || d == Dispatch::Blocked)
-            });
+            let before = g.reg_writes_unsubmitted();
+            let r = g.dispatch(
+                &mut self.fs,
+                &mut *self.dma,
+                user_base,
+                self.fs_inflight_max.saturating_sub(promised - before),
+                buffers,
+                hooks,
+            );
+            promised = promised - before + g.reg_writes_unsubmitted();
             match r {
-                Ok(w) => worked |= w,
+                Ok(d) => worked |= d == Dispatch::Blocked,
                 Err(e) => g.fail(&e),
             }
         }
         let groups = &mut self.groups;
         let offload = &mut self.offload;
-        let dma = &mut self.dma;
         let completed = self.fs.poll(|user, result| {
             if let Some(o) = offload.as_mut() {
                 if o.port.on_completion(user, port_result(&result)) {
@@ -271,23 +361,26 @@ impl Service {
             let index = (user >> 32) as usize;
             let hooks = offload.as_mut().map(|o| &mut o.maintainer);
             match groups.get_mut(index).and_then(|g| g.as_mut()) {
-                Some(g) => g.on_complete(user, result, dma, hooks),
+                Some(g) => g.on_complete(user, result, hooks),
                 None => tracing::error!(user, "completion for a vanished group"),
             }
         });
         worked |= completed > 0;
         let batch = self.config.delivery_batch_bytes;
-        for g in self.groups.iter_mut().flatten() {
-            if g.broken {
+        for (index, slot) in self.groups.iter_mut().enumerate() {
+            let Some(g) = slot.as_mut().filter(|g| !g.broken) else {
                 continue;
-            }
+            };
             // Deliver full batches at once; deliver partial ones when this round found no new
             // completions (the service went idle), so latency stays low at low load.
-            match g.advance(&mut self.dma, batch, completed == 0 || g.outstanding() == 0) {
+            let flush = completed == 0 || g.outstanding() == 0;
+            match g.advance(&mut *self.dma, (index as u64) << 32, batch, flush) {
                 Ok(w) => worked |= w,
                 Err(e) => g.fail(&e),
             }
         }
+        // Deliveries, releases and registered transfers of every group: one doorbell.
+        self.dma.submit();
         worked
     }
 
@@ -339,7 +432,7 @@ impl Service {
             let done = matches!(slot, Some(g) if g.closing && g.quiescent());
             if done {
                 let g = slot.take().expect("checked");
-                self.dma.unregister(g.region);
+                let _ = self.dma.unregister_region(g.region);
                 self.memory_used -= g.memory_bytes;
                 tracing::debug!(group = g.id, "group freed");
             }
@@ -404,7 +497,7 @@ impl Service {
                     // on one fails its DMA (`UnknownBuffer`) instead of touching it.
                     if let Some(b) = self.buffers.remove(&conn) {
                         for rb in b.map.values() {
-                            self.dma.unregister(rb.region);
+                            let _ = self.dma.unregister_region(rb.region);
                         }
                         tracing::debug!(conn, buffers = b.map.len(), "buffers released");
                     }
@@ -460,7 +553,7 @@ impl Service {
                 {
                     Some((b, rb)) => {
                         b.bytes -= rb.len;
-                        self.dma.unregister(rb.region);
+                        let _ = self.dma.unregister_region(rb.region);
                         Reply::ok(&())
                     }
                     None => Reply::err(
@@ -583,7 +676,7 @@ impl Service {
                 ))
             }
         };
-        let Ok(len_usize) = usize::try_from(len) else {
+        let Ok(_) = usize::try_from(len) else {
             return bad(format!("buffer length {len} too large"));
         };
         if len == 0 {
@@ -631,8 +724,8 @@ impl Service {
                 ),
             );
         }
-        let region = match self.dma.register(shm, len_usize) {
-            Ok(r) => r,
+        let region = match self.dma.register_region(RegionExport::memfd(shm, len)) {
+            Ok(r) => r.id,
             Err(e) => return bad(format!("cannot register buffer: {e}")),
         };
         for g in self.groups.iter_mut().flatten() {
@@ -726,7 +819,10 @@ impl Service {
                 ),
             );
         }
-        let region = match self.dma.register(shm, region_len as usize) {
+        let region = match self
+            .dma
+            .register_region(RegionExport::memfd(shm, region_len))
+        {
             Ok(r) => r,
             Err(e) => return bad(format!("cannot register region: {e}")),
         };
@@ -742,12 +838,21 @@ impl Service {
             req_capacity,
             resp_offset,
             resp_capacity,
-            max_pending: self.config.max_pending_per_group,
+            max_pending: self
+                .config
+                .max_pending_per_group
+                .clamp(1, crate::group::MAX_PENDING),
             payload_align: (self.fs.mem_align() as u32).max(8),
             max_io_bytes: self.config.max_io_bytes.min(self.fs.max_io_bytes()),
             mode: self.config.exec_mode,
         };
-        let mut g = GroupState::new(params);
+        let mut g = match GroupState::new(params) {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = self.dma.unregister_region(region.id);
+                return bad(format!("cannot serve the rings: {e}"));
+            }
+        };
         if staged {
             g.add_staging();
         }
@@ -766,5 +871,152 @@ fn file_info(i: dds_fs::FileInfo) -> FileInfo {
         id: i.id.raw(),
         path: i.path,
         size: i.size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+
+    use dds_dma::CostModel;
+    use dds_proto::control::{Reply, Request};
+    use dds_shm::SharedRegion;
+
+    use super::Service;
+    use crate::bell::Bell;
+    use crate::DpuConfig;
+
+    const RING: u64 = 64 << 10;
+    const REGION: u64 = 2 * (dds_ring::POINTER_AREA_BYTES as u64 + RING);
+
+    fn eventfd() -> OwnedFd {
+        rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap()
+    }
+
+    /// A service whose DMA operations take `per_op_ns` each (long: nothing completes while a
+    /// test looks), with `n` groups whose rings are zeroed and idle.
+    fn service(n: usize, per_op_ns: u64) -> (Service, Vec<SharedRegion>) {
+        let config = DpuConfig {
+            dma_cost: Some(CostModel {
+                per_op_ns,
+                bytes_per_sec: 0,
+            }),
+            park_when_idle: false,
+            ..DpuConfig::default()
+        };
+        let fs = crate::control::memory_file_service(64 << 20).unwrap();
+        let (_tx, rx) = crossbeam_channel::unbounded();
+        let mut svc = Service::new(config, fs, rx, Arc::new(Bell::new().unwrap()), None);
+        let mut regions = Vec::new();
+        for _ in 0..n {
+            let shm = SharedRegion::create("svc-test", REGION as usize).unwrap();
+            let fds = vec![shm.export_fd().unwrap(), eventfd(), eventfd()];
+            let reply = svc.execute(
+                7,
+                Request::CreateGroup {
+                    region_len: REGION,
+                    req_offset: 0,
+                    req_capacity: RING,
+                    resp_offset: dds_ring::POINTER_AREA_BYTES as u64 + RING,
+                    resp_capacity: RING,
+                },
+                fds,
+            );
+            assert!(matches!(reply, Reply::Ok(_)), "{reply:?}");
+            regions.push(shm);
+        }
+        (svc, regions)
+    }
+
+    /// One service round over N idle groups posts one pointer read per group and rings the
+    /// doorbell once; the next rounds wait for nothing and post nothing new while those reads
+    /// are in flight.
+    #[test]
+    fn a_round_over_many_groups_rings_one_doorbell_and_never_waits() {
+        const N: usize = 8;
+        let (mut svc, _regions) = service(N, 50_000_000);
+        let before = svc.dma.stats();
+        let t = std::time::Instant::now();
+        svc.data_round();
+        assert_eq!(svc.dma.stats().doorbells - before.doorbells, 1);
+        assert_eq!(svc.dma.outstanding(), N);
+        for _ in 0..10 {
+            svc.data_round();
+        }
+        // 50 ms per operation: a round that waited for one would show.
+        assert!(t.elapsed() < std::time::Duration::from_millis(50));
+        assert_eq!(svc.dma.stats().doorbells - before.doorbells, 1);
+        assert_eq!(svc.dma.outstanding(), N);
+        // Nothing completed yet: no DMA was executed.
+        assert_eq!(svc.dma.stats().reads, 0);
+    }
+
+    /// With cheap operations, idle groups keep one pointer read in flight each, and every
+    /// round's doorbell carries the reads of all groups.
+    #[test]
+    fn idle_groups_are_polled_in_batches() {
+        const N: usize = 4;
+        let (mut svc, _regions) = service(N, 1_000);
+        for _ in 0..2_000 {
+            svc.data_round();
+        }
+        let s = svc.dma.stats();
+        assert!(s.reads > 0);
+        // Each doorbell started the reads of several groups (the first round's N at once).
+        assert!(s.reads >= s.doorbells, "{s:?}");
+        assert!(svc.dma.outstanding() <= N);
+        assert!(svc.groups.iter().flatten().all(|g| !g.broken));
+    }
+
+    /// A group's region unregistered under its in-flight operations: their completions
+    /// fail with `UnknownRegion`, the group stops, the others carry on, nothing panics.
+    #[test]
+    fn completions_for_an_unregistered_region_stop_only_that_group() {
+        let (mut svc, _regions) = service(3, 1_000);
+        svc.data_round();
+        let victim = svc.groups[1].as_ref().unwrap().region;
+        svc.dma.unregister_region(victim).unwrap();
+        svc.drain_dma();
+        for _ in 0..100 {
+            svc.data_round();
+        }
+        svc.drain_dma();
+        let broken: Vec<bool> = svc.groups.iter().flatten().map(|g| g.broken).collect();
+        assert_eq!(broken, [false, true, false]);
+        assert!(svc.groups.iter().flatten().all(|g| g.dma_inflight() == 0));
+    }
+
+    /// Completions nobody expects (a foreign user data, a vanished group, a repeated one) are
+    /// reported, never a panic.
+    #[test]
+    fn unexpected_completions_are_handled() {
+        let (mut svc, _regions) = service(2, 1_000);
+        let g = svc.groups[0].as_mut().unwrap();
+        // A fetch completion while no fetch is in flight, and an unknown kind.
+        assert!(g.on_dma(1 << 28, Ok(()), &mut svc.fs).is_err());
+        assert!(g.on_dma(15 << 28, Ok(()), &mut svc.fs).is_err());
+        // A registered transfer for no request.
+        assert!(g.on_dma(6 << 28, Ok(()), &mut svc.fs).is_err());
+        assert!(g
+            .on_dma(2 << 28, Err(dds_dma::DmaError::QueueFull), &mut svc.fs)
+            .is_err());
+        // A completion the service routes to a slot with no group.
+        let region = svc.groups[0].as_ref().unwrap().region;
+        let local = dds_dma::LocalBuf::new(8, 8);
+        // SAFETY: `local` outlives the operation, which completes in `drain_dma`.
+        unsafe {
+            svc.dma
+                .post(dds_dma::DmaOp::read(
+                    region,
+                    0,
+                    local.as_mut_ptr(),
+                    8,
+                    99 << 32,
+                ))
+                .unwrap()
+        };
+        svc.drain_dma();
+        svc.data_round();
     }
 }

@@ -6,13 +6,13 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use dds_dma::SharedRegion;
 use dds_dpu::{Dpu, DpuConfig};
 use dds_fs::{format, FileService, FormatConfig, MemDevice, OpenConfig};
 use dds_proto::control::{self, GroupInfo, Reply, Request};
 use dds_proto::record::{self, Op, RequestHeader, OP_READ};
 use dds_proto::Status;
 use dds_ring::{RequestProducer, ResponseConsumer, POINTER_AREA_BYTES};
+use dds_shm::SharedRegion;
 
 const CAP: usize = 64 << 10;
 

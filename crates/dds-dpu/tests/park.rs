@@ -106,8 +106,8 @@ fn hostile_descriptors_are_refused_or_harmless() {
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
 
-    use dds_dma::SharedRegion;
     use dds_ring::POINTER_AREA_BYTES;
+    use dds_shm::SharedRegion;
     use rustix::fs::MemfdFlags;
 
     let config = DpuConfig {

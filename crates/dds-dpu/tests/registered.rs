@@ -9,7 +9,6 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dds_dma::SharedRegion;
 use dds_dpu::{Dpu, DpuConfig, DpuHandle, ExecMode};
 use dds_host::{Dds, Status};
 use dds_proto::control::{self, BufferInfo, GroupInfo, Reply, Request};
@@ -17,6 +16,7 @@ use dds_proto::record::{
     self, BufferRef, Op, RequestHeader, FLAG_REGISTERED, OP_FLUSH, REQUEST_HEADER_BYTES,
 };
 use dds_ring::{RequestProducer, ResponseConsumer, POINTER_AREA_BYTES};
+use dds_shm::SharedRegion;
 
 fn start(mode: ExecMode, cost: bool, max_registered: u64) -> DpuHandle {
     let config = DpuConfig {

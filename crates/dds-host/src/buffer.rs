@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use dds_dma::SharedRegion;
 use dds_proto::control::{BufferInfo, Request};
 use dds_proto::Status;
+use dds_shm::SharedRegion;
 
 use crate::conn::Shared;
 use crate::error::{DdsError, Result};

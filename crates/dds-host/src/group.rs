@@ -9,11 +9,11 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
-use dds_dma::SharedRegion;
 use dds_proto::control::{GroupInfo, Request};
 use dds_proto::record::{self, BufferRef, Op, RequestHeader, RESPONSE_HEADER_BYTES};
 use dds_proto::Status;
 use dds_ring::{RequestProducer, ResponseConsumer, RingError, POINTER_AREA_BYTES};
+use dds_shm::SharedRegion;
 
 use crate::buffer::BufInner;
 use crate::conn::Shared;

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use dds_dma::{run_sync, DmaEngine, DmaOp, LocalBuf, RegionId, SharedRegion};
+use dds_dma::{run_sync, DmaEngine, DmaOp, LocalBuf, Region, RegionId};
+use dds_shm::SharedRegion;
 
 use crate::format::{fits, place, POINTER_AREA_BYTES, REQ_HEAD, REQ_PROGRESS, REQ_TAIL};
 use crate::mem::RingMem;
@@ -316,10 +317,14 @@ pub struct FarmConsumer {
 }
 
 impl FarmConsumer {
-    pub fn new(region: RegionId, offset: u64, slots: u64, slot_bytes: usize) -> Self {
+    pub fn new(region: Region, offset: u64, slots: u64, slot_bytes: usize) -> Self {
         assert!(slots > 0 && slot_bytes >= FARM_SLOT_HEADER + 8 && slot_bytes.is_multiple_of(8));
+        assert!(
+            region.contains(offset, slots * slot_bytes as u64),
+            "FaRM slots outside their region"
+        );
         FarmConsumer {
-            region,
+            region: region.id,
             offset,
             slots,
             slot_bytes,

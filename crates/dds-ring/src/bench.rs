@@ -25,7 +25,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
-use dds_dma::{CostModel, DmaEngine, EmulatedDma, SharedRegion};
+use dds_dma::{CostModel, DmaEngine, EmulatedDma};
+use dds_shm::SharedRegion;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -191,8 +192,9 @@ pub fn run_config(cfg: &BenchConfig) -> BenchPoint {
                 SharedRegion::create("dds-ring-bench", POINTER_AREA_BYTES + capacity as usize)
                     .expect("shared memory for the ring"),
             );
-            let id = engine.register_shared(&region).expect("register the ring");
-            let consumer = Box::new(RequestConsumer::new(id, 0, capacity));
+            let id = crate::register_local(&mut engine, &region).expect("register the ring");
+            let consumer =
+                Box::new(RequestConsumer::new(id, 0, capacity).expect("ring inside its region"));
             let producer: Arc<dyn RingProducer> = if cfg.design == Design::Progress {
                 Arc::new(RequestProducer::with_region(region, 0, capacity, capacity))
             } else {
@@ -207,7 +209,7 @@ pub fn run_config(cfg: &BenchConfig) -> BenchPoint {
                 SharedRegion::create("dds-farm-bench", (slots as usize * slot_bytes).max(64))
                     .expect("shared memory for the ring"),
             );
-            let id = engine.register_shared(&region).expect("register the ring");
+            let id = crate::register_local(&mut engine, &region).expect("register the ring");
             let producer = FarmProducer::with_region(region, 0, slots, slot_bytes);
             producer.init();
             (

@@ -21,8 +21,13 @@
 //! and two DMA operations per message) and [`LockedProducer`] (producers serialize on a lock),
 //! and a benchmark (`bench::run`, feature `bench`).
 //!
-//! Ring methods that take a [`DmaEngine`](dds_dma::DmaEngine) run their DMA synchronously
-//! with [`run_sync`](dds_dma::run_sync): the engine must have no other operations in flight.
+//! The DPU halves name host memory only by the [`Region`](dds_dma::Region) their DMA engine
+//! returned at registration; only the host halves touch the shared memory
+//! (`dds_shm::SharedRegion`). Their DMA is asynchronous: each operation has a `post_*` step
+//! that queues DMA operations stamped with the caller's `user_data` and a `complete_*` step fed
+//! with their completions, so the DPU's service loop rings one doorbell for the operations of
+//! all its rings and never waits for one. Synchronous wrappers (`poll`, `release`, `deliver`,
+//! ...) run the same steps to completion, for tests, the ring benchmark and the baselines.
 
 mod format;
 mod protocol;
@@ -57,6 +62,19 @@ pub use request::{Record, Records, RequestConsumer, RequestProducer, Reservation
 #[cfg(not(loom))]
 pub use response::{ResponseConsumer, ResponseProducer};
 
+/// Registers a region of this process with `engine`, as the DPU process would register one
+/// it received (a second mapping of the same memory). For tests and the ring benchmark.
+#[cfg(all(not(loom), any(test, feature = "bench")))]
+pub(crate) fn register_local(
+    engine: &mut dyn dds_dma::DmaEngine,
+    region: &dds_shm::SharedRegion,
+) -> Result<dds_dma::Region, dds_dma::DmaError> {
+    let fd = region
+        .export_fd()
+        .map_err(|e| dds_dma::DmaError::Map(e.to_string()))?;
+    engine.register_region(dds_dma::RegionExport::memfd(fd, region.len() as u64))
+}
+
 /// Why a host producer could not insert a record.
 #[derive(thiserror::Error, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingError {
@@ -81,4 +99,7 @@ pub enum RingFault {
     /// The record can never fit this ring.
     #[error("record too large for the ring")]
     TooLarge,
+    /// The ring's geometry does not fit its registered region.
+    #[error("bad ring layout: {0}")]
+    Layout(&'static str),
 }

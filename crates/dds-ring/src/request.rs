@@ -3,7 +3,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use dds_dma::{run_sync, DmaEngine, DmaOp, LocalBuf, RegionId, SharedRegion};
+use dds_dma::{has_room, wait_all, DmaEngine, DmaError, DmaOp, LocalBuf, Region, RegionId};
+use dds_shm::SharedRegion;
 
 use crate::format::{
     fits, header_len_for, valid_capacity, Placement, KIND_PAD, POINTER_AREA_BYTES, RECORD_ALIGN,
@@ -342,6 +343,14 @@ impl<'a> Iterator for Records<'a> {
 
 /// DPU side of a request ring: fetches new records by DMA into a local mirror of the data
 /// area (same positions, exactly the ring's size) and releases them by writing `Head`.
+///
+/// Every DMA is split into a *post* step, which queues the operations in the engine (stamped
+/// with the caller's `user_data`) and returns how many it queued, and a *complete* step, which
+/// the caller invokes with the result of each of those operations' completions, in order. The
+/// caller rings the engine's doorbell and routes completions, so one doorbell can carry the
+/// operations of many rings. [`poll`](Self::poll), [`release`](Self::release) and
+/// [`set_sleeping`](Self::set_sleeping) are synchronous conveniences over the same steps (the
+/// engine must have no other operations outstanding), for tests and benchmarks.
 pub struct RequestConsumer {
     region: RegionId,
     offset: u64,
@@ -352,25 +361,108 @@ pub struct RequestConsumer {
     ptrs: LocalBuf,
     fetched: u64,
     released: u64,
+    fetch: FetchState,
+    /// `Head` the owner wants written ([`release_to`](Self::release_to)), ≥ `released`.
+    release_target: u64,
+    /// A `Head` write is in flight.
+    head_writing: bool,
+    /// `Sleeping` as the owner wants it, and as last posted.
+    sleeping_target: bool,
+    sleeping_posted: bool,
+    /// A `Sleeping` write is in flight.
+    sleeping_writing: bool,
+    /// Operations posted and not completed.
+    inflight: usize,
+}
+
+/// Where the fetch cycle (Fig. 8b) stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FetchState {
+    /// Nothing in flight: the next step reads `Progress`+`Tail`.
+    Idle,
+    /// The read of `Progress`+`Tail` is in flight.
+    Pointers,
+    /// New bytes up to this `Tail` are published: the next step reads them.
+    Ready(u64),
+    /// The data reads up to `tail` are in flight, `left` of them not completed; `ok` while
+    /// none failed.
+    Data { tail: u64, left: u8, ok: bool },
 }
 
 const HEAD_STAGING: usize = 128;
 const SLEEPING_STAGING: usize = 136;
 
+/// Checks that a ring of `capacity` data bytes at `offset` lies inside `region`.
+pub(crate) fn check_layout(region: &Region, offset: u64, capacity: u64) -> Result<(), RingFault> {
+    if !valid_capacity(capacity) {
+        return Err(RingFault::Layout("invalid ring capacity"));
+    }
+    if !offset.is_multiple_of(64) {
+        return Err(RingFault::Layout("ring offset not 64-byte aligned"));
+    }
+    if !region.contains(offset, POINTER_AREA_BYTES as u64 + capacity) {
+        return Err(RingFault::Layout("ring outside its region"));
+    }
+    Ok(())
+}
+
+/// Posts `ops` if the engine has room for all of them (else none, returns 0).
+///
+/// # Safety
+/// As for [`DmaEngine::post`], for every op.
+pub(crate) unsafe fn post_all(
+    engine: &mut dyn DmaEngine,
+    ops: &[DmaOp],
+    inflight: &mut usize,
+) -> Result<usize, RingFault> {
+    if !has_room(engine, ops.len()) {
+        return Ok(0);
+    }
+    for op in ops {
+        // SAFETY: forwarded from the caller.
+        unsafe { engine.post(*op)? };
+        *inflight += 1;
+    }
+    Ok(ops.len())
+}
+
+/// Accounts one completion of a ring operation; `Err` for a completion nobody posted.
+pub(crate) fn take_completion(
+    inflight: &mut usize,
+    result: Result<(), DmaError>,
+) -> Result<(), RingFault> {
+    *inflight = inflight
+        .checked_sub(1)
+        .ok_or(RingFault::Corrupt("DMA completion without an operation"))?;
+    Ok(result?)
+}
+
+/// Submits and consumes every completion of `engine` with `f` (the engine must have no other
+/// operations outstanding); the first error wins.
+pub(crate) fn complete_sync(
+    engine: &mut dyn DmaEngine,
+    mut f: impl FnMut(Result<(), DmaError>) -> Result<(), RingFault>,
+) -> Result<(), RingFault> {
+    let mut first = Ok(());
+    wait_all(engine, |c| {
+        if let Err(e) = f(c.result) {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    });
+    first
+}
+
 impl RequestConsumer {
     /// A consumer of the (freshly initialized) ring at byte `ring_offset` of `region`.
     ///
-    /// # Panics
-    /// If the geometry is invalid.
-    pub fn new(region: RegionId, ring_offset: u64, capacity: u64) -> Self {
-        assert!(valid_capacity(capacity), "invalid ring capacity {capacity}");
-        assert_eq!(
-            ring_offset % 64,
-            0,
-            "ring offset {ring_offset} not 64-byte aligned"
-        );
-        RequestConsumer {
-            region,
+    /// Errors: `Layout` if the ring does not lie inside the region or its capacity is not
+    /// valid.
+    pub fn new(region: Region, ring_offset: u64, capacity: u64) -> Result<Self, RingFault> {
+        check_layout(&region, ring_offset, capacity)?;
+        Ok(RequestConsumer {
+            region: region.id,
             offset: ring_offset,
             capacity,
             // 4096-aligned so that data placed at an aligned ring position is at an aligned
@@ -379,7 +471,14 @@ impl RequestConsumer {
             ptrs: LocalBuf::new(256, 64),
             fetched: 0,
             released: 0,
-        }
+            fetch: FetchState::Idle,
+            release_target: 0,
+            head_writing: false,
+            sleeping_target: false,
+            sleeping_posted: false,
+            sleeping_writing: false,
+            inflight: 0,
+        })
     }
 
     pub fn region(&self) -> RegionId {
@@ -395,9 +494,19 @@ impl RequestConsumer {
         self.fetched
     }
 
-    /// Bytes released to the producers (the last `Head` written).
+    /// Bytes released to the producers (the last `Head` posted).
     pub fn released(&self) -> u64 {
         self.released
+    }
+
+    /// DMA operations of this ring posted and not completed. Its buffers must outlive them.
+    pub fn dma_inflight(&self) -> usize {
+        self.inflight
+    }
+
+    /// Whether a fetch cycle is under way (a read in flight or new bytes waiting to be read).
+    pub fn fetching(&self) -> bool {
+        self.fetch != FetchState::Idle
     }
 
     /// Base of the mirror: position `x` of the data area is at `mirror_ptr() + x % capacity`.
@@ -406,36 +515,122 @@ impl RequestConsumer {
         self.mirror.as_mut_ptr()
     }
 
-    /// Fig. 8b: one DMA read of `Progress`+`Tail`; if they are equal and something is new,
-    /// DMA-reads the new bytes into the mirror (two reads at the wrap). Returns whether new
-    /// bytes arrived; `false` also when producers are still writing (retry later).
+    /// Posts the next step of the fetch cycle (Fig. 8b), stamped `user_data`: when idle, one
+    /// DMA read of `Progress`+`Tail`; when those showed new published bytes, the DMA read(s) of
+    /// the bytes into the mirror (two at the wrap). Returns the operations posted: 0 when a
+    /// step is in flight or the engine is full (post again later).
+    pub fn post_fetch(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        user_data: u64,
+    ) -> Result<usize, RingFault> {
+        match self.fetch {
+            FetchState::Idle => {
+                let (off, len) = REQ_POINTER_READ;
+                let read = DmaOp::read(
+                    self.region,
+                    self.offset + off as u64,
+                    self.ptrs.as_mut_ptr(),
+                    len as u32,
+                    user_data,
+                );
+                // SAFETY: the pointer staging is not touched until the read completes
+                // (`complete_fetch` reads it then).
+                let n = unsafe { post_all(engine, &[read], &mut self.inflight)? };
+                if n > 0 {
+                    self.fetch = FetchState::Pointers;
+                }
+                Ok(n)
+            }
+            FetchState::Ready(tail) => {
+                // Copy (DMA): the new bytes land in the mirror at the same positions; producers
+                // never reserve past Head + capacity, so they do not overlap [released,
+                // fetched).
+                let mut ops = [DmaOp::read(self.region, 0, std::ptr::null_mut(), 0, 0); 2];
+                let k = self.data_ops(self.fetched, tail, dds_dma::DmaDir::Read, &mut ops);
+                for op in &mut ops[..k] {
+                    op.user_data = user_data;
+                }
+                // SAFETY: the mirror range is not in use: it lies outside [released, fetched)
+                // and is not read before the reads complete.
+                let n = unsafe { post_all(engine, &ops[..k], &mut self.inflight)? };
+                if n > 0 {
+                    self.fetch = FetchState::Data {
+                        tail,
+                        left: n as u8,
+                        ok: true,
+                    };
+                }
+                Ok(n)
+            }
+            FetchState::Pointers | FetchState::Data { .. } => Ok(0),
+        }
+    }
+
+    /// Completes one operation posted by [`post_fetch`](Self::post_fetch). Returns true when
+    /// this completion brought new bytes into the mirror ([`fetched`](Self::fetched) moved).
+    /// A failed read ends the cycle with the error.
+    pub fn complete_fetch(&mut self, result: Result<(), DmaError>) -> Result<bool, RingFault> {
+        let r = take_completion(&mut self.inflight, result);
+        match self.fetch {
+            FetchState::Pointers => {
+                self.fetch = FetchState::Idle;
+                r?;
+                let s = self.ptrs.as_slice();
+                let progress = u64::from_le_bytes(s[0..8].try_into().expect("8 bytes"));
+                let tail = u64::from_le_bytes(s[64..72].try_into().expect("8 bytes"));
+                if let Some(tail) =
+                    fetch_decision(progress, tail, self.fetched, self.released, self.capacity)
+                        .map_err(RingFault::Corrupt)?
+                {
+                    self.fetch = FetchState::Ready(tail);
+                }
+                Ok(false)
+            }
+            FetchState::Data { tail, left, ok } => {
+                // `left` ≥ 1 while reads are in flight.
+                let left = left.saturating_sub(1);
+                let ok = ok && r.is_ok();
+                self.fetch = if left == 0 {
+                    FetchState::Idle
+                } else {
+                    FetchState::Data { tail, left, ok }
+                };
+                r?;
+                // A cycle with a failed read does not advance: the caller stops the ring.
+                if left == 0 && ok {
+                    self.fetched = tail;
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            FetchState::Idle | FetchState::Ready(_) => {
+                r?;
+                Err(RingFault::Corrupt("fetch completion without a fetch"))
+            }
+        }
+    }
+
+    /// Fig. 8b, synchronously: one DMA read of `Progress`+`Tail`; if they are equal and
+    /// something is new, DMA-reads the new bytes into the mirror (two reads at the wrap).
+    /// Returns whether new bytes arrived; `false` also when producers are still writing (retry
+    /// later). The engine must have no other operations outstanding.
     pub fn poll(&mut self, engine: &mut dyn DmaEngine) -> Result<bool, RingFault> {
-        let (off, len) = REQ_POINTER_READ;
-        let read = DmaOp::read(
-            self.region,
-            self.offset + off as u64,
-            self.ptrs.as_mut_ptr(),
-            len as u32,
-            0,
-        );
-        // SAFETY: the staging buffer is ours and untouched until run_sync returns.
-        unsafe { run_sync(engine, &[read])? };
-        let s = self.ptrs.as_slice();
-        let progress = u64::from_le_bytes(s[0..8].try_into().expect("8 bytes"));
-        let tail = u64::from_le_bytes(s[64..72].try_into().expect("8 bytes"));
-        let Some(tail) = fetch_decision(progress, tail, self.fetched, self.released, self.capacity)
-            .map_err(RingFault::Corrupt)?
-        else {
-            return Ok(false);
-        };
-        // Copy (DMA): the new bytes land in the mirror at the same positions; producers never
-        // reserve past Head + capacity, so they do not overlap [released, fetched).
-        let mut ops = [DmaOp::read(self.region, 0, std::ptr::null_mut(), 0, 0); 2];
-        let n = self.data_ops(self.fetched, tail, dds_dma::DmaDir::Read, &mut ops);
-        // SAFETY: the mirror range is not in use: it lies outside [released, fetched).
-        unsafe { run_sync(engine, &ops[..n])? };
-        self.fetched = tail;
-        Ok(true)
+        let mut new = false;
+        // Pointers, then (if something is new) the data.
+        for _ in 0..2 {
+            if self.post_fetch(engine, 0)? == 0 {
+                break;
+            }
+            complete_sync(engine, |r| {
+                new |= self.complete_fetch(r)?;
+                Ok(())
+            })?;
+            if !matches!(self.fetch, FetchState::Ready(_)) {
+                break;
+            }
+        }
+        Ok(new)
     }
 
     /// DMA ops moving data-area range `[from, to)` between the ring and the mirror.
@@ -469,58 +664,143 @@ impl RequestConsumer {
         }
     }
 
-    /// Parking (adaptive polling): writes the ring's `Sleeping` word (one DMA write). While it
-    /// is set, a producer that publishes a record rings the group's doorbell
-    /// ([`RequestProducer::consumer_sleeping`]). After setting it, the consumer must poll once
-    /// more before it blocks: a record published before the producer could see the word is
-    /// found by that poll (the DMA engine orders a write before a later read).
+    /// Parking (adaptive polling): the ring's `Sleeping` word should be `sleeping`; written by
+    /// [`post_sleeping`](Self::post_sleeping). While it is set, a producer that publishes a
+    /// record rings the group's doorbell ([`RequestProducer::consumer_sleeping`]). After
+    /// setting it, the consumer must poll once more before it blocks: a record published
+    /// before the producer could see the word is found by that poll (the DMA engine orders a
+    /// write before a later read).
+    pub fn want_sleeping(&mut self, sleeping: bool) {
+        self.sleeping_target = sleeping;
+    }
+
+    /// Posts the write of the `Sleeping` word if it differs from the last one posted and no
+    /// write of it is in flight. Returns the operations posted (0 or 1).
+    pub fn post_sleeping(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        user_data: u64,
+    ) -> Result<usize, RingFault> {
+        if self.sleeping_writing || self.sleeping_target == self.sleeping_posted {
+            return Ok(0);
+        }
+        let word = u32::from(self.sleeping_target).to_le_bytes();
+        let n =
+            self.post_pointer_write(engine, SLEEPING_STAGING, REQ_SLEEPING, &word, user_data)?;
+        if n > 0 {
+            self.sleeping_writing = true;
+            self.sleeping_posted = self.sleeping_target;
+        }
+        Ok(n)
+    }
+
+    /// Completes the write posted by [`post_sleeping`](Self::post_sleeping).
+    pub fn complete_sleeping(&mut self, result: Result<(), DmaError>) -> Result<(), RingFault> {
+        if !self.sleeping_writing {
+            return Err(RingFault::Corrupt("Sleeping completion without a write"));
+        }
+        self.sleeping_writing = false;
+        take_completion(&mut self.inflight, result)
+    }
+
+    /// [`want_sleeping`](Self::want_sleeping) and the write, synchronously (the engine must
+    /// have no other operations outstanding).
     pub fn set_sleeping(
         &mut self,
         sleeping: bool,
         engine: &mut dyn DmaEngine,
     ) -> Result<(), RingFault> {
-        self.ptrs.as_mut_slice()[SLEEPING_STAGING..SLEEPING_STAGING + 4]
-            .copy_from_slice(&u32::from(sleeping).to_le_bytes());
-        let write = DmaOp::write(
-            self.region,
-            self.offset + REQ_SLEEPING as u64,
-            // SAFETY: inside the staging buffer.
-            unsafe { self.ptrs.as_ptr().add(SLEEPING_STAGING) },
-            4,
-            0,
-        );
-        // SAFETY: staging bytes are ours until run_sync returns.
-        unsafe { run_sync(engine, &[write])? };
-        Ok(())
+        self.want_sleeping(sleeping);
+        // Written even if unchanged: the synchronous call states the word.
+        self.sleeping_posted = !sleeping;
+        if self.post_sleeping(engine, 0)? == 0 {
+            return Err(RingFault::Dma(DmaError::QueueFull));
+        }
+        complete_sync(engine, |r| self.complete_sleeping(r))
     }
 
-    /// Gives the bytes below `upto` (a record boundary, ≤ `fetched`) back to the producers:
-    /// one DMA write of `Head`. Only once the records there are done with (write data is
-    /// executed in place from the mirror).
-    pub fn release(&mut self, upto: u64, engine: &mut dyn DmaEngine) -> Result<(), RingFault> {
+    /// Gives the bytes below `upto` (a record boundary, ≤ `fetched`) back to the producers,
+    /// by the next [`post_release`](Self::post_release). Only once the records there are done
+    /// with (write data is executed in place from the mirror). Below the last target, it
+    /// changes nothing.
+    pub fn release_to(&mut self, upto: u64) {
         assert!(
-            self.released <= upto && upto <= self.fetched,
-            "release to {upto} outside [{}, {}]",
-            self.released,
+            upto <= self.fetched,
+            "release to {upto} beyond the fetched bytes ({})",
             self.fetched
         );
-        if upto == self.released {
-            return Ok(());
+        self.release_target = self.release_target.max(upto);
+    }
+
+    /// Posts one DMA write of `Head` up to the last [`release_to`](Self::release_to), unless
+    /// one is in flight or nothing is new. Returns the operations posted (0 or 1).
+    pub fn post_release(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        user_data: u64,
+    ) -> Result<usize, RingFault> {
+        if self.head_writing || self.release_target == self.released {
+            return Ok(0);
         }
-        self.ptrs.as_mut_slice()[HEAD_STAGING..HEAD_STAGING + 8]
-            .copy_from_slice(&upto.to_le_bytes());
-        // SAFETY: staging bytes are ours until run_sync returns.
+        let upto = self.release_target;
+        let n = self.post_pointer_write(
+            engine,
+            HEAD_STAGING,
+            REQ_HEAD,
+            &upto.to_le_bytes(),
+            user_data,
+        )?;
+        if n > 0 {
+            self.head_writing = true;
+            // The DPU is done with these bytes from now on; the host may reuse them as soon as
+            // the write lands.
+            self.released = upto;
+        }
+        Ok(n)
+    }
+
+    /// Posts one DMA write of `bytes`, staged at `staging` of the pointer buffer, to the
+    /// pointer-area field at `field`. Returns the operations posted (0 if the engine is full).
+    fn post_pointer_write(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        staging: usize,
+        field: usize,
+        bytes: &[u8],
+        user_data: u64,
+    ) -> Result<usize, RingFault> {
+        self.ptrs.as_mut_slice()[staging..staging + bytes.len()].copy_from_slice(bytes);
         let write = DmaOp::write(
             self.region,
-            self.offset + REQ_HEAD as u64,
-            unsafe { self.ptrs.as_ptr().add(HEAD_STAGING) },
-            8,
-            0,
+            self.offset + field as u64,
+            self.ptrs.as_ptr().wrapping_add(staging),
+            bytes.len() as u32,
+            user_data,
         );
-        // SAFETY: as above.
-        unsafe { run_sync(engine, &[write])? };
-        self.released = upto;
-        Ok(())
+        // SAFETY: the callers write a staging field again only once its write completed.
+        unsafe { post_all(engine, &[write], &mut self.inflight) }
+    }
+
+    /// Completes the write posted by [`post_release`](Self::post_release).
+    pub fn complete_release(&mut self, result: Result<(), DmaError>) -> Result<(), RingFault> {
+        if !self.head_writing {
+            return Err(RingFault::Corrupt("Head completion without a write"));
+        }
+        self.head_writing = false;
+        take_completion(&mut self.inflight, result)
+    }
+
+    /// [`release_to`](Self::release_to) and the write of `Head`, synchronously (the engine
+    /// must have no other operations outstanding).
+    pub fn release(&mut self, upto: u64, engine: &mut dyn DmaEngine) -> Result<(), RingFault> {
+        self.release_to(upto);
+        if self.post_release(engine, 0)? == 0 {
+            if self.release_target == self.released {
+                return Ok(());
+            }
+            return Err(RingFault::Dma(DmaError::QueueFull));
+        }
+        complete_sync(engine, |r| self.complete_release(r))
     }
 }
 

@@ -2,7 +2,10 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use dds_dma::{EmulatedDma, SharedRegion};
+use dds_dma::{DmaEngine, EmulatedDma};
+use dds_shm::SharedRegion;
+
+use crate::register_local;
 
 use crate::*;
 
@@ -19,12 +22,12 @@ fn req_ring(capacity: u64, m: u64) -> ReqRing {
         SharedRegion::create("req", offset + POINTER_AREA_BYTES + capacity as usize).unwrap(),
     );
     let mut dma = EmulatedDma::new(16, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let producer = RequestProducer::with_region(region, offset, capacity, m);
     producer.init();
     ReqRing {
         producer: Arc::new(producer),
-        consumer: RequestConsumer::new(id, offset as u64, capacity),
+        consumer: RequestConsumer::new(id, offset as u64, capacity).unwrap(),
         dma,
     }
 }
@@ -166,8 +169,8 @@ fn consumer_reports_corrupt_pointers() {
     let capacity = 4096;
     let region = SharedRegion::create("bad", POINTER_AREA_BYTES + capacity).unwrap();
     let mut dma = EmulatedDma::new(4, None);
-    let id = dma.register_shared(&region).unwrap();
-    let mut c = RequestConsumer::new(id, 0, capacity as u64);
+    let id = register_local(&mut dma, &region).unwrap();
+    let mut c = RequestConsumer::new(id, 0, capacity as u64).unwrap();
     // SAFETY: the test owns the region; nothing else touches it.
     unsafe {
         let p = region.as_ptr();
@@ -259,12 +262,12 @@ fn resp_ring(capacity: u64) -> RespRing {
         SharedRegion::create("resp", offset + POINTER_AREA_BYTES + capacity as usize).unwrap(),
     );
     let mut dma = EmulatedDma::new(16, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let consumer = ResponseConsumer::with_region(region, offset, capacity);
     consumer.init();
     RespRing {
         consumer: Arc::new(consumer),
-        producer: ResponseProducer::new(id, offset as u64, capacity),
+        producer: ResponseProducer::new(id, offset as u64, capacity).unwrap(),
         dma,
     }
 }
@@ -512,12 +515,12 @@ fn lock_based_ring_delivers_exactly_once() {
     let capacity = 4096;
     let region = Arc::new(SharedRegion::create("lock", POINTER_AREA_BYTES + capacity).unwrap());
     let mut dma = EmulatedDma::new(8, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let p = LockedProducer::with_region(region, 0, capacity as u64, capacity as u64);
     p.init();
     check_message_ring(
         Arc::new(p),
-        Box::new(RequestConsumer::new(id, 0, capacity as u64)),
+        Box::new(RequestConsumer::new(id, 0, capacity as u64).unwrap()),
         dma,
     );
 }
@@ -527,7 +530,7 @@ fn farm_ring_delivers_exactly_once_with_two_dma_ops_per_message() {
     let (slots, slot_bytes) = (16u64, 32usize);
     let region = Arc::new(SharedRegion::create("farm", 4096).unwrap());
     let mut dma = EmulatedDma::new(8, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let p = FarmProducer::with_region(region, 64, slots, slot_bytes);
     p.init();
     assert_eq!(p.try_send(&[0; 17]), Err(RingError::TooLarge));
@@ -542,7 +545,7 @@ fn farm_ring_delivers_exactly_once_with_two_dma_ops_per_message() {
 fn farm_consumer_issues_a_read_and_a_write_per_message() {
     let region = Arc::new(SharedRegion::create("farm", 4096).unwrap());
     let mut dma = EmulatedDma::new(8, None);
-    let id = dma.register_shared(&region).unwrap();
+    let id = register_local(&mut dma, &region).unwrap();
     let p = FarmProducer::with_region(region, 0, 8, 24);
     p.init();
     let mut c = FarmConsumer::new(id, 0, 8, 24);
@@ -594,4 +597,120 @@ fn counters_are_exposed() {
         (r.producer.tail(), r.producer.progress(), r.producer.head()),
         (16, 16, 0)
     );
+}
+
+/// Completions of `dma` so far, as results (the engine must have them all submitted).
+fn completions(dma: &mut EmulatedDma) -> Vec<(u64, Result<(), dds_dma::DmaError>)> {
+    let mut out = Vec::new();
+    dds_dma::wait_all(dma, |c| out.push((c.user_data, c.result)));
+    out
+}
+
+/// The fetch cycle in steps: one step in flight at a time, completions carry the caller's
+/// user data, new bytes show only once the data reads complete.
+#[test]
+fn fetch_steps_post_once_and_complete_by_user_data() {
+    let mut r = req_ring(4096, 4096);
+    r.producer.try_push(1, &[], &[b"async"], 8).unwrap();
+    assert_eq!(r.consumer.post_fetch(&mut r.dma, 41).unwrap(), 1);
+    // The pointer read is in flight: nothing more to post.
+    assert_eq!(r.consumer.post_fetch(&mut r.dma, 41).unwrap(), 0);
+    assert_eq!(r.consumer.dma_inflight(), 1);
+    let c = completions(&mut r.dma);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].0, 41);
+    assert!(!r.consumer.complete_fetch(c[0].1.clone()).unwrap());
+    assert!(r.consumer.fetching());
+    assert_eq!(r.consumer.fetched(), 0);
+    // The data read.
+    assert_eq!(r.consumer.post_fetch(&mut r.dma, 42).unwrap(), 1);
+    let c = completions(&mut r.dma);
+    assert_eq!(c[0].0, 42);
+    assert!(r.consumer.complete_fetch(c[0].1.clone()).unwrap());
+    assert!(!r.consumer.fetching());
+    assert_eq!(r.consumer.fetched(), 16);
+    // Release posts one Head write; a second target waits for it.
+    r.consumer.release_to(16);
+    assert_eq!(r.consumer.post_release(&mut r.dma, 7).unwrap(), 1);
+    assert_eq!(r.consumer.post_release(&mut r.dma, 7).unwrap(), 0);
+    let c = completions(&mut r.dma);
+    r.consumer.complete_release(c[0].1.clone()).unwrap();
+    assert_eq!(r.producer.head(), 16);
+    assert_eq!(r.consumer.dma_inflight(), 0);
+}
+
+/// Completions nobody posted, operations out of bounds and regions unregistered under
+/// in-flight operations are errors, not panics, and leave nothing in flight.
+#[test]
+fn unexpected_completions_and_dma_errors_are_errors() {
+    let mut r = req_ring(4096, 4096);
+    assert!(r.consumer.complete_fetch(Ok(())).is_err());
+    assert!(r.consumer.complete_release(Ok(())).is_err());
+    assert!(r.consumer.complete_sleeping(Ok(())).is_err());
+    // The region goes away while the pointer read is in flight.
+    let id = r.consumer.region();
+    assert_eq!(r.consumer.post_fetch(&mut r.dma, 1).unwrap(), 1);
+    r.dma.submit();
+    r.dma.unregister_region(id).unwrap();
+    let c = completions(&mut r.dma);
+    assert_eq!(
+        r.consumer.complete_fetch(c[0].1.clone()),
+        Err(RingFault::Dma(dds_dma::DmaError::UnknownRegion(id.0)))
+    );
+    assert_eq!(r.consumer.dma_inflight(), 0);
+    // Later posts fail at once.
+    assert!(matches!(
+        r.consumer.post_fetch(&mut r.dma, 1),
+        Err(RingFault::Dma(dds_dma::DmaError::UnknownRegion(_)))
+    ));
+    assert_eq!(r.dma.outstanding(), 0);
+
+    // A ring that does not fit its region is refused; one whose region lies about its length
+    // fails at post with OutOfBounds.
+    let region = SharedRegion::create("small", 4096).unwrap();
+    let mut dma = EmulatedDma::new(4, None);
+    let reg = register_local(&mut dma, &region).unwrap();
+    assert!(matches!(
+        RequestConsumer::new(reg, 0, 4096),
+        Err(RingFault::Layout(_))
+    ));
+    assert!(matches!(
+        ResponseProducer::new(reg, 32, 1024),
+        Err(RingFault::Layout(_))
+    ));
+    let forged = dds_dma::Region {
+        id: reg.id,
+        len: 1 << 20,
+    };
+    let mut c = RequestConsumer::new(forged, 8192, 4096).unwrap();
+    assert!(matches!(
+        c.post_fetch(&mut dma, 0),
+        Err(RingFault::Dma(dds_dma::DmaError::OutOfBounds { .. }))
+    ));
+    assert_eq!((c.dma_inflight(), dma.outstanding()), (0, 0));
+}
+
+/// A delivery in steps: `delivered` moves only when its last operation completes; a second
+/// delivery waits for the first.
+#[test]
+fn delivery_steps_complete_in_order() {
+    let mut r = resp_ring(4096);
+    let p = respond(&mut r, 5, 8, 8).unwrap();
+    let n = r.producer.post_deliver(p.end, &mut r.dma, 9).unwrap();
+    assert_eq!(n, 3); // data, Tail, Waiters
+    assert_eq!(r.producer.delivering(), p.end);
+    assert_eq!(r.producer.delivered(), 0);
+    let q = respond(&mut r, 6, 8, 8).unwrap();
+    assert_eq!(r.producer.post_deliver(q.end, &mut r.dma, 9).unwrap(), 0);
+    let c = completions(&mut r.dma);
+    assert!(c.iter().all(|(u, _)| *u == 9));
+    let done: Vec<_> = c
+        .into_iter()
+        .map(|(_, res)| r.producer.complete_deliver(res).unwrap())
+        .collect();
+    assert_eq!(done, [None, None, Some(false)]);
+    assert_eq!(r.producer.delivered(), p.end);
+    assert_eq!(r.consumer.try_pop(check_response), Some(5));
+    assert!(r.producer.complete_deliver(Ok(())).is_err());
+    assert!(r.producer.complete_refresh(Ok(())).is_err());
 }
