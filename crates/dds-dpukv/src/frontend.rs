@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dds_dma::{DmaCompletion, DmaEngine, EmulatedDma};
+use dds_dma::{DmaCompletion, DmaEngine, EmulatedDma, RegionExport};
 use dds_kvmem::qp::{self, request_len, Op, Request, Response, Status, BATCH_HEADER};
 use dds_kvmem::{key_hash, partition_of};
 use dds_resp::session::{client, hello, int_arg, lower, Session};
@@ -84,8 +84,9 @@ impl Queues {
     ) -> Result<Queues> {
         let mut engine = EmulatedDma::new(4 * g.slots as usize * g.workers as usize + 16, cost);
         let region = engine
-            .register(fd, g.region_len())
-            .context("map the queue region")?;
+            .register_region(RegionExport::memfd(fd, g.region_len() as u64))
+            .context("map the queue region")?
+            .id;
         Ok(Queues {
             engine,
             queues: (0..g.workers)

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use dds_dma::{recv_with_fds, send_with_fds, CostModel, SharedRegion};
+use dds_dma::{recv_with_fds, send_with_fds, CostModel};
+use dds_shm::SharedRegion;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ClusterMap, Endpoint, SLOTS};
