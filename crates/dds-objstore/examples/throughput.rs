@@ -10,22 +10,27 @@ use std::time::Instant;
 
 fn run(store: &Arc<ObjStore>, size: usize, total: usize, threads: usize) {
     let per_thread = total / threads;
-    let data = Arc::new(vec![0x5Au8; size]);
-    let t0 = Instant::now();
-    let handles: Vec<_> = (0..threads)
+    // The transactions are built before the clock starts: only the store is measured.
+    let txs: Vec<Vec<Transaction>> = (0..threads)
         .map(|t| {
+            (0..per_thread)
+                .map(|i| Transaction {
+                    ops: vec![TxOp::WriteFull {
+                        oid: ObjectId::new(1, format!("s{size}-t{t}-{}", i % 16)),
+                        data: vec![(t + i) as u8; size],
+                    }],
+                })
+                .collect()
+        })
+        .collect();
+    let t0 = Instant::now();
+    let handles: Vec<_> = txs
+        .into_iter()
+        .map(|txs| {
             let store = store.clone();
-            let data = data.clone();
             std::thread::spawn(move || {
-                for i in 0..per_thread {
-                    let oid = ObjectId::new(1, format!("s{size}-t{t}-{}", i % 16));
-                    let tx = Transaction {
-                        ops: vec![TxOp::WriteFull {
-                            oid,
-                            data: data.to_vec(),
-                        }],
-                    };
-                    store.submit(&tx).expect("write");
+                for tx in &txs {
+                    store.submit(tx).expect("write");
                 }
             })
         })

@@ -14,6 +14,7 @@ mod alloc;
 mod device;
 mod error;
 mod meta;
+mod pool;
 mod store;
 mod tx;
 

@@ -7,6 +7,7 @@ use crate::error::StoreError;
 use crate::meta::{
     obj_key, sub_key, sub_prefix_of_key, Blk, Onode, BITMAP, OBJECTS, OMAP, STATE, XATTRS,
 };
+use crate::pool::BufPool;
 use crate::tx::{ObjectId, Transaction, TxOp, MAX_NAME_LEN};
 use crate::{KvPairs, ObjStat, ObjectStore, StoreStats, BLOCK_SIZE};
 use crossbeam_channel::{Receiver, Sender};
@@ -47,6 +48,8 @@ pub struct StoreOptions {
     pub max_omap_value_len: usize,
     /// Transactions that may wait for the committer (submitters block beyond it).
     pub queue_depth: usize,
+    /// Bytes of idle staging buffers kept for reuse.
+    pub staging_pool_bytes: usize,
     /// Most transactions in one group commit.
     pub max_batch_txs: usize,
     /// A group commit takes no more transactions once it holds this many data bytes.
@@ -65,6 +68,7 @@ impl Default for StoreOptions {
             max_omap_key_len: 4 << 10,
             max_omap_value_len: 64 << 10,
             queue_depth: 64,
+            staging_pool_bytes: 64 << 20,
             max_batch_txs: 64,
             max_batch_bytes: 64 << 20,
         }
@@ -94,15 +98,16 @@ struct Staged {
 }
 
 impl Staged {
-    /// One pass over `data`: copy a block into the staging buffer, then sum it while it is hot.
-    fn new(offset: u64, data: &[u8]) -> Staged {
+    /// One pass over `data`: copy a block into a pooled staging buffer, zero what the data
+    /// does not cover, then sum the block while it is hot.
+    fn new(pool: &BufPool, offset: u64, data: &[u8]) -> Staged {
         let head = (offset % BS) as usize;
         let n = if data.is_empty() {
             0
         } else {
             (head + data.len()).div_ceil(BLOCK_SIZE)
         };
-        let mut buf = AlignedBuf::new(n * BLOCK_SIZE, BLOCK_SIZE);
+        let mut buf = pool.get(n * BLOCK_SIZE);
         let mut crcs = Vec::with_capacity(n);
         let dst = buf.as_mut_slice();
         let mut src = data;
@@ -110,7 +115,9 @@ impl Staged {
             let block = &mut dst[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
             let at = if i == 0 { head } else { 0 };
             let take = (BLOCK_SIZE - at).min(src.len());
+            block[..at].fill(0);
             block[at..at + take].copy_from_slice(&src[..take]);
+            block[at + take..].fill(0);
             src = &src[take..];
             crcs.push(crc32c::crc32c(block));
         }
@@ -173,6 +180,7 @@ struct Inner {
     allocated: AtomicU64,
     objects: AtomicU64,
     failed: AtomicBool,
+    pool: BufPool,
 }
 
 struct ReadGuard<'a> {
@@ -456,6 +464,7 @@ impl ObjStore {
             allocated: AtomicU64::new(alloc.allocated()),
             objects: AtomicU64::new(objects),
             failed: AtomicBool::new(false),
+            pool: BufPool::new(opts.staging_pool_bytes),
             opts,
         });
         let (tx, rx) = crossbeam_channel::bounded(inner.opts.queue_depth);
@@ -627,12 +636,12 @@ impl Drop for ObjStore {
     }
 }
 
-fn prepare(op: &TxOp) -> POp {
+fn prepare(pool: &BufPool, op: &TxOp) -> POp {
     match op {
         TxOp::Touch { oid } => POp::Touch(oid.clone()),
-        TxOp::WriteFull { oid, data } => POp::WriteFull(oid.clone(), Staged::new(0, data)),
+        TxOp::WriteFull { oid, data } => POp::WriteFull(oid.clone(), Staged::new(pool, 0, data)),
         TxOp::Write { oid, offset, data } => {
-            POp::Write(oid.clone(), *offset, Staged::new(*offset, data))
+            POp::Write(oid.clone(), *offset, Staged::new(pool, *offset, data))
         }
         TxOp::Truncate { oid, size } => POp::Truncate(oid.clone(), *size),
         TxOp::Remove { oid } => POp::Remove(oid.clone()),
@@ -652,7 +661,11 @@ impl ObjectStore for ObjStore {
             return Err(failed());
         }
         self.validate(tx)?;
-        let ops: Vec<POp> = tx.ops.iter().map(prepare).collect();
+        let ops: Vec<POp> = tx
+            .ops
+            .iter()
+            .map(|op| prepare(&self.inner.pool, op))
+            .collect();
         let bytes = ops
             .iter()
             .map(|op| match op {
@@ -685,7 +698,20 @@ impl ObjectStore for ObjStore {
         let first = offset / BS;
         let last = (end - 1) / BS;
         let n = (last - first + 1) as usize;
-        let buf = AlignedBuf::new(n * BLOCK_SIZE, BLOCK_SIZE);
+        let mut buf = inner.pool.get(n * BLOCK_SIZE);
+        // Holes read as zeros.
+        let mut next = first;
+        for lb in on
+            .blocks
+            .range(first..=last)
+            .map(|(&l, _)| l)
+            .chain([last + 1])
+        {
+            buf.as_mut_slice()
+                [((next - first) as usize) * BLOCK_SIZE..((lb - first) as usize) * BLOCK_SIZE]
+                .fill(0);
+            next = lb + 1;
+        }
         let mut ops: Vec<IoOp> = Vec::new();
         let mut prev: Option<(u64, u64)> = None;
         for (&lb, blk) in on.blocks.range(first..=last) {
@@ -713,7 +739,9 @@ impl ObjectStore for ObjStore {
             verify(oid, lb, blk, &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE])?;
         }
         let start = (offset - first * BS) as usize;
-        Ok(data[start..start + (end - offset) as usize].to_vec())
+        let out = data[start..start + (end - offset) as usize].to_vec();
+        inner.pool.put(buf);
+        Ok(out)
     }
 
     fn stat(&self, oid: &ObjectId) -> Result<ObjStat, StoreError> {
@@ -1303,7 +1331,9 @@ impl Committer {
             self.alloc.release_now(&batch.allocs);
             return Err(e);
         }
-        drop(bufs);
+        for b in bufs {
+            inner.pool.put(b);
+        }
         // From here on a failure leaves memory and disk apart: the store stops accepting
         // transactions until it is reopened.
         let r = self.write_meta(&w, &mut tables, &batch);
