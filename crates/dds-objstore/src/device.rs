@@ -76,8 +76,36 @@ pub(crate) struct IoOp {
     pub offset: u64,
 }
 
+fn open_error(path: &Path, e: io::Error) -> StoreError {
+    if e.kind() == io::ErrorKind::NotFound {
+        StoreError::NotFound(format!("device {}", path.display()))
+    } else {
+        StoreError::io(format!("open {}", path.display()), e)
+    }
+}
+
+/// Takes the exclusive advisory lock (`flock`) on the device `path`, held for as long as the
+/// returned file is open: by an open store, and by `format` while it writes. It sits on its own
+/// open file description, apart from the one io_uring uses.
+pub(crate) fn lock(path: &Path) -> Result<File, StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| open_error(path, e))?;
+    // SAFETY: plain syscall on a valid descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(StoreError::io(
+            format!("{} is in use by another process", path.display()),
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(file)
+}
+
 pub(crate) struct Device {
     file: File,
+    _lock: File,
     size: u64,
     rings: Mutex<Vec<IoUring>>,
 }
@@ -85,24 +113,20 @@ pub(crate) struct Device {
 impl Device {
     /// Opens the device file with O_DIRECT.
     pub fn open(path: &Path) -> Result<Device, StoreError> {
+        let lock = lock(path)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
             .open(path)
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::NotFound {
-                    StoreError::NotFound(format!("device {}", path.display()))
-                } else {
-                    StoreError::io(format!("open {} with O_DIRECT", path.display()), e)
-                }
-            })?;
+            .map_err(|e| open_error(path, e))?;
         let size = file
             .metadata()
             .map_err(|e| StoreError::io("fstat device", e))?
             .len();
         Ok(Device {
             file,
+            _lock: lock,
             size,
             rings: Mutex::new(Vec::new()),
         })

@@ -20,7 +20,7 @@ mod tx;
 
 pub use error::{DecodeError, StoreError};
 pub use store::{FsckReport, ObjStore, StoreOptions};
-pub use tx::{ObjectId, Transaction, TxOp, MAX_NAME_LEN, TX_MAGIC, TX_VERSION};
+pub use tx::{ObjRef, ObjectId, Transaction, TxOp, TxOpRef, MAX_NAME_LEN, TX_MAGIC, TX_VERSION};
 
 /// Key-value pairs (xattrs, omap entries) in key order.
 pub type KvPairs = Vec<(Vec<u8>, Vec<u8>)>;

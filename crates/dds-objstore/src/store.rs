@@ -8,7 +8,7 @@ use crate::meta::{
     obj_key, sub_key, sub_prefix_of_key, Blk, Onode, BITMAP, OBJECTS, OMAP, STATE, XATTRS,
 };
 use crate::pool::BufPool;
-use crate::tx::{ObjectId, Transaction, TxOp, MAX_NAME_LEN};
+use crate::tx::{ObjectId, Transaction, TxOp, TxOpRef, MAX_NAME_LEN};
 use crate::{KvPairs, ObjStat, ObjectStore, StoreStats, BLOCK_SIZE};
 use crossbeam_channel::{Receiver, Sender};
 use dds_dma::AlignedBuf;
@@ -317,6 +317,7 @@ impl ObjStore {
             .mode(0o600)
             .open(path)
             .map_err(|e| StoreError::io(format!("open {}", path.display()), e))?;
+        let _lock = crate::device::lock(path)?;
         let mut head = vec![0u8; BLOCK_SIZE];
         let got = file
             .read_at(&mut head, 0)
@@ -490,27 +491,26 @@ impl ObjStore {
         &self.inner.opts
     }
 
-    fn check_name(&self, oid: &ObjectId) -> Result<(), StoreError> {
-        if oid.name.is_empty() || oid.name.len() > self.inner.opts.max_name_len {
+    fn check_name(&self, name: &[u8]) -> Result<(), StoreError> {
+        if name.is_empty() || name.len() > self.inner.opts.max_name_len {
             return Err(StoreError::invalid(format!(
                 "object name of {} bytes (1 ..= {} allowed)",
-                oid.name.len(),
+                name.len(),
                 self.inner.opts.max_name_len
             )));
         }
         Ok(())
     }
 
-    fn validate(&self, tx: &Transaction) -> Result<(), StoreError> {
+    fn validate(&self, ops: &[TxOpRef<'_>], len: usize) -> Result<(), StoreError> {
         let o = &self.inner.opts;
-        if tx.ops.len() > o.max_ops {
+        if ops.len() > o.max_ops {
             return Err(StoreError::invalid(format!(
                 "{} ops in a transaction (limit {})",
-                tx.ops.len(),
+                ops.len(),
                 o.max_ops
             )));
         }
-        let len = tx.encoded_len();
         if len > o.max_tx_bytes {
             return Err(StoreError::invalid(format!(
                 "transaction of {len} bytes (limit {})",
@@ -534,25 +534,27 @@ impl ObjStore {
                 o.max_object_size
             ))),
         };
-        for op in &tx.ops {
-            self.check_name(op.oid())?;
+        for op in ops {
+            self.check_name(op.oid().name)?;
             match op {
-                TxOp::Touch { .. } | TxOp::Remove { .. } | TxOp::OmapClear { .. } => {}
-                TxOp::WriteFull { data, .. } => extent(0, data.len())?,
-                TxOp::Write { offset, data, .. } => extent(*offset, data.len())?,
-                TxOp::Truncate { size, .. } => extent(*size, 0)?,
-                TxOp::SetXattr { name, value, .. } => {
+                TxOpRef::Touch { .. } | TxOpRef::Remove { .. } | TxOpRef::OmapClear { .. } => {}
+                TxOpRef::WriteFull { data, .. } => extent(0, data.len())?,
+                TxOpRef::Write { offset, data, .. } => extent(*offset, data.len())?,
+                TxOpRef::Truncate { size, .. } => extent(*size, 0)?,
+                TxOpRef::SetXattr { name, value, .. } => {
                     limit("xattr name", name, 1, o.max_xattr_name_len)?;
                     limit("xattr value", value, 0, o.max_xattr_value_len)?;
                 }
-                TxOp::RmXattr { name, .. } => limit("xattr name", name, 1, o.max_xattr_name_len)?,
-                TxOp::OmapSet { entries, .. } => {
+                TxOpRef::RmXattr { name, .. } => {
+                    limit("xattr name", name, 1, o.max_xattr_name_len)?
+                }
+                TxOpRef::OmapSet { entries, .. } => {
                     for (k, v) in entries {
                         limit("omap key", k, 0, o.max_omap_key_len)?;
                         limit("omap value", v, 0, o.max_omap_value_len)?;
                     }
                 }
-                TxOp::OmapRm { keys, .. } => {
+                TxOpRef::OmapRm { keys, .. } => {
                     for k in keys {
                         limit("omap key", k, 0, o.max_omap_key_len)?;
                     }
@@ -636,36 +638,53 @@ impl Drop for ObjStore {
     }
 }
 
-fn prepare(pool: &BufPool, op: &TxOp) -> POp {
+fn prepare(pool: &BufPool, op: &TxOpRef<'_>) -> POp {
+    let oid = op.oid().to_owned();
     match op {
-        TxOp::Touch { oid } => POp::Touch(oid.clone()),
-        TxOp::WriteFull { oid, data } => POp::WriteFull(oid.clone(), Staged::new(pool, 0, data)),
-        TxOp::Write { oid, offset, data } => {
-            POp::Write(oid.clone(), *offset, Staged::new(pool, *offset, data))
+        TxOpRef::Touch { .. } => POp::Touch(oid),
+        TxOpRef::WriteFull { data, .. } => POp::WriteFull(oid, Staged::new(pool, 0, data)),
+        TxOpRef::Write { offset, data, .. } => {
+            POp::Write(oid, *offset, Staged::new(pool, *offset, data))
         }
-        TxOp::Truncate { oid, size } => POp::Truncate(oid.clone(), *size),
-        TxOp::Remove { oid } => POp::Remove(oid.clone()),
-        TxOp::SetXattr { oid, name, value } => {
-            POp::SetXattr(oid.clone(), name.clone(), value.clone())
-        }
-        TxOp::RmXattr { oid, name } => POp::RmXattr(oid.clone(), name.clone()),
-        TxOp::OmapSet { oid, entries } => POp::OmapSet(oid.clone(), entries.clone()),
-        TxOp::OmapRm { oid, keys } => POp::OmapRm(oid.clone(), keys.clone()),
-        TxOp::OmapClear { oid } => POp::OmapClear(oid.clone()),
+        TxOpRef::Truncate { size, .. } => POp::Truncate(oid, *size),
+        TxOpRef::Remove { .. } => POp::Remove(oid),
+        TxOpRef::SetXattr { name, value, .. } => POp::SetXattr(oid, name.to_vec(), value.to_vec()),
+        TxOpRef::RmXattr { name, .. } => POp::RmXattr(oid, name.to_vec()),
+        TxOpRef::OmapSet { entries, .. } => POp::OmapSet(
+            oid,
+            entries
+                .iter()
+                .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                .collect(),
+        ),
+        TxOpRef::OmapRm { keys, .. } => POp::OmapRm(oid, keys.iter().map(|k| k.to_vec()).collect()),
+        TxOpRef::OmapClear { .. } => POp::OmapClear(oid),
     }
 }
 
-impl ObjectStore for ObjStore {
-    fn submit(&self, tx: &Transaction) -> Result<(), StoreError> {
+impl ObjStore {
+    /// Applies an encoded transaction (the format of [`Transaction::encode`]) as
+    /// [`submit`](ObjectStore::submit) does, taking its data straight from `buf` into the
+    /// staging buffers (no decoded copy). A malformed encoding is `InvalidArgument`.
+    pub fn submit_encoded(&self, buf: &[u8]) -> Result<(), StoreError> {
+        if buf.len() > self.inner.opts.max_tx_bytes {
+            return Err(StoreError::invalid(format!(
+                "transaction of {} bytes (limit {})",
+                buf.len(),
+                self.inner.opts.max_tx_bytes
+            )));
+        }
+        let ops = Transaction::decode_ops(buf)
+            .map_err(|e| StoreError::invalid(format!("transaction encoding: {e}")))?;
+        self.submit_ops(&ops, buf.len())
+    }
+
+    fn submit_ops(&self, ops: &[TxOpRef<'_>], encoded_len: usize) -> Result<(), StoreError> {
         if self.inner.failed.load(Ordering::Acquire) {
             return Err(failed());
         }
-        self.validate(tx)?;
-        let ops: Vec<POp> = tx
-            .ops
-            .iter()
-            .map(|op| prepare(&self.inner.pool, op))
-            .collect();
+        self.validate(ops, encoded_len)?;
+        let ops: Vec<POp> = ops.iter().map(|op| prepare(&self.inner.pool, op)).collect();
         let bytes = ops
             .iter()
             .map(|op| match op {
@@ -683,9 +702,16 @@ impl ObjectStore for ObjStore {
             .map_err(|_| stopped())?;
         result.recv().unwrap_or_else(|_| Err(stopped()))
     }
+}
+
+impl ObjectStore for ObjStore {
+    fn submit(&self, tx: &Transaction) -> Result<(), StoreError> {
+        let ops: Vec<TxOpRef<'_>> = tx.ops.iter().map(TxOp::view).collect();
+        self.submit_ops(&ops, tx.encoded_len())
+    }
 
     fn read(&self, oid: &ObjectId, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
-        self.check_name(oid)?;
+        self.check_name(&oid.name)?;
         let inner = &*self.inner;
         let _g = inner.reader();
         let r = inner.db.begin_read()?;
@@ -745,7 +771,7 @@ impl ObjectStore for ObjStore {
     }
 
     fn stat(&self, oid: &ObjectId) -> Result<ObjStat, StoreError> {
-        self.check_name(oid)?;
+        self.check_name(&oid.name)?;
         let r = self.inner.db.begin_read()?;
         let on = self.inner.onode(&r.open_table(OBJECTS)?, oid)?;
         Ok(ObjStat {
@@ -755,7 +781,7 @@ impl ObjectStore for ObjStore {
     }
 
     fn getxattr(&self, oid: &ObjectId, name: &[u8]) -> Result<Vec<u8>, StoreError> {
-        self.check_name(oid)?;
+        self.check_name(&oid.name)?;
         let r = self.inner.db.begin_read()?;
         self.inner.onode(&r.open_table(OBJECTS)?, oid)?;
         let prefix = sub_prefix_of_key(&obj_key(oid));
@@ -780,7 +806,7 @@ impl ObjectStore for ObjStore {
         oid: &ObjectId,
         keys: &[Vec<u8>],
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.check_name(oid)?;
+        self.check_name(&oid.name)?;
         let r = self.inner.db.begin_read()?;
         self.inner.onode(&r.open_table(OBJECTS)?, oid)?;
         let prefix = sub_prefix_of_key(&obj_key(oid));
@@ -852,7 +878,7 @@ impl ObjStore {
         start_after: Option<&[u8]>,
         max: usize,
     ) -> Result<KvPairs, StoreError> {
-        self.check_name(oid)?;
+        self.check_name(&oid.name)?;
         let r = self.inner.db.begin_read()?;
         self.inner.onode(&r.open_table(OBJECTS)?, oid)?;
         let prefix = sub_prefix_of_key(&obj_key(oid));

@@ -38,6 +38,133 @@ impl std::fmt::Display for ObjectId {
     }
 }
 
+/// A borrowed [`ObjectId`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjRef<'a> {
+    pub pool: u64,
+    pub name: &'a [u8],
+}
+
+impl ObjRef<'_> {
+    /// An owned copy.
+    pub fn to_owned(&self) -> ObjectId {
+        ObjectId::new(self.pool, self.name)
+    }
+}
+
+impl ObjectId {
+    /// A borrowed view.
+    pub fn view(&self) -> ObjRef<'_> {
+        ObjRef {
+            pool: self.pool,
+            name: &self.name,
+        }
+    }
+}
+
+/// A borrowed op: an op of a [`Transaction`] ([`TxOp::view`]) or of an encoded transaction
+/// ([`Transaction::decode_ops`]), its byte fields borrowed rather than copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxOpRef<'a> {
+    Touch {
+        oid: ObjRef<'a>,
+    },
+    WriteFull {
+        oid: ObjRef<'a>,
+        data: &'a [u8],
+    },
+    Write {
+        oid: ObjRef<'a>,
+        offset: u64,
+        data: &'a [u8],
+    },
+    Truncate {
+        oid: ObjRef<'a>,
+        size: u64,
+    },
+    Remove {
+        oid: ObjRef<'a>,
+    },
+    SetXattr {
+        oid: ObjRef<'a>,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    RmXattr {
+        oid: ObjRef<'a>,
+        name: &'a [u8],
+    },
+    OmapSet {
+        oid: ObjRef<'a>,
+        entries: Vec<(&'a [u8], &'a [u8])>,
+    },
+    OmapRm {
+        oid: ObjRef<'a>,
+        keys: Vec<&'a [u8]>,
+    },
+    OmapClear {
+        oid: ObjRef<'a>,
+    },
+}
+
+impl<'a> TxOpRef<'a> {
+    /// The object the op works on.
+    pub fn oid(&self) -> ObjRef<'a> {
+        match self {
+            TxOpRef::Touch { oid }
+            | TxOpRef::WriteFull { oid, .. }
+            | TxOpRef::Write { oid, .. }
+            | TxOpRef::Truncate { oid, .. }
+            | TxOpRef::Remove { oid }
+            | TxOpRef::SetXattr { oid, .. }
+            | TxOpRef::RmXattr { oid, .. }
+            | TxOpRef::OmapSet { oid, .. }
+            | TxOpRef::OmapRm { oid, .. }
+            | TxOpRef::OmapClear { oid } => *oid,
+        }
+    }
+
+    /// An owned copy.
+    pub fn to_owned(&self) -> TxOp {
+        let oid = self.oid().to_owned();
+        match self {
+            TxOpRef::Touch { .. } => TxOp::Touch { oid },
+            TxOpRef::WriteFull { data, .. } => TxOp::WriteFull {
+                oid,
+                data: data.to_vec(),
+            },
+            TxOpRef::Write { offset, data, .. } => TxOp::Write {
+                oid,
+                offset: *offset,
+                data: data.to_vec(),
+            },
+            TxOpRef::Truncate { size, .. } => TxOp::Truncate { oid, size: *size },
+            TxOpRef::Remove { .. } => TxOp::Remove { oid },
+            TxOpRef::SetXattr { name, value, .. } => TxOp::SetXattr {
+                oid,
+                name: name.to_vec(),
+                value: value.to_vec(),
+            },
+            TxOpRef::RmXattr { name, .. } => TxOp::RmXattr {
+                oid,
+                name: name.to_vec(),
+            },
+            TxOpRef::OmapSet { entries, .. } => TxOp::OmapSet {
+                oid,
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .collect(),
+            },
+            TxOpRef::OmapRm { keys, .. } => TxOp::OmapRm {
+                oid,
+                keys: keys.iter().map(|k| k.to_vec()).collect(),
+            },
+            TxOpRef::OmapClear { .. } => TxOp::OmapClear { oid },
+        }
+    }
+}
+
 /// One operation of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxOp {
@@ -88,6 +215,33 @@ impl TxOp {
             | TxOp::OmapSet { oid, .. }
             | TxOp::OmapRm { oid, .. }
             | TxOp::OmapClear { oid } => oid,
+        }
+    }
+
+    /// A borrowed view.
+    pub fn view(&self) -> TxOpRef<'_> {
+        let oid = self.oid().view();
+        match self {
+            TxOp::Touch { .. } => TxOpRef::Touch { oid },
+            TxOp::WriteFull { data, .. } => TxOpRef::WriteFull { oid, data },
+            TxOp::Write { offset, data, .. } => TxOpRef::Write {
+                oid,
+                offset: *offset,
+                data,
+            },
+            TxOp::Truncate { size, .. } => TxOpRef::Truncate { oid, size: *size },
+            TxOp::Remove { .. } => TxOpRef::Remove { oid },
+            TxOp::SetXattr { name, value, .. } => TxOpRef::SetXattr { oid, name, value },
+            TxOp::RmXattr { name, .. } => TxOpRef::RmXattr { oid, name },
+            TxOp::OmapSet { entries, .. } => TxOpRef::OmapSet {
+                oid,
+                entries: entries.iter().map(|(k, v)| (&k[..], &v[..])).collect(),
+            },
+            TxOp::OmapRm { keys, .. } => TxOpRef::OmapRm {
+                oid,
+                keys: keys.iter().map(|k| &k[..]).collect(),
+            },
+            TxOp::OmapClear { .. } => TxOpRef::OmapClear { oid },
         }
     }
 
@@ -212,6 +366,15 @@ impl Transaction {
 
     /// Decodes a transaction. Never panics; allocates only in proportion to `buf.len()`.
     pub fn decode(buf: &[u8]) -> Result<Transaction, DecodeError> {
+        let ops = Transaction::decode_ops(buf)?;
+        Ok(Transaction {
+            ops: ops.iter().map(TxOpRef::to_owned).collect(),
+        })
+    }
+
+    /// Decodes a transaction's ops without copying their byte fields (they borrow `buf`).
+    /// Never panics; allocates only in proportion to `buf.len()`.
+    pub fn decode_ops(buf: &[u8]) -> Result<Vec<TxOpRef<'_>>, DecodeError> {
         let mut r = Reader { buf, pos: 0 };
         if r.take(4)? != TX_MAGIC {
             return Err(DecodeError::BadMagic);
@@ -232,7 +395,7 @@ impl Transaction {
         if r.remaining() != 0 {
             return Err(DecodeError::TrailingBytes(r.remaining()));
         }
-        Ok(Transaction { ops })
+        Ok(ops)
     }
 }
 
@@ -282,9 +445,9 @@ impl<'a> Reader<'a> {
 
     /// A length-prefixed field; the length is checked against the remaining input before
     /// anything is allocated.
-    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let len = self.u32()? as usize;
-        Ok(self.take(len)?.to_vec())
+        self.take(len)
     }
 
     /// A count of items each at least `min_item` bytes long; the capacity to reserve for them.
@@ -293,7 +456,7 @@ impl<'a> Reader<'a> {
         Ok((n, n.min(self.remaining() / min_item)))
     }
 
-    fn op(&mut self) -> Result<TxOp, DecodeError> {
+    fn op(&mut self) -> Result<TxOpRef<'a>, DecodeError> {
         let at = self.pos;
         let code = self.u8()?;
         if !(1..=10).contains(&code) {
@@ -308,35 +471,35 @@ impl<'a> Reader<'a> {
                 at: name_at,
             });
         }
-        let oid = ObjectId { pool, name };
+        let oid = ObjRef { pool, name };
         Ok(match code {
-            1 => TxOp::Touch { oid },
-            2 => TxOp::WriteFull {
+            1 => TxOpRef::Touch { oid },
+            2 => TxOpRef::WriteFull {
                 oid,
                 data: self.bytes()?,
             },
             3 => {
                 let offset = self.u64()?;
-                TxOp::Write {
+                TxOpRef::Write {
                     oid,
                     offset,
                     data: self.bytes()?,
                 }
             }
-            4 => TxOp::Truncate {
+            4 => TxOpRef::Truncate {
                 oid,
                 size: self.u64()?,
             },
-            5 => TxOp::Remove { oid },
+            5 => TxOpRef::Remove { oid },
             6 => {
                 let name = self.bytes()?;
-                TxOp::SetXattr {
+                TxOpRef::SetXattr {
                     oid,
                     name,
                     value: self.bytes()?,
                 }
             }
-            7 => TxOp::RmXattr {
+            7 => TxOpRef::RmXattr {
                 oid,
                 name: self.bytes()?,
             },
@@ -347,7 +510,7 @@ impl<'a> Reader<'a> {
                     let k = self.bytes()?;
                     entries.push((k, self.bytes()?));
                 }
-                TxOp::OmapSet { oid, entries }
+                TxOpRef::OmapSet { oid, entries }
             }
             9 => {
                 let (n, cap) = self.count(4)?;
@@ -355,9 +518,9 @@ impl<'a> Reader<'a> {
                 for _ in 0..n {
                     keys.push(self.bytes()?);
                 }
-                TxOp::OmapRm { oid, keys }
+                TxOpRef::OmapRm { oid, keys }
             }
-            _ => TxOp::OmapClear { oid },
+            _ => TxOpRef::OmapClear { oid },
         })
     }
 }

@@ -48,6 +48,11 @@ proptest! {
         let mut buf = vec![0xAA]; // encode appends
         t.encode(&mut buf);
         prop_assert_eq!(buf.len() - 1, t.encoded_len());
+        let ops = Transaction::decode_ops(&buf[1..]).unwrap();
+        prop_assert_eq!(ops.len(), t.ops.len());
+        for (r, o) in ops.iter().zip(&t.ops) {
+            prop_assert_eq!(r, &o.view());
+        }
         prop_assert_eq!(Transaction::decode(&buf[1..]), Ok(t));
     }
 

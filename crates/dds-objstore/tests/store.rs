@@ -259,6 +259,45 @@ fn corrupted_block_reads_as_corrupt() {
 }
 
 #[test]
+fn encoded_transactions_and_the_device_lock() {
+    let ts = TestStore::new(4 << 20);
+    let s = ts.open();
+    let a = oid("enc");
+    let t = tx(vec![
+        TxOp::Write {
+            oid: a.clone(),
+            offset: 100,
+            data: pattern(9000, 3),
+        },
+        TxOp::OmapSet {
+            oid: a.clone(),
+            entries: vec![(b"k".to_vec(), b"v".to_vec())],
+        },
+    ]);
+    s.submit_encoded(&t.to_bytes()).unwrap();
+    let mut want = vec![0; 100];
+    want.extend(pattern(9000, 3));
+    assert_eq!(s.read(&a, 0, u64::MAX).unwrap(), want);
+    assert_eq!(
+        s.omap_get(&a, &[b"k".to_vec()]).unwrap(),
+        vec![Some(b"v".to_vec())]
+    );
+    let bytes = t.to_bytes();
+    for bad in [&bytes[..bytes.len() - 1], b"DDTX".as_slice(), b""] {
+        let r = s.submit_encoded(bad);
+        assert!(matches!(r, Err(StoreError::InvalidArgument(_))), "{r:?}");
+    }
+    // A second opener and a format of the open device are refused.
+    assert!(matches!(
+        ObjStore::open(&ts.path),
+        Err(StoreError::Io { .. })
+    ));
+    assert!(ObjStore::format(&ts.path, 4 << 20, true).is_err());
+    drop(s);
+    ts.open().fsck(true).unwrap();
+}
+
+#[test]
 fn format_refuses_a_formatted_device() {
     let ts = TestStore::new(4 << 20);
     let s = ts.open();
