@@ -182,13 +182,18 @@ impl Allocator {
     }
 
     /// Frees blocks in the persisted state; they stay busy until [`unquarantine`](Self::unquarantine).
-    pub fn free_committed(&mut self, blocks: &[u64]) {
+    /// A block that is not allocated (metadata referencing a block twice) is `Err(block)`, after
+    /// the blocks before it were freed.
+    pub fn free_committed(&mut self, blocks: &[u64]) -> Result<(), u64> {
         for &b in blocks {
-            assert!(get(&self.alloc, b), "double free of block {b}");
+            if b >= self.nblocks || !get(&self.alloc, b) {
+                return Err(b);
+            }
             set(&mut self.alloc, b, false);
             self.allocated -= 1;
             self.dirty.insert(b / CHUNK_BLOCKS);
         }
+        Ok(())
     }
 
     /// Makes blocks freed by [`free_committed`](Self::free_committed) allocatable again.
@@ -233,7 +238,8 @@ mod tests {
         assert_eq!(e, vec![(1, 10)]);
         let e2 = a.allocate(5).unwrap();
         assert_eq!(e2, vec![(11, 5)]);
-        a.free_committed(&[3, 4]);
+        a.free_committed(&[3, 4]).unwrap();
+        assert_eq!(a.free_committed(&[3]), Err(3));
         assert_eq!(a.allocated(), 14);
         assert_eq!(a.free(), 99_984);
         a.release_now(&e2);

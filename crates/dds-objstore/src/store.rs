@@ -214,9 +214,24 @@ impl Inner {
         oid: &ObjectId,
     ) -> Result<Onode, StoreError> {
         match table.get(obj_key(oid).as_slice())? {
-            Some(v) => Onode::decode(v.value()).ok_or_else(|| bad_meta(oid)),
+            Some(v) => self.decode_onode(oid, v.value()),
             None => Err(not_found(oid)),
         }
+    }
+
+    /// Decodes an onode and checks that it stays on the device and within its object.
+    fn decode_onode(&self, oid: &ObjectId, bytes: &[u8]) -> Result<Onode, StoreError> {
+        let on = Onode::decode(bytes).ok_or_else(|| bad_meta(oid))?;
+        let max_lblock = self.opts.max_object_size.max(on.size).div_ceil(BS);
+        let sane = on.size <= MAX_OBJECT_SIZE_CAP
+            && on
+                .blocks
+                .iter()
+                .all(|(&lb, b)| lb < max_lblock && b.pblock >= 1 && b.pblock < self.nblocks);
+        if !sane {
+            return Err(bad_meta(oid));
+        }
+        Ok(on)
     }
 
     /// Reads one mapped block from the device and verifies it.
@@ -600,7 +615,7 @@ impl ObjStore {
                 u64::from_be_bytes(key[..8].try_into().expect("8-byte pool")),
                 &key[8..],
             );
-            let on = Onode::decode(v.value()).ok_or_else(|| bad_meta(&oid))?;
+            let on = inner.decode_onode(&oid, v.value())?;
             report.objects += 1;
             for (&lb, &blk) in &on.blocks {
                 if blk.pblock == 0 || !alloc.is_allocated(blk.pblock) {
@@ -997,7 +1012,7 @@ impl TxApply<'_, '_> {
             return Ok((key, s.clone()));
         }
         let onode = match self.tables.objects.get(key.as_slice())? {
-            Some(v) => Some(Onode::decode(v.value()).ok_or_else(|| bad_meta(oid))?),
+            Some(v) => Some(self.inner.decode_onode(oid, v.value())?),
             None => None,
         };
         let s = ObjState {
@@ -1433,7 +1448,14 @@ impl Committer {
                 _ => {}
             }
         }
-        self.alloc.free_committed(&batch.frees);
+        self.alloc
+            .free_committed(&batch.frees)
+            .map_err(|b| StoreError::Corrupt {
+                pool: 0,
+                name: "allocation bitmap".into(),
+                offset: b * BS,
+                detail: format!("block {b} freed but not allocated (mapped twice?)"),
+            })?;
         let mut bitmap = w.open_table(BITMAP)?;
         for (i, chunk) in self.alloc.take_dirty() {
             bitmap.insert(i, chunk.as_slice())?;
