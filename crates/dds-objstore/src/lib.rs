@@ -19,7 +19,7 @@ mod store;
 mod tx;
 
 pub use error::{DecodeError, StoreError};
-pub use store::{FsckReport, ObjStore, StoreOptions};
+pub use store::{FsckReport, ObjStore, OnCommit, StoreOptions};
 pub use tx::{ObjRef, ObjectId, Transaction, TxOp, TxOpRef, MAX_NAME_LEN, TX_MAGIC, TX_VERSION};
 
 /// Key-value pairs (xattrs, omap entries) in key order.

@@ -157,10 +157,33 @@ enum POp {
     OmapClear(ObjectId),
 }
 
+/// Called with a transaction's result once it is durable (or failed).
+pub type OnCommit = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
+/// Calls its callback exactly once: with the result, or, if dropped unanswered (the committer
+/// stopped), with an error.
+struct Completion(Option<OnCommit>);
+
+impl Completion {
+    fn complete(mut self, r: Result<(), StoreError>) {
+        if let Some(f) = self.0.take() {
+            f(r)
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Err(stopped()))
+        }
+    }
+}
+
 struct Request {
     ops: Vec<POp>,
     bytes: usize,
-    done: Sender<Result<(), StoreError>>,
+    done: Completion,
 }
 
 /// Reader registrations by commit epoch: blocks freed by the commit of epoch `e` stay
@@ -682,6 +705,36 @@ impl ObjStore {
     /// [`submit`](ObjectStore::submit) does, taking its data straight from `buf` into the
     /// staging buffers (no decoded copy). A malformed encoding is `InvalidArgument`.
     pub fn submit_encoded(&self, buf: &[u8]) -> Result<(), StoreError> {
+        let ops = self.decode_checked(buf)?;
+        self.submit_ops(&ops, buf.len())
+    }
+
+    /// Queues a transaction and returns without waiting for it: `on_commit` gets its result
+    /// once it is durable (or has failed), exactly once, on the committer thread, in submission
+    /// order — so it must be quick (send a message, wake a thread). A transaction that breaks a
+    /// limit is refused here with `InvalidArgument` and `on_commit` is not called. Blocks only
+    /// while the queue (`queue_depth`) is full.
+    pub fn submit_with(
+        &self,
+        tx: &Transaction,
+        on_commit: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let ops: Vec<TxOpRef<'_>> = tx.ops.iter().map(TxOp::view).collect();
+        self.enqueue(&ops, tx.encoded_len(), Box::new(on_commit))
+    }
+
+    /// [`submit_encoded`](Self::submit_encoded) without waiting, as
+    /// [`submit_with`](Self::submit_with).
+    pub fn submit_encoded_with(
+        &self,
+        buf: &[u8],
+        on_commit: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let ops = self.decode_checked(buf)?;
+        self.enqueue(&ops, buf.len(), Box::new(on_commit))
+    }
+
+    fn decode_checked<'a>(&self, buf: &'a [u8]) -> Result<Vec<TxOpRef<'a>>, StoreError> {
         if buf.len() > self.inner.opts.max_tx_bytes {
             return Err(StoreError::invalid(format!(
                 "transaction of {} bytes (limit {})",
@@ -689,12 +742,17 @@ impl ObjStore {
                 self.inner.opts.max_tx_bytes
             )));
         }
-        let ops = Transaction::decode_ops(buf)
-            .map_err(|e| StoreError::invalid(format!("transaction encoding: {e}")))?;
-        self.submit_ops(&ops, buf.len())
+        Transaction::decode_ops(buf)
+            .map_err(|e| StoreError::invalid(format!("transaction encoding: {e}")))
     }
 
-    fn submit_ops(&self, ops: &[TxOpRef<'_>], encoded_len: usize) -> Result<(), StoreError> {
+    /// Validates, stages and queues; the result goes to `done` unless this returns `Err`.
+    fn enqueue(
+        &self,
+        ops: &[TxOpRef<'_>],
+        encoded_len: usize,
+        done: OnCommit,
+    ) -> Result<(), StoreError> {
         if self.inner.failed.load(Ordering::Acquire) {
             return Err(failed());
         }
@@ -707,15 +765,30 @@ impl ObjStore {
                 _ => 0,
             })
             .sum();
-        let (done, result) = crossbeam_channel::bounded(1);
         let queue = self
             .queue
             .as_ref()
             .expect("the queue lives as long as the store");
-        queue
-            .send(Request { ops, bytes, done })
-            .map_err(|_| stopped())?;
-        result.recv().unwrap_or_else(|_| Err(stopped()))
+        // If the committer is gone, the returned request drops and its completion reports it.
+        let _ = queue.send(Request {
+            ops,
+            bytes,
+            done: Completion(Some(done)),
+        });
+        Ok(())
+    }
+
+    /// Queues and waits.
+    fn submit_ops(&self, ops: &[TxOpRef<'_>], encoded_len: usize) -> Result<(), StoreError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.enqueue(
+            ops,
+            encoded_len,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.recv().unwrap_or_else(|_| Err(stopped()))
     }
 }
 
@@ -1327,7 +1400,7 @@ impl Committer {
                 (Ok(()), Some(_)) => Ok(()),
                 (Ok(()), None) => Err(stopped()),
             };
-            let _ = done.send(r);
+            done.complete(r);
         }
     }
 

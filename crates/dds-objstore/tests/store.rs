@@ -459,3 +459,43 @@ fn readers_never_see_reused_blocks() {
     assert_eq!(s.read(&o, 0, 1).unwrap(), vec![150]);
     assert_eq!(s.statfs().unwrap().allocated_bytes, size as u64);
 }
+
+#[test]
+fn submit_with_reports_each_result_once_in_order() {
+    let ts = TestStore::new(8 << 20);
+    let s = ts.open();
+    let (tx_done, rx_done) = std::sync::mpsc::channel();
+    for i in 0..50u32 {
+        let t = if i % 7 == 3 {
+            tx(vec![TxOp::Remove { oid: oid("never") }])
+        } else {
+            tx(vec![TxOp::Write {
+                oid: oid("seq"),
+                offset: u64::from(i) * 100,
+                data: pattern(100, i as u8),
+            }])
+        };
+        let done = tx_done.clone();
+        if i % 2 == 0 {
+            s.submit_with(&t, move |r| done.send((i, r.is_ok())).unwrap())
+                .unwrap();
+        } else {
+            s.submit_encoded_with(&t.to_bytes(), move |r| done.send((i, r.is_ok())).unwrap())
+                .unwrap();
+        }
+    }
+    // A transaction over the limits is refused at once; its callback is never called.
+    let bad = tx(vec![TxOp::Touch { oid: oid("") }]);
+    let r = s.submit_with(&bad, |_| panic!("called"));
+    assert!(matches!(r, Err(StoreError::InvalidArgument(_))));
+    drop(tx_done);
+    let got: Vec<(u32, bool)> = rx_done.iter().take(50).collect();
+    let want: Vec<(u32, bool)> = (0..50).map(|i| (i, i % 7 != 3)).collect();
+    assert_eq!(got, want);
+    let data = s.read(&oid("seq"), 0, u64::MAX).unwrap();
+    assert_eq!(data.len(), 5000);
+    for i in (0..50u32).filter(|i| i % 7 != 3) {
+        let at = i as usize * 100;
+        assert_eq!(&data[at..at + 100], pattern(100, i as u8));
+    }
+}
