@@ -170,6 +170,30 @@ struct Side {
     _dir: tempfile::TempDir,
 }
 
+/// `redis-server` on a free loopback port (no persistence, `dir` as its directory), on
+/// `cpus`, once it accepts connections.
+pub(crate) fn start_redis(cpus: Option<&[usize]>, dir: &Path) -> Result<(ChildGuard, SocketAddr)> {
+    let port = free_port()?;
+    let child = taskset(Path::new("redis-server"), cpus)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("start redis-server (package redis-server)")?;
+    let server = ChildGuard::new(child, "redis-server");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_port(addr)?;
+    Ok((server, addr))
+}
+
 pub(crate) fn wait_port(addr: SocketAddr) -> Result<()> {
     let t0 = Instant::now();
     while std::net::TcpStream::connect(addr).is_err() {
@@ -241,24 +265,7 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
     };
     let host = place.host_cpus.as_deref();
     if mode == Mode::Redis {
-        let port = free_port()?;
-        let child = taskset(Path::new("redis-server"), host)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .context("start redis-server (package redis-server)")?;
-        let server = ChildGuard::new(child, "redis-server");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        wait_port(addr)?;
+        let (server, addr) = start_redis(host, dir.path())?;
         return Ok(Side {
             dpu: None,
             server,

@@ -9,6 +9,7 @@ pub mod cache_table;
 pub mod child;
 pub mod cpu;
 pub mod dpu;
+pub mod dpukv;
 pub mod files;
 pub mod kv;
 pub mod machine;

@@ -39,6 +39,10 @@ enum Which {
     /// §9.1 / Figs. 2 and 21: GetPage@LSN from `dds pageserver` without and with DPU offload
     /// while the log is replayed.
     Pageserver(dds_bench::pageserver::PageServerBenchArgs),
+    /// DPU-KV: the six placements of the communication and processing engines, against
+    /// redis-server, on YCSB A/B/C (throughput, latency, host cores, bytes over PCIe).
+    #[command(name = "dpu-kv")]
+    DpuKv(dds_bench::dpukv::DpuKvArgs),
     #[command(flatten)]
     Remote(dds_bench::remote::RemoteBench), // `remote` and `echo`
 }
@@ -262,6 +266,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Which::Kv(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
             let report = dds_bench::kv::run_kv(k, command_line()).context("kv benchmark")?;
+            finish(&report, &out)
+        }
+        Which::DpuKv(k) => {
+            let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
+            let report = dds_bench::dpukv::run(k, command_line()).context("dpu-kv benchmark")?;
             finish(&report, &out)
         }
         Which::Pageserver(k) => {

@@ -43,7 +43,7 @@ pub struct DpuKvDpuArgs {
     #[arg(long, default_value_t = 1024)]
     max_value: usize,
     /// Emulated PCIe cost of DMA operations (on/off).
-    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     dma_cost: bool,
     /// Resource profile: CPUs the DPU process may use.
     #[arg(long, value_parser = parse_cpus)]

@@ -646,12 +646,12 @@ impl Frontend {
             Backend::Queues(q) => {
                 let worker = partition_of(key_hash(req.key), q.partitions) % q.queues.len();
                 let worst = match req.op {
-                    Op::Get => 3 + q.max_value,
+                    Op::Get => qp::max_value_response(q.max_value),
                     Op::Incr(_) => 9,
                     _ => 1,
                 };
                 let expect = match req.op {
-                    Op::Get => 3 + q.value_mean as usize,
+                    Op::Get => 2 + q.value_mean as usize,
                     _ => worst,
                 };
                 self.record.clear();

@@ -488,6 +488,11 @@ pub fn run_host(
                     queues,
                     store.clone(),
                     g.batch_max(),
+                    if design == Design::Lat {
+                        worker::Idle::Poll
+                    } else {
+                        worker::Idle::Save
+                    },
                     wstop.clone(),
                     wstats.clone(),
                 )?);

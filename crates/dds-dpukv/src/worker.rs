@@ -21,15 +21,36 @@ pub struct WorkerStats {
     pub broken: AtomicU64,
 }
 
-/// Serves `queues` round-robin until `stop`: spins while batches arrive, then yields, then
-/// sleeps in short steps (the DPU cannot ring a host doorbell, only write host memory).
+/// Sleep of an idle [`Idle::Save`] worker, µs.
+pub const SAVE_SLEEP_US: u64 = 100;
+
+/// How a worker waits for batches (the DPU cannot ring a host doorbell, only write host
+/// memory, so a worker polls).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idle {
+    /// Poll: spin, then yield the core, then sleep in short steps after 2 ms without work
+    /// (lowest latency; `lat`).
+    Poll,
+    /// Spin 5 µs after a batch, then sleep [`SAVE_SLEEP_US`] at a time (timer slack 1 µs):
+    /// the DPU batches what arrives meanwhile (up to a ring of batches per queue pair), and the
+    /// host spends its CPU on requests rather than on polling or wake-ups (`sav`, `dual`:
+    /// host resource savings, at up to that much more latency).
+    Save,
+}
+
+/// Serves `queues` round-robin until `stop`.
 pub fn run(
     mut queues: Vec<HostQueue>,
     store: SharedStore,
     batch_max: usize,
+    idle_mode: Idle,
     stop: &AtomicBool,
     stats: &WorkerStats,
 ) {
+    if idle_mode == Idle::Save {
+        // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer and changes only this thread.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
+    }
     let mut req = Vec::with_capacity(batch_max);
     let mut resp = Vec::with_capacity(batch_max);
     let mut live = vec![true; queues.len()];
@@ -86,6 +107,14 @@ pub fn run(
             continue;
         }
         let idle = last_work.elapsed();
+        if idle_mode == Idle::Save {
+            if idle < Duration::from_micros(5) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(SAVE_SLEEP_US));
+            }
+            continue;
+        }
         if idle < Duration::from_micros(50) {
             std::hint::spin_loop();
         } else if idle < Duration::from_millis(2) {
@@ -102,10 +131,11 @@ pub fn spawn(
     queues: Vec<HostQueue>,
     store: SharedStore,
     batch_max: usize,
+    idle: Idle,
     stop: Arc<AtomicBool>,
     stats: Arc<WorkerStats>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(name)
-        .spawn(move || run(queues, store, batch_max, &stop, &stats))
+        .spawn(move || run(queues, store, batch_max, idle, &stop, &stats))
 }

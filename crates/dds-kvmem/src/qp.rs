@@ -91,11 +91,25 @@ pub fn request_len(r: &Request<'_>) -> usize {
         }
 }
 
+/// Bytes of a LEB128 length (values are at most 65,535 bytes: 1 to 3).
+pub fn varint_len(n: usize) -> usize {
+    match n {
+        0..=0x7F => 1,
+        0x80..=0x3FFF => 2,
+        _ => 3,
+    }
+}
+
+/// Most bytes of a GET hit's response record for values of at most `max_value` bytes.
+pub fn max_value_response(max_value: usize) -> usize {
+    1 + varint_len(max_value) + max_value
+}
+
 /// Bytes of a response record.
 pub fn response_len(r: &Response<'_>) -> usize {
     match r {
         Response::Status(_) => 1,
-        Response::Value(v) => 3 + v.len(),
+        Response::Value(v) => 1 + varint_len(v.len()) + v.len(),
         Response::Int(_) => 9,
     }
 }
@@ -165,7 +179,12 @@ impl<'b> BatchWriter<'b> {
             Response::Value(v) => {
                 assert!(v.len() <= u16::MAX as usize, "value length");
                 self.buf.push(VALUE);
-                self.buf.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                let mut n = v.len();
+                while n >= 0x80 {
+                    self.buf.push(n as u8 | 0x80);
+                    n >>= 7;
+                }
+                self.buf.push(n as u8);
                 self.buf.extend_from_slice(v);
             }
             Response::Int(n) => {
@@ -277,8 +296,20 @@ pub fn responses(b: &[u8]) -> impl Iterator<Item = Result<Response<'_>, Malforme
             3 => Response::Status(Status::Overflow),
             4 => Response::Status(Status::OutOfMemory),
             VALUE => {
-                let l = take(body, &mut at, 2)?;
-                let n = u16::from_le_bytes([l[0], l[1]]) as usize;
+                let mut n = 0usize;
+                for shift in [0, 7, 14] {
+                    let b = take(body, &mut at, 1)?[0];
+                    n |= usize::from(b & 0x7F) << shift;
+                    if b & 0x80 == 0 {
+                        break;
+                    }
+                    if shift == 14 {
+                        return Err(Malformed("value length longer than 3 bytes"));
+                    }
+                }
+                if n > u16::MAX as usize {
+                    return Err(Malformed("value longer than 65,535 bytes"));
+                }
                 Response::Value(take(body, &mut at, n)?)
             }
             INT => {
@@ -425,6 +456,24 @@ mod tests {
                 Response::Status(Status::Ok),
             ]
         );
+    }
+
+    #[test]
+    fn value_lengths_are_varints_of_one_to_three_bytes() {
+        for n in [0usize, 1, 127, 128, 300, 16_383, 16_384, 60_000] {
+            let v = vec![7u8; n];
+            let mut b = Vec::new();
+            let mut w = BatchWriter::new(&mut b, 1, BATCH_MAX);
+            assert!(w.response(&Response::Value(&v)));
+            let len = w.finish();
+            assert_eq!(len, BATCH_HEADER + response_len(&Response::Value(&v)));
+            assert!(response_len(&Response::Value(&v)) <= max_value_response(n));
+            let got: Vec<_> = responses(&b).collect::<Result<_, _>>().unwrap();
+            assert_eq!(got, vec![Response::Value(&v)]);
+        }
+        // A fourth length byte, or a length past the batch, is an error.
+        let bad = [1u8, 0, 12, 0, 1, 0, 0, 0, VALUE, 0x80, 0x80, 0x80];
+        assert!(responses(&bad).any(|r| r.is_err()));
     }
 
     #[test]

@@ -108,14 +108,14 @@ impl Zipf {
 
 /// Scatters a rank over the key space (hot keys are not neighbours), as YCSB's scrambled
 /// zipfian does.
-fn scatter(rank: u64, n: u64) -> u64 {
+pub(crate) fn scatter(rank: u64, n: u64) -> u64 {
     let mut h = rank ^ 0x9e37_79b9_7f4a_7c15;
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     (h ^ (h >> 31)) % n
 }
 
-fn push_cmd(out: &mut Vec<u8>, words: &[&[u8]]) {
+pub(crate) fn push_cmd(out: &mut Vec<u8>, words: &[&[u8]]) {
     out.extend_from_slice(format!("*{}\r\n", words.len()).as_bytes());
     for w in words {
         out.extend_from_slice(format!("${}\r\n", w.len()).as_bytes());
@@ -125,7 +125,11 @@ fn push_cmd(out: &mut Vec<u8>, words: &[&[u8]]) {
 }
 
 /// Reads one reply; returns (is error, bulk payload if any).
-fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>, at: &mut usize) -> Result<(bool, Vec<u8>)> {
+pub(crate) fn read_reply(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    at: &mut usize,
+) -> Result<(bool, Vec<u8>)> {
     loop {
         if let Some(n) = dds_resp::frame_reply(&buf[*at..], 1 << 16, 64 << 20)
             .map_err(|e| anyhow::anyhow!("bad reply: {e}"))?
