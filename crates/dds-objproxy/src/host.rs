@@ -1,0 +1,887 @@
+//! The host half (CODA's Proxy Interface): owns the shared region of each DPU session, polls
+//! its channels with atomics, applies transactions through the store with asynchronous
+//! commit callbacks, writes ACKs and read data into its own memory, and serves the control
+//! RPCs.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dds_objstore::{ObjStore, ObjectId, ObjectStore, StoreError};
+use dds_shm::SharedRegion;
+
+use crate::wire::*;
+
+/// Settings of the host side.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// Most DPU sessions served at once (more are refused).
+    pub max_sessions: usize,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions { max_sessions: 16 }
+    }
+}
+
+/// Counters of the host side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostStats {
+    pub sessions: u64,
+    /// Write-lane transfers taken (batches and chunks).
+    pub transfers: u64,
+    pub batches: u64,
+    pub chunks: u64,
+    /// Transactions handed to the store.
+    pub txs_applied: u64,
+    /// Transactions received again and not applied again.
+    pub txs_duplicate: u64,
+    pub reads: u64,
+    pub rpcs: u64,
+    /// Channels closed for bad input.
+    pub channel_errors: u64,
+    /// Chunked transactions dropped incomplete (their DPU went away).
+    pub partial_dropped: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    sessions: AtomicU64,
+    transfers: AtomicU64,
+    batches: AtomicU64,
+    chunks: AtomicU64,
+    txs_applied: AtomicU64,
+    txs_duplicate: AtomicU64,
+    reads: AtomicU64,
+    rpcs: AtomicU64,
+    channel_errors: AtomicU64,
+    partial_dropped: AtomicU64,
+    live_sessions: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The host side's entry point.
+pub struct HostProxy;
+
+/// A running host proxy; [`stop`](Self::stop) (or drop) ends it.
+pub struct HostProxyHandle {
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    accept: Option<JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl HostProxy {
+    /// Listens on `socket` (replacing a stale socket file, mode 0600) and serves DPU sessions
+    /// on `store` until stopped.
+    pub fn serve(
+        store: Arc<ObjStore>,
+        socket: &Path,
+        opts: HostOptions,
+    ) -> io::Result<HostProxyHandle> {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket)?;
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(Counters::default());
+        let (s2, c2) = (stop.clone(), counters.clone());
+        let accept = std::thread::Builder::new()
+            .name("objproxy-accept".into())
+            .spawn(move || accept_loop(listener, store, opts, s2, c2))?;
+        Ok(HostProxyHandle {
+            stop,
+            counters,
+            accept: Some(accept),
+            path: socket.to_path_buf(),
+        })
+    }
+}
+
+impl HostProxyHandle {
+    /// Counters so far.
+    pub fn stats(&self) -> HostStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        HostStats {
+            sessions: g(&c.sessions),
+            transfers: g(&c.transfers),
+            batches: g(&c.batches),
+            chunks: g(&c.chunks),
+            txs_applied: g(&c.txs_applied),
+            txs_duplicate: g(&c.txs_duplicate),
+            reads: g(&c.reads),
+            rpcs: g(&c.rpcs),
+            channel_errors: g(&c.channel_errors),
+            partial_dropped: g(&c.partial_dropped),
+        }
+    }
+
+    /// Sessions currently attached.
+    pub fn live_sessions(&self) -> u64 {
+        self.counters.live_sessions.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting, ends every session (their workers drop partial chunked transactions)
+    /// and returns once all threads are gone.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for HostProxyHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    store: Arc<ObjStore>,
+    opts: HostOptions,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+) {
+    let mut sessions: Vec<(UnixStream, JoinHandle<()>)> = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        sessions.retain(|(_, h)| !h.is_finished());
+        match listener.accept() {
+            Ok((s, _)) => {
+                if sessions.len() >= opts.max_sessions {
+                    tracing::warn!("object proxy: session refused (limit reached)");
+                    continue;
+                }
+                let Ok(s2) = s.try_clone() else { continue };
+                let (st, c, stp) = (store.clone(), counters.clone(), stop.clone());
+                match std::thread::Builder::new()
+                    .name("objproxy-session".into())
+                    .spawn(move || session(s, st, c, stp))
+                {
+                    Ok(h) => sessions.push((s2, h)),
+                    Err(e) => tracing::warn!(error = %e, "object proxy: no session thread"),
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "object proxy: accept");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    for (s, h) in sessions {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = h.join();
+    }
+}
+
+fn session(
+    mut s: UnixStream,
+    store: Arc<ObjStore>,
+    counters: Arc<Counters>,
+    _stop: Arc<AtomicBool>,
+) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let attach = match recv_frame(&mut s, MAX_REQUEST) {
+        Ok(Some(f)) => f,
+        _ => return,
+    };
+    let (func, id, body, _) = attach;
+    let layout = match parse_attach(func, &body) {
+        Ok(l) => l,
+        Err(msg) => {
+            let mut b = Vec::new();
+            put_error(&mut b, &StoreError::InvalidArgument(msg));
+            let _ = send_frame(&s, 1, id, &b, &[]);
+            return;
+        }
+    };
+    let region = match SharedRegion::create("dds-objproxy", layout.region_len() as usize) {
+        Ok(r) => Arc::new(r),
+        Err(e) => {
+            let mut b = Vec::new();
+            put_error(&mut b, &proxy_error(format!("shared region: {e}")));
+            let _ = send_frame(&s, 1, id, &b, &[]);
+            return;
+        }
+    };
+    inc(&counters.sessions);
+    counters.live_sessions.fetch_add(1, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for c in 0..layout.channels {
+        let mut w = Worker::new(region.clone(), layout, c, store.clone(), counters.clone());
+        let st = stop.clone();
+        match std::thread::Builder::new()
+            .name(format!("objproxy-ch{c}"))
+            .spawn(move || w.run(&st))
+        {
+            Ok(h) => workers.push(h),
+            Err(e) => tracing::warn!(error = %e, "object proxy: no channel thread"),
+        }
+    }
+    let mut reply = Vec::new();
+    put_u32(&mut reply, VERSION);
+    put_u32(&mut reply, layout.channels);
+    put_u32(&mut reply, layout.max_dma);
+    put_u32(&mut reply, SLOTS as u32);
+    put_u64(&mut reply, layout.channel_bytes());
+    put_u64(&mut reply, layout.region_len());
+    if send_frame(&s, 0, id, &reply, &[region.fd().as_fd()]).is_ok() {
+        let _ = s.set_read_timeout(None);
+        while let Ok(Some((func, id, body, _))) = recv_frame(&mut s, MAX_REQUEST) {
+            inc(&counters.rpcs);
+            let (status, out) = match rpc(&*store, func, &body) {
+                Ok(out) => (0, out),
+                Err(e) => {
+                    let mut b = Vec::new();
+                    put_error(&mut b, &e);
+                    (1, b)
+                }
+            };
+            if send_frame(&s, status, id, &out, &[]).is_err() {
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::Release);
+    for h in workers {
+        if let Ok(dropped) = h.join() {
+            counters
+                .partial_dropped
+                .fetch_add(dropped, Ordering::Relaxed);
+        }
+    }
+    counters.live_sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+fn parse_attach(func: u8, body: &[u8]) -> Result<Layout, String> {
+    if func != F_ATTACH {
+        return Err("the first request of a session must be ATTACH".into());
+    }
+    let mut c = Cursor::new(body);
+    let (Some(v), Some(channels), Some(max_dma)) = (c.u32(), c.u32(), c.u32()) else {
+        return Err("short ATTACH".into());
+    };
+    if v != VERSION {
+        return Err(format!("protocol version {v} (this host speaks {VERSION})"));
+    }
+    let l = Layout { channels, max_dma };
+    l.validate()?;
+    Ok(l)
+}
+
+fn oid(c: &mut Cursor<'_>) -> Option<ObjectId> {
+    let pool = c.u64()?;
+    let name = c.bytes()?;
+    Some(ObjectId::new(pool, name))
+}
+
+fn put_pairs(out: &mut Vec<u8>, pairs: &[(Vec<u8>, Vec<u8>)]) {
+    put_u32(out, pairs.len() as u32);
+    for (k, v) in pairs {
+        put_bytes(out, k);
+        put_bytes(out, v);
+    }
+}
+
+/// Serves one control RPC.
+fn rpc(store: &dyn ObjectStore, func: u8, body: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let bad = || StoreError::InvalidArgument("malformed control request".into());
+    let mut c = Cursor::new(body);
+    let mut out = Vec::new();
+    match func {
+        F_STAT => {
+            let o = oid(&mut c).ok_or_else(bad)?;
+            let st = store.stat(&o)?;
+            put_u64(&mut out, st.size);
+            put_u64(&mut out, st.mtime_ns);
+        }
+        F_GETXATTR => {
+            let o = oid(&mut c).ok_or_else(bad)?;
+            let name = c.bytes().ok_or_else(bad)?;
+            put_bytes(&mut out, &store.getxattr(&o, name)?);
+        }
+        F_GETXATTRS => {
+            let o = oid(&mut c).ok_or_else(bad)?;
+            put_pairs(&mut out, &store.getxattrs(&o)?);
+        }
+        F_OMAP_GET => {
+            let o = oid(&mut c).ok_or_else(bad)?;
+            let n = c.u32().ok_or_else(bad)? as usize;
+            let mut keys = Vec::with_capacity(n.min(body.len() / 4));
+            for _ in 0..n {
+                keys.push(c.bytes().ok_or_else(bad)?.to_vec());
+            }
+            let vals = store.omap_get(&o, &keys)?;
+            put_u32(&mut out, vals.len() as u32);
+            for v in vals {
+                match v {
+                    Some(v) => {
+                        out.push(1);
+                        put_bytes(&mut out, &v);
+                    }
+                    None => out.push(0),
+                }
+            }
+        }
+        F_OMAP_LIST => {
+            let o = oid(&mut c).ok_or_else(bad)?;
+            let start = c.opt_bytes().ok_or_else(bad)?;
+            let max = c.u64().ok_or_else(bad)?;
+            put_pairs(
+                &mut out,
+                &store.omap_list(&o, start, max.min(1 << 20) as usize)?,
+            );
+        }
+        F_LIST => {
+            let pool = c.u64().ok_or_else(bad)?;
+            let start = c.opt_bytes().ok_or_else(bad)?;
+            let max = c.u64().ok_or_else(bad)?;
+            let names = store.list(pool, start, max.min(1 << 20) as usize)?;
+            put_u32(&mut out, names.len() as u32);
+            for n in names {
+                put_bytes(&mut out, &n);
+            }
+        }
+        F_STATFS => {
+            let s = store.statfs()?;
+            for v in [
+                s.device_bytes,
+                s.block_size,
+                s.data_bytes,
+                s.allocated_bytes,
+                s.objects,
+            ] {
+                put_u64(&mut out, v);
+            }
+        }
+        _ => {
+            return Err(StoreError::InvalidArgument(format!(
+                "unknown function {func}"
+            )))
+        }
+    }
+    if !c.done() {
+        return Err(bad());
+    }
+    if out.len() + 64 > MAX_RESPONSE {
+        return Err(StoreError::InvalidArgument("response too large".into()));
+    }
+    Ok(out)
+}
+
+/// Host access to one channel of the shared region: atomics only.
+#[derive(Clone)]
+struct Shm {
+    region: Arc<SharedRegion>,
+    base: u64,
+}
+
+impl Shm {
+    fn word(&self, off: u64) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8));
+        assert!(self.base + off + 8 <= self.region.len() as u64);
+        // SAFETY: 8-aligned (page-aligned base, 8-aligned offsets), inside the mapping, which
+        // `self.region` keeps alive; shared memory is only accessed with atomics.
+        unsafe { AtomicU64::from_ptr(self.region.as_ptr().add((self.base + off) as usize).cast()) }
+    }
+
+    fn load(&self, off: u64) -> u64 {
+        self.word(off).load(Ordering::Acquire)
+    }
+
+    fn store(&self, off: u64, v: u64) {
+        self.word(off).store(v, Ordering::Release)
+    }
+
+    /// Copies `len` bytes at `off` out (`Acquire` loads, ascending).
+    fn copy_out(&self, off: u64, len: usize, into: &mut Vec<u8>) {
+        into.clear();
+        into.reserve(align8(len as u64) as usize);
+        for at in (0..align8(len as u64)).step_by(8) {
+            into.extend_from_slice(&self.word(off + at).load(Ordering::Acquire).to_le_bytes());
+        }
+        into.truncate(len);
+    }
+
+    /// Copies `bytes` in at `off` (padded with zeros to a multiple of 8; `Relaxed`: a later
+    /// `Release` store publishes them).
+    fn copy_in(&self, off: u64, bytes: &[u8]) {
+        for (i, ch) in bytes.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..ch.len()].copy_from_slice(ch);
+            self.word(off + i as u64 * 8)
+                .store(u64::from_le_bytes(w), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Results of a channel's recent transactions, for duplicates.
+#[derive(Default)]
+struct Window {
+    results: VecDeque<(u64, u32, Vec<u8>)>,
+}
+
+impl Window {
+    fn record(&mut self, rid: u64, r: &Result<(), StoreError>) {
+        let (code, rec) = status_of(r);
+        if self.results.len() as u64 >= RESULT_WINDOW {
+            self.results.pop_front();
+        }
+        self.results.push_back((rid, code, rec));
+    }
+
+    fn lookup(&self, rid: u64) -> (u32, Vec<u8>) {
+        self.results
+            .iter()
+            .find(|(r, _, _)| *r == rid)
+            .map(|(_, c, rec)| (*c, rec.clone()))
+            .unwrap_or((CODE_DUP_UNKNOWN, Vec::new()))
+    }
+}
+
+/// Status code and error record (without the index) of a result.
+fn status_of(r: &Result<(), StoreError>) -> (u32, Vec<u8>) {
+    match r {
+        Ok(()) => (0, Vec::new()),
+        Err(e) => {
+            let (code, a, b, mut msg) = error_parts(e);
+            msg.truncate(MAX_ERR_MSG);
+            let mut rec = Vec::new();
+            put_u32(&mut rec, code);
+            put_u64(&mut rec, a);
+            put_u64(&mut rec, b);
+            put_bytes(&mut rec, &msg);
+            (code, rec)
+        }
+    }
+}
+
+/// The ACK of one transfer, written by whoever completes its last transaction.
+struct AckJob {
+    shm: Shm,
+    off: u64,
+    seq: u64,
+    first: u64,
+    remaining: AtomicU32,
+    results: Mutex<Vec<(u32, Vec<u8>)>>,
+    window: Arc<Mutex<Window>>,
+}
+
+impl AckJob {
+    fn complete(
+        &self,
+        index: usize,
+        rid: u64,
+        r: (u32, Vec<u8>),
+        own: Option<&Result<(), StoreError>>,
+    ) {
+        if let Some(res) = own {
+            self.window
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .record(rid, res);
+        }
+        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        results[index] = r;
+        drop(results);
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.write();
+        }
+    }
+
+    fn write(&self) {
+        let results = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        let mut statuses = Vec::with_capacity(results.len() * 4);
+        let mut errs = Vec::new();
+        for (i, (code, rec)) in results.iter().enumerate() {
+            statuses.extend_from_slice(&code.to_le_bytes());
+            if *code != 0
+                && !rec.is_empty()
+                && errs.len() + 4 + rec.len() <= (ACK_SLOT - ACK_ERR_AREA) as usize
+            {
+                put_u32(&mut errs, i as u32);
+                errs.extend_from_slice(rec);
+            }
+        }
+        self.shm.copy_in(self.off + 64, &statuses);
+        self.shm.copy_in(self.off + ACK_ERR_AREA, &errs);
+        let mut head = [0u8; 56];
+        head[0..8].copy_from_slice(&self.first.to_le_bytes());
+        head[8..12].copy_from_slice(&(results.len() as u32).to_le_bytes());
+        head[12..16].copy_from_slice(&(errs.len() as u32).to_le_bytes());
+        self.shm.copy_in(self.off + 8, &head);
+        self.shm.store(self.off, self.seq);
+    }
+}
+
+struct Assembly {
+    req_id: u64,
+    total: u32,
+    next: u32,
+    tx_len: u64,
+    buf: Vec<u8>,
+}
+
+struct ReadJob {
+    req_id: u64,
+    window: u64,
+    /// Data, or the encoded wire error.
+    body: Vec<u8>,
+    status: u32,
+    total: u32,
+    next: u32,
+}
+
+/// One channel's host worker.
+struct Worker {
+    shm: Shm,
+    layout: Layout,
+    chan: u32,
+    store: Arc<ObjStore>,
+    counters: Arc<Counters>,
+    expect: u64,
+    applied_hi: u64,
+    window: Arc<Mutex<Window>>,
+    assembly: Option<Assembly>,
+    r_expect: u64,
+    cseq: u64,
+    reading: Option<ReadJob>,
+    scratch: Vec<u8>,
+}
+
+/// Bad input: the reason code and a message.
+type Bad = (u64, String);
+
+impl Worker {
+    fn new(
+        region: Arc<SharedRegion>,
+        layout: Layout,
+        chan: u32,
+        store: Arc<ObjStore>,
+        counters: Arc<Counters>,
+    ) -> Worker {
+        Worker {
+            shm: Shm {
+                region,
+                base: layout.channel(chan),
+            },
+            layout,
+            chan,
+            store,
+            counters,
+            expect: 1,
+            applied_hi: 0,
+            window: Arc::default(),
+            assembly: None,
+            r_expect: 1,
+            cseq: 1,
+            reading: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Serves until `stop`; returns the partial chunked transactions it dropped.
+    fn run(&mut self, stop: &AtomicBool) -> u64 {
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Acquire) {
+            let r = self.step_write().and_then(|a| Ok(a | self.step_read()?));
+            match r {
+                Ok(true) => idle = 0,
+                Ok(false) => {
+                    idle = idle.saturating_add(1);
+                    if idle < 64 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(if idle < 1000 {
+                            20
+                        } else {
+                            200
+                        }));
+                    }
+                }
+                Err((reason, msg)) => {
+                    tracing::warn!(channel = self.chan, %msg, "object proxy: channel closed");
+                    self.shm.store(CTL_REASON, reason);
+                    self.shm.store(CTL_STATE, 1);
+                    inc(&self.counters.channel_errors);
+                    break;
+                }
+            }
+        }
+        u64::from(self.assembly.take().is_some())
+    }
+
+    /// Takes the next write-lane transfer if it has landed.
+    fn step_write(&mut self) -> Result<bool, Bad> {
+        let slot = self.layout.req_slot(self.expect);
+        if self.shm.load(slot) != self.expect {
+            return Ok(false);
+        }
+        let mut hb = Vec::new();
+        self.shm.copy_out(slot, 64, &mut hb);
+        let h = TransferHeader::decode(&hb);
+        if h.seq != self.expect {
+            return Ok(false);
+        }
+        let cap = self.layout.payload_cap();
+        if h.payload_len as u64 > cap || !matches!(h.kind, KIND_BATCH | KIND_CHUNK) {
+            return Err((REASON_HEADER, format!("transfer header {h:?}")));
+        }
+        let trailer = slot + 64 + align8(h.payload_len as u64);
+        if self.shm.load(trailer) != self.expect {
+            return Ok(false);
+        }
+        let mut payload = std::mem::take(&mut self.scratch);
+        self.shm
+            .copy_out(slot + 64, h.payload_len as usize, &mut payload);
+        if self.shm.load(slot) != self.expect || self.shm.load(trailer) != self.expect {
+            self.scratch = payload;
+            return Ok(false);
+        }
+        self.shm.store(slot, 0);
+        self.shm.store(trailer, 0);
+        inc(&self.counters.transfers);
+        let r = match h.kind {
+            KIND_BATCH => self.batch(&h, &payload),
+            _ => self.chunk(&h, &payload),
+        };
+        self.scratch = payload;
+        self.shm.store(CTL_CONSUMED, self.expect);
+        self.expect += 1;
+        r.map(|()| true)
+    }
+
+    fn batch(&mut self, h: &TransferHeader, payload: &[u8]) -> Result<(), Bad> {
+        inc(&self.counters.batches);
+        let bad = |m: &str| (REASON_BATCH, format!("{m} (batch {h:?})"));
+        let count = h.a as usize;
+        if count == 0
+            || count > MAX_BATCH
+            || h.req_id == 0
+            || h.b != 0
+            || h.offset != 0
+            || h.tx_len != 0
+        {
+            return Err(bad("header fields"));
+        }
+        let mut c = Cursor::new(payload);
+        if c.u32() != Some(h.a) {
+            return Err(bad("count differs from the header's"));
+        }
+        let mut txs = Vec::with_capacity(count);
+        for _ in 0..count {
+            txs.push(
+                c.bytes()
+                    .ok_or_else(|| bad("transaction lengths overrun the payload"))?,
+            );
+        }
+        if !c.done() {
+            return Err(bad("bytes after the last transaction"));
+        }
+        self.apply(h.seq, h.req_id, &txs);
+        Ok(())
+    }
+
+    fn chunk(&mut self, h: &TransferHeader, payload: &[u8]) -> Result<(), Bad> {
+        inc(&self.counters.chunks);
+        let bad = |m: &str| (REASON_CHUNK, format!("{m} (chunk {h:?})"));
+        let max_tx = self.store.options().max_tx_bytes as u64;
+        let len = h.payload_len as u64;
+        if h.req_id == 0
+            || h.b == 0
+            || h.a >= h.b
+            || len == 0
+            || h.tx_len > max_tx
+            || h.offset.checked_add(len).is_none_or(|e| e > h.tx_len)
+        {
+            return Err(bad("header fields"));
+        }
+        if h.a == 0 {
+            if self.assembly.is_some() || h.offset != 0 {
+                return Err(bad("a first chunk inside another transaction"));
+            }
+            self.assembly = Some(Assembly {
+                req_id: h.req_id,
+                total: h.b,
+                next: 0,
+                tx_len: h.tx_len,
+                buf: Vec::with_capacity(h.tx_len as usize),
+            });
+        }
+        let Some(a) = self.assembly.as_mut() else {
+            return Err(bad("a chunk without its first chunk"));
+        };
+        if a.req_id != h.req_id
+            || a.total != h.b
+            || a.next != h.a
+            || a.tx_len != h.tx_len
+            || a.buf.len() as u64 != h.offset
+        {
+            return Err(bad("chunk out of order"));
+        }
+        a.buf.extend_from_slice(payload);
+        a.next += 1;
+        if a.next == a.total {
+            if a.buf.len() as u64 != a.tx_len {
+                return Err(bad("chunks do not add up to the transaction"));
+            }
+            let a = self.assembly.take().expect("checked above");
+            self.apply(h.seq, a.req_id, &[&a.buf]);
+        }
+        Ok(())
+    }
+
+    /// Submits transactions `first, first+1, …` (those not applied before) and arranges
+    /// their ACK in the ACK slot of transfer `seq`.
+    fn apply(&mut self, seq: u64, first: u64, txs: &[&[u8]]) {
+        let job = Arc::new(AckJob {
+            shm: self.shm.clone(),
+            off: self.layout.ack_slot(seq),
+            seq,
+            first,
+            remaining: AtomicU32::new(txs.len() as u32),
+            results: Mutex::new(vec![(0, Vec::new()); txs.len()]),
+            window: self.window.clone(),
+        });
+        for (i, tx) in txs.iter().enumerate() {
+            let rid = first + i as u64;
+            if rid <= self.applied_hi {
+                inc(&self.counters.txs_duplicate);
+                let r = self
+                    .window
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .lookup(rid);
+                job.complete(i, rid, r, None);
+                continue;
+            }
+            self.applied_hi = rid;
+            inc(&self.counters.txs_applied);
+            let j = job.clone();
+            let submitted = self.store.submit_encoded_with(tx, move |r| {
+                j.complete(i, rid, status_of(&r), Some(&r));
+            });
+            if let Err(e) = submitted {
+                let r = Err(e);
+                job.complete(i, rid, status_of(&r), Some(&r));
+            }
+        }
+    }
+
+    /// Takes a read request and writes response chunks as the window allows.
+    fn step_read(&mut self) -> Result<bool, Bad> {
+        let mut progress = false;
+        if self.reading.is_none() && self.shm.load(READ_REQ) == self.r_expect {
+            let mut hb = Vec::new();
+            self.shm.copy_out(READ_REQ, 64, &mut hb);
+            let h = ReadHeader::decode(&hb);
+            if h.rseq == self.r_expect {
+                if h.name_len == 0
+                    || h.name_len as usize > dds_objstore::MAX_NAME_LEN
+                    || h.req_id == 0
+                    || !(1..=SLOTS as u32).contains(&h.window)
+                {
+                    return Err((REASON_READ, format!("read request {h:?}")));
+                }
+                let trailer = READ_REQ + 64 + align8(h.name_len as u64);
+                if self.shm.load(trailer) == self.r_expect {
+                    let mut name = Vec::new();
+                    self.shm
+                        .copy_out(READ_REQ + 64, h.name_len as usize, &mut name);
+                    if self.shm.load(READ_REQ) == self.r_expect {
+                        self.shm.store(READ_REQ, 0);
+                        self.shm.store(trailer, 0);
+                        self.shm.store(CTL_R_TAKEN, self.r_expect);
+                        self.r_expect += 1;
+                        inc(&self.counters.reads);
+                        let oid = ObjectId::new(h.pool, name);
+                        let (status, body) = match self.store.read(&oid, h.offset, h.len) {
+                            Ok(d) => (0, d),
+                            Err(e) => {
+                                let mut b = Vec::new();
+                                put_error(&mut b, &e);
+                                (error_parts(&e).0, b)
+                            }
+                        };
+                        let cap = self.layout.payload_cap();
+                        let total = if status != 0 {
+                            1
+                        } else {
+                            (body.len() as u64).div_ceil(cap).max(1) as u32
+                        };
+                        self.reading = Some(ReadJob {
+                            req_id: h.req_id,
+                            window: h.window as u64,
+                            body,
+                            status,
+                            total,
+                            next: 0,
+                        });
+                        progress = true;
+                    }
+                }
+            }
+        }
+        let Some(job) = self.reading.as_mut() else {
+            return Ok(progress);
+        };
+        let cap = self.layout.payload_cap() as usize;
+        while job.next < job.total {
+            let freed = self.shm.load(DPU_LINE);
+            if freed + job.window < self.cseq {
+                break;
+            }
+            let off = job.next as usize * cap;
+            let part = if job.status != 0 {
+                &job.body[..]
+            } else {
+                &job.body[off..(off + cap).min(job.body.len())]
+            };
+            let slot = self.layout.resp_slot(self.cseq);
+            self.shm.copy_in(slot + 64, part);
+            let mut hb = [0u8; 64];
+            RespHeader {
+                cseq: self.cseq,
+                req_id: job.req_id,
+                status: job.status,
+                payload_len: part.len() as u32,
+                index: job.next,
+                total: job.total,
+                offset: off as u64,
+                data_len: job.body.len() as u64,
+            }
+            .encode(&mut hb);
+            self.shm.copy_in(slot + 8, &hb[8..]);
+            self.shm.store(slot, self.cseq);
+            self.cseq += 1;
+            job.next += 1;
+            progress = true;
+        }
+        if job.next == job.total {
+            self.reading = None;
+        }
+        Ok(progress)
+    }
+}
