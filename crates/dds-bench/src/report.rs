@@ -199,16 +199,30 @@ impl Report {
         Ok(text.replacen("\"points\": null", &format!("\"points\": {array}"), 1) + "\n")
     }
 
-    /// Writes `<dir>/<benchmark>.json` and the plots; returns the paths written.
+    /// Whether the DPU shared the host's cores in this run (`--shared-cores`): its files
+    /// then sit beside the dedicated-core run's instead of replacing them.
+    pub fn shared_cores(&self) -> bool {
+        self.config
+            .get("placement")
+            .is_some_and(|p| p.get("dpu_cpus").is_some_and(Value::is_null))
+    }
+
+    /// Writes `<dir>/<benchmark>.json` and the plots (`<benchmark>-shared-cores.json` and
+    /// `shared-cores-<plot>` for a shared-cores run); returns the paths written.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let mut written = Vec::new();
-        let json = dir.join(format!("{}.json", self.benchmark));
+        let (suffix, prefix) = if self.shared_cores() {
+            ("-shared-cores", "shared-cores-")
+        } else {
+            ("", "")
+        };
+        let json = dir.join(format!("{}{suffix}.json", self.benchmark));
         let text = self.to_json()?;
         std::fs::write(&json, text).with_context(|| format!("write {}", json.display()))?;
         written.push(json);
         for c in &self.charts {
-            let path = dir.join(&c.file);
+            let path = dir.join(format!("{prefix}{}", c.file));
             c.draw(&path)
                 .with_context(|| format!("draw {}", path.display()))?;
             written.push(path);
@@ -299,5 +313,28 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(ratio(1.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn a_shared_cores_run_is_written_beside_the_dedicated_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Report {
+            benchmark: "x".into(),
+            command: String::new(),
+            dpu_emulation: String::new(),
+            machine: crate::machine::Machine::detect(),
+            config: serde_json::json!({"placement": {"dpu_cpus": "1", "host_cpus": [0]}}),
+            summary: Value::Null,
+            points: Value::Array(Vec::new()),
+            tables: Vec::new(),
+            charts: Vec::new(),
+        };
+        assert!(!r.shared_cores());
+        r.write(dir.path()).unwrap();
+        r.config = serde_json::json!({"placement": {"dpu_cpus": null, "host_cpus": null}});
+        assert!(r.shared_cores());
+        r.write(dir.path()).unwrap();
+        assert!(dir.path().join("x.json").exists());
+        assert!(dir.path().join("x-shared-cores.json").exists());
     }
 }
