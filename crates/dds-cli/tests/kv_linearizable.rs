@@ -240,13 +240,18 @@ fn histories_of_the_memory_engine_are_linearizable() {
     }
 }
 
-/// DPU-KV designs: `lat` through KV queue pairs to two host workers, and `dual` with clients
-/// on both the DPU's endpoint and the host's (one store behind both).
+/// DPU-KV designs: `lat` through KV queue pairs to two host workers, `sav` through one worker,
+/// `dual` with clients on both the DPU's endpoint and the host's (one store behind both), and
+/// the store on either side alone (`cpu-only` with two front-end threads, `dpu-only`). `shrd`
+/// serves each key from one shard, as `dpu-only` and `cpu-only` do.
 #[test]
 fn histories_of_dpu_kv_designs_are_linearizable() {
     for (design, host_args) in [
         ("lat", &["--workers", "2", "--partitions", "2"][..]),
+        ("sav", &["--partitions", "2"][..]),
         ("dual", &["--partitions", "2"][..]),
+        ("cpu-only", &["--frontends", "2", "--partitions", "2"][..]),
+        ("dpu-only", &[][..]),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let d = common::start_dpukv(dir.path(), design, &[], host_args);
