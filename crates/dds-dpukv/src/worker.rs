@@ -28,8 +28,8 @@ pub const SAVE_SLEEP_US: u64 = 100;
 /// memory, so a worker polls).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Idle {
-    /// Poll: spin, then yield the core, then sleep in short steps after 2 ms without work
-    /// (lowest latency; `lat`).
+    /// Poll: spin 2 µs, then yield the core at every look, then sleep in short steps after
+    /// 2 ms without work (lowest latency; `lat`).
     Poll,
     /// Spin 5 µs after a batch, then sleep [`SAVE_SLEEP_US`] at a time (timer slack 1 µs):
     /// the DPU batches what arrives meanwhile (up to a ring of batches per queue pair), and the
@@ -115,9 +115,10 @@ pub fn run(
             }
             continue;
         }
-        if idle < Duration::from_micros(50) {
+        if idle < Duration::from_micros(2) {
             std::hint::spin_loop();
         } else if idle < Duration::from_millis(2) {
+            // Whatever else runs on this core (a client, a front end) gets it at once.
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(50));
