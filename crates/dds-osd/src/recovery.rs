@@ -35,10 +35,8 @@ pub(crate) fn peering_loop(inner: Arc<Inner>) {
             if !needs {
                 continue;
             }
-            // A PG busy with a write is peered next round.
-            let Ok(mut st) = pg.state.try_lock() else {
-                continue;
-            };
+            // Waits for a write in progress; no write of the PG starts until peering is done.
+            let mut st = pg.lock();
             if let Err(e) = inner.peer_pg(pg, &mut st) {
                 tracing::warn!(pg = %pg.id, "peering: {e}");
             }
