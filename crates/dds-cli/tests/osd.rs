@@ -300,6 +300,14 @@ fn bad_input_gets_errors_or_a_closed_connection_and_the_osd_goes_on() {
     let c = OsdCluster::start(dir.path(), 3, 8, 3);
     let cl = client(&c, Duration::from_secs(10));
     wait_clean(&cl, 3);
+    // A client stalled inside a frame on every port holds only its own connection.
+    let mut stalled = Vec::new();
+    for a in c.addrs.iter().chain(&c.peer_addrs) {
+        let mut s = connect(*a);
+        s.write_all(&header(op::PING, 1 << 20).encode()).unwrap();
+        s.write_all(&[0u8; 1000]).unwrap();
+        stalled.push(s);
+    }
     for o in 0..3 {
         bad_input_on(c.addrs[o], false);
         bad_input_on(c.peer_addrs[o], true);
@@ -316,4 +324,25 @@ fn bad_input_gets_errors_or_a_closed_connection_and_the_osd_goes_on() {
     for o in 0..3 {
         assert_eq!(cl.on(o).read_full(&oid).unwrap(), b"still here");
     }
+    drop(stalled);
+}
+
+#[test]
+fn placement_dpu_without_the_proxy_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("cluster.toml");
+    std::fs::write(
+        &map,
+        "epoch = 1\n[[osd]]\nid = 0\naddr = \"127.0.0.1:1\"\npeer_addr = \"127.0.0.1:2\"\nplacement = \"dpu\"\n",
+    )
+    .unwrap();
+    let out = Command::new(DDS)
+        .args(["osd", "--id", "0", "--map"])
+        .arg(&map)
+        .args(["--proxy-socket", "proxy.sock"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("not built into this binary"), "{err}");
 }
