@@ -1,5 +1,5 @@
 //! Three OSDs in one process: replication to every member, reads from each replica, recovery
-//! of an OSD that was stopped while writes went on.
+//! (backfill) of an OSD whose store was replaced by an empty one while writes went on.
 
 use std::time::{Duration, Instant};
 
@@ -33,9 +33,19 @@ fn start(dir: &std::path::Path, map: &ClusterMap, id: u32, format: bool) -> Osd 
         device: dir.join(format!("osd{id}.img")),
         format: format.then_some((32 << 20, false)),
     };
-    let store = open_store(&spec).unwrap();
+    // A stopped OSD's store closes once its last connection thread has ended.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let store = loop {
+        match open_store(&spec) {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let mut cfg = OsdConfig::new(id, map.clone());
     cfg.peering_interval = Duration::from_millis(50);
+    // A short log: trimming runs, and an OSD that lost its store needs a backfill.
+    cfg.max_log = 4;
     Osd::start(cfg, store).unwrap()
 }
 
@@ -138,6 +148,37 @@ fn replicates_and_recovers() {
                     "osd {o} obj {i}"
                 );
             }
+        }
+    }
+
+    // A replica misses a removal and more writes than the log keeps: the backfill removes the
+    // object it still holds.
+    let removed = ObjectId::new(1, "obj-2");
+    let pg = map.pg_of(1, &removed.name).unwrap();
+    let victim = map.acting(pg)[1];
+    osds[victim as usize].take().unwrap().shutdown();
+    c.remove(&removed).unwrap();
+    let mut more = Vec::new();
+    for i in 0.. {
+        let oid = ObjectId::new(1, format!("more-{i}"));
+        if map.pg_of(1, &oid.name) == Some(pg) {
+            c.write_full(&oid, b"more").unwrap();
+            more.push(oid);
+            if more.len() == 6 {
+                break;
+            }
+        }
+    }
+    osds[victim as usize] = Some(start(dir.path(), &map, victim, false));
+    wait_clean(&c);
+    for o in 0..3 {
+        assert_eq!(
+            c.on(o).stat(&removed).unwrap_err().status,
+            dds_osd::Status::NotFound,
+            "osd {o}"
+        );
+        for oid in &more {
+            assert_eq!(c.on(o).read_full(oid).unwrap(), b"more");
         }
     }
 }
