@@ -11,6 +11,7 @@ mod dpukv_cmd;
 mod fs_cmd;
 mod fsck_cmd;
 mod kv_cmd;
+mod osd_cmd;
 mod pageserver_cmd;
 mod stats_cmd;
 mod util;
@@ -66,6 +67,11 @@ enum Cmd {
     /// Serve GetPage@LSN and log appends for a storage-disaggregated DBMS from pages in DDS
     /// files (page versions on storage served by the DPU with `dds dpu --offload pageserver`).
     Pageserver(pageserver_cmd::PageServerArgs),
+    /// Run an object storage daemon of a cluster map: objects with data, xattrs and omap,
+    /// placement groups replicated to their OSDs, recovery from peers (docs/osd-protocol.md).
+    Osd(osd_cmd::OsdArgs),
+    /// Store, fetch, inspect, list and remove objects in a cluster of `dds osd` daemons.
+    Objects(osd_cmd::ObjectsArgs),
 }
 
 /// The log filter: `--log`, else `$DDS_LOG`, else `$RUST_LOG`, else `warn`.
@@ -117,6 +123,8 @@ fn main() -> ExitCode {
         Cmd::Kv(a) => kv_cmd::run(a),
         Cmd::Dpukv(c) => dpukv_cmd::run(c),
         Cmd::Pageserver(a) => pageserver_cmd::run(a),
+        Cmd::Osd(a) => osd_cmd::run_osd(a),
+        Cmd::Objects(a) => osd_cmd::run_objects(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -184,3 +184,72 @@ pub fn start_dpukv(dir: &Path, design: &str, dpu_args: &[&str], host_args: &[&st
         endpoints,
     }
 }
+
+/// A cluster of `dds osd` processes on one machine, each with its own device file in `dir`,
+/// sharing the map file `dir/cluster.toml`.
+pub struct OsdCluster {
+    pub dir: PathBuf,
+    pub map: PathBuf,
+    pub addrs: Vec<std::net::SocketAddr>,
+    pub peer_addrs: Vec<std::net::SocketAddr>,
+    pub osds: Vec<Option<Guard>>,
+}
+
+impl OsdCluster {
+    /// Writes a map of `n` OSDs (one pool 1 "data" of `pg_num` PGs, `size` replicas) and
+    /// starts every OSD on a freshly formatted device.
+    pub fn start(dir: &Path, n: u32, pg_num: u32, size: u32) -> OsdCluster {
+        let mut text = String::from("epoch = 1\n");
+        let (mut addrs, mut peer_addrs) = (Vec::new(), Vec::new());
+        for id in 0..n {
+            let a: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let p: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            text += &format!(
+                "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"host\"\n"
+            );
+            addrs.push(a);
+            peer_addrs.push(p);
+        }
+        text += &format!("[[pool]]\nid = 1\nname = \"data\"\npg_num = {pg_num}\nsize = {size}\n");
+        let map = dir.join("cluster.toml");
+        std::fs::write(&map, text).unwrap();
+        let mut c = OsdCluster {
+            dir: dir.to_path_buf(),
+            map,
+            addrs,
+            peer_addrs,
+            osds: (0..n).map(|_| None).collect(),
+        };
+        for id in 0..n {
+            c.start_osd(id, true);
+        }
+        c
+    }
+
+    /// `dds osd --id ID`, once it accepts connections.
+    pub fn start_osd(&mut self, id: u32, format: bool) {
+        let dev = self.dir.join(format!("osd{id}.img"));
+        let mut cmd = Command::new(DDS);
+        cmd.args(["osd", "--id", &id.to_string(), "--map"])
+            .arg(&self.map)
+            .arg("--device")
+            .arg(&dev)
+            .args(["--size", "64M"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if format {
+            cmd.arg("--format");
+        }
+        self.osds[id as usize] = Some(Guard(cmd.spawn().unwrap()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(self.addrs[id as usize]).is_err() {
+            assert!(Instant::now() < deadline, "osd {id} does not listen");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL of one OSD's process.
+    pub fn kill(&mut self, id: u32) {
+        drop(self.osds[id as usize].take());
+    }
+}

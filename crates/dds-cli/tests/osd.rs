@@ -1,0 +1,348 @@
+//! `dds osd` clusters of real processes: the `dds objects` commands, 3-way replication onto
+//! every replica, kill -9 of an OSD during a write load and recovery from its peers, and bad
+//! input on the client and peer ports.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{OsdCluster, DDS};
+use dds_objstore::ObjectId;
+use dds_osd::client::{Client, ClientOptions};
+use dds_osd::wire::{op, Enc, Header, FLAG_REPLY, HEADER_LEN};
+use dds_osd::{ClusterMap, Status};
+
+fn client(c: &OsdCluster, retry: Duration) -> Client {
+    let map = ClusterMap::load(&c.map).unwrap();
+    Client::with_map(
+        map,
+        ClientOptions {
+            retry_for: retry,
+            io_timeout: Duration::from_secs(10),
+            ..ClientOptions::default()
+        },
+    )
+}
+
+/// Waits until every OSD answers STATUS with every PG active and clean and the members of each
+/// PG at the same head.
+fn wait_clean(c: &Client, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut heads: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+        let mut ok = true;
+        for o in 0..n {
+            match c.status(o) {
+                Ok(s) => {
+                    for p in s["pgs"].as_array().unwrap() {
+                        ok &= p["active"] == true && p["clean"] == true;
+                        let key = (p["pool"].as_u64().unwrap(), p["pg"].as_u64().unwrap());
+                        heads
+                            .entry(key)
+                            .or_default()
+                            .push(p["head"].as_u64().unwrap());
+                    }
+                }
+                Err(_) => ok = false,
+            }
+        }
+        ok &= heads.values().all(|h| h.iter().all(|&x| x == h[0]));
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never became clean: {heads:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn dds_objects(c: &OsdCluster, args: &[&str]) -> (bool, Vec<u8>, String) {
+    let out = Command::new(DDS)
+        .arg("objects")
+        .arg("--map")
+        .arg(&c.map)
+        .args(["--pool", "data"])
+        .args(args)
+        .current_dir(&c.dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn objects_commands_round_trip_onto_every_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = OsdCluster::start(dir.path(), 3, 16, 3);
+    let cl = client(&c, Duration::from_secs(10));
+    wait_clean(&cl, 3);
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(dir.path().join("in.bin"), &data).unwrap();
+    let (ok, _, err) = dds_objects(&c, &["put", "photo", "in.bin"]);
+    assert!(ok, "{err}");
+    assert!(dds_objects(&c, &["put", "note", "in.bin"]).0);
+    let (ok, _, err) = dds_objects(&c, &["get", "photo", "out.bin"]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(dir.path().join("out.bin")).unwrap(), data);
+    let (ok, out, _) = dds_objects(&c, &["stat", "photo"]);
+    assert!(ok);
+    assert!(String::from_utf8_lossy(&out).starts_with("photo size 200000 "));
+    let (ok, out, _) = dds_objects(&c, &["ls"]);
+    assert!(ok);
+    assert_eq!(out, b"note\nphoto\n");
+    // Every replica holds the object.
+    let oid = ObjectId::new(1, "photo");
+    for o in 0..3 {
+        assert_eq!(cl.on(o).read_full(&oid).unwrap(), data, "osd {o}");
+    }
+    let (ok, _, _) = dds_objects(&c, &["rm", "photo"]);
+    assert!(ok);
+    let (ok, _, err) = dds_objects(&c, &["get", "photo"]);
+    assert!(!ok && err.contains("not found"), "{err}");
+    assert!(!dds_objects(&c, &["rm", "photo"]).0);
+    wait_clean(&cl, 3);
+    for o in 0..3 {
+        assert_eq!(cl.on(o).stat(&oid).unwrap_err().status, Status::NotFound);
+    }
+}
+
+fn content(i: u64) -> Vec<u8> {
+    let len = 100 + (i * 7919 % 20_000) as usize;
+    (0..len).map(|j| (i as usize * 31 + j * 13) as u8).collect()
+}
+
+#[test]
+fn kill_9_during_writes_then_every_replica_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = OsdCluster::start(dir.path(), 3, 16, 3);
+    let cl = Arc::new(client(&c, Duration::from_millis(300)));
+    wait_clean(&cl, 3);
+    let acked = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (cl, acked, stop) = (cl.clone(), acked.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = w;
+                while !stop.load(Ordering::SeqCst) {
+                    let oid = ObjectId::new(1, format!("obj-{i}"));
+                    let ok = cl.write_full(&oid, &content(i)).is_ok()
+                        && cl
+                            .omap_set(&oid, &[(b"i".to_vec(), i.to_le_bytes().to_vec())])
+                            .is_ok();
+                    if ok {
+                        acked.lock().unwrap().push(i);
+                    }
+                    i += 2;
+                }
+            })
+        })
+        .collect();
+    let count = || acked.lock().unwrap().len();
+    // A replica (and primary of other PGs) first, then another OSD.
+    for victim in [2, 0] {
+        std::thread::sleep(Duration::from_millis(800));
+        let before = count();
+        c.kill(victim);
+        std::thread::sleep(Duration::from_millis(800));
+        c.start_osd(victim, false);
+        std::thread::sleep(Duration::from_millis(800));
+        assert!(
+            count() > before,
+            "writes went on around the restart of osd {victim}"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 50, "only {} writes acknowledged", acked.len());
+    let cl = client(&c, Duration::from_secs(10));
+    wait_clean(&cl, 3);
+    for o in 0..3 {
+        let v = cl.on(o);
+        for &i in &acked {
+            let oid = ObjectId::new(1, format!("obj-{i}"));
+            let got = v
+                .read_full(&oid)
+                .unwrap_or_else(|e| panic!("osd {o} obj-{i}: {e}"));
+            assert!(got == content(i), "osd {o} obj-{i}: wrong data");
+            assert_eq!(
+                v.omap_list(&oid, None, 10).unwrap(),
+                vec![(b"i".to_vec(), i.to_le_bytes().to_vec())],
+                "osd {o} obj-{i}"
+            );
+        }
+    }
+}
+
+fn header(op: u16, len: u32) -> Header {
+    Header {
+        op,
+        flags: 0,
+        status: 0,
+        epoch: 0,
+        req_id: 9,
+        len,
+    }
+}
+
+fn connect(a: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Sends a frame, returns the reply's status and payload.
+fn exchange(s: &mut TcpStream, h: Header, payload: &[u8]) -> (u16, Vec<u8>) {
+    s.write_all(&h.encode()).unwrap();
+    s.write_all(payload).unwrap();
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb).unwrap();
+    let rh = Header::decode(&hb).unwrap();
+    assert!(rh.flags & FLAG_REPLY != 0 && rh.req_id == h.req_id);
+    let mut p = vec![0u8; rh.len as usize];
+    s.read_exact(&mut p).unwrap();
+    (rh.status, p)
+}
+
+/// The connection is closed by the OSD (EOF, possibly after a reply).
+fn closed(s: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).is_ok()
+}
+
+fn bad_input_on(addr: SocketAddr, peer: bool) {
+    // Garbage instead of a header: closed.
+    let mut s = connect(addr);
+    s.write_all(&[0xAB; HEADER_LEN]).unwrap();
+    assert!(closed(&mut s));
+    // A frame cut short: closed when the sender goes away, nothing else happens.
+    let mut s = connect(addr);
+    s.write_all(&header(op::PING, 100).encode()).unwrap();
+    s.write_all(b"short").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closed(&mut s));
+    // Oversized: TOO_LARGE, then closed, without the OSD reading (or allocating) it.
+    let mut s = connect(addr);
+    s.write_all(&header(op::PING, u32::MAX).encode()).unwrap();
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb).unwrap();
+    assert_eq!(Header::decode(&hb).unwrap().status, Status::TooLarge as u16);
+    assert!(closed(&mut s));
+    // Unknown op, malformed payloads, missing objects: error replies on a connection that
+    // stays usable.
+    let mut s = connect(addr);
+    assert_eq!(
+        exchange(&mut s, header(999, 0), &[]).0,
+        Status::UnknownOp as u16
+    );
+    let other_port_op = if peer { op::READ } else { op::REPL_TX };
+    assert_eq!(
+        exchange(&mut s, header(other_port_op, 0), &[]).0,
+        Status::UnknownOp as u16
+    );
+    assert_eq!(
+        exchange(&mut s, header(op::PING, 3), b"xyz").0,
+        Status::BadFrame as u16
+    );
+    let oid = ObjectId::new(1, "missing");
+    if peer {
+        let p = Enc::new()
+            .u64(1)
+            .u32(0)
+            .u64(1)
+            .raw(b"not a transaction")
+            .done();
+        let (st, text) = exchange(&mut s, header(op::REPL_TX, p.len() as u32), &p);
+        assert_eq!(
+            st,
+            Status::BadFrame as u16,
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+        let p = Enc::new().u64(1).u32(1 << 30).done();
+        let st = exchange(&mut s, header(op::PG_LOG_QUERY, p.len() as u32), &p).0;
+        assert_ne!(st, 0);
+        let p = Enc::new().oid(&oid).done();
+        let (st, out) = exchange(&mut s, header(op::PG_PULL_OBJECT, p.len() as u32), &p);
+        // A member answers "absent"; another OSD refuses.
+        assert!(st != 0 || out == [0], "{st}");
+    } else {
+        let mut h = header(op::STAT, 0);
+        h.flags = dds_osd::wire::FLAG_LOCAL;
+        let p = Enc::new().oid(&oid).done();
+        h.len = p.len() as u32;
+        assert_eq!(exchange(&mut s, h, &p).0, Status::NotFound as u16);
+        let p = Enc::new().u64(1).u32(u32::MAX).done();
+        let st = exchange(&mut s, header(op::WRITE_FULL, p.len() as u32), &p).0;
+        assert_eq!(st, Status::BadFrame as u16);
+    }
+    let (st, out) = exchange(&mut s, header(op::PING, 0), &[]);
+    assert_eq!((st, out.len()), (0, 8));
+}
+
+#[test]
+fn bad_input_gets_errors_or_a_closed_connection_and_the_osd_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = OsdCluster::start(dir.path(), 3, 8, 3);
+    let cl = client(&c, Duration::from_secs(10));
+    wait_clean(&cl, 3);
+    // A client stalled inside a frame on every port holds only its own connection.
+    let mut stalled = Vec::new();
+    for a in c.addrs.iter().chain(&c.peer_addrs) {
+        let mut s = connect(*a);
+        s.write_all(&header(op::PING, 1 << 20).encode()).unwrap();
+        s.write_all(&[0u8; 1000]).unwrap();
+        stalled.push(s);
+    }
+    for o in 0..3 {
+        bad_input_on(c.addrs[o], false);
+        bad_input_on(c.peer_addrs[o], true);
+    }
+    // Still serving, every OSD process alive.
+    let oid = ObjectId::new(1, "after");
+    cl.write_full(&oid, b"still here").unwrap();
+    assert_eq!(cl.read_full(&oid).unwrap(), b"still here");
+    assert_eq!(
+        cl.stat(&ObjectId::new(1, "nope")).unwrap_err().status,
+        Status::NotFound
+    );
+    wait_clean(&cl, 3);
+    for o in 0..3 {
+        assert_eq!(cl.on(o).read_full(&oid).unwrap(), b"still here");
+    }
+    drop(stalled);
+}
+
+#[test]
+fn placement_dpu_without_the_proxy_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("cluster.toml");
+    std::fs::write(
+        &map,
+        "epoch = 1\n[[osd]]\nid = 0\naddr = \"127.0.0.1:1\"\npeer_addr = \"127.0.0.1:2\"\nplacement = \"dpu\"\n",
+    )
+    .unwrap();
+    let out = Command::new(DDS)
+        .args(["osd", "--id", "0", "--map"])
+        .arg(&map)
+        .args(["--proxy-socket", "proxy.sock"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("not built into this binary"), "{err}");
+}

@@ -1,0 +1,233 @@
+//! Peering and recovery, driven by each PG's primary (`docs/osd-protocol.md`, "Recovery").
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dds_objstore::{ObjectId, Transaction};
+
+use crate::map::PgId;
+use crate::objects::{self, ObjectState};
+use crate::pglog::{self, PgLog};
+use crate::server::{Inner, Pg, PgState};
+use crate::wire::{op, Dec, Enc, OpError};
+
+/// An unreachable peer is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A member of a PG as recovery sees it: this OSD's store, or a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    Local,
+    Remote(u32),
+}
+
+/// Peers, every `peering_interval`, the PGs this OSD is primary for that are inactive or have a
+/// replica out of sync.
+pub(crate) fn peering_loop(inner: Arc<Inner>) {
+    loop {
+        if inner.stop_requested() {
+            return;
+        }
+        for pg in inner.pgs.values().filter(|p| p.primary) {
+            let needs = !pg.active.load(Ordering::Acquire) || !pg.clean.load(Ordering::Acquire);
+            if !needs {
+                continue;
+            }
+            // Waits for a write in progress; no write of the PG starts until peering is done.
+            let mut st = pg.lock();
+            if let Err(e) = inner.peer_pg(pg, &mut st) {
+                tracing::warn!(pg = %pg.id, "peering: {e}");
+            }
+            pg.publish(&st);
+        }
+        std::thread::sleep(inner.cfg.peering_interval);
+    }
+}
+
+impl Inner {
+    fn recently_failed(&self, osd: u32) -> bool {
+        self.peers.get(&osd).is_some_and(|p| {
+            p.last_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|t| t.elapsed() < RETRY_AFTER)
+        })
+    }
+
+    /// Peers one PG (its lock held): collects the members' logs, brings this OSD up to the most
+    /// recent one, then every reachable replica up to this OSD.
+    pub(crate) fn peer_pg(&self, pg: &Pg, st: &mut PgState) -> Result<(), OpError> {
+        if !st.active {
+            st.in_sync.clear();
+        }
+        let mut logs = vec![(Member::Local, pglog::read_log(&self.store, pg.id)?)];
+        for &r in &pg.acting[1..] {
+            if st.in_sync.contains(&r) {
+                continue;
+            }
+            if self.recently_failed(r) {
+                continue;
+            }
+            match self.log_of(Member::Remote(r), pg.id) {
+                Ok(log) => logs.push((Member::Remote(r), log)),
+                Err(e) => {
+                    tracing::info!(pg = %pg.id, osd = r, "peer unreachable: {e}");
+                    st.in_sync.remove(&r);
+                }
+            }
+        }
+        let min = self.cfg.map.pool(pg.id.pool).map_or(1, |p| p.min_size()) as usize;
+        if logs.len() + st.in_sync.len() < min {
+            // Stay inactive: not enough members to accept writes safely.
+            return Ok(());
+        }
+        // The authority: the highest head, this OSD on ties (it is first).
+        let mut auth = 0;
+        for (i, (_, log)) in logs.iter().enumerate() {
+            if log.head > logs[auth].1.head {
+                auth = i;
+            }
+        }
+        if auth != 0 {
+            let (src, src_log) = logs[auth].clone();
+            tracing::info!(pg = %pg.id, from = ?src, head = src_log.head, "recovering this OSD");
+            self.sync(pg.id, src, &src_log, Member::Local, &logs[0].1)?;
+            logs[0].1 = src_log;
+        }
+        st.head = logs[0].1.head;
+        let own = logs[0].1.clone();
+        for (m, log) in &logs[1..] {
+            let Member::Remote(r) = *m else { continue };
+            match self.sync(pg.id, Member::Local, &own, *m, log) {
+                Ok(()) => {
+                    st.in_sync.insert(r);
+                }
+                Err(e) => {
+                    tracing::warn!(pg = %pg.id, osd = r, "recovery of a replica failed: {e}");
+                    st.in_sync.remove(&r);
+                }
+            }
+        }
+        st.active = st.in_sync.len() + 1 >= min;
+        Ok(())
+    }
+
+    /// Makes `dst` hold what `src` holds for the PG.
+    fn sync(
+        &self,
+        pg: PgId,
+        src: Member,
+        src_log: &PgLog,
+        dst: Member,
+        dst_log: &PgLog,
+    ) -> Result<(), OpError> {
+        let same_head = dst_log.head == src_log.head
+            && dst_log.entry(dst_log.head) == src_log.entry(src_log.head);
+        if same_head {
+            return Ok(());
+        }
+        // Incremental when src still logs every version after dst's head and agrees with it.
+        let covered = |h: u64| {
+            h < src_log.head
+                && src_log.entries.first().is_some_and(|e| e.version <= h + 1)
+                && (h == 0 || src_log.entry(h).is_some() && src_log.entry(h) == dst_log.entry(h))
+        };
+        let names: BTreeSet<Vec<u8>> = if covered(dst_log.head) {
+            src_log
+                .entries
+                .iter()
+                .filter(|e| e.version > dst_log.head)
+                .map(|e| e.name.clone())
+                .collect()
+        } else {
+            tracing::info!(%pg, ?dst, "backfill");
+            let mut all = self.list_all(src, pg)?;
+            all.extend(self.list_all(dst, pg)?);
+            all
+        };
+        tracing::info!(%pg, ?src, ?dst, objects = names.len(), from = dst_log.head, to = src_log.head, "sync");
+        for name in names {
+            let oid = ObjectId::new(pg.pool, name);
+            let obj = self.pull(src, &oid)?;
+            self.apply(dst, pg, &objects::replace_object_tx(&oid, obj.as_ref()))?;
+        }
+        let mut tx = Transaction::new();
+        pglog::replace_ops(&mut tx, pg, src_log);
+        self.apply(dst, pg, &tx)
+    }
+
+    fn log_of(&self, m: Member, pg: PgId) -> Result<PgLog, OpError> {
+        match m {
+            Member::Local => pglog::read_log(&self.store, pg),
+            Member::Remote(r) => {
+                let p = Enc::new().u64(pg.pool).u32(pg.pg).done();
+                let out = self.peer_call(r, op::PG_LOG_QUERY, &p)?;
+                let mut d = Dec::new(&out);
+                let log = PgLog::decode(&mut d)?;
+                d.end()?;
+                Ok(log)
+            }
+        }
+    }
+
+    fn pull(&self, m: Member, oid: &ObjectId) -> Result<Option<ObjectState>, OpError> {
+        match m {
+            Member::Local => Ok(objects::read_object(&self.store, oid)?),
+            Member::Remote(r) => {
+                let out = self.peer_call(r, op::PG_PULL_OBJECT, &Enc::new().oid(oid).done())?;
+                objects::decode_object(&out)
+            }
+        }
+    }
+
+    fn apply(&self, m: Member, pg: PgId, tx: &Transaction) -> Result<(), OpError> {
+        match m {
+            Member::Local => Ok(self.store.submit(tx)?),
+            Member::Remote(r) => {
+                let mut p = Enc::new();
+                p.u64(pg.pool).u32(pg.pg);
+                tx.encode(&mut p.0);
+                self.peer_call(r, op::PG_PUSH, &p.done())?;
+                Ok(())
+            }
+        }
+    }
+
+    fn list_all(&self, m: Member, pg: PgId) -> Result<BTreeSet<Vec<u8>>, OpError> {
+        let mut all = BTreeSet::new();
+        let mut after: Option<Vec<u8>> = None;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let page = match m {
+                Member::Local => {
+                    objects::list_pg(&self.store, &self.cfg.map, pg, after.as_deref(), 4096)?
+                }
+                Member::Remote(r) => {
+                    let p = Enc::new()
+                        .u64(pg.pool)
+                        .u32(pg.pg)
+                        .opt_bytes(after.as_deref())
+                        .u32(4096)
+                        .done();
+                    let out = self.peer_call(r, op::PG_LIST, &p)?;
+                    let mut d = Dec::new(&out);
+                    let k = d.keys()?;
+                    d.end()?;
+                    k
+                }
+            };
+            let Some(last) = page.last() else { break };
+            after = Some(last.clone());
+            all.extend(page);
+            if Instant::now() > deadline {
+                return Err(OpError::new(
+                    crate::wire::Status::Io,
+                    format!("listing pg {pg} of {m:?} does not end"),
+                ));
+            }
+        }
+        Ok(all)
+    }
+}

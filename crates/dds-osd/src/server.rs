@@ -1,0 +1,827 @@
+//! The daemon: client and peer ports (a thread per connection), the client ops, replication of
+//! writes to the PG's replicas, and the replica side of the peer ops.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dds_objstore::{ObjectId, ObjectStore, Transaction, TxOp};
+
+use crate::conn::{CallError, ConnPool};
+use crate::map::{ClusterMap, PgId, META_POOL};
+use crate::objects;
+use crate::pglog::{self, LogEntry, KIND_MODIFY, KIND_REMOVE};
+use crate::wire::{
+    self, op, Budget, Dec, Enc, FrameError, Header, OpError, Status, FLAG_LOCAL, FLAG_REPLY,
+};
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct OsdConfig {
+    pub id: u32,
+    pub map: ClusterMap,
+    /// Largest accepted payload.
+    pub max_payload: u32,
+    /// Memory budget of all payload buffers together.
+    pub frame_memory: u64,
+    /// Connections per port.
+    pub max_connections: usize,
+    /// A connection idle (or stalled inside a frame) this long is closed.
+    pub idle_timeout: Duration,
+    /// Connect and I/O timeout of peer calls.
+    pub peer_timeout: Duration,
+    /// PG log entries kept.
+    pub max_log: u64,
+    /// Period of the peering thread.
+    pub peering_interval: Duration,
+}
+
+impl OsdConfig {
+    pub fn new(id: u32, map: ClusterMap) -> OsdConfig {
+        OsdConfig {
+            id,
+            map,
+            max_payload: wire::DEFAULT_MAX_PAYLOAD,
+            frame_memory: 256 << 20,
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(300),
+            peer_timeout: Duration::from_secs(10),
+            max_log: pglog::DEFAULT_MAX_LOG,
+            peering_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Mutable state of a PG, behind its lock.
+pub(crate) struct PgState {
+    pub head: u64,
+    /// Primary: whether peering succeeded (client ops are served).
+    pub active: bool,
+    /// Primary: replicas known to hold every version.
+    pub in_sync: BTreeSet<u32>,
+}
+
+/// A PG this OSD is a member of.
+pub(crate) struct Pg {
+    pub id: PgId,
+    pub acting: Vec<u32>,
+    pub primary: bool,
+    pub state: Mutex<PgState>,
+    // Published copies for STATUS (which must not wait for a write or a recovery).
+    pub head: AtomicU64,
+    pub active: AtomicBool,
+    pub clean: AtomicBool,
+}
+
+impl Pg {
+    pub fn lock(&self) -> MutexGuard<'_, PgState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn publish(&self, st: &PgState) {
+        self.head.store(st.head, Ordering::Release);
+        self.active
+            .store(!self.primary || st.active, Ordering::Release);
+        let clean = !self.primary || st.in_sync.len() + 1 == self.acting.len();
+        self.clean.store(clean, Ordering::Release);
+    }
+}
+
+pub(crate) struct Peer {
+    pub conns: ConnPool,
+    pub last_failure: Mutex<Option<Instant>>,
+}
+
+pub(crate) struct Inner {
+    pub cfg: OsdConfig,
+    pub store: Arc<dyn ObjectStore>,
+    pub pgs: BTreeMap<PgId, Arc<Pg>>,
+    pub peers: BTreeMap<u32, Peer>,
+    budget: Budget,
+    stop: AtomicBool,
+    /// Open connections (closed by `shutdown`).
+    open: Mutex<BTreeMap<u64, TcpStream>>,
+    next_conn: AtomicU64,
+}
+
+/// Which port a connection came in on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Port {
+    Client,
+    Peer,
+}
+
+/// A running OSD.
+pub struct Osd {
+    inner: Arc<Inner>,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn op_err(status: Status, text: impl Into<String>) -> OpError {
+    OpError::new(status, text)
+}
+
+impl Osd {
+    /// Binds the OSD's client and peer addresses from the map and starts serving.
+    pub fn start(cfg: OsdConfig, store: Arc<dyn ObjectStore>) -> io::Result<Osd> {
+        let me = cfg
+            .map
+            .osd(cfg.id)
+            .ok_or_else(|| io::Error::other(format!("osd {} is not in the map", cfg.id)))?
+            .clone();
+        let client = TcpListener::bind(me.addr)?;
+        let peer = TcpListener::bind(me.peer_addr)?;
+        let mut pgs = BTreeMap::new();
+        for pgid in cfg.map.all_pgs() {
+            let acting = cfg.map.acting(pgid);
+            let Some(pos) = acting.iter().position(|&o| o == cfg.id) else {
+                continue;
+            };
+            let head = pglog::read_head(&store, pgid).map_err(io::Error::other)?;
+            let pg = Pg {
+                id: pgid,
+                primary: pos == 0,
+                state: Mutex::new(PgState {
+                    head,
+                    active: false,
+                    in_sync: BTreeSet::new(),
+                }),
+                acting,
+                head: AtomicU64::new(head),
+                active: AtomicBool::new(false),
+                clean: AtomicBool::new(false),
+            };
+            pg.publish(&pg.lock());
+            pgs.insert(pgid, Arc::new(pg));
+        }
+        let peers = cfg
+            .map
+            .osds
+            .iter()
+            .filter(|o| o.id != cfg.id)
+            .map(|o| {
+                let peer = Peer {
+                    conns: ConnPool::new(
+                        o.peer_addr,
+                        cfg.peer_timeout.min(Duration::from_secs(1)),
+                        cfg.peer_timeout,
+                    ),
+                    last_failure: Mutex::new(None),
+                };
+                (o.id, peer)
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            budget: Budget::new(cfg.frame_memory),
+            cfg,
+            store,
+            pgs,
+            peers,
+            stop: AtomicBool::new(false),
+            open: Mutex::new(BTreeMap::new()),
+            next_conn: AtomicU64::new(0),
+        });
+        let client_addr = client.local_addr()?;
+        let peer_addr = peer.local_addr()?;
+        let mut threads = Vec::new();
+        for (l, port) in [(client, Port::Client), (peer, Port::Peer)] {
+            let inner = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("osd-{port:?}-accept"))
+                    .spawn(move || accept_loop(inner, l, port))?,
+            );
+        }
+        let i = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("osd-peering".into())
+                .spawn(move || crate::recovery::peering_loop(i))?,
+        );
+        Ok(Osd {
+            inner,
+            client_addr,
+            peer_addr,
+            threads,
+        })
+    }
+
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// Stops accepting connections and peering; waits for those threads.
+    pub fn shutdown(mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        for a in [self.client_addr, self.peer_addr] {
+            let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let open = std::mem::take(&mut *self.inner.open.lock().unwrap_or_else(|e| e.into_inner()));
+        for s in open.values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(inner: Arc<Inner>, l: TcpListener, port: Port) {
+    let live = Arc::new(AtomicUsize::new(0));
+    for stream in l.incoming() {
+        if inner.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if live.load(Ordering::SeqCst) >= inner.cfg.max_connections {
+            tracing::warn!(?port, "connection limit reached; closing a new connection");
+            continue;
+        }
+        live.fetch_add(1, Ordering::SeqCst);
+        let (inner, live2) = (inner.clone(), live.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("osd-{port:?}-conn"))
+            .spawn(move || {
+                serve_conn(&inner, stream, port);
+                live2.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn reply(
+    s: &mut TcpStream,
+    req: &Header,
+    status: Status,
+    payload: &[u8],
+    epoch: u32,
+) -> io::Result<()> {
+    let h = Header {
+        op: req.op,
+        flags: FLAG_REPLY,
+        status: status as u16,
+        epoch,
+        req_id: req.req_id,
+        len: payload.len() as u32,
+    };
+    wire::write_frame(s, &h, payload)
+}
+
+fn serve_conn(inner: &Arc<Inner>, s: TcpStream, port: Port) {
+    let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+    if let Ok(c) = s.try_clone() {
+        inner
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, c);
+    }
+    if !inner.stop_requested() {
+        serve_frames(inner, s, port);
+    }
+    inner
+        .open
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+}
+
+fn serve_frames(inner: &Arc<Inner>, mut s: TcpStream, port: Port) {
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(inner.cfg.idle_timeout));
+    let _ = s.set_write_timeout(Some(inner.cfg.idle_timeout));
+    let epoch = inner.cfg.map.epoch;
+    loop {
+        let (h, payload) = match wire::read_frame(&mut s, inner.cfg.max_payload, &inner.budget) {
+            Ok(f) => f,
+            Err(FrameError::Closed) | Err(FrameError::Io(_)) => return,
+            Err(FrameError::BadHeader(why)) => {
+                tracing::debug!(?port, "closing a connection: {why}");
+                return;
+            }
+            Err(FrameError::TooLarge(h)) => {
+                let text = format!(
+                    "payload of {} bytes above the limit of {}",
+                    h.len, inner.cfg.max_payload
+                );
+                let _ = reply(&mut s, &h, Status::TooLarge, text.as_bytes(), epoch);
+                return;
+            }
+            Err(FrameError::Busy(h)) => {
+                let _ = reply(
+                    &mut s,
+                    &h,
+                    Status::Busy,
+                    b"frame memory budget exhausted",
+                    epoch,
+                );
+                return;
+            }
+        };
+        let result = if h.flags & FLAG_REPLY != 0 {
+            Err(op_err(Status::BadFrame, "a reply sent as a request"))
+        } else if h.epoch != 0 && h.epoch != epoch {
+            Err(op_err(
+                Status::StaleEpoch,
+                format!("map epoch {} differs from the OSD's {epoch}", h.epoch),
+            ))
+        } else {
+            catch_unwind(AssertUnwindSafe(|| match port {
+                Port::Client => inner.client_op(&h, &payload.buf),
+                Port::Peer => inner.peer_op(&h, &payload.buf),
+            }))
+            .unwrap_or_else(|_| Err(op_err(Status::Io, "internal error")))
+        };
+        drop(payload);
+        let sent = match result {
+            Ok(out) => reply(&mut s, &h, Status::Ok, &out, epoch),
+            Err(e) => reply(&mut s, &h, e.status, e.text.as_bytes(), epoch),
+        };
+        if sent.is_err() || inner.stop_requested() {
+            return;
+        }
+    }
+}
+
+fn version_reply(v: u64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+impl Inner {
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn map(&self) -> &ClusterMap {
+        &self.cfg.map
+    }
+
+    fn pg_of(&self, oid: &ObjectId) -> Result<PgId, OpError> {
+        if oid.pool == META_POOL {
+            return Err(op_err(Status::Invalid, "pool reserved for PG metadata"));
+        }
+        self.map()
+            .pg_of(oid.pool, &oid.name)
+            .ok_or_else(|| op_err(Status::NotFound, format!("no pool {}", oid.pool)))
+    }
+
+    /// The PG if this OSD may serve its reads: its active primary, or any OSD with `local`.
+    fn check_read(&self, pg: PgId, local: bool) -> Result<(), OpError> {
+        if local {
+            return Ok(());
+        }
+        self.check_primary(pg).map(|_| ())
+    }
+
+    fn check_primary(&self, pg: PgId) -> Result<&Arc<Pg>, OpError> {
+        let not_primary = || {
+            let primary = self.map().acting(pg).first().copied();
+            op_err(
+                Status::NotPrimary,
+                format!(
+                    "osd {} is not the primary of pg {pg} (osd {primary:?} is)",
+                    self.cfg.id
+                ),
+            )
+        };
+        let p = self.pgs.get(&pg).ok_or_else(not_primary)?;
+        if !p.primary {
+            return Err(not_primary());
+        }
+        if !p.active.load(Ordering::Acquire) {
+            return Err(op_err(
+                Status::PgInactive,
+                format!("pg {pg} is peering; retry"),
+            ));
+        }
+        Ok(p)
+    }
+
+    fn status_json(&self) -> Vec<u8> {
+        let pgs: Vec<serde_json::Value> = self
+            .pgs
+            .values()
+            .map(|p| {
+                serde_json::json!({
+                    "pool": p.id.pool,
+                    "pg": p.id.pg,
+                    "acting": p.acting,
+                    "primary": p.primary,
+                    "head": p.head.load(Ordering::Acquire),
+                    "active": p.active.load(Ordering::Acquire),
+                    "clean": p.clean.load(Ordering::Acquire),
+                })
+            })
+            .collect();
+        serde_json::json!({"osd": self.cfg.id, "epoch": self.map().epoch, "pgs": pgs})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn client_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
+        let mut d = Dec::new(buf);
+        let local = h.flags & FLAG_LOCAL != 0;
+        let store = &self.store;
+        let write_op = matches!(
+            h.op,
+            op::WRITE_FULL | op::WRITE | op::REMOVE | op::SETXATTR | op::OMAP_SET | op::OMAP_RM
+        );
+        if write_op && local {
+            return Err(op_err(Status::Invalid, "writes cannot be served locally"));
+        }
+        let out = match h.op {
+            op::PING => {
+                d.end()?;
+                Enc::new().u32(self.cfg.id).u32(self.map().epoch).done()
+            }
+            op::GET_MAP => {
+                d.end()?;
+                self.map().to_toml().into_bytes()
+            }
+            op::STATUS => {
+                d.end()?;
+                self.status_json()
+            }
+            op::WRITE_FULL | op::WRITE | op::REMOVE | op::SETXATTR | op::OMAP_SET | op::OMAP_RM => {
+                let oid = d.oid()?;
+                let (txop, kind, must_exist) = match h.op {
+                    op::WRITE_FULL => {
+                        let data = d.bytes()?.to_vec();
+                        (
+                            TxOp::WriteFull {
+                                oid: oid.clone(),
+                                data,
+                            },
+                            KIND_MODIFY,
+                            false,
+                        )
+                    }
+                    op::WRITE => {
+                        let offset = d.u64()?;
+                        let data = d.bytes()?.to_vec();
+                        (
+                            TxOp::Write {
+                                oid: oid.clone(),
+                                offset,
+                                data,
+                            },
+                            KIND_MODIFY,
+                            false,
+                        )
+                    }
+                    op::REMOVE => (TxOp::Remove { oid: oid.clone() }, KIND_REMOVE, true),
+                    op::SETXATTR => {
+                        let name = d.bytes()?.to_vec();
+                        let value = d.bytes()?.to_vec();
+                        (
+                            TxOp::SetXattr {
+                                oid: oid.clone(),
+                                name,
+                                value,
+                            },
+                            KIND_MODIFY,
+                            false,
+                        )
+                    }
+                    op::OMAP_SET => {
+                        let entries = d.kvs()?;
+                        (
+                            TxOp::OmapSet {
+                                oid: oid.clone(),
+                                entries,
+                            },
+                            KIND_MODIFY,
+                            false,
+                        )
+                    }
+                    _ => {
+                        let keys = d.keys()?;
+                        (
+                            TxOp::OmapRm {
+                                oid: oid.clone(),
+                                keys,
+                            },
+                            KIND_MODIFY,
+                            true,
+                        )
+                    }
+                };
+                d.end()?;
+                version_reply(self.write(&oid, txop, kind, must_exist)?)
+            }
+            op::READ => {
+                let oid = d.oid()?;
+                let (offset, len) = (d.u64()?, d.u64()?);
+                d.end()?;
+                self.check_read(self.pg_of(&oid)?, local)?;
+                store.read(&oid, offset, len.min(u64::from(self.cfg.max_payload)))?
+            }
+            op::STAT => {
+                let oid = d.oid()?;
+                d.end()?;
+                self.check_read(self.pg_of(&oid)?, local)?;
+                let st = store.stat(&oid)?;
+                Enc::new().u64(st.size).u64(st.mtime_ns).done()
+            }
+            op::GETXATTR => {
+                let oid = d.oid()?;
+                let name = d.bytes()?;
+                d.end()?;
+                self.check_read(self.pg_of(&oid)?, local)?;
+                store.getxattr(&oid, name)?
+            }
+            op::GETXATTRS => {
+                let oid = d.oid()?;
+                d.end()?;
+                self.check_read(self.pg_of(&oid)?, local)?;
+                Enc::new().kvs(&store.getxattrs(&oid)?).done()
+            }
+            op::OMAP_GET => {
+                let oid = d.oid()?;
+                let keys = d.keys()?;
+                d.end()?;
+                self.check_read(self.pg_of(&oid)?, local)?;
+                let vals = store.omap_get(&oid, &keys)?;
+                let mut e = Enc::new();
+                e.u32(vals.len() as u32);
+                for v in vals {
+                    match v {
+                        None => e.u8(0),
+                        Some(v) => e.u8(1).bytes(&v),
+                    };
+                }
+                e.done()
+            }
+            op::OMAP_LIST => {
+                let oid = d.oid()?;
+                let after = d.opt_bytes()?;
+                let max = d.u32()?.min(4096) as usize;
+                d.end()?;
+                self.check_read(self.pg_of(&oid)?, local)?;
+                Enc::new().kvs(&store.omap_list(&oid, after, max)?).done()
+            }
+            op::LIST => {
+                let (pg, after, max) = self.decode_list(&mut d)?;
+                self.check_read(pg, local)?;
+                let names = objects::list_pg(store, self.map(), pg, after, max)?;
+                Enc::new().keys(&names).done()
+            }
+            other => {
+                return Err(op_err(
+                    Status::UnknownOp,
+                    format!("unknown op {other} on the client port"),
+                ))
+            }
+        };
+        Ok(out)
+    }
+
+    fn decode_list<'a>(&self, d: &mut Dec<'a>) -> Result<(PgId, Option<&'a [u8]>, usize), OpError> {
+        let pool = d.u64()?;
+        let pg = d.u32()?;
+        let after = d.opt_bytes()?;
+        let max = d.u32()?.min(4096) as usize;
+        d.end()?;
+        match self.map().pool(pool) {
+            Some(p) if pg < p.pg_num => Ok((PgId { pool, pg }, after, max)),
+            _ => Err(op_err(Status::NotFound, format!("no pg {pool}.{pg:x}"))),
+        }
+    }
+
+    /// A client write: versioned, logged, replicated, acknowledged once every in-sync member
+    /// (at least `min_size`) committed.
+    fn write(
+        &self,
+        oid: &ObjectId,
+        txop: TxOp,
+        kind: u8,
+        must_exist: bool,
+    ) -> Result<u64, OpError> {
+        let pgid = self.pg_of(oid)?;
+        let pg = self.check_primary(pgid)?;
+        let mut st = pg.lock();
+        if !st.active {
+            return Err(op_err(
+                Status::PgInactive,
+                format!("pg {pgid} is peering; retry"),
+            ));
+        }
+        if must_exist {
+            self.store.stat(oid)?;
+        }
+        let version = st.head + 1;
+        let mut tx = Transaction::new();
+        tx.push(txop);
+        let entry = LogEntry {
+            version,
+            kind,
+            name: oid.name.clone(),
+        };
+        pglog::append_ops(&mut tx, pgid, &entry, self.cfg.max_log);
+        let replicas: Vec<u32> = st.in_sync.iter().copied().collect();
+        let mut payload = Enc::new();
+        payload.u64(pgid.pool).u32(pgid.pg).u64(version);
+        tx.encode(&mut payload.0);
+        let payload = payload.done();
+        let (local, remote) = std::thread::scope(|s| {
+            let handles: Vec<_> = replicas
+                .iter()
+                .map(|&r| {
+                    let payload = &payload;
+                    (r, s.spawn(move || self.peer_call(r, op::REPL_TX, payload)))
+                })
+                .collect();
+            let local = self.store.submit(&tx);
+            let remote: Vec<(u32, Result<Vec<u8>, CallError>)> = handles
+                .into_iter()
+                .map(|(r, h)| {
+                    let res = h.join().unwrap_or_else(|_| {
+                        Err(CallError::Op(op_err(
+                            Status::Io,
+                            "replication thread panicked",
+                        )))
+                    });
+                    (r, res)
+                })
+                .collect();
+            (local, remote)
+        });
+        let mut committed = 1;
+        for (r, res) in remote {
+            match res {
+                Ok(_) => committed += 1,
+                Err(e) => {
+                    tracing::warn!(pg = %pgid, replica = r, "replica out of sync: {e}");
+                    st.in_sync.remove(&r);
+                }
+            }
+        }
+        if let Err(e) = local {
+            // Replicas may hold the version: re-peer before accepting writes again.
+            tracing::warn!(pg = %pgid, "local commit failed, re-peering: {e}");
+            st.active = false;
+            pg.publish(&st);
+            return Err(e.into());
+        }
+        st.head = version;
+        pg.publish(&st);
+        let min = self.map().pool(pgid.pool).map_or(1, |p| p.min_size()) as usize;
+        if committed < min {
+            return Err(op_err(
+                Status::Degraded,
+                format!("pg {pgid}: only {committed} of min_size {min} members committed version {version}"),
+            ));
+        }
+        Ok(version)
+    }
+
+    /// A call to a peer OSD's peer port; failures are remembered for the peering backoff.
+    pub(crate) fn peer_call(
+        &self,
+        osd: u32,
+        op: u16,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, CallError> {
+        let peer = self
+            .peers
+            .get(&osd)
+            .ok_or_else(|| CallError::Op(op_err(Status::Invalid, format!("no osd {osd}"))))?;
+        let r = peer.conns.call(op, 0, self.map().epoch, payload);
+        if let Err(CallError::Transport { .. }) = &r {
+            *peer.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            peer.conns.reset();
+        }
+        r
+    }
+
+    fn member_pg(&self, pg: PgId) -> Result<&Arc<Pg>, OpError> {
+        self.pgs.get(&pg).ok_or_else(|| {
+            op_err(
+                Status::Invalid,
+                format!("osd {} is not a member of pg {pg}", self.cfg.id),
+            )
+        })
+    }
+
+    fn decode_pg(&self, d: &mut Dec<'_>) -> Result<PgId, OpError> {
+        Ok(PgId {
+            pool: d.u64()?,
+            pg: d.u32()?,
+        })
+    }
+
+    /// Decodes `REPL_TX` (with a version) or `PG_PUSH`: the PG, which this OSD must be a replica
+    /// of, and the transaction.
+    fn replica_tx(
+        &self,
+        d: &mut Dec<'_>,
+        versioned: bool,
+    ) -> Result<(&Arc<Pg>, u64, Transaction), OpError> {
+        let pgid = self.decode_pg(d)?;
+        let version = if versioned { d.u64()? } else { 0 };
+        let tx = Transaction::decode(d.rest())
+            .map_err(|e| op_err(Status::BadFrame, format!("transaction: {e}")))?;
+        let pg = self.member_pg(pgid)?;
+        if pg.primary {
+            return Err(op_err(
+                Status::Invalid,
+                format!("osd {} is the primary of pg {pgid}", self.cfg.id),
+            ));
+        }
+        Ok((pg, version, tx))
+    }
+
+    fn peer_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
+        let mut d = Dec::new(buf);
+        match h.op {
+            op::PING => {
+                d.end()?;
+                Ok(Enc::new().u32(self.cfg.id).u32(self.map().epoch).done())
+            }
+            op::REPL_TX => {
+                let (pg, version, tx) = self.replica_tx(&mut d, true)?;
+                let mut st = pg.lock();
+                if version <= st.head {
+                    return Ok(Vec::new());
+                }
+                if version != st.head + 1 {
+                    return Err(op_err(
+                        Status::NeedRecovery,
+                        format!("pg {}: at version {}, sent {version}", pg.id, st.head),
+                    ));
+                }
+                self.store.submit(&tx)?;
+                st.head = version;
+                pg.publish(&st);
+                Ok(Vec::new())
+            }
+            op::PG_PUSH => {
+                let (pg, _, tx) = self.replica_tx(&mut d, false)?;
+                let mut st = pg.lock();
+                self.store.submit(&tx)?;
+                st.head = pglog::read_head(&self.store, pg.id)?;
+                pg.publish(&st);
+                Ok(Vec::new())
+            }
+            op::PG_LOG_QUERY => {
+                let pgid = self.decode_pg(&mut d)?;
+                d.end()?;
+                self.member_pg(pgid)?;
+                let log = pglog::read_log(&self.store, pgid)?;
+                let mut e = Enc::new();
+                log.encode(&mut e);
+                Ok(e.done())
+            }
+            op::PG_PULL_OBJECT => {
+                let oid = d.oid()?;
+                d.end()?;
+                self.member_pg(self.pg_of(&oid)?)?;
+                Ok(objects::encode_object(
+                    objects::read_object(&self.store, &oid)?.as_ref(),
+                ))
+            }
+            op::PG_LIST => {
+                let (pg, after, max) = self.decode_list(&mut d)?;
+                self.member_pg(pg)?;
+                let names = objects::list_pg(&self.store, self.map(), pg, after, max)?;
+                Ok(Enc::new().keys(&names).done())
+            }
+            other => Err(op_err(
+                Status::UnknownOp,
+                format!("unknown op {other} on the peer port"),
+            )),
+        }
+    }
+}
+
+impl From<CallError> for OpError {
+    fn from(e: CallError) -> OpError {
+        match e {
+            CallError::Op(e) => e,
+            t => op_err(Status::Io, t.to_string()),
+        }
+    }
+}

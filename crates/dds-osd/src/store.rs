@@ -1,0 +1,52 @@
+//! The OSD's object store, built from a [`StoreSpec`]: the front end sees only
+//! `Arc<dyn ObjectStore>`, whether the store is in this process (placement host) or behind a
+//! proxy on the host while the front end runs on the DPU (placement dpu).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dds_objstore::{ObjStore, ObjectStore, StoreError};
+
+/// Where the object store is.
+#[derive(Debug, Clone)]
+pub enum StoreSpec {
+    /// An `ObjStore` on a device file in this process; `format` = (size, force) formats it
+    /// first.
+    Local {
+        device: PathBuf,
+        format: Option<(u64, bool)>,
+    },
+    /// A host store reached through the DPU-side proxy (`dds-objproxy`) at `socket`.
+    Proxy { socket: PathBuf },
+}
+
+/// Why no store could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("object store {device}: {source}")]
+    Store {
+        device: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("placement dpu: the object store proxy (dds-objproxy, socket {0}) is not built into this binary")]
+    ProxyNotBuilt(String),
+}
+
+/// Opens (and formats, if asked) the store of `spec`.
+pub fn open_store(spec: &StoreSpec) -> Result<Arc<dyn ObjectStore>, OpenError> {
+    match spec {
+        StoreSpec::Local { device, format } => {
+            let err = |source| OpenError::Store {
+                device: device.display().to_string(),
+                source,
+            };
+            if let Some((size, force)) = format {
+                ObjStore::format(device, *size, *force).map_err(err)?;
+            }
+            Ok(Arc::new(ObjStore::open(device).map_err(err)?))
+        }
+        // The hook of placement dpu: build the proxy store here once `dds-objproxy` exists.
+        StoreSpec::Proxy { socket } => Err(OpenError::ProxyNotBuilt(socket.display().to_string())),
+    }
+}
