@@ -72,6 +72,9 @@ enum Cmd {
     Osd(osd_cmd::OsdArgs),
     /// Store, fetch, inspect, list and remove objects in a cluster of `dds osd` daemons.
     Objects(osd_cmd::ObjectsArgs),
+    /// The host half of an OSD of placement dpu: the object store on a device file, served to
+    /// the DPU's front end through the object store proxy (docs/objproxy.md).
+    OsdStore(osd_cmd::OsdStoreArgs),
 }
 
 /// The log filter: `--log`, else `$DDS_LOG`, else `$RUST_LOG`, else `warn`.
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         Cmd::Pageserver(a) => pageserver_cmd::run(a),
         Cmd::Osd(a) => osd_cmd::run_osd(a),
         Cmd::Objects(a) => osd_cmd::run_objects(a),
+        Cmd::OsdStore(a) => osd_cmd::run_osd_store(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,6 +10,7 @@ use dds_objstore::ObjectId;
 use dds_osd::client::Client;
 use dds_osd::{open_store, ClusterMap, Osd, OsdConfig, StoreSpec};
 
+use crate::dpu_cmd::{parse_cpus, parse_on_off, CpuList};
 use crate::util::parse_size;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -55,6 +56,98 @@ pub struct OsdArgs {
     /// Connections per port.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Placement dpu: largest DMA transfer (Flow-Adapt).
+    #[arg(long, default_value = "2M", value_parser = parse_size)]
+    max_dma: u64,
+    /// Placement dpu: batching of small transactions (Flow-Adapt), on or off.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    batching: bool,
+    /// Placement dpu: chunk pipelining of large transactions and reads (Flow-Adapt), on or off.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    chunking: bool,
+    /// Placement dpu: emulated PCIe cost of DMA operations, on or off.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    dma_cost: bool,
+    /// DPU resource profile (placement dpu): CPUs of this process.
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<CpuList>,
+    /// DPU resource profile: CPU time quota in cores.
+    #[arg(long)]
+    cpu_quota: Option<f64>,
+    /// DPU resource profile: memory limit (cgroup).
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct OsdStoreArgs {
+    /// Device file of the object store.
+    #[arg(long)]
+    device: PathBuf,
+    /// Socket the DPU's front end attaches to (created mode 0600).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Format the device first (created and preallocated at --size).
+    #[arg(long)]
+    format: bool,
+    /// With --format: overwrite a formatted device.
+    #[arg(long, requires = "format")]
+    force: bool,
+    /// Device size for --format.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// DPU sessions served at once.
+    #[arg(long, default_value_t = 16)]
+    max_sessions: usize,
+    /// CPUs of this process (the host's share of the machine).
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<CpuList>,
+    /// Host CPU budget of this process in cores (cgroup quota).
+    #[arg(long)]
+    cpu_quota: Option<f64>,
+}
+
+/// Runs the host half of a placement-dpu OSD until SIGTERM/SIGINT.
+pub fn run_osd_store(a: OsdStoreArgs) -> Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let mut applied = dds_dpu::profile::ResourceProfile {
+        cpus: a.cpus.as_ref().map(|c| c.0.clone()),
+        cpu_quota: a.cpu_quota,
+        memory_bytes: None,
+    }
+    .apply()
+    .context("apply the host CPU budget")?;
+    if a.format {
+        dds_objstore::ObjStore::format(&a.device, a.size, a.force)
+            .with_context(|| format!("format {}", a.device.display()))?;
+    }
+    let store = std::sync::Arc::new(
+        dds_objstore::ObjStore::open(&a.device)
+            .with_context(|| format!("open {}", a.device.display()))?,
+    );
+    let handle = dds_objproxy::HostProxy::serve(
+        store,
+        &a.socket,
+        dds_objproxy::HostOptions {
+            max_sessions: a.max_sessions,
+        },
+    )
+    .with_context(|| format!("serve on {}", a.socket.display()))?;
+    println!(
+        "osd-store ready: {} on {}",
+        a.device.display(),
+        a.socket.display()
+    );
+    std::io::stdout().flush()?;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    handle.stop();
+    applied.remove();
+    Ok(())
 }
 
 pub fn run_osd(a: OsdArgs) -> Result<()> {
@@ -79,7 +172,28 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
                 .proxy_socket
                 .clone()
                 .context("--proxy-socket is required with placement dpu")?,
+            options: dds_objproxy::ProxyOptions {
+                max_dma: usize::try_from(a.max_dma).context("--max-dma")?,
+                batching: a.batching,
+                chunking: a.chunking,
+                cost_model: a.dma_cost.then(dds_dma::CostModel::bluefield2),
+                ..dds_objproxy::ProxyOptions::default()
+            },
         },
+    };
+    // The front end of placement dpu runs under the DPU's resource profile.
+    let mut applied = if placement == PlacementArg::Dpu {
+        Some(
+            dds_dpu::profile::ResourceProfile {
+                cpus: a.cpus.as_ref().map(|c| c.0.clone()),
+                cpu_quota: a.cpu_quota,
+                memory_bytes: a.memory,
+            }
+            .apply()
+            .context("apply the DPU resource profile")?,
+        )
+    } else {
+        None
     };
     let store = open_store(&spec)?;
     let mut cfg = OsdConfig::new(a.id, map);
@@ -95,6 +209,9 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
     );
     std::io::stdout().flush()?;
     osd.wait();
+    if let Some(p) = applied.as_mut() {
+        p.remove();
+    }
     Ok(())
 }
 

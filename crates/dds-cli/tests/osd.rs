@@ -122,10 +122,33 @@ fn content(i: u64) -> Vec<u8> {
     (0..len).map(|j| (i as usize * 31 + j * 13) as u8).collect()
 }
 
+#[derive(Clone, Copy)]
+enum Victim {
+    /// The OSD's front-end process (the whole OSD in placement host, the DPU's in dpu).
+    FrontEnd(u32),
+    /// A placement-dpu OSD's host process (`dds osd-store`), and so its front end too.
+    Host(u32),
+}
+
 #[test]
 fn kill_9_during_writes_then_every_replica_catches_up() {
+    kill_9_run(
+        &["host", "host", "host"],
+        &[Victim::FrontEnd(2), Victim::FrontEnd(0)],
+    );
+}
+
+#[test]
+fn kill_9_of_a_dpu_or_host_process_of_a_placement_dpu_osd_loses_nothing_acknowledged() {
+    kill_9_run(
+        &["host", "host", "dpu"],
+        &[Victim::FrontEnd(2), Victim::Host(2)],
+    );
+}
+
+fn kill_9_run(placements: &[&str], victims: &[Victim]) {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = OsdCluster::start(dir.path(), 3, 16, 3);
+    let mut c = OsdCluster::start_mixed(dir.path(), placements, 16, 3);
     let cl = Arc::new(client(&c, Duration::from_millis(300)));
     wait_clean(&cl, 3);
     let acked = Arc::new(Mutex::new(Vec::<u64>::new()));
@@ -151,10 +174,20 @@ fn kill_9_during_writes_then_every_replica_catches_up() {
         .collect();
     let count = || acked.lock().unwrap().len();
     // A replica (and primary of other PGs) first, then another OSD.
-    for victim in [2, 0] {
+    for &v in victims {
         std::thread::sleep(Duration::from_millis(800));
         let before = count();
-        c.kill(victim);
+        let victim = match v {
+            Victim::FrontEnd(id) => {
+                c.kill(id);
+                id
+            }
+            Victim::Host(id) => {
+                c.kill_store(id);
+                c.kill(id);
+                id
+            }
+        };
         std::thread::sleep(Duration::from_millis(800));
         c.start_osd(victim, false);
         std::thread::sleep(Duration::from_millis(800));
@@ -328,7 +361,35 @@ fn bad_input_gets_errors_or_a_closed_connection_and_the_osd_goes_on() {
 }
 
 #[test]
-fn placement_dpu_without_the_proxy_is_a_clear_error() {
+fn a_mixed_cluster_replicates_onto_host_and_dpu_placed_osds() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = OsdCluster::start_mixed(dir.path(), &["dpu", "host", "dpu"], 8, 3);
+    let cl = client(&c, Duration::from_secs(5));
+    wait_clean(&cl, 3);
+    // Small objects (batched), and ones larger than a DMA transfer (chunked).
+    let sizes = [10usize, 4096, 100_000, 3 << 20];
+    for (i, &n) in sizes.iter().enumerate() {
+        let oid = ObjectId::new(1, format!("m{i}"));
+        let data: Vec<u8> = (0..n).map(|j| (j * 7 + i) as u8).collect();
+        cl.write_full(&oid, &data).unwrap();
+        cl.setxattr(&oid, b"k", b"v").unwrap();
+    }
+    for o in 0..3 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let oid = ObjectId::new(1, format!("m{i}"));
+            let got = cl.on(o).read_full(&oid).unwrap();
+            assert_eq!(got.len(), n, "osd {o} m{i}");
+            assert!(got.iter().enumerate().all(|(j, &b)| b == (j * 7 + i) as u8));
+            assert_eq!(
+                cl.on(o).getxattrs(&oid).unwrap(),
+                vec![(b"k".to_vec(), b"v".to_vec())]
+            );
+        }
+    }
+}
+
+#[test]
+fn placement_dpu_without_its_host_process_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let map = dir.path().join("cluster.toml");
     std::fs::write(
@@ -344,5 +405,5 @@ fn placement_dpu_without_the_proxy_is_a_clear_error() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("not built into this binary"), "{err}");
+    assert!(err.contains("proxy.sock"), "{err}");
 }

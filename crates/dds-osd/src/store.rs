@@ -5,10 +5,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use dds_objproxy::{ProxyObjectStore, ProxyOptions};
 use dds_objstore::{ObjStore, ObjectStore, StoreError};
 
 /// Where the object store is.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum StoreSpec {
     /// An `ObjStore` on a device file in this process; `format` = (size, force) formats it
     /// first.
@@ -17,7 +18,29 @@ pub enum StoreSpec {
         format: Option<(u64, bool)>,
     },
     /// A host store reached through the DPU-side proxy (`dds-objproxy`) at `socket`.
-    Proxy { socket: PathBuf },
+    Proxy {
+        socket: PathBuf,
+        options: ProxyOptions,
+    },
+}
+
+impl std::fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSpec::Local { device, format } => f
+                .debug_struct("Local")
+                .field("device", device)
+                .field("format", format)
+                .finish(),
+            StoreSpec::Proxy { socket, options } => f
+                .debug_struct("Proxy")
+                .field("socket", socket)
+                .field("max_dma", &options.max_dma)
+                .field("batching", &options.batching)
+                .field("chunking", &options.chunking)
+                .finish(),
+        }
+    }
 }
 
 /// Why no store could be built.
@@ -29,8 +52,12 @@ pub enum OpenError {
         #[source]
         source: StoreError,
     },
-    #[error("placement dpu: the object store proxy (dds-objproxy, socket {0}) is not built into this binary")]
-    ProxyNotBuilt(String),
+    #[error("placement dpu: the host's object store proxy at {socket}: {source}")]
+    Proxy {
+        socket: String,
+        #[source]
+        source: StoreError,
+    },
 }
 
 /// Opens (and formats, if asked) the store of `spec`.
@@ -46,7 +73,14 @@ pub fn open_store(spec: &StoreSpec) -> Result<Arc<dyn ObjectStore>, OpenError> {
             }
             Ok(Arc::new(ObjStore::open(device).map_err(err)?))
         }
-        // The hook of placement dpu: build the proxy store here once `dds-objproxy` exists.
-        StoreSpec::Proxy { socket } => Err(OpenError::ProxyNotBuilt(socket.display().to_string())),
+        StoreSpec::Proxy { socket, options } => {
+            let store = ProxyObjectStore::connect(socket, options.clone()).map_err(|source| {
+                OpenError::Proxy {
+                    socket: socket.display().to_string(),
+                    source,
+                }
+            })?;
+            Ok(Arc::new(store))
+        }
     }
 }

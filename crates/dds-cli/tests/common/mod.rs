@@ -193,19 +193,31 @@ pub struct OsdCluster {
     pub addrs: Vec<std::net::SocketAddr>,
     pub peer_addrs: Vec<std::net::SocketAddr>,
     pub osds: Vec<Option<Guard>>,
+    /// Per OSD: "host", or "dpu" (front end process + `dds osd-store` host process).
+    pub placements: Vec<String>,
+    /// The `dds osd-store` processes of placement-dpu OSDs.
+    pub stores: Vec<Option<Guard>>,
 }
 
 impl OsdCluster {
     /// Writes a map of `n` OSDs (one pool 1 "data" of `pg_num` PGs, `size` replicas) and
     /// starts every OSD on a freshly formatted device.
     pub fn start(dir: &Path, n: u32, pg_num: u32, size: u32) -> OsdCluster {
+        let placements = vec!["host"; n as usize];
+        OsdCluster::start_mixed(dir, &placements, pg_num, size)
+    }
+
+    /// As [`start`](Self::start), with a placement (`host` or `dpu`) per OSD.
+    pub fn start_mixed(dir: &Path, placements: &[&str], pg_num: u32, size: u32) -> OsdCluster {
+        let n = placements.len() as u32;
         let mut text = String::from("epoch = 1\n");
         let (mut addrs, mut peer_addrs) = (Vec::new(), Vec::new());
         for id in 0..n {
             let a: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let p: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             text += &format!(
-                "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"host\"\n"
+                "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"{}\"\n",
+                placements[id as usize]
             );
             addrs.push(a);
             peer_addrs.push(p);
@@ -219,6 +231,8 @@ impl OsdCluster {
             addrs,
             peer_addrs,
             osds: (0..n).map(|_| None).collect(),
+            placements: placements.iter().map(|p| p.to_string()).collect(),
+            stores: (0..n).map(|_| None).collect(),
         };
         for id in 0..n {
             c.start_osd(id, true);
@@ -226,19 +240,41 @@ impl OsdCluster {
         c
     }
 
-    /// `dds osd --id ID`, once it accepts connections.
+    /// `dds osd --id ID` (and, for placement dpu, its `dds osd-store` when not running),
+    /// once it accepts connections.
     pub fn start_osd(&mut self, id: u32, format: bool) {
         let dev = self.dir.join(format!("osd{id}.img"));
         let mut cmd = Command::new(DDS);
         cmd.args(["osd", "--id", &id.to_string(), "--map"])
             .arg(&self.map)
-            .arg("--device")
-            .arg(&dev)
-            .args(["--size", "64M"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if format {
-            cmd.arg("--format");
+        if self.placements[id as usize] == "dpu" {
+            let sock = self.dir.join(format!("osd{id}.store.sock"));
+            if self.stores[id as usize].is_none() {
+                let _ = std::fs::remove_file(&sock);
+                let mut st = Command::new(DDS);
+                st.arg("osd-store")
+                    .arg("--device")
+                    .arg(&dev)
+                    .arg("--socket")
+                    .arg(&sock)
+                    .args(["--size", "64M"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                if format {
+                    st.arg("--format");
+                }
+                self.stores[id as usize] = Some(Guard(st.spawn().unwrap()));
+                wait_for_socket(&sock);
+            }
+            cmd.args(["--placement", "dpu", "--proxy-socket"])
+                .arg(&sock);
+        } else {
+            cmd.arg("--device").arg(&dev).args(["--size", "64M"]);
+            if format {
+                cmd.arg("--format");
+            }
         }
         self.osds[id as usize] = Some(Guard(cmd.spawn().unwrap()));
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -248,8 +284,13 @@ impl OsdCluster {
         }
     }
 
-    /// SIGKILL of one OSD's process.
+    /// SIGKILL of one OSD's process (the front end: the DPU process in placement dpu).
     pub fn kill(&mut self, id: u32) {
         drop(self.osds[id as usize].take());
+    }
+
+    /// SIGKILL of a placement-dpu OSD's host process (`dds osd-store`).
+    pub fn kill_store(&mut self, id: u32) {
+        drop(self.stores[id as usize].take());
     }
 }
