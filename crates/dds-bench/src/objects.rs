@@ -40,6 +40,24 @@ use crate::placement::Placement;
 use crate::plot::{LineChart, Series};
 use crate::report::{fmt_num, ratio, Report, Table, Target};
 
+/// `a / b`, NaN (null in the JSON) when either figure is missing or `b` is 0.
+fn rel(a: f64, b: f64) -> f64 {
+    if a.is_finite() && b.is_finite() && b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+/// A table cell: `-` for a missing figure.
+fn cell(x: f64) -> String {
+    if x.is_finite() {
+        fmt_num(x)
+    } else {
+        "-".into()
+    }
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     dds_proto::units::parse_size(s)
 }
@@ -889,7 +907,7 @@ fn report(
     };
     let h4_big = find("dds", "H4", rmax, big, cmax, true);
     let d4_big = find("dds", "D4", rmax, big, cmax, true);
-    let cpu_mb = ratio(
+    let cpu_mb = rel(
         w(d4_big, &|x| x.host_cpu_ms_per_mb),
         w(h4_big, &|x| x.host_cpu_ms_per_mb),
     );
@@ -911,7 +929,7 @@ fn report(
         }
         let h = w(find("dds", "H4", rmax, s, cmax, true), &|x| x.mb_per_s);
         for pl in p.placements.iter().filter(|n| *n != "H4") {
-            let r = ratio(w(find("dds", pl, rmax, s, cmax, true), &|x| x.mb_per_s), h);
+            let r = rel(w(find("dds", pl, rmax, s, cmax, true), &|x| x.mb_per_s), h);
             if best.0.is_nan() || r > best.0 {
                 best = (r, pl.clone(), s, bound(s));
             }
@@ -926,7 +944,7 @@ fn report(
         ),
         None => (f64::NAN, f64::NAN),
     };
-    let batching = ratio(bo, bu);
+    let batching = rel(bo, bu);
     let mut targets = vec![
         Target::at_most("d4_host_cpu_per_mb_over_h4", cpu_mb, 0.2),
         Target::at_least("best_d_over_h4_write_repl3", best.0, 1.5),
@@ -946,8 +964,8 @@ fn report(
     });
     if a.with_ceph {
         let ceph_big = find("ceph", "", rmax, big, cmax, true);
-        let wr = ratio(w(h4_big, &|x| x.mb_per_s), w(ceph_big, &|x| x.mb_per_s));
-        let cpu = ratio(
+        let wr = rel(w(h4_big, &|x| x.mb_per_s), w(ceph_big, &|x| x.mb_per_s));
+        let cpu = rel(
             w(h4_big, &|x| x.host_cpu_ms_per_mb),
             w(ceph_big, &|x| x.host_cpu_ms_per_mb),
         );
@@ -993,15 +1011,15 @@ fn report(
             x.replication.to_string(),
             size_label(x.object_size),
             x.clients.to_string(),
-            fmt_num(x.write.mb_per_s),
-            fmt_num(x.write.lat_avg_ms),
-            fmt_num(x.write.lat_p99_ms),
-            fmt_num(x.seq.mb_per_s),
-            fmt_num(x.rand.mb_per_s),
+            cell(x.write.mb_per_s),
+            cell(x.write.lat_avg_ms),
+            cell(x.write.lat_p99_ms),
+            cell(x.seq.mb_per_s),
+            cell(x.rand.mb_per_s),
             format!("{:.2}", x.write.host_cores),
-            fmt_num(x.write.host_cpu_ms_per_mb),
+            cell(x.write.host_cpu_ms_per_mb),
             format!("{:.2}", x.write.dpu_cores),
-            fmt_num(x.write.dpu_cpu_ms_per_mb),
+            cell(x.write.dpu_cpu_ms_per_mb),
         ]);
     }
     let note = format!(

@@ -70,15 +70,7 @@ fn uuid() -> String {
 }
 
 fn tool(cpus: Option<&[usize]>, name: &str) -> Command {
-    match cpus {
-        Some(l) => {
-            let mut c = Command::new("taskset");
-            let l: Vec<String> = l.iter().map(usize::to_string).collect();
-            c.arg("-c").arg(l.join(",")).arg(name);
-            c
-        }
-        None => Command::new(name),
-    }
+    crate::kv::taskset(Path::new(name), cpus)
 }
 
 /// Runs a Ceph command to completion (bounded by `timeout`); its stdout.
