@@ -260,7 +260,8 @@ fn plan(a: &ObjectsArgs) -> Result<Plan> {
 /// The processes of one cluster of four OSDs.
 struct Cluster {
     name: String,
-    map: PathBuf,
+    /// The map, device files and logs; removed with the cluster.
+    dir: PathBuf,
     host: Vec<ChildGuard>,
     dpu: Vec<ChildGuard>,
     _host_budget: CpuBudget,
@@ -426,7 +427,7 @@ fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
     }
     Ok(Cluster {
         name: name.into(),
-        map,
+        dir,
         host,
         dpu,
         host_budget_info: json!(host_budget),
@@ -451,7 +452,10 @@ impl Cluster {
         for g in self.dpu.iter_mut().chain(self.host.iter_mut()) {
             let _ = g.stop(Duration::from_secs(5));
         }
-        let _ = &self.map;
+        // The devices are preallocated: a sweep over placements must not keep them all.
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), "cannot remove: {e}");
+        }
     }
 }
 

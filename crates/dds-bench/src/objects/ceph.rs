@@ -413,6 +413,7 @@ pub fn run(o: &CephOpts) -> Result<Vec<Point>> {
     })();
     c.stop();
     drop(budget);
+    let _ = std::fs::remove_dir_all(o.dir.join("ceph"));
     r.map(|_| pts)
 }
 
