@@ -13,6 +13,7 @@ pub mod dpukv;
 pub mod files;
 pub mod kv;
 pub mod machine;
+pub mod objects;
 pub mod pageserver;
 pub mod placement;
 pub mod plot;

@@ -43,6 +43,10 @@ enum Which {
     /// redis-server, on YCSB A/B/C (throughput, latency, host cores, bytes over PCIe).
     #[command(name = "dpu-kv")]
     DpuKv(dds_bench::dpukv::DpuKvArgs),
+    /// CODA Figs. 6–8: `rados bench`-style object writes and reads on four OSDs in the
+    /// placements H4 .. D4 (replication 1 and 3) under a host CPU budget, optionally side by
+    /// side with a real Ceph cluster (`--with-ceph`).
+    Objects(dds_bench::objects::ObjectsArgs),
     #[command(flatten)]
     Remote(dds_bench::remote::RemoteBench), // `remote` and `echo`
 }
@@ -271,6 +275,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Which::DpuKv(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
             let report = dds_bench::dpukv::run(k, command_line()).context("dpu-kv benchmark")?;
+            finish(&report, &out)
+        }
+        Which::Objects(k) => {
+            let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
+            let report = dds_bench::objects::run(k, command_line()).context("objects benchmark")?;
             finish(&report, &out)
         }
         Which::Pageserver(k) => {
