@@ -355,5 +355,6 @@ fn summarize(opts: &CacheOptions, machine: Machine, points: Vec<CachePoint>) -> 
         points: json!(points),
         tables,
         charts,
+        panels: Vec::new(),
     }
 }

@@ -786,5 +786,6 @@ fn report(
         points: Value::Array(points.iter().map(|x| json!(x)).collect()),
         tables: vec![t],
         charts,
+        panels: Vec::new(),
     }
 }

@@ -893,5 +893,6 @@ fn summarize(
             vec![t, tr, treg]
         },
         charts,
+        panels: Vec::new(),
     }
 }

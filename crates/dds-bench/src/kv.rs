@@ -740,5 +740,6 @@ fn report(
         ),
         tables: vec![t, t2],
         charts,
+        panels: Vec::new(),
     }
 }

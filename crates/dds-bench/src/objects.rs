@@ -1139,5 +1139,6 @@ fn report(
         points: Value::Array(points.iter().map(|x| json!(x)).collect()),
         tables: vec![t],
         charts,
+        panels: Vec::new(),
     }
 }

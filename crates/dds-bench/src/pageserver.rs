@@ -588,5 +588,6 @@ fn report(
         points: Value::Array(points.iter().map(|p| json!(p)).collect()),
         tables: vec![t],
         charts,
+        panels: Vec::new(),
     }
 }

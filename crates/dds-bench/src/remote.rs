@@ -9,10 +9,14 @@
 //!   from [`offload_dpu_args`], and the mode is reported as not available when `dds dpu` lacks
 //!   them. It runs once more with the offload engine's copy mode for Fig. 20.
 //!
+//! `dds dpu` runs on a core of its own (`--dpu-cpus`, default the last CPU) and the host side
+//! (the servers of every mode and the load client) on the others, in every mode
+//! ([`Placement`], recorded as `config.placement`); `--shared-cores` lets them share.
 //! The load client runs inside this process. For each mode and load point it records
 //! throughput, latency percentiles and the CPU seconds of the server process ("host") and of
 //! the `dds dpu` process ("DPU") from /proc/<pid>/stat. There is no DPU hardware: the DPU is the
-//! `dds dpu` process with an emulated DMA engine, and every output says so.
+//! `dds dpu` process with an emulated DMA engine, and every output says so. Both benchmarks
+//! return a [`Report`] that `dds bench` prints and writes.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -21,16 +25,20 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::plot::panels::{self as plot, Chart, Series};
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 use dds_apps::client::{self, ClientConfig, ClientReport};
 use dds_apps::echo::{self, EchoConfig};
+use dds_proto::units::parse_size;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::child::ChildGuard;
 use crate::cpu::self_cpu_seconds;
-use dds_proto::units::parse_size;
+use crate::machine::Machine;
+use crate::placement::Placement;
+use crate::plot::panels::{Chart, Figure, Series};
+use crate::report::{fmt_num, Report, Table};
 
 mod echo_bench;
 mod figures;
@@ -41,26 +49,10 @@ use figures::*;
 use procs::*;
 pub use procs::{offload_dpu_args, NotAvailable};
 
-/// The remote-storage benchmarks (flattened into `dds bench`).
-#[derive(Subcommand, Debug)]
-pub enum RemoteBench {
-    /// Figs. 13/14 (and 20 with the offload engine): the pagestore server on OS files vs DDS
-    /// files (vs DDS offload), throughput, latency and host/DPU CPU per operation.
-    Remote(RemoteArgs),
-    /// Fig. 18: TCP echo served by a host process vs by a separate "DPU" process.
-    Echo(EchoBenchArgs),
-}
-
-pub fn run(b: RemoteBench) -> Result<()> {
-    match b {
-        RemoteBench::Remote(a) => run_remote(a),
-        RemoteBench::Echo(a) => run_echo(a),
-    }
-}
-
 const EMULATION_NOTE: &str = "No DPU hardware: the DPU is the `dds dpu` process with an emulated DMA engine (PCIe cost model), on the same machine as the host server and the client";
 
-#[derive(Args, Debug, Clone)]
+/// Settings of `dds bench remote`.
+#[derive(Args, Debug, Clone, Serialize)]
 pub struct RemoteArgs {
     /// Short run (about a minute): fewer load points, shorter points, smaller files.
     #[arg(long)]
@@ -100,12 +92,17 @@ pub struct RemoteArgs {
     /// Skip the write curves.
     #[arg(long)]
     pub no_writes: bool,
-    /// CPUs of the `dds dpu` process (a taskset list; default: the last CPU).
+    /// CPUs of the `dds dpu` process (default: the last CPU); the host server and the load
+    /// client get the others, in every mode.
     #[arg(long)]
     pub dpu_cpus: Option<String>,
+    /// Let the DPU share the host's cores (the results go beside the dedicated-core run's).
+    #[arg(long)]
+    pub shared_cores: bool,
 }
 
-#[derive(Args, Debug, Clone)]
+/// Settings of `dds bench echo`.
+#[derive(Args, Debug, Clone, Serialize)]
 pub struct EchoBenchArgs {
     #[arg(long)]
     pub quick: bool,
@@ -119,6 +116,14 @@ pub struct EchoBenchArgs {
     /// Seconds per point (default 3; quick 1).
     #[arg(long)]
     pub seconds: Option<f64>,
+    /// CPUs of the DPU-side echo (default: the last CPU); the host-side echo and the client
+    /// get the others.
+    #[arg(long)]
+    pub dpu_cpus: Option<String>,
+    /// Let the DPU side share the host's cores (the results go beside the dedicated-core
+    /// run's).
+    #[arg(long)]
+    pub shared_cores: bool,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -134,32 +139,32 @@ struct Plan {
     seconds: f64,
     threads: usize,
     writes: bool,
-    ncpu: usize,
+    /// CPUs the host side (the servers and the load client) may use: all but the DPU's, or
+    /// every CPU with `--shared-cores`.
+    host_cpus: Vec<usize>,
 }
 
-fn cpu_list(n: usize) -> String {
-    if n <= 1 {
-        "0".into()
-    } else {
-        format!("0-{}", n - 1)
+impl Plan {
+    /// Host cores the server is given at most (the core sweep runs 1..=this).
+    fn max_cores(&self) -> usize {
+        self.host_cpus.len().clamp(1, 2)
     }
 }
 
-fn machine() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-        .unwrap_or_default();
-    json!({
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "cpu_model": model,
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        // Load averages (1, 5, 15 min) when the report was written: other work on the machine.
-        "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-    })
+/// A taskset list of CPUs.
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The host side's CPUs under `place`: its own, or every CPU when shared.
+fn host_cpus(place: &Placement, nproc: usize) -> Vec<usize> {
+    place
+        .host_cpus
+        .clone()
+        .unwrap_or_else(|| (0..nproc.max(1)).collect())
 }
 
 /// The server under load at one point.
@@ -292,9 +297,6 @@ fn parse_ready(v: &Value) -> Result<(SocketAddr, Vec<u32>)> {
     Ok((addr, files))
 }
 
-/// Runs one mode: for each host core count, a server pinned to that many cores, and the load
-/// points (the full read sweep, and the write sweep, at the largest core count; the peak read
-/// point at the others).
 /// Waits until something accepts connections at `addr`.
 fn wait_listening(addr: SocketAddr) -> Result<()> {
     for _ in 0..500 {
@@ -318,6 +320,9 @@ enum Front {
     },
 }
 
+/// Runs one mode: for each host core count, a server pinned to that many of the host side's
+/// cores, and the load points (the full read sweep, and the write sweep, at the largest core
+/// count; the peak read point at the others).
 #[allow(clippy::too_many_arguments)]
 fn run_mode(
     mode: &str,
@@ -329,7 +334,7 @@ fn run_mode(
     reads_only_at_max_cores: bool,
     points: &mut Vec<Value>,
 ) -> Result<()> {
-    let max_cores = plan.ncpu.min(2);
+    let max_cores = plan.max_cores();
     let mut core_counts: Vec<usize> = vec![max_cores];
     if max_cores > 1 {
         core_counts.push(1);
@@ -338,7 +343,7 @@ fn run_mode(
         core_counts.truncate(1);
     }
     for &cores in &core_counts {
-        let list = cpu_list(cores);
+        let list = cpu_list(&plan.host_cpus[..cores]);
         let listen = match front {
             Front::Host => "127.0.0.1:0".parse()?,
             Front::Director { host, .. } => host,
@@ -449,10 +454,10 @@ fn summarize(points: &[Value], mode: &str, label: &str) -> Value {
     }
 }
 
-pub fn run_remote(a: RemoteArgs) -> Result<()> {
-    let ncpu = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+/// Runs the remote-storage benchmark; `command` is the command line, for the report.
+pub fn run_remote(a: RemoteArgs, command: String) -> Result<Report> {
+    let machine = Machine::detect();
+    let place = Placement::plan(machine.nproc, a.dpu_cpus.as_deref(), a.shared_cores)?;
     let plan = Plan {
         files: a.files.max(1),
         file_size: a
@@ -477,26 +482,84 @@ pub fn run_remote(a: RemoteArgs) -> Result<()> {
         seconds: a.seconds.unwrap_or(if a.quick { 1.5 } else { 4.0 }),
         threads: a.threads.max(1),
         writes: !a.no_writes,
-        ncpu,
+        host_cpus: host_cpus(&place, machine.nproc),
     };
     let work = match &a.work {
         Some(w) => w.clone(),
         None => std::env::temp_dir().join(format!("dds-remote-bench-{}", std::process::id())),
     };
     std::fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
-    let out = crate::results_dir(a.out.as_deref(), a.quick);
-    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let cleanup = a.work.is_none();
-    let result = run_remote_in(&a, &plan, &work);
+    // The load client (this process) runs on the host side's cores.
+    let pinned = place.pin_host();
+    let result = pinned.and_then(|_pin| run_remote_in(&a, &plan, &place, &work));
     if cleanup {
         let _ = std::fs::remove_dir_all(&work);
     }
-    result
+    let (points, c_unavailable, director, elapsed) = result?;
+    let summary = remote_summary(&points, c_unavailable, director, elapsed);
+    let max_cores = plan.max_cores();
+    let config = json!({
+        "args": a,
+        "placement": place,
+        "files": plan.files,
+        "file_size": plan.file_size,
+        "io_size": plan.io_size,
+        "batch": plan.batch,
+        "connections": plan.connections,
+        "outstanding": plan.outstanding,
+        "seconds_per_point": plan.seconds,
+        "server_threads": plan.threads,
+        "dma_cost": a.dma_cost,
+        "host_cores": format!(
+            "the host server is pinned (taskset) to 1..={max_cores} of the host side's CPUs {:?}; the load client (this process) runs on the host side's CPUs",
+            plan.host_cpus
+        ),
+        "os_backend": "regular files on the same disk as the DDS device file; io_uring with O_DIRECT (buffered descriptor for unaligned requests)",
+        "dds_backend": "DDS files through the host library; file service in `dds dpu` (io_uring O_DIRECT on its device file)",
+        "cpu": "host = the pagestore server process, DPU = the dds dpu process, from /proc/<pid>/stat over each load point; client_cores_used = this process (the load client), from getrusage",
+        "modes": {
+            "a": "host application with kernel TCP and OS files (baseline)",
+            "b": "host application with kernel TCP and DDS files",
+            "c": "DDS offload: clients connect to the traffic director in `dds dpu` (--offload pagestore --offload-uncached), which serves reads on the DPU and forwards the rest to the mode-b host server",
+            "c-copy": "mode c with the offload engine's copy mode (--offload-copy), the Fig. 20 baseline",
+        },
+    });
+    Ok(Report {
+        benchmark: "remote".into(),
+        command,
+        dpu_emulation: format!("{EMULATION_NOTE}. {}", placement_text(&place, "`dds dpu`")),
+        machine,
+        config,
+        tables: vec![remote_table(&summary)],
+        panels: remote_figures(&points, max_cores as u64, a.quick),
+        summary,
+        points: Value::Array(points),
+        charts: Vec::new(),
+    })
 }
 
-fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
+/// Where the DPU side ran, for the report's DPU line.
+fn placement_text(place: &Placement, dpu: &str) -> String {
+    match (&place.dpu_cpus, &place.host_cpus) {
+        (Some(d), Some(h)) => format!(
+            "{dpu} on CPU(s) {d}, the host side on CPU(s) {}",
+            cpu_list(h)
+        ),
+        _ => format!("{dpu} shares every CPU with the host side (--shared-cores)"),
+    }
+}
+
+/// The points, mode (c)'s summary when it could not run, the traffic director's counters per
+/// offload mode, and the run's seconds.
+type RemoteRun = (Vec<Value>, Option<Value>, Value, f64);
+
+fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) -> Result<RemoteRun> {
     let started = Instant::now();
-    eprintln!("dds bench remote: {EMULATION_NOTE}.");
+    eprintln!(
+        "dds bench remote: {EMULATION_NOTE}; {}.",
+        placement_text(place, "`dds dpu`")
+    );
     let mut points = Vec::new();
     // (a) the baseline: OS files on the work directory's disk.
     let os_dir = work.join("os-files");
@@ -520,13 +583,10 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
         device_size,
     )?;
     let socket = work.join("dpu.sock");
-    let dpu_cpu = a
-        .dpu_cpus
-        .clone()
-        .unwrap_or_else(|| (plan.ncpu - 1).to_string());
-    let base_args = dpu_args(&device, &socket, &a.dma_cost);
+    let mut base_args = dpu_args(&device, &socket, &a.dma_cost);
+    base_args.extend(place.dpu_args());
     let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let (mut dpu, _) = start_dpu(&base_args, &socket, Some(&dpu_cpu))?;
+    let (mut dpu, _) = start_dpu(&base_args, &socket)?;
     let r = run_mode(
         "b",
         "dds",
@@ -541,14 +601,14 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
     r?;
     // (c) DDS offload: the DPU's traffic director in front of the host server of mode (b),
     // reads served on the DPU; zero copy, then the copy mode for Fig. 20 (reads only).
-    let mut c = Value::Null;
+    let mut c_unavailable = None;
     let mut director_stats = serde_json::Map::new();
     for (mode, copy) in [("c", false), ("c-copy", true)] {
         let host: SocketAddr = free_port()?;
         let mut args = base_args.clone();
         match offload_dpu_args(&mut args, host, copy) {
             Ok(director) => {
-                let (mut dpu, stats) = start_dpu(&args, &socket, Some(&dpu_cpu))?;
+                let (mut dpu, stats) = start_dpu(&args, &socket)?;
                 let r = run_mode(
                     mode,
                     "dds",
@@ -566,77 +626,54 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, work: &Path) -> Result<()> {
             }
             Err(NotAvailable(why)) => {
                 eprintln!("  mode {mode}: not available: {why}");
-                c = json!({"available": false, "label": "DDS offload", "reason": why});
+                c_unavailable =
+                    Some(json!({"available": false, "label": "DDS offload", "reason": why}));
                 break;
             }
         }
     }
-    if c.is_null() {
-        c = summarize(&points, "c", "DDS offload");
-    }
+    Ok((
+        points,
+        c_unavailable,
+        Value::Object(director_stats),
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+/// The summary of a run: each mode's figures (`a`, `b`, `c`, `c_copy`), the offload-vs-baseline
+/// ratios and their `targets`, the traffic director's counters (`director`: requests served on
+/// the DPU, `offloaded`, or sent to the host, `forwarded`; `fallback` = reads forwarded because
+/// the DPU's file port was full; over all points of the mode, warm-up included).
+fn remote_summary(
+    points: &[Value],
+    c_unavailable: Option<Value>,
+    director: Value,
+    elapsed_s: f64,
+) -> Value {
+    let c = c_unavailable.unwrap_or_else(|| summarize(points, "c", "DDS offload"));
     let c_copy = if points.iter().any(|p| p["mode"] == "c-copy") {
-        summarize(&points, "c-copy", "DDS offload, copy mode")
+        summarize(points, "c-copy", "DDS offload, copy mode")
     } else {
         json!({"available": false, "label": "DDS offload, copy mode"})
     };
-    let (ratios, targets) = offload_ratios(&points);
-    let max_cores = plan.ncpu.min(2) as u64;
-    let out = crate::results_dir(a.out.as_deref(), a.quick);
-    let plots = draw_remote(&out, &points, max_cores, a.quick)?;
-    let report = json!({
-        "benchmark": "remote",
-        "note": EMULATION_NOTE,
-        "quick": a.quick,
-        "machine": machine(),
-        "setup": {
-            "files": plan.files,
-            "file_size": plan.file_size,
-            "io_size": plan.io_size,
-            "batch": plan.batch,
-            "connections": plan.connections,
-            "outstanding": plan.outstanding,
-            "seconds_per_point": plan.seconds,
-            "server_threads": plan.threads,
-            "dma_cost": a.dma_cost,
-            "pinning": format!("host server: taskset -c 0 (1 core) or 0-{} ({} cores); dds dpu: taskset -c {}; client: this process, unpinned", max_cores - 1, max_cores, a.dpu_cpus.clone().unwrap_or_else(|| (plan.ncpu - 1).to_string())),
-            "os_backend": "regular files on the same disk as the DDS device file; io_uring with O_DIRECT (buffered descriptor for unaligned requests)",
-            "dds_backend": "DDS files through the host library; file service in `dds dpu` (io_uring O_DIRECT on its device file)",
-            "cpu": "host = the pagestore server process, DPU = the dds dpu process, from /proc/<pid>/stat over each load point; client_cores_used = this process (the load client), from getrusage",
-        },
-        "modes": {
-            "a": "host application with kernel TCP and OS files (baseline)",
-            "b": "host application with kernel TCP and DDS files",
-            "c": "DDS offload: clients connect to the traffic director in `dds dpu` (--offload pagestore --offload-uncached), which serves reads on the DPU and forwards the rest to the mode-b host server",
-            "c-copy": "mode c with the offload engine's copy mode (--offload-copy), the Fig. 20 baseline",
-        },
-        "summary": {
-            "a": summarize(&points, "a", "TCP + OS files"),
-            "b": summarize(&points, "b", "TCP + DDS files"),
-            "c": c,
-            "c_copy": c_copy,
-            "offload_over_baseline_peak": ratios[0],
-            "offload_dpu_cpu_over_baseline_host_cpu": ratios[1],
-            "offload_p50_over_baseline_p50": ratios[2],
-            "targets": targets,
-        },
-        // Requests the traffic director served on the DPU (`offloaded`) or sent to the host
-        // (`forwarded`; `fallback` = reads forwarded because the DPU's file port was full),
-        // over all points of the mode, warm-up included.
-        "director": director_stats,
-        "plots": plots,
-        "points": points,
-        "elapsed_s": started.elapsed().as_secs_f64(),
-    });
-    let path = out.join("remote.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
-    print_summary(&report);
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    let (ratios, targets) = offload_ratios(points);
+    json!({
+        "a": summarize(points, "a", "TCP + OS files"),
+        "b": summarize(points, "b", "TCP + DDS files"),
+        "c": c,
+        "c_copy": c_copy,
+        "offload_over_baseline_peak": ratios[0],
+        "offload_dpu_cpu_over_baseline_host_cpu": ratios[1],
+        "offload_p50_over_baseline_p50": ratios[2],
+        "targets": targets,
+        "director": director,
+        "elapsed_s": elapsed_s,
+    })
 }
 
 /// DDS offload (mode c) against the baseline (mode a), reads: peak throughput, CPU per read
 /// (the DPU's against the host's) and p50 at the load where the baseline peaks; with their
-/// targets.
+/// targets, named as the summary's keys (0 and unmet when a mode is missing).
 fn offload_ratios(points: &[Value]) -> ([f64; 3], Vec<crate::report::Target>) {
     use crate::report::{ratio, Target};
     let reads = |mode: &'static str| {
@@ -647,60 +684,127 @@ fn offload_ratios(points: &[Value]) -> ([f64; 3], Vec<crate::report::Target>) {
     let peak = |mode: &'static str| {
         reads(mode).max_by(|x, y| f(x, "throughput").total_cmp(&f(y, "throughput")))
     };
-    let (Some(a), Some(c)) = (peak("a"), peak("c")) else {
-        return ([0.0; 3], Vec::new());
+    let r = match (peak("a"), peak("c")) {
+        (Some(a), Some(c)) => {
+            let same_load = |p: &&Value| {
+                ["connections", "outstanding", "host_cores", "batch"]
+                    .iter()
+                    .all(|k| p[*k] == a[*k])
+            };
+            let c_at_a = reads("c").find(same_load);
+            [
+                ratio(f(c, "throughput"), f(a, "throughput")),
+                ratio(f(c, "dpu_cpu_us_per_op"), f(a, "host_cpu_us_per_op")),
+                c_at_a.map_or(0.0, |c| ratio(f(c, "p50_us"), f(a, "p50_us"))),
+            ]
+        }
+        _ => [0.0; 3],
     };
-    let same_load = |p: &&Value| {
-        ["connections", "outstanding", "host_cores", "batch"]
-            .iter()
-            .all(|k| p[*k] == a[*k])
-    };
-    let c_at_a = reads("c").find(same_load);
-    let r = [
-        ratio(f(c, "throughput"), f(a, "throughput")),
-        ratio(f(c, "dpu_cpu_us_per_op"), f(a, "host_cpu_us_per_op")),
-        c_at_a.map_or(0.0, |c| ratio(f(c, "p50_us"), f(a, "p50_us"))),
+    let available = peak("a").is_some() && peak("c").is_some();
+    let mut targets = vec![
+        Target::at_least("offload_over_baseline_peak", r[0], 1.5),
+        Target::at_most("offload_dpu_cpu_over_baseline_host_cpu", r[1], 1.2),
+        Target::at_most("offload_p50_over_baseline_p50", r[2], 0.5),
     ];
-    let targets = vec![
-        Target::at_least("DDS offload / baseline peak reads/s", r[0], 1.5),
-        Target::at_most(
-            "DDS offload DPU CPU per read / baseline host CPU per read",
-            r[1],
-            1.2,
-        ),
-        Target::at_most(
-            "DDS offload p50 / baseline p50 at the baseline's peak load",
-            r[2],
-            0.5,
-        ),
-    ];
+    if !available {
+        for t in &mut targets {
+            t.met = false;
+        }
+    }
     (r, targets)
 }
 
-fn print_summary(report: &Value) {
-    println!("remote storage benchmark ({EMULATION_NOTE})");
-    println!(
-        "{:<18} {:>12} {:>10} {:>10} {:>14} {:>13}",
-        "mode", "req/s", "p50 µs", "p99 µs", "host µs/op", "DPU µs/op"
+/// The modes at the summary's load point, as printed at the end of a run.
+fn remote_table(summary: &Value) -> Table {
+    let mut t = Table::new(
+        "Remote storage, reads at the highest load of the sweep (most host cores)",
+        &[
+            "mode",
+            "req/s",
+            "p50 µs",
+            "p99 µs",
+            "host µs/op",
+            "DPU µs/op",
+            "peak req/s",
+        ],
     );
-    for m in ["a", "b", "c"] {
-        let s = &report["summary"][m];
+    for m in ["a", "b", "c", "c_copy"] {
+        let s = &summary[m];
+        let label = s["label"].as_str().unwrap_or(m).to_string();
         if s["available"] == true {
-            println!(
-                "{:<18} {:>12.0} {:>10.1} {:>10.1} {:>14.2} {:>13.2}",
-                s["label"].as_str().unwrap_or(m),
-                f(s, "throughput"),
-                f(s, "p50_us"),
-                f(s, "p99_us"),
-                f(s, "host_cpu_us_per_op"),
-                f(s, "dpu_cpu_us_per_op")
-            );
+            t.row(vec![
+                label,
+                fmt_num(f(s, "throughput")),
+                fmt_num(f(s, "p50_us")),
+                fmt_num(f(s, "p99_us")),
+                fmt_num(f(s, "host_cpu_us_per_op")),
+                fmt_num(f(s, "dpu_cpu_us_per_op")),
+                fmt_num(f(s, "peak_read_throughput")),
+            ]);
         } else {
-            println!(
-                "{:<18} not available: {}",
-                s["label"].as_str().unwrap_or(m),
-                s["reason"].as_str().unwrap_or("")
-            );
+            let why = s["reason"].as_str().unwrap_or("not run");
+            t.row(vec![format!("{label} (not available: {why})")]);
         }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(mode: &str, outstanding: u64, throughput: f64, cpu: f64, p50: f64) -> Value {
+        json!({
+            "mode": mode, "op": "read", "host_cores": 1, "connections": 2, "batch": 8,
+            "outstanding": outstanding, "throughput": throughput, "p50_us": p50, "p99_us": p50 * 2.0,
+            "host_cpu_us_per_op": cpu, "dpu_cpu_us_per_op": cpu,
+        })
+    }
+
+    #[test]
+    fn the_summary_carries_the_documented_keys_and_targets() {
+        let points = vec![
+            point("a", 1, 10_000.0, 4.0, 100.0),
+            point("a", 16, 40_000.0, 4.0, 400.0),
+            point("c", 1, 20_000.0, 2.0, 50.0),
+            point("c", 16, 80_000.0, 2.0, 100.0),
+        ];
+        let s = remote_summary(&points, None, json!({}), 1.0);
+        let keys = [
+            "offload_over_baseline_peak",
+            "offload_dpu_cpu_over_baseline_host_cpu",
+            "offload_p50_over_baseline_p50",
+        ];
+        assert_eq!(s[keys[0]], 2.0);
+        assert_eq!(s[keys[1]], 0.5);
+        assert_eq!(s[keys[2]], 0.25);
+        let targets = s["targets"].as_array().unwrap();
+        let names: Vec<&str> = targets
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, keys);
+        for t in targets {
+            for k in ["name", "goal", "op", "measured", "met"] {
+                assert!(!t[k].is_null(), "target lacks {k}: {t}");
+            }
+            assert_eq!(t["met"], true, "{t}");
+            assert_eq!(t["measured"], s[t["name"].as_str().unwrap()]);
+        }
+        for m in ["a", "c"] {
+            assert_eq!(s[m]["available"], true);
+        }
+        assert_eq!(s["c_copy"]["available"], false);
+        // Without mode (c) the targets are still listed, unmet.
+        let s = remote_summary(
+            &points[..2],
+            Some(json!({"available": false, "label": "DDS offload", "reason": "x"})),
+            Value::Null,
+            1.0,
+        );
+        let targets = s["targets"].as_array().unwrap();
+        assert_eq!(targets.len(), 3);
+        assert!(targets.iter().all(|t| t["met"] == false));
+        assert_eq!(remote_table(&s).rows.len(), 4);
     }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::machine::Machine;
-use crate::plot::LineChart;
+use crate::plot::{panels, LineChart};
 
 /// A goal a figure of the summary is held to.
 #[derive(Clone, Debug, Serialize)]
@@ -124,6 +124,9 @@ pub struct Report {
     pub tables: Vec<Table>,
     #[serde(skip)]
     pub charts: Vec<LineChart>,
+    /// Figures of several panels side by side (the remote-storage figures).
+    #[serde(skip)]
+    pub panels: Vec<panels::Figure>,
 }
 
 impl Report {
@@ -207,7 +210,7 @@ impl Report {
             .is_some_and(|p| p.get("dpu_cpus").is_some_and(Value::is_null))
     }
 
-    /// Writes `<dir>/<benchmark>.json` and the plots (`<benchmark>-shared-cores.json` and
+    /// Writes `<dir>/<benchmark>.json` and the plots (charts and panel figures) (`<benchmark>-shared-cores.json` and
     /// `shared-cores-<plot>` for a shared-cores run); returns the paths written.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -225,6 +228,11 @@ impl Report {
             let path = dir.join(format!("{prefix}{}", c.file));
             c.draw(&path)
                 .with_context(|| format!("draw {}", path.display()))?;
+            written.push(path);
+        }
+        for f in &self.panels {
+            let path = dir.join(format!("{prefix}{}", f.file));
+            panels::draw(&path, &f.charts).with_context(|| format!("draw {}", path.display()))?;
             written.push(path);
         }
         Ok(written)
@@ -328,6 +336,7 @@ mod tests {
             points: Value::Array(Vec::new()),
             tables: Vec::new(),
             charts: Vec::new(),
+            panels: Vec::new(),
         };
         assert!(!r.shared_cores());
         r.write(dir.path()).unwrap();

@@ -585,5 +585,6 @@ fn summarize(
         points: json!(points),
         tables,
         charts,
+        panels: Vec::new(),
     }
 }

@@ -1,4 +1,4 @@
-//! `dds bench ring|files|cache-table`: runs a benchmark of `dds-bench`, prints its tables and
+//! `dds bench ring|files|cache-table|kv|pageserver|dpu-kv|remote|echo`: runs a benchmark of `dds-bench`, prints its tables and
 //! writes `<out>/<name>.json` and the plots.
 
 use std::path::{Path, PathBuf};
@@ -47,8 +47,11 @@ enum Which {
     /// placements H4 .. D4 (replication 1 and 3) under a host CPU budget, optionally side by
     /// side with a real Ceph cluster (`--with-ceph`).
     Objects(dds_bench::objects::ObjectsArgs),
-    #[command(flatten)]
-    Remote(dds_bench::remote::RemoteBench), // `remote` and `echo`
+    /// Figs. 13/14 (and 20 with the offload engine): the pagestore server on OS files vs DDS
+    /// files (vs DDS offload), throughput, latency and host/DPU CPU per operation.
+    Remote(dds_bench::remote::RemoteArgs),
+    /// Fig. 18: TCP echo served by a host process vs by a separate "DPU" process.
+    Echo(dds_bench::remote::EchoBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -165,7 +168,7 @@ impl Common {
 }
 
 /// The command line as typed, for the results.
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     let mut args = std::env::args();
     args.next();
     std::iter::once("dds".to_string())
@@ -174,13 +177,21 @@ fn command_line() -> String {
         .join(" ")
 }
 
-fn finish(report: &Report, out: &Path) -> Result<()> {
+/// Prints the report's tables and targets and writes its JSON and plots under `out`.
+pub(crate) fn finish(report: &Report, out: &Path) -> Result<()> {
     print!("{}", report.render());
     let written = report.write(out)?;
     for p in written {
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// Runs a benchmark that takes the command line and returns its report, then [`finish`]es it
+/// under `out`.
+fn run_to(out: &Path, name: &str, run: impl FnOnce(String) -> Result<Report>) -> Result<()> {
+    let report = run(command_line()).with_context(|| format!("{name} benchmark"))?;
+    finish(&report, out)
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -220,7 +231,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             println!("{}", serde_json::to_string(&ring::run_point(&spec)?)?);
             Ok(())
         }
-        Which::Remote(r) => dds_bench::remote::run(r),
+        Which::Remote(r) => {
+            let out = dds_bench::results_dir(r.out.as_deref(), r.quick);
+            run_to(&out, "remote", |command| {
+                dds_bench::remote::run_remote(r, command)
+            })
+        }
+        Which::Echo(e) => {
+            let out = dds_bench::results_dir(e.out.as_deref(), e.quick);
+            run_to(&out, "echo", |command| {
+                dds_bench::remote::run_echo(e, command)
+            })
+        }
         Which::Files(f) => {
             let exe = std::env::current_exe().context("locate the dds binary")?;
             let dir = std::path::absolute(&f.dir)
@@ -269,24 +291,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         Which::Kv(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
-            let report = dds_bench::kv::run_kv(k, command_line()).context("kv benchmark")?;
-            finish(&report, &out)
+            run_to(&out, "kv", |command| dds_bench::kv::run_kv(k, command))
         }
         Which::DpuKv(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
-            let report = dds_bench::dpukv::run(k, command_line()).context("dpu-kv benchmark")?;
-            finish(&report, &out)
+            run_to(&out, "dpu-kv", |command| dds_bench::dpukv::run(k, command))
         }
         Which::Objects(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
-            let report = dds_bench::objects::run(k, command_line()).context("objects benchmark")?;
-            finish(&report, &out)
+            run_to(&out, "objects", |command| {
+                dds_bench::objects::run(k, command)
+            })
         }
         Which::Pageserver(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
-            let report =
-                dds_bench::pageserver::run(k, command_line()).context("pageserver benchmark")?;
-            finish(&report, &out)
+            run_to(&out, "pageserver", |command| {
+                dds_bench::pageserver::run(k, command)
+            })
         }
         Which::CacheTable(c) => {
             let mut o = if c.common.quick {

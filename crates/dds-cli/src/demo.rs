@@ -168,9 +168,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         "The offload row is the point: the DPU serves the reads itself, so the host spends almost no CPU per read (host µs/op) while clients see the same or better throughput."
     );
     let out = dir.join("results");
-    dds_bench::remote::run_remote(dds_bench::remote::RemoteArgs {
+    let args = dds_bench::remote::RemoteArgs {
         quick: true,
-        out: Some(out),
         work: None,
         files: 2,
         file_size: Some(16 << 20),
@@ -183,5 +182,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         dma_cost: a.dma_cost.clone(),
         no_writes: true,
         dpu_cpus: None,
-    })
+        shared_cores: false,
+        out: Some(out.clone()),
+    };
+    let report = dds_bench::remote::run_remote(args, crate::bench_cmd::command_line())?;
+    crate::bench_cmd::finish(&report, &out)
 }

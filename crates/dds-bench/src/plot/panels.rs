@@ -47,6 +47,13 @@ impl Chart {
     }
 }
 
+/// Charts drawn side by side into one PNG (`file`, under the results directory).
+#[derive(Clone, Debug)]
+pub struct Figure {
+    pub file: String,
+    pub charts: Vec<Chart>,
+}
+
 /// Draws the charts side by side into one PNG. Lines follow x order; a y axis whose values
 /// span two decades or more is logarithmic.
 pub fn draw(path: &Path, charts: &[Chart]) -> Result<()> {

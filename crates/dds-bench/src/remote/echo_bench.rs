@@ -2,10 +2,10 @@
 
 use super::*;
 
-pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
-    let ncpu = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+/// Runs the echo benchmark; `command` is the command line, for the report.
+pub fn run_echo(a: EchoBenchArgs, command: String) -> Result<Report> {
+    let machine = Machine::detect();
+    let place = Placement::plan(machine.nproc, a.dpu_cpus.as_deref(), a.shared_cores)?;
     let sizes: Vec<u64> = if !a.sizes.is_empty() {
         a.sizes.clone()
     } else if a.quick {
@@ -14,10 +14,13 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
         vec![64, 1024, 16384]
     };
     let seconds = a.seconds.unwrap_or(if a.quick { 1.0 } else { 3.0 });
-    let out = crate::results_dir(a.out.as_deref(), a.quick);
-    std::fs::create_dir_all(&out)?;
-    eprintln!("dds bench echo: {EMULATION_NOTE}; the DPU-side echo is the same code in a separate process pinned to CPU {}.", ncpu - 1);
-    let sides = [("host", "0".to_string()), ("dpu", (ncpu - 1).to_string())];
+    let where_ = placement_text(&place, "the DPU-side echo");
+    eprintln!("dds bench echo: no DPU hardware; the DPU-side echo is the same code in a separate process; {where_}.");
+    // The host-side echo and the client (this process) on the host side's CPUs, the DPU-side
+    // echo on the DPU's; unpinned when shared.
+    let host_list = place.host_cpus.as_deref().map(cpu_list);
+    let sides = [("host", host_list), ("dpu", place.dpu_cpus.clone())];
+    let _pin = place.pin_host()?;
     let mut points = Vec::new();
     for (role, cpus) in &sides {
         let args: Vec<String> = vec![
@@ -28,7 +31,7 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
             "--role".into(),
             role.to_string(),
         ];
-        let mut cmd = dds_command(&args, Some(cpus))?;
+        let mut cmd = dds_command(&args, cpus.as_deref())?;
         let (mut server, ready) = spawn_ready("echo server", &mut cmd, Duration::from_secs(30))?;
         let addr: SocketAddr = ready["listen"]
             .as_str()
@@ -55,7 +58,7 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
                 }
                 points.push(json!({
                     "side": role,
-                    "cpus": cpus,
+                    "cpus": cpus.as_deref().unwrap_or("shared"),
                     "message_size": size,
                     "outstanding": outstanding,
                     "messages": rep.messages,
@@ -115,7 +118,11 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
             .collect();
         charts.push(Chart {
             title: title.into(),
-            note: "emulated DPU: a separate process pinned to another core".into(),
+            note: if place.dpu_cpus.is_some() {
+                "emulated DPU: a separate process on a core of its own".into()
+            } else {
+                "emulated DPU: a separate process sharing the host's cores".into()
+            },
             x_label: "message size (KiB)".into(),
             y_label: if y == "p50_us" {
                 "p50 latency (µs)".into()
@@ -125,48 +132,50 @@ pub fn run_echo(a: EchoBenchArgs) -> Result<()> {
             series: s,
         });
     }
-    let png = out.join("echo-fig18.png");
-    plot::draw(&png, &charts)?;
-    let report = json!({
-        "benchmark": "echo",
-        "note": format!("{EMULATION_NOTE}. The DPU-side echo is the same kernel-TCP echo code run as a separate process pinned to CPU {}; the host echo is pinned to CPU 0. No userspace TCP stack (TLDK) is involved.", ncpu - 1),
-        "quick": a.quick,
-        "machine": machine(),
-        "summary": {"host": summary_of("host"), "dpu": summary_of("dpu")},
-        "plots": [png.display().to_string()],
-        "points": points,
+    let summary = json!({
+        "host": summary_of("host"),
+        "dpu": summary_of("dpu"),
+        // No goal is set for the echo comparison (Fig. 18 measures placement only).
+        "targets": Vec::<crate::report::Target>::new(),
     });
-    let path = out.join("echo.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
-    println!(
-        "echo benchmark (no DPU hardware: the DPU-side echo is the same kernel-TCP echo in a separate process pinned to CPU {})",
-        ncpu - 1
+    let mut t = Table::new(
+        format!(
+            "TCP echo, {} B messages (latency at 1 in flight, throughput and CPU at 8)",
+            sizes[0]
+        ),
+        &["side", "msg/s", "p50 µs", "p99 µs", "CPU µs/msg"],
     );
     for side in ["host", "dpu"] {
-        let s = &report["summary"][side];
-        println!(
-            "{side:<5} {:>10.0} msg/s  p50 {:>7.1} µs  p99 {:>7.1} µs  {:>6.2} µs CPU/msg",
-            f(s, "throughput"),
-            f(s, "p50_us"),
-            f(s, "p99_us"),
-            f(s, "cpu_us_per_op")
-        );
+        let s = &summary[side];
+        t.row(vec![
+            side.into(),
+            fmt_num(f(s, "throughput")),
+            fmt_num(f(s, "p50_us")),
+            fmt_num(f(s, "p99_us")),
+            fmt_num(f(s, "cpu_us_per_op")),
+        ]);
     }
-    eprintln!("wrote {}", path.display());
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn director_stats_line_is_parsed() {
-        let v = parse_director_stats(Some(
-            "dds dpu: director DirectorStats { accepted: 8, split: 8, offloaded: 80938, forwarded: 59254, fallback: 59254 }",
-        ));
-        assert_eq!(v["offloaded"], 80938);
-        assert_eq!(v["fallback"], 59254);
-        assert_eq!(parse_director_stats(None), Value::Null);
-    }
+    Ok(Report {
+        benchmark: "echo".into(),
+        command,
+        dpu_emulation: format!(
+            "No DPU hardware: the DPU-side echo is the same kernel-TCP echo code as the host's, run as a separate process; {where_}. No userspace TCP stack (TLDK) is involved."
+        ),
+        machine,
+        config: json!({
+            "args": a,
+            "placement": place,
+            "sizes": sizes,
+            "seconds_per_point": seconds,
+            "outstanding": [1, 8],
+        }),
+        summary,
+        points: Value::Array(points),
+        tables: vec![t],
+        charts: Vec::new(),
+        panels: vec![Figure {
+            file: "echo-fig18.png".into(),
+            charts,
+        }],
+    })
 }

@@ -26,12 +26,8 @@ pub(super) const MODES: [(&str, &str); 3] = [
     ("c", "DDS offload"),
 ];
 
-pub(super) fn draw_remote(
-    out: &Path,
-    points: &[Value],
-    max_cores: u64,
-    quick: bool,
-) -> Result<Vec<String>> {
+/// Figs. 13, 14 and 20 (the last when both offload modes ran), for [`Report::write`].
+pub(super) fn remote_figures(points: &[Value], max_cores: u64, quick: bool) -> Vec<Figure> {
     let note = format!(
         "emulated DPU (separate `dds dpu` process){}",
         if quick { ", quick run" } else { "" }
@@ -67,7 +63,7 @@ pub(super) fn draw_remote(
             });
         }
     }
-    // Peak read throughput vs host cores the server may use (taskset).
+    // Peak read throughput vs host cores the server may use (taskset, within the host side's).
     let mut by_cores = Vec::new();
     for (m, label) in MODES {
         let mut pts = Vec::new();
@@ -96,10 +92,10 @@ pub(super) fn draw_remote(
         y_label: "throughput (K IOPS)".into(),
         series: by_cores,
     });
-    let mut files = Vec::new();
-    let p13 = out.join("remote-fig13.png");
-    plot::draw(&p13, &charts13)?;
-    files.push(p13.display().to_string());
+    let mut figures = vec![Figure {
+        file: "remote-fig13.png".into(),
+        charts: charts13,
+    }];
 
     let mut charts14 = Vec::new();
     for op in ["read", "write"] {
@@ -144,9 +140,10 @@ pub(super) fn draw_remote(
             });
         }
     }
-    let p14 = out.join("remote-fig14.png");
-    plot::draw(&p14, &charts14)?;
-    files.push(p14.display().to_string());
+    figures.push(Figure {
+        file: "remote-fig14.png".into(),
+        charts: charts14,
+    });
 
     // Fig. 20: the offload engine with and without zero copy (reads, latency vs throughput).
     let mut s20 = Vec::new();
@@ -181,18 +178,16 @@ pub(super) fn draw_remote(
         }
     }
     if s20.len() == 4 {
-        let p20 = out.join("remote-fig20.png");
-        plot::draw(
-            &p20,
-            &[Chart {
+        figures.push(Figure {
+            file: "remote-fig20.png".into(),
+            charts: vec![Chart {
                 title: "Fig. 20: DDS offload, zero copy vs copy (reads)".into(),
                 note,
                 x_label: "throughput (K IOPS)".into(),
                 y_label: "latency (µs)".into(),
                 series: s20,
             }],
-        )?;
-        files.push(p20.display().to_string());
+        });
     }
-    Ok(files)
+    figures
 }

@@ -1,5 +1,5 @@
-//! The benchmark's processes: `dds` children pinned with taskset, ready lines, the DPU and
-//! its director counters.
+//! The benchmark's processes: `dds` children (servers pinned with taskset, the DPU with its
+//! own `--cpus`), ready lines, the DPU and its director counters.
 
 use super::*;
 
@@ -84,12 +84,10 @@ pub(super) fn dpu_args(device: &Path, socket: &Path, dma_cost: &str) -> Vec<Stri
 /// exit) is what the join handle returns.
 pub(super) type DirectorStatsLine = std::thread::JoinHandle<Option<String>>;
 
-pub(super) fn start_dpu(
-    args: &[String],
-    socket: &Path,
-    cpus: Option<&str>,
-) -> Result<(Proc, DirectorStatsLine)> {
-    let mut cmd = dds_command(args, cpus)?;
+/// Starts `dds <args>` (`dds dpu ...`, its CPUs in `args`); returns it once `socket` accepts
+/// connections.
+pub(super) fn start_dpu(args: &[String], socket: &Path) -> Result<(Proc, DirectorStatsLine)> {
+    let mut cmd = dds_command(args, None)?;
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -194,4 +192,19 @@ pub fn offload_dpu_args(
 /// A loopback address with a port nothing listens on right now.
 pub(super) fn free_port() -> std::io::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn director_stats_line_is_parsed() {
+        let v = parse_director_stats(Some(
+            "dds dpu: director DirectorStats { accepted: 8, split: 8, offloaded: 80938, forwarded: 59254, fallback: 59254 }",
+        ));
+        assert_eq!(v["offloaded"], 80938);
+        assert_eq!(v["fallback"], 59254);
+        assert_eq!(parse_director_stats(None), Value::Null);
+    }
 }
