@@ -3,9 +3,9 @@
 //! design, and the host process (`dds dpukv host`), which owns the store, the queue region
 //! and the workers, and attaches to the DPU.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -523,7 +523,6 @@ pub fn run_host(
         for t in workers {
             let _ = t.join();
         }
-        let _ = s.write(&[]);
         drop(region);
     }
     halt.store(true, Ordering::Relaxed);
@@ -543,9 +542,4 @@ pub fn wait_for(path: &Path, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
-}
-
-#[allow(dead_code)]
-fn _assert_fd(f: &OwnedFd) -> std::os::fd::BorrowedFd<'_> {
-    f.as_fd()
 }
