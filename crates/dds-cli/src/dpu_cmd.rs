@@ -172,6 +172,34 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
     }))
 }
 
+/// The DPU resource profile of a DPU-side process other than `dds dpu` (`dds dpukv dpu`,
+/// `dds osd --placement dpu`): the same options and meaning as `dds dpu`'s.
+#[derive(clap::Args, Debug)]
+pub struct DpuProfileArgs {
+    /// Resource profile: CPUs the DPU process may use (e.g. `1` or `0-1`).
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpus: Option<CpuList>,
+    /// Resource profile: CPU time quota in cores (cgroup), e.g. 0.5.
+    #[arg(long)]
+    pub cpu_quota: Option<f64>,
+    /// Resource profile: memory limit of the DPU process (cgroup).
+    #[arg(long, value_parser = crate::util::parse_size)]
+    pub memory: Option<u64>,
+}
+
+impl DpuProfileArgs {
+    /// Applies the profile to this process; the caller removes it at exit.
+    pub fn apply(&self) -> Result<dds_dpu::profile::AppliedProfile> {
+        dds_dpu::profile::ResourceProfile {
+            cpus: self.cpus.as_ref().map(|c| c.0.clone()),
+            cpu_quota: self.cpu_quota,
+            memory_bytes: self.memory,
+        }
+        .apply()
+        .context("apply the DPU resource profile")
+    }
+}
+
 /// A parsed `--cpus` list (a newtype, so clap takes it as one value).
 #[derive(Clone, Debug)]
 pub struct CpuList(pub Vec<usize>);

@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use dds_dpukv::node::{run_dpu, run_host, DpuConfig, HostConfig};
 use dds_dpukv::Design;
 
-use crate::dpu_cmd::{parse_cpus, parse_on_off, CpuList};
+use crate::dpu_cmd::{parse_cpus, parse_on_off, CpuList, DpuProfileArgs};
 use crate::util::parse_size;
 
 #[derive(Subcommand, Debug)]
@@ -45,15 +45,8 @@ pub struct DpuKvDpuArgs {
     /// Emulated PCIe cost of DMA operations (on/off).
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     dma_cost: bool,
-    /// Resource profile: CPUs the DPU process may use.
-    #[arg(long, value_parser = parse_cpus)]
-    cpus: Option<CpuList>,
-    /// Resource profile: CPU time quota in cores.
-    #[arg(long)]
-    cpu_quota: Option<f64>,
-    /// Resource profile: memory limit of the DPU process (cgroup).
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
+    #[command(flatten)]
+    profile: DpuProfileArgs,
     #[command(flatten)]
     etcd: EtcdArgs,
 }
@@ -138,12 +131,7 @@ pub fn run(cmd: DpuKvCmd) -> Result<()> {
     match cmd {
         DpuKvCmd::Dpu(a) => {
             let stop = stop_flag()?;
-            let profile = dds_dpu::profile::ResourceProfile {
-                cpus: a.cpus.as_ref().map(|c| c.0.clone()),
-                cpu_quota: a.cpu_quota,
-                memory_bytes: a.memory,
-            };
-            let mut applied = profile.apply().context("apply the DPU resource profile")?;
+            let mut applied = a.profile.apply()?;
             let cfg = DpuConfig {
                 control: a.control.clone(),
                 listen: a.listen,

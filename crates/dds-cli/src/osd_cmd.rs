@@ -10,7 +10,7 @@ use dds_objstore::ObjectId;
 use dds_osd::client::Client;
 use dds_osd::{open_store, ClusterMap, Osd, OsdConfig, StoreSpec};
 
-use crate::dpu_cmd::{parse_cpus, parse_on_off, CpuList};
+use crate::dpu_cmd::{parse_cpus, parse_on_off, CpuList, DpuProfileArgs};
 use crate::util::parse_size;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -68,15 +68,9 @@ pub struct OsdArgs {
     /// Placement dpu: emulated PCIe cost of DMA operations, on or off.
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     dma_cost: bool,
-    /// DPU resource profile (placement dpu): CPUs of this process.
-    #[arg(long, value_parser = parse_cpus)]
-    cpus: Option<CpuList>,
-    /// DPU resource profile: CPU time quota in cores.
-    #[arg(long)]
-    cpu_quota: Option<f64>,
-    /// DPU resource profile: memory limit (cgroup).
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
+    /// The DPU resource profile of the front end (placement dpu).
+    #[command(flatten)]
+    profile: DpuProfileArgs,
 }
 
 #[derive(Args, Debug)]
@@ -183,15 +177,7 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
     };
     // The front end of placement dpu runs under the DPU's resource profile.
     let mut applied = if placement == PlacementArg::Dpu {
-        Some(
-            dds_dpu::profile::ResourceProfile {
-                cpus: a.cpus.as_ref().map(|c| c.0.clone()),
-                cpu_quota: a.cpu_quota,
-                memory_bytes: a.memory,
-            }
-            .apply()
-            .context("apply the DPU resource profile")?,
-        )
+        Some(a.profile.apply()?)
     } else {
         None
     };
