@@ -93,6 +93,10 @@ pub struct OsdStoreArgs {
     /// DPU sessions served at once.
     #[arg(long, default_value_t = 16)]
     max_sessions: usize,
+    /// Microseconds a channel worker polls without finding a transfer before it parks on
+    /// its doorbell (0: park at once)
+    #[arg(long, default_value_t = 10)]
+    spin_us: u64,
     /// CPUs of this process (the host's share of the machine).
     #[arg(long, value_parser = parse_cpus)]
     cpus: Option<CpuList>,
@@ -127,6 +131,8 @@ pub fn run_osd_store(a: OsdStoreArgs) -> Result<()> {
         &a.socket,
         dds_objproxy::HostOptions {
             max_sessions: a.max_sessions,
+            spin: std::time::Duration::from_micros(a.spin_us),
+            ..Default::default()
         },
     )
     .with_context(|| format!("serve on {}", a.socket.display()))?;

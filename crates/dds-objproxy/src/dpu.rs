@@ -82,6 +82,8 @@ pub struct ProxyStats {
     pub reads: u64,
     pub retransmits: u64,
     pub rpcs: u64,
+    /// Doorbells rung for a parked host worker.
+    pub doorbells: u64,
 }
 
 #[derive(Default)]
@@ -96,6 +98,7 @@ struct Counters {
     reads: AtomicU64,
     retransmits: AtomicU64,
     rpcs: AtomicU64,
+    doorbells: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -137,6 +140,10 @@ struct Lane {
     next_ud: u64,
     /// Write completions seen, by user data (chunk seqs).
     done_writes: Vec<u64>,
+    /// The channel's doorbell (the host worker parks on it).
+    bell: Arc<OwnedFd>,
+    /// The host's last park epoch this lane rang for.
+    rung: u64,
 }
 
 const UD_READ: u64 = 1 << 63;
@@ -225,16 +232,26 @@ impl Lane {
         self.pump(Some(ud))
     }
 
-    /// Reads the control line: (consumed, state, reason, r_taken).
+    /// Reads the control line: (consumed, state, reason, r_taken). Rings the channel's
+    /// doorbell if the host worker parked (a new epoch in the sleep word): every wait for the
+    /// host reads the control line after the write the host has to see, so a parked worker
+    /// is woken within one poll.
     fn control(&mut self, c: &Counters) -> Result<[u64; 4], StoreError> {
         let buf = std::mem::replace(&mut self.small, LocalBuf::new(0, 8));
         // Zeroed first: a lost read leaves zeros, which only means "no progress yet".
         let mut buf = buf;
-        buf.as_mut_slice()[..32].fill(0);
-        let r = self.read_into(c, 0, &buf, 32);
+        buf.as_mut_slice()[..CTL_READ].fill(0);
+        let r = self.read_into(c, 0, &buf, CTL_READ);
         let s = buf.as_slice();
         let v = [le64(s), le64(&s[8..]), le64(&s[16..]), le64(&s[24..])];
+        let sleep = le64(&s[CTL_SLEEP as usize..]);
         self.small = buf;
+        if r.is_ok() && sleep != 0 && sleep != self.rung {
+            self.rung = sleep;
+            add(&c.doorbells, 1);
+            // A full counter (EAGAIN) means it is rung already.
+            let _ = rustix::io::write(&*self.bell, &1u64.to_ne_bytes());
+        }
         r.map(|()| v)
     }
 
@@ -382,6 +399,10 @@ impl ProxyObjectStore {
         {
             return Err(bad());
         }
+        if fds.len() != 1 + layout.channels as usize {
+            return Err(bad());
+        }
+        let bells: Vec<Arc<OwnedFd>> = fds.drain(1..).map(Arc::new).collect();
         let fd: OwnedFd = fds.pop().ok_or_else(bad)?;
         let factory: DmaFactory = opts.dma.clone().unwrap_or_else(|| {
             let cost = opts.cost_model;
@@ -400,6 +421,8 @@ impl ProxyObjectStore {
                 small: LocalBuf::new(64, 64),
                 next_ud: 0,
                 done_writes: Vec::new(),
+                bell: bells[chan as usize].clone(),
+                rung: 0,
             })
         };
         let mut channels = Vec::new();
@@ -463,6 +486,7 @@ impl ProxyObjectStore {
             txs: g(&c.txs),
             reads: g(&c.reads),
             retransmits: g(&c.retransmits),
+            doorbells: g(&c.doorbells),
             rpcs: g(&c.rpcs),
         }
     }

@@ -1,18 +1,18 @@
 //! The host half (CODA's Proxy Interface): owns the shared region of each DPU session, polls
-//! its channels with atomics, applies transactions through the store with asynchronous
-//! commit callbacks, writes ACKs and read data into its own memory, and serves the control
-//! RPCs.
+//! its channels with atomics while transfers arrive and parks on each channel's doorbell when
+//! they stop, applies transactions through the store with asynchronous commit callbacks,
+//! writes ACKs and read data into its own memory, and serves the control RPCs.
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dds_objstore::{ObjStore, ObjectId, ObjectStore, StoreError};
 use dds_shm::SharedRegion;
@@ -24,11 +24,20 @@ use crate::wire::*;
 pub struct HostOptions {
     /// Most DPU sessions served at once (more are refused).
     pub max_sessions: usize,
+    /// How long a channel worker polls without finding a transfer before it parks on its
+    /// doorbell (zero: park at once).
+    pub spin: Duration,
+    /// Longest park: a worker also wakes this often without a doorbell.
+    pub park_timeout: Duration,
 }
 
 impl Default for HostOptions {
     fn default() -> Self {
-        HostOptions { max_sessions: 16 }
+        HostOptions {
+            max_sessions: 16,
+            spin: Duration::from_micros(10),
+            park_timeout: Duration::from_millis(100),
+        }
     }
 }
 
@@ -50,6 +59,11 @@ pub struct HostStats {
     pub channel_errors: u64,
     /// Chunked transactions dropped incomplete (their DPU went away).
     pub partial_dropped: u64,
+    /// Times a channel worker parked on its doorbell.
+    pub parks: u64,
+    /// Parks ended by the doorbell (the others by the timeout or by work found on the last
+    /// look before blocking).
+    pub rung: u64,
 }
 
 #[derive(Default)]
@@ -64,6 +78,8 @@ struct Counters {
     rpcs: AtomicU64,
     channel_errors: AtomicU64,
     partial_dropped: AtomicU64,
+    parks: AtomicU64,
+    rung: AtomicU64,
     live_sessions: AtomicU64,
 }
 
@@ -125,6 +141,8 @@ impl HostProxyHandle {
             rpcs: g(&c.rpcs),
             channel_errors: g(&c.channel_errors),
             partial_dropped: g(&c.partial_dropped),
+            parks: g(&c.parks),
+            rung: g(&c.rung),
         }
     }
 
@@ -171,10 +189,10 @@ fn accept_loop(
                     continue;
                 }
                 let Ok(s2) = s.try_clone() else { continue };
-                let (st, c, stp) = (store.clone(), counters.clone(), stop.clone());
+                let (st, c, o) = (store.clone(), counters.clone(), opts.clone());
                 match std::thread::Builder::new()
                     .name("objproxy-session".into())
-                    .spawn(move || session(s, st, c, stp))
+                    .spawn(move || session(s, st, c, o))
                 {
                     Ok(h) => sessions.push((s2, h)),
                     Err(e) => tracing::warn!(error = %e, "object proxy: no session thread"),
@@ -199,7 +217,7 @@ fn session(
     mut s: UnixStream,
     store: Arc<ObjStore>,
     counters: Arc<Counters>,
-    _stop: Arc<AtomicBool>,
+    opts: HostOptions,
 ) {
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     let attach = match recv_frame(&mut s, MAX_REQUEST) {
@@ -225,16 +243,38 @@ fn session(
             return;
         }
     };
+    let mut bells = Vec::new();
+    for _ in 0..layout.channels {
+        match rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        ) {
+            Ok(fd) => bells.push(Arc::new(fd)),
+            Err(e) => {
+                let mut b = Vec::new();
+                put_error(&mut b, &proxy_error(format!("doorbell: {e}")));
+                let _ = send_frame(&s, 1, id, &b, &[]);
+                return;
+            }
+        }
+    }
     inc(&counters.sessions);
     counters.live_sessions.fetch_add(1, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for c in 0..layout.channels {
-        let mut w = Worker::new(region.clone(), layout, c, store.clone(), counters.clone());
-        let st = stop.clone();
+        let mut w = Worker::new(
+            region.clone(),
+            layout,
+            c,
+            store.clone(),
+            counters.clone(),
+            bells[c as usize].clone(),
+        );
+        let (st, o) = (stop.clone(), opts.clone());
         match std::thread::Builder::new()
             .name(format!("objproxy-ch{c}"))
-            .spawn(move || w.run(&st))
+            .spawn(move || w.run(&st, &o))
         {
             Ok(h) => workers.push(h),
             Err(e) => tracing::warn!(error = %e, "object proxy: no channel thread"),
@@ -247,7 +287,10 @@ fn session(
     put_u32(&mut reply, SLOTS as u32);
     put_u64(&mut reply, layout.channel_bytes());
     put_u64(&mut reply, layout.region_len());
-    if send_frame(&s, 0, id, &reply, &[region.fd().as_fd()]).is_ok() {
+    let region_fd = region.fd();
+    let mut fds = vec![region_fd.as_fd()];
+    fds.extend(bells.iter().map(|b| b.as_fd()));
+    if send_frame(&s, 0, id, &reply, &fds).is_ok() {
         let _ = s.set_read_timeout(None);
         while let Ok(Some((func, id, body, _))) = recv_frame(&mut s, MAX_REQUEST) {
             inc(&counters.rpcs);
@@ -265,6 +308,9 @@ fn session(
         }
     }
     stop.store(true, Ordering::Release);
+    for b in &bells {
+        ring(b.as_fd());
+    }
     for h in workers {
         if let Ok(dropped) = h.join() {
             counters
@@ -273,6 +319,27 @@ fn session(
         }
     }
     counters.live_sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Rings a doorbell (an eventfd; a full counter means it is rung already).
+fn ring(fd: BorrowedFd<'_>) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Blocks until `fd` (a non-blocking eventfd) is rung or `timeout` passes, and resets it;
+/// says whether it was rung.
+fn wait(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let mut p = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ts = rustix::event::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: timeout.subsec_nanos() as i64,
+    };
+    let _ = rustix::event::poll(&mut p, Some(&ts));
+    let mut v = [0u8; 8];
+    rustix::io::read(fd, &mut v).is_ok()
 }
 
 fn parse_attach(func: u8, body: &[u8]) -> Result<Layout, String> {
@@ -400,11 +467,7 @@ struct Shm {
 
 impl Shm {
     fn word(&self, off: u64) -> &AtomicU64 {
-        debug_assert!(off.is_multiple_of(8));
-        assert!(self.base + off + 8 <= self.region.len() as u64);
-        // SAFETY: 8-aligned (page-aligned base, 8-aligned offsets), inside the mapping, which
-        // `self.region` keeps alive; shared memory is only accessed with atomics.
-        unsafe { AtomicU64::from_ptr(self.region.as_ptr().add((self.base + off) as usize).cast()) }
+        &self.words(off, 1)[0]
     }
 
     fn load(&self, off: u64) -> u64 {
@@ -417,22 +480,48 @@ impl Shm {
 
     /// Copies `len` bytes at `off` out (`Acquire` loads, ascending).
     fn copy_out(&self, off: u64, len: usize, into: &mut Vec<u8>) {
+        let words = self.words(off, align8(len as u64) as usize / 8);
         into.clear();
-        into.reserve(align8(len as u64) as usize);
-        for at in (0..align8(len as u64)).step_by(8) {
-            into.extend_from_slice(&self.word(off + at).load(Ordering::Acquire).to_le_bytes());
+        into.resize(words.len() * 8, 0);
+        for (w, out) in words.iter().zip(into.chunks_exact_mut(8)) {
+            out.copy_from_slice(&w.load(Ordering::Acquire).to_le_bytes());
         }
         into.truncate(len);
+    }
+
+    /// `n` words at `off`, as atomics.
+    fn words(&self, off: u64, n: usize) -> &[AtomicU64] {
+        debug_assert!(off.is_multiple_of(8));
+        assert!(self.base + off + 8 * n as u64 <= self.region.len() as u64);
+        // SAFETY: 8-aligned (page-aligned base, 8-aligned offsets), inside the mapping, which
+        // `self.region` keeps alive; shared memory is only accessed with atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region
+                    .as_ptr()
+                    .add((self.base + off) as usize)
+                    .cast::<AtomicU64>(),
+                n,
+            )
+        }
     }
 
     /// Copies `bytes` in at `off` (padded with zeros to a multiple of 8; `Relaxed`: a later
     /// `Release` store publishes them).
     fn copy_in(&self, off: u64, bytes: &[u8]) {
-        for (i, ch) in bytes.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..ch.len()].copy_from_slice(ch);
-            self.word(off + i as u64 * 8)
-                .store(u64::from_le_bytes(w), Ordering::Relaxed);
+        let words = self.words(off, bytes.len().div_ceil(8));
+        let mut chunks = bytes.chunks_exact(8);
+        for (w, ch) in words.iter().zip(&mut chunks) {
+            w.store(
+                u64::from_le_bytes(ch.try_into().expect("8 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            words[words.len() - 1].store(u64::from_le_bytes(last), Ordering::Relaxed);
         }
     }
 }
@@ -569,6 +658,10 @@ struct Worker {
     cseq: u64,
     reading: Option<ReadJob>,
     scratch: Vec<u8>,
+    /// The channel's doorbell (an eventfd the DPU rings while `CTL_SLEEP` is set).
+    bell: Arc<OwnedFd>,
+    /// Epoch of the last park.
+    epoch: u64,
 }
 
 /// Bad input: the reason code and a message.
@@ -581,6 +674,7 @@ impl Worker {
         chan: u32,
         store: Arc<ObjStore>,
         counters: Arc<Counters>,
+        bell: Arc<OwnedFd>,
     ) -> Worker {
         Worker {
             shm: Shm {
@@ -599,38 +693,75 @@ impl Worker {
             cseq: 1,
             reading: None,
             scratch: Vec::new(),
+            bell,
+            epoch: 0,
         }
     }
 
     /// Serves until `stop`; returns the partial chunked transactions it dropped.
-    fn run(&mut self, stop: &AtomicBool) -> u64 {
-        let mut idle = 0u32;
+    ///
+    /// Polls while transfers arrive; after `opts.spin` without one it parks (`docs/objproxy.md`,
+    /// "Doorbells"): publishes a new epoch in the control line's sleep word, looks once more,
+    /// and blocks on the channel's doorbell, which the DPU rings when it finds the word set.
+    fn run(&mut self, stop: &AtomicBool, opts: &HostOptions) -> u64 {
+        let mut idle_since: Option<Instant> = None;
         while !stop.load(Ordering::Acquire) {
-            let r = self.step_write().and_then(|a| Ok(a | self.step_read()?));
-            match r {
-                Ok(true) => idle = 0,
+            match self.step() {
+                Ok(true) => idle_since = None,
                 Ok(false) => {
-                    idle = idle.saturating_add(1);
-                    if idle < 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(if idle < 1000 {
-                            20
-                        } else {
-                            200
-                        }));
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < opts.spin {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    idle_since = None;
+                    if let Err(bad) = self.park(opts.park_timeout) {
+                        self.close(bad);
+                        break;
                     }
                 }
-                Err((reason, msg)) => {
-                    tracing::warn!(channel = self.chan, %msg, "object proxy: channel closed");
-                    self.shm.store(CTL_REASON, reason);
-                    self.shm.store(CTL_STATE, 1);
-                    inc(&self.counters.channel_errors);
+                Err(bad) => {
+                    self.close(bad);
                     break;
                 }
             }
         }
         u64::from(self.assembly.take().is_some())
+    }
+
+    /// One look at both lanes.
+    fn step(&mut self) -> Result<bool, Bad> {
+        let w = self.step_write()?;
+        Ok(self.step_read()? || w)
+    }
+
+    /// Parks until the doorbell rings or `timeout` passes, unless the last look before
+    /// blocking finds work (which it then has done).
+    fn park(&mut self, timeout: Duration) -> Result<(), Bad> {
+        inc(&self.counters.parks);
+        self.epoch += 1;
+        self.shm.word(CTL_SLEEP).store(self.epoch, Ordering::SeqCst);
+        // Pairs with the DPU's write-then-read (its DMA operations are SeqCst-fenced): either
+        // the look below sees the DPU's transfer, or the DPU's read sees the sleep word.
+        fence(Ordering::SeqCst);
+        let found = self.step();
+        if !matches!(found, Ok(false)) {
+            self.shm.store(CTL_SLEEP, 0);
+            return found.map(|_| ());
+        }
+        if wait(self.bell.as_fd(), timeout) {
+            inc(&self.counters.rung);
+        }
+        self.shm.store(CTL_SLEEP, 0);
+        Ok(())
+    }
+
+    /// Closes the channel for bad input.
+    fn close(&mut self, (reason, msg): Bad) {
+        tracing::warn!(channel = self.chan, %msg, "object proxy: channel closed");
+        self.shm.store(CTL_REASON, reason);
+        self.shm.store(CTL_STATE, 1);
+        inc(&self.counters.channel_errors);
     }
 
     /// Takes the next write-lane transfer if it has landed.

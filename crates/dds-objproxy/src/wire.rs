@@ -9,7 +9,7 @@ use dds_dma::{recv_with_fds, send_with_fds};
 use dds_objstore::StoreError;
 
 /// Protocol version of ATTACH.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Slots per ring (request, ACK, response).
 pub const SLOTS: u64 = 3;
 /// Bytes of an ACK slot.
@@ -46,6 +46,13 @@ pub const CTL_CONSUMED: u64 = 0;
 pub const CTL_STATE: u64 = 8;
 pub const CTL_REASON: u64 = 16;
 pub const CTL_R_TAKEN: u64 = 24;
+/// Non-zero (the park's epoch) while the channel's host worker is parked or about to park.
+pub const CTL_SLEEP: u64 = 32;
+/// Bytes of the control line the DPU reads: consumed, state, reason, r_taken, sleep.
+pub const CTL_READ: usize = 40;
+/// Most channels of a session: the ATTACH reply carries the region and one doorbell per
+/// channel in one `SCM_RIGHTS` message.
+pub const MAX_CHANNELS: u32 = dds_dma::MAX_FDS as u32 - 1;
 
 /// Reasons a host closes a channel.
 pub const REASON_HEADER: u64 = 1;
@@ -92,8 +99,8 @@ pub struct Layout {
 impl Layout {
     /// Checks the numbers (they cross the socket).
     pub fn validate(&self) -> Result<(), String> {
-        if !(1..=64).contains(&self.channels) {
-            return Err(format!("{} channels (1..=64)", self.channels));
+        if !(1..=MAX_CHANNELS).contains(&self.channels) {
+            return Err(format!("{} channels (1..={MAX_CHANNELS})", self.channels));
         }
         let m = self.max_dma;
         if !(64 << 10..=16 << 20).contains(&m) || !m.is_multiple_of(4096) {

@@ -319,10 +319,13 @@ fn malformed_transfer_closes_only_that_channel() {
         .unwrap()
         .unwrap();
     assert_eq!((status, id), (0, 9));
+    // The region and one doorbell per channel; this DPU never rings them (the host still
+    // looks at its channels every park timeout).
+    assert_eq!(fds.len(), 1 + layout.channels as usize);
     let mut eng = EmulatedDma::new(16, None);
     let region = eng
         .register_region(dds_dma::RegionExport::memfd(
-            fds.pop().unwrap(),
+            fds.remove(0),
             layout.region_len(),
         ))
         .unwrap();
@@ -427,4 +430,72 @@ fn host_gone_fails_calls_clearly() {
         .to_string()
         .contains("host gone"));
     assert!(p.stat(&oid).unwrap_err().to_string().contains("host gone"));
+}
+
+/// CPU seconds of this process's threads whose name starts with `prefix`.
+fn threads_cpu(prefix: &str) -> f64 {
+    let tick = 100.0; // USER_HZ
+    let mut total = 0.0;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        total += (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / tick;
+    }
+    total
+}
+
+#[test]
+fn idle_host_workers_park_and_the_dpu_wakes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = serve(dir.path(), "s");
+    let p = connect(&pair, ProxyOptions::default());
+    let oid = ObjectId::new(1, "bell");
+    let write = |i: u8| {
+        let mut tx = Transaction::new();
+        tx.push(TxOp::WriteFull {
+            oid: oid.clone(),
+            data: vec![i; 4096],
+        });
+        let t = std::time::Instant::now();
+        p.submit(&tx).unwrap();
+        t.elapsed()
+    };
+    write(0);
+    // Idle: the four channel workers of the session park and cost (next to) nothing.
+    std::thread::sleep(Duration::from_millis(200));
+    let parks = pair.host.stats().parks;
+    let cpu0 = threads_cpu("objproxy-ch");
+    std::thread::sleep(Duration::from_secs(2));
+    let idle_cpu = threads_cpu("objproxy-ch") - cpu0;
+    assert!(
+        idle_cpu < 0.1,
+        "parked workers used {idle_cpu:.3} s of CPU in 2 s"
+    );
+    // Timeouts only: about 4 workers × 2 s / 100 ms.
+    let timeouts = pair.host.stats().parks - parks;
+    assert!((40..=200).contains(&timeouts), "{timeouts} parks while idle");
+    // Each write after a pause finds its worker parked; the DPU's doorbell wakes it long
+    // before the park timeout (100 ms).
+    let rung = pair.host.stats().rung;
+    let mut lat = Vec::new();
+    for i in 1..=20u8 {
+        std::thread::sleep(Duration::from_millis(3));
+        lat.push(write(i));
+    }
+    lat.sort();
+    let rung = pair.host.stats().rung - rung;
+    assert!(rung >= 10, "only {rung} of 20 writes rang a doorbell");
+    assert!(
+        lat[10] < Duration::from_millis(50),
+        "median write after a pause {:?}",
+        lat[10]
+    );
+    assert!(p.stats().doorbells >= rung);
+    assert_eq!(p.read(&oid, 0, 4).unwrap(), vec![20; 4]);
 }
