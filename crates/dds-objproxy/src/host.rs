@@ -199,7 +199,8 @@ fn accept_loop(
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5))
+                // Blocks until a DPU connects; wakes every 100 ms to look at `stop`.
+                wait(listener.as_fd(), Duration::from_millis(100));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "object proxy: accept");
@@ -213,12 +214,7 @@ fn accept_loop(
     }
 }
 
-fn session(
-    mut s: UnixStream,
-    store: Arc<ObjStore>,
-    counters: Arc<Counters>,
-    opts: HostOptions,
-) {
+fn session(mut s: UnixStream, store: Arc<ObjStore>, counters: Arc<Counters>, opts: HostOptions) {
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     let attach = match recv_frame(&mut s, MAX_REQUEST) {
         Ok(Some(f)) => f,
@@ -326,8 +322,7 @@ fn ring(fd: BorrowedFd<'_>) {
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
-/// Blocks until `fd` (a non-blocking eventfd) is rung or `timeout` passes, and resets it;
-/// says whether it was rung.
+/// Blocks until `fd` is readable or `timeout` passes; says whether it is readable.
 fn wait(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
     let mut p = [rustix::event::PollFd::new(
         &fd,
@@ -337,7 +332,13 @@ fn wait(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
         tv_sec: timeout.as_secs() as i64,
         tv_nsec: timeout.subsec_nanos() as i64,
     };
-    let _ = rustix::event::poll(&mut p, Some(&ts));
+    matches!(rustix::event::poll(&mut p, Some(&ts)), Ok(1))
+}
+
+/// Blocks until a doorbell (a non-blocking eventfd) is rung or `timeout` passes, and resets
+/// it; says whether it was rung.
+fn wait_bell(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    wait(fd, timeout);
     let mut v = [0u8; 8];
     rustix::io::read(fd, &mut v).is_ok()
 }
@@ -478,15 +479,34 @@ impl Shm {
         self.word(off).store(v, Ordering::Release)
     }
 
-    /// Copies `len` bytes at `off` out (`Acquire` loads, ascending).
+    /// Copies `len` bytes at `off` out (`Acquire` loads, ascending), replacing `into`'s.
     fn copy_out(&self, off: u64, len: usize, into: &mut Vec<u8>) {
-        let words = self.words(off, align8(len as u64) as usize / 8);
         into.clear();
-        into.resize(words.len() * 8, 0);
-        for (w, out) in words.iter().zip(into.chunks_exact_mut(8)) {
-            out.copy_from_slice(&w.load(Ordering::Acquire).to_le_bytes());
+        self.append_out(off, len, into);
+    }
+
+    /// Appends `len` bytes at `off` to `into` (`Acquire` loads, ascending), written straight
+    /// into its spare capacity.
+    fn append_out(&self, off: u64, len: usize, into: &mut Vec<u8>) {
+        let words = self.words(off, len.div_ceil(8));
+        let start = into.len();
+        into.reserve(len);
+        let spare = &mut into.spare_capacity_mut()[..len];
+        let mut dst = spare.chunks_exact_mut(8);
+        for (w, d) in words.iter().zip(&mut dst) {
+            for (d, b) in d.iter_mut().zip(w.load(Ordering::Acquire).to_le_bytes()) {
+                d.write(b);
+            }
         }
-        into.truncate(len);
+        let rest = dst.into_remainder();
+        if !rest.is_empty() {
+            let last = words[words.len() - 1].load(Ordering::Acquire).to_le_bytes();
+            for (d, b) in rest.iter_mut().zip(last) {
+                d.write(b);
+            }
+        }
+        // SAFETY: the loops above initialised all `len` bytes after `start`.
+        unsafe { into.set_len(start + len) };
     }
 
     /// `n` words at `off`, as atomics.
@@ -705,13 +725,19 @@ impl Worker {
     /// and blocks on the channel's doorbell, which the DPU rings when it finds the word set.
     fn run(&mut self, stop: &AtomicBool, opts: &HostOptions) -> u64 {
         let mut idle_since: Option<Instant> = None;
+        let mut looks = 0u32;
         while !stop.load(Ordering::Acquire) {
             match self.step() {
                 Ok(true) => idle_since = None,
                 Ok(false) => {
+                    // The clock is read every 32 empty looks.
+                    looks = looks.wrapping_add(1);
+                    if looks % 32 != 1 {
+                        std::hint::spin_loop();
+                        continue;
+                    }
                     let since = *idle_since.get_or_insert_with(Instant::now);
                     if since.elapsed() < opts.spin {
-                        std::hint::spin_loop();
                         continue;
                     }
                     idle_since = None;
@@ -749,7 +775,7 @@ impl Worker {
             self.shm.store(CTL_SLEEP, 0);
             return found.map(|_| ());
         }
-        if wait(self.bell.as_fd(), timeout) {
+        if wait_bell(self.bell.as_fd(), timeout) {
             inc(&self.counters.rung);
         }
         self.shm.store(CTL_SLEEP, 0);
@@ -784,24 +810,48 @@ impl Worker {
         if self.shm.load(trailer) != self.expect {
             return Ok(false);
         }
-        let mut payload = std::mem::take(&mut self.scratch);
-        self.shm
-            .copy_out(slot + 64, h.payload_len as usize, &mut payload);
-        if self.shm.load(slot) != self.expect || self.shm.load(trailer) != self.expect {
+        let landed = |shm: &Shm, e: u64| shm.load(slot) == e && shm.load(trailer) == e;
+        let len = h.payload_len as usize;
+        let r = if h.kind == KIND_BATCH {
+            let mut payload = std::mem::take(&mut self.scratch);
+            self.shm.copy_out(slot + 64, len, &mut payload);
+            if !landed(&self.shm, self.expect) {
+                self.scratch = payload;
+                return Ok(false);
+            }
+            self.take_slot(slot, trailer);
+            let r = self.batch(&h, &payload);
             self.scratch = payload;
-            return Ok(false);
-        }
-        self.shm.store(slot, 0);
-        self.shm.store(trailer, 0);
-        inc(&self.counters.transfers);
-        let r = match h.kind {
-            KIND_BATCH => self.batch(&h, &payload),
-            _ => self.chunk(&h, &payload),
+            r
+        } else {
+            // Chunks go straight from the slot into the transaction being assembled.
+            self.chunk_begin(&h)?;
+            let a = self
+                .assembly
+                .as_mut()
+                .expect("chunk_begin keeps an assembly");
+            let before = a.buf.len();
+            self.shm.append_out(slot + 64, len, &mut a.buf);
+            if !landed(&self.shm, self.expect) {
+                a.buf.truncate(before);
+                if h.a == 0 {
+                    self.assembly = None;
+                }
+                return Ok(false);
+            }
+            self.take_slot(slot, trailer);
+            self.chunk_end(&h)
         };
-        self.scratch = payload;
         self.shm.store(CTL_CONSUMED, self.expect);
         self.expect += 1;
         r.map(|()| true)
+    }
+
+    /// Frees a transfer's slot after its payload was copied out.
+    fn take_slot(&mut self, slot: u64, trailer: u64) {
+        self.shm.store(slot, 0);
+        self.shm.store(trailer, 0);
+        inc(&self.counters.transfers);
     }
 
     fn batch(&mut self, h: &TransferHeader, payload: &[u8]) -> Result<(), Bad> {
@@ -835,7 +885,9 @@ impl Worker {
         Ok(())
     }
 
-    fn chunk(&mut self, h: &TransferHeader, payload: &[u8]) -> Result<(), Bad> {
+    /// Checks a chunk's header against the transaction being assembled (starting one for a
+    /// first chunk).
+    fn chunk_begin(&mut self, h: &TransferHeader) -> Result<(), Bad> {
         inc(&self.counters.chunks);
         let bad = |m: &str| (REASON_CHUNK, format!("{m} (chunk {h:?})"));
         let max_tx = self.store.options().max_tx_bytes as u64;
@@ -861,7 +913,7 @@ impl Worker {
                 buf: Vec::with_capacity(h.tx_len as usize),
             });
         }
-        let Some(a) = self.assembly.as_mut() else {
+        let Some(a) = self.assembly.as_ref() else {
             return Err(bad("a chunk without its first chunk"));
         };
         if a.req_id != h.req_id
@@ -872,11 +924,22 @@ impl Worker {
         {
             return Err(bad("chunk out of order"));
         }
-        a.buf.extend_from_slice(payload);
+        Ok(())
+    }
+
+    /// Counts a chunk whose payload was appended; applies the transaction after its last.
+    fn chunk_end(&mut self, h: &TransferHeader) -> Result<(), Bad> {
+        let a = self
+            .assembly
+            .as_mut()
+            .expect("chunk_begin keeps an assembly");
         a.next += 1;
         if a.next == a.total {
             if a.buf.len() as u64 != a.tx_len {
-                return Err(bad("chunks do not add up to the transaction"));
+                return Err((
+                    REASON_CHUNK,
+                    format!("chunks do not add up to the transaction (chunk {h:?})"),
+                ));
             }
             let a = self.assembly.take().expect("checked above");
             self.apply(h.seq, a.req_id, &[&a.buf]);

@@ -479,7 +479,10 @@ fn idle_host_workers_park_and_the_dpu_wakes_them() {
     );
     // Timeouts only: about 4 workers × 2 s / 100 ms.
     let timeouts = pair.host.stats().parks - parks;
-    assert!((40..=200).contains(&timeouts), "{timeouts} parks while idle");
+    assert!(
+        (40..=200).contains(&timeouts),
+        "{timeouts} parks while idle"
+    );
     // Each write after a pause finds its worker parked; the DPU's doorbell wakes it long
     // before the park timeout (100 ms).
     let rung = pair.host.stats().rung;
