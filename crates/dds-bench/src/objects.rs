@@ -14,6 +14,7 @@
 
 pub mod ceph;
 pub mod cgroup;
+pub mod dmapath;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -304,6 +305,37 @@ fn wait_socket(p: &Path, child: &mut ChildGuard, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Starts a `dds osd-store` on a fresh device file, in `budget` and on `host_cpus`, and waits
+/// for its socket.
+fn spawn_store(
+    exe: &Path,
+    host_cpus: Option<&[usize]>,
+    dev: &Path,
+    sock: &Path,
+    device_size: u64,
+    log: std::fs::File,
+    budget: &CpuBudget,
+) -> Result<ChildGuard> {
+    let _ = std::fs::remove_file(sock);
+    let child = taskset(exe, host_cpus)
+        .arg("osd-store")
+        .arg("--device")
+        .arg(dev)
+        .arg("--socket")
+        .arg(sock)
+        .args(["--format", "--force", "--size", &device_size.to_string()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("start dds osd-store")?;
+    let mut g = ChildGuard::new(child, "dds osd-store");
+    budget
+        .add(g.pid())
+        .context("move dds osd-store into the host budget")?;
+    wait_socket(sock, &mut g, "dds osd-store")?;
+    Ok(g)
+}
+
 struct StartOpts<'a> {
     exe: &'a Path,
     dir: &'a Path,
@@ -353,24 +385,15 @@ fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
         let log = |what: &str| std::fs::File::create(dir.join(format!("osd{id}.{what}.log")));
         if d {
             let sock = dir.join(format!("osd{id}.store.sock"));
-            let _ = std::fs::remove_file(&sock);
-            let child = taskset(o.exe, host_cpus)
-                .arg("osd-store")
-                .arg("--device")
-                .arg(&dev)
-                .arg("--socket")
-                .arg(&sock)
-                .args(["--format", "--force", "--size", &size])
-                .stdout(Stdio::null())
-                .stderr(log("store")?)
-                .spawn()
-                .context("start dds osd-store")?;
-            let mut g = ChildGuard::new(child, "dds osd-store");
-            host_budget
-                .add(g.pid())
-                .context("move dds osd-store into the host budget")?;
-            wait_socket(&sock, &mut g, "dds osd-store")?;
-            host.push(g);
+            host.push(spawn_store(
+                o.exe,
+                host_cpus,
+                &dev,
+                &sock,
+                o.device_size,
+                log("store")?,
+                &host_budget,
+            )?);
             let mut cmd = Command::new(o.exe);
             cmd.args(["osd", "--id", &id.to_string(), "--map"])
                 .arg(&map)
@@ -860,6 +883,30 @@ pub fn run(a: ObjectsArgs, command: String) -> Result<Report> {
             }
         }
     }
+    // Flow-Adapt on the DMA path alone: one store, no OSD around it.
+    let mut dma = Vec::new();
+    if p.flow_adapt {
+        for fa in [true, false] {
+            eprintln!(
+                "dds bench objects: DMA path, Flow-Adapt {} ...",
+                if fa { "on" } else { "off" }
+            );
+            dma.push(
+                dmapath::measure(&dmapath::DmaPathOpts {
+                    exe: &exe,
+                    dir: tmp.path(),
+                    place: &place,
+                    host_quota: a.host_cpu_quota,
+                    dma_cost: a.dma_cost == "on",
+                    flow_adapt: fa,
+                    size: 64 << 10,
+                    threads: cmax,
+                    seconds: p.seconds,
+                })
+                .context("DMA path")?,
+            );
+        }
+    }
     let ceph_points = if a.with_ceph {
         ceph::run(&ceph::CephOpts {
             dir: tmp.path(),
@@ -876,7 +923,7 @@ pub fn run(a: ObjectsArgs, command: String) -> Result<Report> {
     };
     points.extend(ceph_points);
     Ok(report(
-        &a, &p, command, machine, &place, points, budgets, dmost,
+        &a, &p, command, machine, &place, points, budgets, dmost, dma,
     ))
 }
 
@@ -890,6 +937,7 @@ fn report(
     points: Vec<Point>,
     budgets: serde_json::Map<String, Value>,
     dmost: Option<String>,
+    dma: Vec<dmapath::DmaPathPoint>,
 ) -> Report {
     let cmax = *p.clients.iter().max().unwrap_or(&1);
     let rmax = *p.replication.iter().max().unwrap_or(&1);
@@ -948,7 +996,13 @@ fn report(
         ),
         None => (f64::NAN, f64::NAN),
     };
-    let batching = rel(bo, bu);
+    let batching_osd = rel(bo, bu);
+    let dma_rate = |fa: bool| {
+        dma.iter()
+            .find(|d| d.flow_adapt == fa)
+            .map_or(f64::NAN, |d| d.txs_per_s)
+    };
+    let batching = rel(dma_rate(true), dma_rate(false));
     let mut targets = vec![
         Target::at_most("d4_host_cpu_per_mb_over_h4", cpu_mb, 0.2),
         Target::at_least("best_d_over_h4_write_repl3", best.0, 1.5),
@@ -962,7 +1016,11 @@ fn report(
             "h4_cpu_bound": best.3, "host_cpu_budget_cores": a.host_cpu_quota,
             "replication": rmax, "clients": cmax},
         "batching_over_unbatched_64k": batching,
-        "batching_over_unbatched_64k_at": {"placement": dmost, "on_writes_per_s": bo,
+        "batching_over_unbatched_64k_at": {"path": "one dds osd-store, DPU-side threads on the DPU CPU, one channel",
+            "object_size": 64 << 10, "threads": cmax,
+            "on_txs_per_s": dma_rate(true), "off_txs_per_s": dma_rate(false)},
+        "batching_over_unbatched_64k_osd": batching_osd,
+        "batching_over_unbatched_64k_osd_at": {"placement": dmost, "on_writes_per_s": bo,
             "off_writes_per_s": bu, "replication": rmax, "clients": cmax,
             "note": "every client write is one transaction through the DMA path of each D replica"},
     });
@@ -1025,6 +1083,33 @@ fn report(
             format!("{:.2}", x.write.dpu_cores),
             cell(x.write.dpu_cpu_ms_per_mb),
         ]);
+    }
+    let mut tables = vec![t];
+    if !dma.is_empty() {
+        let mut d = Table::new(
+            format!(
+                "Flow-Adapt on the DMA path alone: 64 KiB WriteFull transactions from {cmax} DPU-side threads into one dds osd-store, one channel"
+            ),
+            &[
+                "Flow-Adapt",
+                "tx/s",
+                "host µs/tx",
+                "DMA ops/tx",
+                "batches",
+                "chunks",
+            ],
+        );
+        for x in &dma {
+            d.row(vec![
+                if x.flow_adapt { "on" } else { "off" }.into(),
+                cell(x.txs_per_s),
+                cell(x.host_cpu_us_per_tx),
+                cell(x.dma_ops_per_tx),
+                x.batches.to_string(),
+                x.chunks.to_string(),
+            ]);
+        }
+        tables.push(d);
     }
     let note = format!(
         "{} CPUs; host budget {} cores; DPU emulated (processes on CPU {}, budget {} cores, PCIe cost model {})",
@@ -1130,6 +1215,7 @@ fn report(
             "budgets": budgets,
             "mb": "10^6 bytes",
             "load_generator": "threads of the benchmark process on the host CPUs, outside the host budget; one op in flight per thread",
+            "dma_path": dma,
             "note": "host budget: one cgroup CPU quota over every host-side process (placement-host \
                      OSDs and dds osd-store processes) pinned to the host CPUs; DPU budget: one \
                      cgroup quota over all DPU front ends together, pinned to the DPU CPU(s), so \
@@ -1137,7 +1223,7 @@ fn report(
         }),
         summary,
         points: Value::Array(points.iter().map(|x| json!(x)).collect()),
-        tables: vec![t],
+        tables,
         charts,
         panels: Vec::new(),
     }

@@ -58,24 +58,36 @@ impl Placement {
     /// Pins the calling thread (and so every thread it starts later) to the host CPUs; the
     /// guard restores the previous mask.
     pub fn pin_host(&self) -> Result<AffinityGuard> {
-        // SAFETY: sched_getaffinity writes the set we pass.
-        let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        if unsafe { libc::sched_getaffinity(0, size, &mut old) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
-        }
-        if let Some(cpus) = &self.host_cpus {
-            // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays inside it.
-            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            for &c in cpus {
-                unsafe { libc::CPU_SET(c, &mut set) };
-            }
-            if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
-                return Err(std::io::Error::last_os_error()).context("sched_setaffinity");
-            }
-        }
-        Ok(AffinityGuard { old })
+        pin(self.host_cpus.as_deref())
     }
+
+    /// Pins the calling thread (and the threads it starts) to the DPU CPUs, for DPU-side
+    /// code that runs inside a benchmark process; the guard restores the previous mask.
+    pub fn pin_dpu(&self) -> Result<AffinityGuard> {
+        let cpus = self.dpu_cpus.as_deref().map(parse_cpu_list).transpose()?;
+        pin(cpus.as_deref())
+    }
+}
+
+/// Pins the calling thread to `cpus` (`None`: leaves the mask); the guard restores it.
+fn pin(cpus: Option<&[usize]>) -> Result<AffinityGuard> {
+    // SAFETY: sched_getaffinity writes the set we pass.
+    let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    if unsafe { libc::sched_getaffinity(0, size, &mut old) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
+    }
+    if let Some(cpus) = cpus {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays inside it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &c in cpus {
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+        if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("sched_setaffinity");
+        }
+    }
+    Ok(AffinityGuard { old })
 }
 
 /// Restores a thread's CPU mask when dropped.

@@ -1,5 +1,6 @@
 //! `dds bench objects` end to end, as small as it runs: one mixed placement (two host OSDs,
-//! two DPU OSDs), one object size, 1-second phases; and bad options fail with a message.
+//! two DPU OSDs), one object size, 1-second phases, with Flow-Adapt on and off (in the OSDs
+//! and on the DMA path alone); and bad options fail with a message.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ fn a_tiny_objects_run_writes_its_summary() {
     let o = Command::new(DDS)
         .args(["bench", "objects", "--quick", "--seconds", "1"])
         .args(["--placements", "H2+D2", "--sizes", "64K", "--clients", "2"])
-        .args(["--no-flow-adapt", "--device-size", "256M", "--pg-num", "8"])
+        .args(["--device-size", "256M", "--pg-num", "8"])
         .arg("--out")
         .arg(&out)
         .arg("--dir")
@@ -24,7 +25,7 @@ fn a_tiny_objects_run_writes_its_summary() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
-        t.elapsed() < Duration::from_secs(20),
+        t.elapsed() < Duration::from_secs(60),
         "took {:?}",
         t.elapsed()
     );
@@ -38,6 +39,33 @@ fn a_tiny_objects_run_writes_its_summary() {
         assert!(v["summary"].get(k).is_some(), "no {k}");
     }
     assert_eq!(v["summary"]["targets"].as_array().unwrap().len(), 3);
+    // Flow-Adapt: measured in the OSDs (H2+D2 off as well) and on the DMA path alone.
+    assert!(
+        v["summary"]["batching_over_unbatched_64k_osd"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let dma = v["config"]["dma_path"].as_array().unwrap();
+    assert_eq!(dma.len(), 2);
+    for (d, on) in dma.iter().zip([true, false]) {
+        assert_eq!(d["flow_adapt"], on, "{d}");
+        assert!(d["txs"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["host_cpu_us_per_tx"].as_f64().unwrap() > 0.0, "{d}");
+    }
+    let on = dma[0]["txs_per_s"].as_f64().unwrap();
+    let off = dma[1]["txs_per_s"].as_f64().unwrap();
+    let b = v["summary"]["batching_over_unbatched_64k"]
+        .as_f64()
+        .unwrap();
+    assert!((b - on / off).abs() < 1e-9 * b, "{b} vs {on}/{off}");
+    // Batching puts more than one transaction in a transfer; off, each is alone.
+    assert!(
+        dma[0]["batches"].as_u64() < dma[0]["txs"].as_u64(),
+        "{}",
+        dma[0]
+    );
+    assert_eq!(dma[1]["batches"], dma[1]["txs"], "{}", dma[1]);
     let p = &v["points"][0];
     assert_eq!(p["placement"], "H2+D2");
     assert!(p["write"]["ops"].as_u64().unwrap() > 0, "{p}");
