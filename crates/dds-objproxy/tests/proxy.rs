@@ -300,66 +300,23 @@ fn faults_exactly_once_nothing_lost() {
 
 #[test]
 fn malformed_transfer_closes_only_that_channel() {
-    use std::os::unix::net::UnixStream;
     let dir = tempfile::tempdir().unwrap();
     let pair = serve(dir.path(), "s");
     let good = connect(&pair, ProxyOptions::default());
-    // A raw DPU: the documented handshake, then a batch whose lengths do not add up.
-    let layout = Layout {
-        channels: 2,
-        max_dma: 64 << 10,
-    };
-    let mut s = UnixStream::connect(&pair.sock).unwrap();
-    let mut args = Vec::new();
-    wire::put_u32(&mut args, wire::VERSION);
-    wire::put_u32(&mut args, layout.channels);
-    wire::put_u32(&mut args, layout.max_dma);
-    wire::send_frame(&s, wire::F_ATTACH, 9, &args, &[]).unwrap();
-    let (status, id, _, mut fds) = wire::recv_frame(&mut s, wire::MAX_RESPONSE)
-        .unwrap()
-        .unwrap();
-    assert_eq!((status, id), (0, 9));
-    // The region and one doorbell per channel; this DPU never rings them (the host still
-    // looks at its channels every park timeout).
-    assert_eq!(fds.len(), 1 + layout.channels as usize);
-    let mut eng = EmulatedDma::new(16, None);
-    let region = eng
-        .register_region(dds_dma::RegionExport::memfd(
-            fds.remove(0),
-            layout.region_len(),
-        ))
-        .unwrap();
-    let buf = dds_dma::LocalBuf::new(256, 64);
-    let send = |eng: &mut EmulatedDma, chan: u32, h: TransferHeader, payload: &[u8]| {
-        let b = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), 256) };
-        h.encode(b);
-        b[64..64 + payload.len()].copy_from_slice(payload);
-        let end = 64 + wire::align8(payload.len() as u64) as usize;
-        b[end..end + 8].copy_from_slice(&h.seq.to_le_bytes());
-        let op = dds_dma::DmaOp::write(
-            region.id,
-            layout.channel(chan) + layout.req_slot(h.seq),
-            buf.as_ptr(),
-            (end + 8) as u32,
-            1,
-        );
-        unsafe { dds_dma::run_sync(eng, &[op]).unwrap() };
-    };
-    let state = |eng: &mut EmulatedDma, chan: u32| -> (u64, u64) {
-        let r = dds_dma::LocalBuf::new(64, 64);
-        let op = dds_dma::DmaOp::read(region.id, layout.channel(chan), r.as_mut_ptr(), 64, 2);
-        unsafe { dds_dma::run_sync(eng, &[op]).unwrap() };
-        (
-            wire::le64(&r.as_slice()[8..]),
-            wire::le64(&r.as_slice()[16..]),
-        )
-    };
+    // A raw DPU: the documented handshake, then a batch whose lengths do not add up. It
+    // never rings the doorbells; the host still looks at its channels every park timeout.
+    let mut dpu = RawDpu::attach(
+        &pair,
+        Layout {
+            channels: 2,
+            max_dma: 64 << 10,
+        },
+    );
     // Channel 0: count 2 announced, one transaction's bytes.
     let mut payload = Vec::new();
     wire::put_u32(&mut payload, 2);
     wire::put_bytes(&mut payload, b"DDTX");
-    send(
-        &mut eng,
+    dpu.send(
         0,
         TransferHeader {
             seq: 1,
@@ -372,8 +329,7 @@ fn malformed_transfer_closes_only_that_channel() {
         &payload,
     );
     // Channel 1: a chunk that is not a first chunk.
-    send(
-        &mut eng,
+    dpu.send(
         1,
         TransferHeader {
             seq: 1,
@@ -388,16 +344,16 @@ fn malformed_transfer_closes_only_that_channel() {
         &[0; 8],
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while (state(&mut eng, 0).0, state(&mut eng, 1).0) != (1, 1) {
+    while (dpu.state(0).0, dpu.state(1).0) != (1, 1) {
         assert!(std::time::Instant::now() < deadline, "channels not closed");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(state(&mut eng, 0).1, wire::REASON_BATCH);
-    assert_eq!(state(&mut eng, 1).1, wire::REASON_CHUNK);
+    assert_eq!(dpu.state(0).1, wire::REASON_BATCH);
+    assert_eq!(dpu.state(1).1, wire::REASON_CHUNK);
     assert_eq!(pair.host.stats().channel_errors, 2);
     // A bad control frame ends only that session.
-    wire::send_frame(&s, 99, 1, &[], &[]).unwrap();
-    let (status, _, _, _) = wire::recv_frame(&mut s, wire::MAX_RESPONSE)
+    wire::send_frame(&dpu.sock, 99, 1, &[], &[]).unwrap();
+    let (status, _, _, _) = wire::recv_frame(&mut dpu.sock, wire::MAX_RESPONSE)
         .unwrap()
         .unwrap();
     assert_eq!(status, 1);
@@ -501,4 +457,90 @@ fn idle_host_workers_park_and_the_dpu_wakes_them() {
     );
     assert!(p.stats().doorbells >= rung);
     assert_eq!(p.read(&oid, 0, 4).unwrap(), vec![20; 4]);
+}
+
+/// A batch payload of `txs` (`count | len | tx | …`).
+fn batch_payload(txs: &[Transaction]) -> Vec<u8> {
+    let mut p = Vec::new();
+    wire::put_u32(&mut p, txs.len() as u32);
+    for t in txs {
+        wire::put_bytes(&mut p, &t.to_bytes());
+    }
+    p
+}
+
+/// Waits for the ACK of transfer `seq` and returns its statuses.
+fn await_ack(dpu: &mut RawDpu, seq: u64, count: usize) -> Vec<u32> {
+    let off = dpu.layout.ack_slot(seq);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let a = dpu.read(0, off, 64 + 4 * count);
+        if wire::le64(&a) == seq {
+            assert_eq!(wire::le32(&a[16..]) as usize, count);
+            return (0..count).map(|i| wire::le32(&a[64 + 4 * i..])).collect();
+        }
+        assert!(std::time::Instant::now() < deadline, "no ACK for {seq}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_transaction_sent_again_under_a_new_transfer_is_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = serve(dir.path(), "s");
+    let mut dpu = RawDpu::attach(
+        &pair,
+        Layout {
+            channels: 1,
+            max_dma: 64 << 10,
+        },
+    );
+    let (a, b) = (ObjectId::new(1, "a"), ObjectId::new(1, "b"));
+    let tx = |op: TxOp| {
+        let mut t = Transaction::new();
+        t.push(op);
+        t
+    };
+    let write = |o: &ObjectId, d: &[u8]| {
+        tx(TxOp::WriteFull {
+            oid: o.clone(),
+            data: d.to_vec(),
+        })
+    };
+    let remove = tx(TxOp::Remove { oid: a.clone() });
+    let header = |seq, req_id, n: usize, p: &[u8]| TransferHeader {
+        seq,
+        kind: wire::KIND_BATCH,
+        payload_len: p.len() as u32,
+        req_id,
+        a: n as u32,
+        ..Default::default()
+    };
+    // Transfer 1: req 1 writes a, req 2 removes it, req 3 writes b.
+    let p1 = batch_payload(&[write(&a, b"one"), remove.clone(), write(&b, b"b")]);
+    dpu.send(0, header(1, 1, 3, &p1), &p1);
+    assert_eq!(await_ack(&mut dpu, 1, 3), vec![0, 0, 0]);
+    // Transfer 2 carries reqs 2 and 3 again, then req 4. Applied again, req 2's remove would
+    // fail (a is gone); the host answers 2 and 3 from its results and applies only 4.
+    let p2 = batch_payload(&[remove, write(&b, b"b"), write(&a, b"four")]);
+    dpu.send(0, header(2, 2, 3, &p2), &p2);
+    assert_eq!(await_ack(&mut dpu, 2, 3), vec![0, 0, 0]);
+    let st = pair.host.stats();
+    assert_eq!((st.txs_applied, st.txs_duplicate), (4, 2), "{st:?}");
+    assert_eq!(pair.store.read(&a, 0, 16).unwrap(), b"four");
+    assert_eq!(pair.store.read(&b, 0, 16).unwrap(), b"b");
+    // A failed transaction sent again reports its first failure, without running again.
+    let p3 = batch_payload(&[tx(TxOp::Remove {
+        oid: ObjectId::new(1, "never"),
+    })]);
+    dpu.send(0, header(3, 5, 1, &p3), &p3);
+    let first = await_ack(&mut dpu, 3, 1);
+    assert_ne!(first, vec![0]);
+    pair.store
+        .submit(&write(&ObjectId::new(1, "never"), b"now it exists"))
+        .unwrap();
+    dpu.send(0, header(4, 5, 1, &p3), &p3);
+    assert_eq!(await_ack(&mut dpu, 4, 1), first);
+    assert!(pair.store.stat(&ObjectId::new(1, "never")).is_ok());
+    assert_eq!(pair.host.stats().txs_duplicate, 3);
 }
