@@ -84,6 +84,8 @@ pub struct ProxyStats {
     pub rpcs: u64,
     /// Doorbells rung for a parked host worker.
     pub doorbells: u64,
+    /// Read requests posted while another read of their channel was outstanding.
+    pub reads_overlapped: u64,
 }
 
 #[derive(Default)]
@@ -99,6 +101,7 @@ struct Counters {
     retransmits: AtomicU64,
     rpcs: AtomicU64,
     doorbells: AtomicU64,
+    reads_overlapped: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -273,14 +276,61 @@ struct WriteLane {
     ack: LocalBuf,
 }
 
-/// Read lane state.
+/// Read lane state, shared by the channel's readers (each takes the lock to post its
+/// request or to poll for the next response chunk).
 struct ReadLane {
     lane: Lane,
+    /// Last read request seq written.
     rseq: u64,
+    /// Highest read request seq the host has taken (`r_taken`).
+    taken: u64,
+    /// Next response chunk seq.
     cseq: u64,
     next_req: u64,
-    req: LocalBuf,
+    /// Staging buffers of the K request slots.
+    reqs: Vec<LocalBuf>,
+    /// Requests written and not yet taken (retransmitted when late).
+    sent: VecDeque<SentRead>,
+    /// Requests being answered, by req_id, and their order (the host answers in order).
+    inflight: HashMap<u64, ReadAssembly>,
+    order: VecDeque<u64>,
+    /// Finished requests waiting for their reader, by req_id.
+    done: HashMap<u64, Result<Vec<u8>, StoreError>>,
     resp: LocalBuf,
+    freed: LocalBuf,
+    /// When `r_freed` was last written.
+    freed_at: Instant,
+}
+
+struct SentRead {
+    rseq: u64,
+    len: usize,
+    at: Instant,
+}
+
+struct ReadAssembly {
+    /// Its read request seq.
+    rseq: u64,
+    /// Bytes asked for.
+    want: u64,
+    out: Vec<u8>,
+    /// Next chunk index.
+    index: u32,
+}
+
+/// How a read failed: the request's own result (an object error, a dead channel), or a
+/// failure of the lane itself, which kills the channel.
+enum Fault {
+    Result(StoreError),
+    Transport(StoreError),
+}
+
+impl Fault {
+    fn into_error(self) -> StoreError {
+        match self {
+            Fault::Result(e) | Fault::Transport(e) => e,
+        }
+    }
 }
 
 struct Pending {
@@ -445,10 +495,19 @@ impl ProxyObjectStore {
                 read: Mutex::new(ReadLane {
                     lane: mk_lane(i)?,
                     rseq: 0,
+                    taken: 0,
                     cseq: 1,
                     next_req: 0,
-                    req: LocalBuf::new(READ_REQ_BYTES as usize, 64),
+                    reqs: (0..SLOTS)
+                        .map(|_| LocalBuf::new(READ_REQ_BYTES as usize, 64))
+                        .collect(),
+                    sent: VecDeque::new(),
+                    inflight: HashMap::new(),
+                    order: VecDeque::new(),
+                    done: HashMap::new(),
                     resp: LocalBuf::new(layout.max_dma as usize, 64),
+                    freed: LocalBuf::new(8, 8),
+                    freed_at: Instant::now(),
                 }),
             });
         }
@@ -487,6 +546,7 @@ impl ProxyObjectStore {
             reads: g(&c.reads),
             retransmits: g(&c.retransmits),
             doorbells: g(&c.doorbells),
+            reads_overlapped: g(&c.reads_overlapped),
             rpcs: g(&c.rpcs),
         }
     }
@@ -950,36 +1010,69 @@ impl Shared {
                 oid.name.len()
             )));
         }
-        if let Some(e) = ch.dead() {
-            return Err(e);
-        }
         add(&self.counters.reads, 1);
-        let mut r = lock(&ch.read);
-        let res = self.read_lane(&mut r, oid, offset, len);
-        r.lane.drain();
-        if let Err(e) = &res {
-            if !matches!(e, StoreError::Io { .. }) {
-                return res;
-            }
+        let res = self.read_wait(ch, oid, offset, len);
+        if let Err(Fault::Transport(e)) = &res {
             // A transport failure leaves the lane's sequence numbers unknown.
             ch.kill(e.to_string());
+            lock(&ch.read).lane.drain();
         }
-        res
+        res.map_err(Fault::into_error)
     }
 
-    fn read_lane(
+    /// Posts a read request (once a request slot is free), then polls the lane, taking turns
+    /// with the channel's other readers, until the result with its req_id is in.
+    fn read_wait(
+        &self,
+        ch: &Channel,
+        oid: &ObjectId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, Fault> {
+        let mut waiter = Waiter::new();
+        let mut mine = None;
+        loop {
+            if let Some(e) = ch.dead() {
+                return Err(Fault::Result(e));
+            }
+            let mut r = lock(&ch.read);
+            if let Some(id) = mine {
+                if let Some(res) = r.done.remove(&id) {
+                    return res.map_err(Fault::Result);
+                }
+            } else if r.rseq < r.taken + SLOTS {
+                mine = Some(self.post_read(&mut r, oid, offset, len)?);
+                waiter.reset();
+                continue;
+            }
+            let progress = self.read_step(&mut r)?;
+            drop(r);
+            if progress {
+                waiter.reset();
+            } else {
+                waiter.wait(self).map_err(Fault::Transport)?;
+            }
+        }
+    }
+
+    /// Writes read request `rseq + 1` into its slot; returns its req_id.
+    fn post_read(
         &self,
         r: &mut ReadLane,
         oid: &ObjectId,
         offset: u64,
         len: u64,
-    ) -> Result<Vec<u8>, StoreError> {
+    ) -> Result<u64, Fault> {
         let c = &self.counters;
+        if !r.inflight.is_empty() {
+            add(&c.reads_overlapped, 1);
+        }
         r.rseq += 1;
         r.next_req += 1;
         let (rseq, req_id) = (r.rseq, r.next_req);
         let name_len = oid.name.len();
-        let b = r.req.as_mut_slice();
+        let i = ((rseq - 1) % SLOTS) as usize;
+        let b = r.reqs[i].as_mut_slice();
         ReadHeader {
             rseq,
             req_id,
@@ -995,79 +1088,138 @@ impl Shared {
         b[64 + name_len..end].fill(0);
         b[end..end + 8].copy_from_slice(&rseq.to_le_bytes());
         let req_len = end + 8;
-        r.lane.post_write(c, READ_REQ, &r.req, req_len, 0)?;
-        r.lane.pump(None)?;
-        let mut sent = Instant::now();
-        let cap = self.layout.payload_cap();
-        let mut out: Vec<u8> = Vec::new();
-        let mut index = 0u32;
-        let mut waiter = Waiter::new();
-        let mut freed = LocalBuf::new(8, 8);
-        loop {
-            let expect = (len.saturating_sub(out.len() as u64)).min(cap).max(512);
-            let want = (64 + expect) as usize;
-            r.resp.as_mut_slice()[..64].fill(0);
-            r.lane
-                .read_into(c, self.layout.resp_slot(r.cseq), &r.resp, want)?;
-            let h = RespHeader::decode(r.resp.as_slice());
-            if h.cseq == r.cseq && h.req_id == req_id {
-                let pl = h.payload_len as usize;
-                if pl as u64 > cap
-                    || h.index != index
-                    || h.offset != out.len() as u64
-                    || h.total == 0
-                    || h.index >= h.total
-                {
-                    return Err(proxy_error(format!("malformed read response {h:?}")));
-                }
-                if 64 + pl > want {
-                    r.lane
-                        .read_into(c, self.layout.resp_slot(r.cseq), &r.resp, 64 + pl)?;
-                }
-                let data = &r.resp.as_slice()[64..64 + pl];
-                if h.status != 0 {
-                    let e = get_error(&mut Cursor::new(data))
-                        .unwrap_or_else(|| error_from_parts(h.status, 0, 0, b""));
-                    self.free_chunk(r, &mut freed)?;
-                    return Err(e);
-                }
-                if out.is_empty() {
-                    out.reserve(h.data_len.min(len) as usize);
-                }
-                out.extend_from_slice(data);
-                self.free_chunk(r, &mut freed)?;
-                index += 1;
-                waiter.reset();
-                if index == h.total {
-                    return Ok(out);
-                }
-                continue;
-            }
-            let [_, state, reason, r_taken] = r.lane.control(c)?;
-            check_state(state, reason, r.lane.base, &self.layout)?;
-            if sent.elapsed() > self.opts.retransmit_after {
-                sent = Instant::now();
-                add(&c.retransmits, 1);
-                if r_taken < rseq {
-                    r.lane.post_write(c, READ_REQ, &r.req, req_len, 0)?;
-                }
-                // A lost r_freed would stall the host: write it again.
-                freed
-                    .as_mut_slice()
-                    .copy_from_slice(&(r.cseq - 1).to_le_bytes());
-                r.lane.post_write(c, DPU_LINE, &freed, 8, 0)?;
-                r.lane.pump(None)?;
-            }
-            waiter.wait(self)?;
-        }
+        let slot = self.layout.read_req_slot(rseq);
+        r.lane
+            .post_write(c, slot, &r.reqs[i], req_len, 0)
+            .map_err(Fault::Transport)?;
+        r.lane.pump(None).map_err(Fault::Transport)?;
+        r.sent.push_back(SentRead {
+            rseq,
+            len: req_len,
+            at: Instant::now(),
+        });
+        r.order.push_back(req_id);
+        r.inflight.insert(
+            req_id,
+            ReadAssembly {
+                rseq,
+                want: len,
+                out: Vec::new(),
+                index: 0,
+            },
+        );
+        Ok(req_id)
     }
 
-    fn free_chunk(&self, r: &mut ReadLane, freed: &mut LocalBuf) -> Result<(), StoreError> {
-        r.lane.pump(None)?;
-        freed.as_mut_slice().copy_from_slice(&r.cseq.to_le_bytes());
-        r.lane.post_write(&self.counters, DPU_LINE, freed, 8, 0)?;
-        r.lane.pump(None)?;
+    /// Looks for the next response chunk and files it under its request; without one, reads
+    /// the control line (ringing a parked host) and retransmits what the host has not taken.
+    /// Errors are transport failures.
+    fn read_step(&self, r: &mut ReadLane) -> Result<bool, Fault> {
+        let c = &self.counters;
+        let t = Fault::Transport;
+        let Some(&front) = r.order.front() else {
+            return Ok(false);
+        };
+        let cap = self.layout.payload_cap();
+        // The host answers requests in order: the next chunk most likely belongs to the
+        // oldest one, and one DMA read sized for it takes header and data together.
+        let expect = {
+            let a = &r.inflight[&front];
+            a.want.saturating_sub(a.out.len() as u64).min(cap).max(512)
+        };
+        let want = (64 + expect) as usize;
+        let slot = self.layout.resp_slot(r.cseq);
+        r.resp.as_mut_slice()[..64].fill(0);
+        r.lane.read_into(c, slot, &r.resp, want).map_err(t)?;
+        let h = RespHeader::decode(r.resp.as_slice());
+        if h.cseq == r.cseq {
+            let pl = h.payload_len as usize;
+            let malformed =
+                || Fault::Transport(proxy_error(format!("malformed read response {h:?}")));
+            let Some(a) = r.inflight.get_mut(&h.req_id) else {
+                return Err(malformed());
+            };
+            if pl as u64 > cap
+                || h.index != a.index
+                || h.offset != a.out.len() as u64
+                || h.total == 0
+                || h.index >= h.total
+            {
+                return Err(malformed());
+            }
+            // An answered request was taken, and so were the ones before it.
+            let answered = a.rseq;
+            r.taken = r.taken.max(answered);
+            r.sent.retain(|s| s.rseq > answered);
+            if 64 + pl > want {
+                r.lane.read_into(c, slot, &r.resp, 64 + pl).map_err(t)?;
+            }
+            let a = r.inflight.get_mut(&h.req_id).expect("checked above");
+            let data = &r.resp.as_slice()[64..64 + pl];
+            let finished = if h.status != 0 {
+                let e = get_error(&mut Cursor::new(data))
+                    .unwrap_or_else(|| error_from_parts(h.status, 0, 0, b""));
+                Some(Err(e))
+            } else {
+                if a.out.is_empty() {
+                    a.out.reserve(h.data_len.min(a.want) as usize);
+                }
+                a.out.extend_from_slice(data);
+                a.index += 1;
+                (a.index == h.total).then(|| Ok(std::mem::take(&mut a.out)))
+            };
+            if let Some(res) = finished {
+                r.inflight.remove(&h.req_id);
+                r.order.retain(|&id| id != h.req_id);
+                r.done.insert(h.req_id, res);
+            }
+            self.free_chunk(r).map_err(t)?;
+            return Ok(true);
+        }
+        let [_, state, reason, r_taken] = r.lane.control(c).map_err(t)?;
+        check_state(state, reason, r.lane.base, &self.layout).map_err(t)?;
+        let mut progress = false;
+        if r_taken > r.taken {
+            r.taken = r_taken.min(r.rseq);
+            progress = true;
+        }
+        let taken = r.taken;
+        r.sent.retain(|s| s.rseq > taken);
+        let late = self.opts.retransmit_after;
+        if r.sent.front().is_some_and(|s| s.at.elapsed() > late) {
+            add(&c.retransmits, 1);
+            for i in 0..r.sent.len() {
+                let (rseq, len) = (r.sent[i].rseq, r.sent[i].len);
+                let b = ((rseq - 1) % SLOTS) as usize;
+                let slot = self.layout.read_req_slot(rseq);
+                r.lane.post_write(c, slot, &r.reqs[b], len, 0).map_err(t)?;
+                r.sent[i].at = Instant::now();
+            }
+            r.lane.pump(None).map_err(t)?;
+        }
+        if r.freed_at.elapsed() > late {
+            // A lost r_freed would stall the host: write it again.
+            let last = r.cseq - 1;
+            self.write_freed(r, last).map_err(t)?;
+        }
+        Ok(progress)
+    }
+
+    /// Hands response slot `cseq` back to the host.
+    fn free_chunk(&self, r: &mut ReadLane) -> Result<(), StoreError> {
+        let cseq = r.cseq;
+        self.write_freed(r, cseq)?;
         r.cseq += 1;
+        Ok(())
+    }
+
+    fn write_freed(&self, r: &mut ReadLane, v: u64) -> Result<(), StoreError> {
+        r.lane.pump(None)?;
+        r.freed.as_mut_slice().copy_from_slice(&v.to_le_bytes());
+        r.lane
+            .post_write(&self.counters, DPU_LINE, &r.freed, 8, 0)?;
+        r.lane.pump(None)?;
+        r.freed_at = Instant::now();
         Ok(())
     }
 }

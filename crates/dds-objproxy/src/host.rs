@@ -987,9 +987,10 @@ impl Worker {
     /// Takes a read request and writes response chunks as the window allows.
     fn step_read(&mut self) -> Result<bool, Bad> {
         let mut progress = false;
-        if self.reading.is_none() && self.shm.load(READ_REQ) == self.r_expect {
+        let slot = self.layout.read_req_slot(self.r_expect);
+        if self.reading.is_none() && self.shm.load(slot) == self.r_expect {
             let mut hb = Vec::new();
-            self.shm.copy_out(READ_REQ, 64, &mut hb);
+            self.shm.copy_out(slot, 64, &mut hb);
             let h = ReadHeader::decode(&hb);
             if h.rseq == self.r_expect {
                 if h.name_len == 0
@@ -999,13 +1000,12 @@ impl Worker {
                 {
                     return Err((REASON_READ, format!("read request {h:?}")));
                 }
-                let trailer = READ_REQ + 64 + align8(h.name_len as u64);
+                let trailer = slot + 64 + align8(h.name_len as u64);
                 if self.shm.load(trailer) == self.r_expect {
                     let mut name = Vec::new();
-                    self.shm
-                        .copy_out(READ_REQ + 64, h.name_len as usize, &mut name);
-                    if self.shm.load(READ_REQ) == self.r_expect {
-                        self.shm.store(READ_REQ, 0);
+                    self.shm.copy_out(slot + 64, h.name_len as usize, &mut name);
+                    if self.shm.load(slot) == self.r_expect {
+                        self.shm.store(slot, 0);
                         self.shm.store(trailer, 0);
                         self.shm.store(CTL_R_TAKEN, self.r_expect);
                         self.r_expect += 1;

@@ -22,12 +22,12 @@ pub const MAX_BATCH: usize = 1024;
 pub const HDR: u64 = 64;
 /// Offset of the DPU line in a channel.
 pub const DPU_LINE: u64 = 64;
-/// Offset of the read request slot in a channel.
+/// Offset of the read request slots in a channel.
 pub const READ_REQ: u64 = 128;
-/// Bytes of the read request slot.
+/// Bytes of a read request slot.
 pub const READ_REQ_BYTES: u64 = 4224;
 /// Offset of the ACK slots in a channel.
-pub const ACK_BASE: u64 = READ_REQ + READ_REQ_BYTES;
+pub const ACK_BASE: u64 = READ_REQ + SLOTS * READ_REQ_BYTES;
 /// Longest error message carried in an ACK record.
 pub const MAX_ERR_MSG: usize = 256;
 /// Largest control request frame.
@@ -144,6 +144,11 @@ impl Layout {
     /// Offset (in a channel) of the request slot of transfer `seq`.
     pub fn req_slot(&self, seq: u64) -> u64 {
         self.req_base() + ((seq - 1) % SLOTS) * self.max_dma as u64
+    }
+
+    /// Offset (in a channel) of the read request slot of read request `rseq`.
+    pub fn read_req_slot(&self, rseq: u64) -> u64 {
+        READ_REQ + ((rseq - 1) % SLOTS) * READ_REQ_BYTES
     }
 
     /// Offset (in a channel) of the ACK slot of transfer `seq`.
@@ -489,11 +494,13 @@ mod tests {
             max_dma: 2 << 20,
         };
         l.validate().unwrap();
-        assert_eq!(ACK_BASE, 4352);
-        assert_eq!(l.req_base(), 81920);
+        assert_eq!(ACK_BASE, 12800);
+        assert_eq!(l.req_base(), 90112);
         assert_eq!(l.payload_cap(), (2 << 20) - 72);
-        assert_eq!(l.channel_bytes(), 81920 + 6 * (2 << 20));
+        assert_eq!(l.channel_bytes(), 90112 + 6 * (2 << 20));
         assert_eq!(l.req_slot(4), l.req_slot(1));
+        assert_eq!(l.read_req_slot(1), READ_REQ);
+        assert_eq!(l.read_req_slot(6), READ_REQ + 2 * READ_REQ_BYTES);
         const { assert!(ACK_ERR_AREA < ACK_SLOT) };
     }
 

@@ -299,6 +299,66 @@ fn faults_exactly_once_nothing_lost() {
 }
 
 #[test]
+fn concurrent_reads_on_one_channel_are_matched_by_req_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = serve(dir.path(), "s");
+    let p = Arc::new(connect(
+        &pair,
+        ProxyOptions {
+            channels: 1,
+            max_dma: 128 << 10,
+            ..Default::default()
+        },
+    ));
+    // Objects of 1 byte to 3 chunks and more; every fourth name does not exist.
+    let sizes = [1usize, 4000, 130_000, 400_000, 77];
+    let objs: Vec<(ObjectId, Option<Vec<u8>>)> = (0..24u8)
+        .map(|i| {
+            let oid = ObjectId::new(1, format!("r{i}"));
+            if i % 4 == 3 {
+                return (oid, None);
+            }
+            let data: Vec<u8> = (0..sizes[i as usize % sizes.len()])
+                .map(|b| (b as u8).wrapping_mul(31).wrapping_add(i))
+                .collect();
+            let mut tx = Transaction::new();
+            tx.push(TxOp::WriteFull {
+                oid: oid.clone(),
+                data: data.clone(),
+            });
+            p.submit(&tx).unwrap();
+            (oid, Some(data))
+        })
+        .collect();
+    let objs = Arc::new(objs);
+    let hs: Vec<_> = (0..6usize)
+        .map(|t| {
+            let (p, objs) = (p.clone(), objs.clone());
+            std::thread::spawn(move || {
+                for k in 0..60 {
+                    let (oid, want) = &objs[(t * 7 + k * 5) % objs.len()];
+                    match (p.read(oid, 0, 1 << 20), want) {
+                        (Ok(got), Some(w)) => assert_eq!(&got, w, "{oid:?}"),
+                        (Err(StoreError::NotFound(_)), None) => {}
+                        (r, w) => panic!(
+                            "{oid:?}: {:?} for {:?}",
+                            r.map(|v| v.len()),
+                            w.as_ref().map(Vec::len)
+                        ),
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let st = p.stats();
+    assert!(st.reads_overlapped > 0, "{st:?}");
+    assert_eq!(pair.host.stats().channel_errors, 0);
+}
+
+#[test]
 fn malformed_transfer_closes_only_that_channel() {
     let dir = tempfile::tempdir().unwrap();
     let pair = serve(dir.path(), "s");
