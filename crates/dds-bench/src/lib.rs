@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod dpu;
 pub mod dpukv;
 pub mod files;
+pub mod interrupt;
 pub mod kv;
 pub mod machine;
 pub mod objects;

@@ -566,6 +566,7 @@ fn phase(
                     let mut ops = 0;
                     loop {
                         if stop.load(Ordering::Relaxed)
+                            || crate::interrupt::requested()
                             || (kind != Kind::Seq && Instant::now() >= deadline)
                         {
                             break;
@@ -635,6 +636,7 @@ fn phase(
             })
             .collect()
     });
+    crate::interrupt::check()?;
     let secs = t0.elapsed().as_secs_f64();
     let (h1, d1) = c.cpu();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
@@ -770,6 +772,7 @@ pub fn size_label(s: u64) -> String {
 /// Runs the benchmark.
 pub fn run(a: ObjectsArgs, command: String) -> Result<Report> {
     let p = plan(&a)?;
+    crate::interrupt::install()?;
     if a.dma_cost != "on" && a.dma_cost != "off" {
         bail!("--dma-cost takes on or off, not {:?}", a.dma_cost);
     }

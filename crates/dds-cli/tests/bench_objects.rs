@@ -109,3 +109,85 @@ fn bad_options_fail_with_a_message() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// Processes whose command line mentions `needle`.
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                found.push(cmd);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn an_interrupted_run_tears_everything_down() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(DDS)
+        .args(["bench", "objects", "--quick", "--seconds", "30"])
+        .args(["--placements", "H2+D2", "--sizes", "64K", "--clients", "2"])
+        .args(["--no-flow-adapt", "--device-size", "256M", "--pg-num", "8"])
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--dir")
+        .arg(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        let started = l.contains("H2+D2 ...");
+        log.push(l);
+        if started {
+            break;
+        }
+    }
+    // The cluster runs (four OSDs, two stores) when the interrupt comes.
+    let t = Instant::now();
+    while processes_with(&dir.path().display().to_string()).len() < 6 {
+        assert!(t.elapsed() < Duration::from_secs(20), "{log:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let t = Instant::now();
+    log.extend(lines.map_while(Result::ok));
+    let status = child.wait().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "stopped after {:?}",
+        t.elapsed()
+    );
+    assert!(!status.success());
+    assert!(log.iter().any(|l| l.contains("interrupted")), "{log:?}");
+    let left = processes_with(&dir.path().display().to_string());
+    assert!(left.is_empty(), "left running: {left:?}");
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/cpu"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            let mine = format!("dds-bench-objects-{pid}-");
+            let groups: Vec<_> = rd
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+                .collect();
+            assert!(groups.is_empty(), "cgroups left: {groups:?}");
+        }
+    }
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("bench-objects-")
+        })
+        .collect();
+    assert!(files.is_empty(), "left: {files:?}");
+}

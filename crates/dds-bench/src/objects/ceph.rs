@@ -335,6 +335,7 @@ fn bench(c: &Cluster, pool: &str, size: u64, args: &[String]) -> Result<Phase> {
 }
 
 fn point(c: &Cluster, p: &Plan, repl: u32, size: u64, clients: usize) -> Result<Point> {
+    crate::interrupt::check()?;
     let pool = format!("p{repl}");
     let secs = format!("{}", p.seconds.ceil().max(1.0) as u64);
     let t = clients.to_string();

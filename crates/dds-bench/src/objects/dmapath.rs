@@ -94,7 +94,7 @@ pub(super) fn measure(o: &DmaPathOpts) -> Result<DmaPathPoint> {
                 let data = vec![t as u8; o.size];
                 std::thread::spawn(move || -> Result<u64> {
                     let mut n = 0u64;
-                    while Instant::now() < end {
+                    while Instant::now() < end && !crate::interrupt::requested() {
                         let mut tx = Transaction::new();
                         tx.push(TxOp::WriteFull {
                             oid: ObjectId::new(1, format!("t{t}-{}", n % 8)),
@@ -121,6 +121,7 @@ pub(super) fn measure(o: &DmaPathOpts) -> Result<DmaPathPoint> {
     );
     let t0 = Instant::now();
     let txs = run(o.seconds)?;
+    crate::interrupt::check()?;
     let secs = t0.elapsed().as_secs_f64();
     let (s1, c1) = (
         proxy.stats(),
