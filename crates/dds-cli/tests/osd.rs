@@ -407,3 +407,83 @@ fn placement_dpu_without_its_host_process_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(err.contains("proxy.sock"), "{err}");
 }
+
+/// A write request's payload with its request id (client, tid).
+fn write_request(client: u64, tid: u64) -> Enc {
+    let mut e = Enc::new();
+    e.u64(client).u64(tid);
+    e
+}
+
+/// Sends a write op to the object's primary; its status and version (0 on error).
+fn raw_write(c: &OsdCluster, map: &ClusterMap, oid: &ObjectId, op: u16, p: &[u8]) -> (u16, u64) {
+    let pg = map.pg_of(oid.pool, &oid.name).unwrap();
+    let primary = map.acting(pg)[0];
+    let mut s = connect(c.addrs[primary as usize]);
+    let (st, out) = exchange(&mut s, header(op, p.len() as u32), p);
+    let v = if st == 0 {
+        u64::from_le_bytes(out[..8].try_into().unwrap())
+    } else {
+        0
+    };
+    (st, v)
+}
+
+#[test]
+fn a_retried_write_is_applied_once_even_after_the_primary_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = OsdCluster::start(dir.path(), 3, 8, 3);
+    let cl = client(&c, Duration::from_secs(20));
+    wait_clean(&cl, 3);
+    let map = ClusterMap::load(&c.map).unwrap();
+    let oid = ObjectId::new(1, "retried");
+    let full = |client, tid, data: &[u8]| write_request(client, tid).oid(&oid).bytes(data).done();
+    // The same request twice: one version, applied once.
+    let first = raw_write(&c, &map, &oid, op::WRITE_FULL, &full(7, 1, b"from 7"));
+    assert_eq!(first.0, 0);
+    assert_eq!(
+        raw_write(&c, &map, &oid, op::WRITE_FULL, &full(7, 1, b"from 7")),
+        first
+    );
+    // Another client writes after it; the first client's late retry changes nothing.
+    let later = raw_write(
+        &c,
+        &map,
+        &oid,
+        op::WRITE_FULL,
+        &full(8, 1, b"from 8, later"),
+    );
+    assert_eq!(later, (0, first.1 + 1));
+    assert_eq!(
+        raw_write(&c, &map, &oid, op::WRITE_FULL, &full(7, 1, b"from 7")),
+        first
+    );
+    assert_eq!(cl.read(&oid, 0, 100).unwrap(), b"from 8, later");
+    // A retried remove reports its first success instead of NOT_FOUND.
+    let other = ObjectId::new(1, "removed");
+    cl.write_full(&other, b"x").unwrap();
+    let rm = write_request(7, 2).oid(&other).done();
+    let removed = raw_write(&c, &map, &other, op::REMOVE, &rm);
+    assert_eq!(removed.0, 0);
+    assert_eq!(raw_write(&c, &map, &other, op::REMOVE, &rm), removed);
+    // A fresh request id for the same remove is a new request: the object is gone.
+    let rm2 = write_request(7, 3).oid(&other).done();
+    assert_eq!(
+        raw_write(&c, &map, &other, op::REMOVE, &rm2).0,
+        Status::NotFound as u16
+    );
+    // The request ids live in the PG log: a primary killed and restarted still knows them.
+    let pg = map.pg_of(1, b"retried").unwrap();
+    let primary = map.acting(pg)[0];
+    c.kill(primary);
+    c.start_osd(primary, false);
+    wait_clean(&cl, 3);
+    assert_eq!(
+        raw_write(&c, &map, &oid, op::WRITE_FULL, &full(7, 1, b"from 7")),
+        first
+    );
+    assert_eq!(cl.read(&oid, 0, 100).unwrap(), b"from 8, later");
+    for osd in 0..3 {
+        assert_eq!(cl.on(osd).read(&oid, 0, 100).unwrap(), b"from 8, later");
+    }
+}

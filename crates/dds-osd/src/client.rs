@@ -1,8 +1,10 @@
 //! The client library: routes each op to its PG's primary by the cluster map.
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dds_objstore::{KvPairs, ObjStat, ObjectId};
@@ -35,6 +37,21 @@ pub struct Client {
     map: ClusterMap,
     conns: BTreeMap<u32, ConnPool>,
     opts: ClientOptions,
+    /// This client's random id and its next write's tid: a write keeps its (id, tid) through
+    /// retries, and the primary applies it once.
+    id: u64,
+    next_tid: AtomicU64,
+}
+
+/// A random non-zero client id (the standard library's per-process random hash keys).
+fn random_id() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }
 
 /// Where an op goes.
@@ -86,7 +103,13 @@ impl Client {
                 )
             })
             .collect();
-        Client { map, conns, opts }
+        Client {
+            map,
+            conns,
+            opts,
+            id: random_id(),
+            next_tid: AtomicU64::new(1),
+        }
     }
 
     pub fn map(&self) -> &ClusterMap {
@@ -147,6 +170,14 @@ impl Client {
         Ok(v)
     }
 
+    /// A write's payload so far: this client's id and a new tid.
+    fn request(&self) -> Enc {
+        let mut e = Enc::new();
+        e.u64(self.id)
+            .u64(self.next_tid.fetch_add(1, Ordering::Relaxed));
+        e
+    }
+
     fn write_op(&self, oid: &ObjectId, op: u16, e: &mut Enc) -> Result<u64, OpError> {
         let out = self.call(Route::Primary(self.pg(oid)?), op, &e.done())?;
         Client::version(&out)
@@ -154,33 +185,37 @@ impl Client {
 
     /// Replaces the object's data; returns the PG version of the write.
     pub fn write_full(&self, oid: &ObjectId, data: &[u8]) -> Result<u64, OpError> {
-        self.write_op(oid, op::WRITE_FULL, Enc::new().oid(oid).bytes(data))
+        self.write_op(oid, op::WRITE_FULL, self.request().oid(oid).bytes(data))
     }
 
     /// Writes `data` at `offset`.
     pub fn write(&self, oid: &ObjectId, offset: u64, data: &[u8]) -> Result<u64, OpError> {
-        self.write_op(oid, op::WRITE, Enc::new().oid(oid).u64(offset).bytes(data))
+        self.write_op(
+            oid,
+            op::WRITE,
+            self.request().oid(oid).u64(offset).bytes(data),
+        )
     }
 
     /// Removes the object.
     pub fn remove(&self, oid: &ObjectId) -> Result<u64, OpError> {
-        self.write_op(oid, op::REMOVE, Enc::new().oid(oid))
+        self.write_op(oid, op::REMOVE, self.request().oid(oid))
     }
 
     pub fn setxattr(&self, oid: &ObjectId, name: &[u8], value: &[u8]) -> Result<u64, OpError> {
         self.write_op(
             oid,
             op::SETXATTR,
-            Enc::new().oid(oid).bytes(name).bytes(value),
+            self.request().oid(oid).bytes(name).bytes(value),
         )
     }
 
     pub fn omap_set(&self, oid: &ObjectId, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<u64, OpError> {
-        self.write_op(oid, op::OMAP_SET, Enc::new().oid(oid).kvs(entries))
+        self.write_op(oid, op::OMAP_SET, self.request().oid(oid).kvs(entries))
     }
 
     pub fn omap_rm(&self, oid: &ObjectId, keys: &[Vec<u8>]) -> Result<u64, OpError> {
-        self.write_op(oid, op::OMAP_RM, Enc::new().oid(oid).keys(keys))
+        self.write_op(oid, op::OMAP_RM, self.request().oid(oid).keys(keys))
     }
 
     fn route(&self, oid: &ObjectId, on: Option<u32>) -> Result<Route, OpError> {

@@ -25,11 +25,17 @@ pub struct LogEntry {
     pub version: u64,
     pub kind: u8,
     pub name: Vec<u8>,
+    /// The client request that made it (client id, tid); (0, 0) for none.
+    pub reqid: (u64, u64),
 }
 
 impl LogEntry {
     pub fn encode(&self, e: &mut Enc) {
-        e.u64(self.version).u8(self.kind).bytes(&self.name);
+        e.u64(self.version)
+            .u8(self.kind)
+            .bytes(&self.name)
+            .u64(self.reqid.0)
+            .u64(self.reqid.1);
     }
 
     pub fn decode(d: &mut Dec<'_>) -> Result<LogEntry, OpError> {
@@ -37,6 +43,34 @@ impl LogEntry {
             version: d.u64()?,
             kind: d.u8()?,
             name: d.bytes()?.to_vec(),
+            reqid: (d.u64()?, d.u64()?),
+        })
+    }
+
+    /// Decodes a stored entry; entries written before request ids were logged end after the
+    /// name and read as (0, 0).
+    fn decode_stored(v: &[u8]) -> Result<LogEntry, OpError> {
+        let mut d = Dec::new(v);
+        let (version, kind, name) = (d.u64()?, d.u8()?, d.bytes()?.to_vec());
+        let rest = d.rest();
+        let reqid = match rest.len() {
+            0 => (0, 0),
+            16 => {
+                let mut d = Dec::new(rest);
+                (d.u64()?, d.u64()?)
+            }
+            n => {
+                return Err(OpError::new(
+                    crate::wire::Status::Io,
+                    format!("PG log entry {version} has {n} bytes after its name"),
+                ))
+            }
+        };
+        Ok(LogEntry {
+            version,
+            kind,
+            name,
+            reqid,
         })
     }
 }
@@ -159,7 +193,7 @@ pub fn read_log(store: &Arc<dyn ObjectStore>, pg: PgId) -> Result<PgLog, OpError
         after = Some(last.0.clone());
         for (k, v) in &page {
             if k.starts_with(LOG_PREFIX) {
-                log.entries.push(LogEntry::decode(&mut Dec::new(v))?);
+                log.entries.push(LogEntry::decode_stored(v)?);
             }
         }
         if !page.last().is_some_and(|(k, _)| k.starts_with(LOG_PREFIX)) {
@@ -167,4 +201,31 @@ pub fn read_log(store: &Arc<dyn ObjectStore>, pg: PgId) -> Result<PgLog, OpError
         }
     }
     Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_entries_with_and_without_a_request_id() {
+        let e = LogEntry {
+            version: 9,
+            kind: KIND_REMOVE,
+            name: b"obj".to_vec(),
+            reqid: (77, 3),
+        };
+        let v = entry_value(&e);
+        assert_eq!(LogEntry::decode_stored(&v).unwrap(), e);
+        // Written before request ids were logged: the entry ends after the name.
+        let old = &v[..v.len() - 16];
+        let got = LogEntry::decode_stored(old).unwrap();
+        assert_eq!(got.reqid, (0, 0));
+        assert_eq!(
+            (got.version, got.kind, got.name),
+            (9, KIND_REMOVE, b"obj".to_vec())
+        );
+        // Anything else after the name is refused.
+        assert!(LogEntry::decode_stored(&v[..v.len() - 3]).is_err());
+    }
 }

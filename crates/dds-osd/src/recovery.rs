@@ -110,6 +110,7 @@ impl Inner {
                 }
             }
         }
+        st.load_reqids(&own);
         st.active = st.in_sync.len() + 1 >= min;
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The daemon: client and peer ports (a thread per connection), the client ops, replication of
 //! writes to the PG's replicas, and the replica side of the peer ops.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -64,6 +64,37 @@ pub(crate) struct PgState {
     pub active: bool,
     /// Primary: replicas known to hold every version.
     pub in_sync: BTreeSet<u32>,
+    /// Primary: the client requests of the logged versions, to answer a retried write with
+    /// its first version instead of applying it again.
+    pub reqids: HashMap<(u64, u64), u64>,
+    /// The same, in version order, for trimming with the log.
+    pub reqid_order: VecDeque<(u64, (u64, u64))>,
+}
+
+impl PgState {
+    /// Indexes the request ids of `log` (after peering).
+    pub fn load_reqids(&mut self, log: &crate::pglog::PgLog) {
+        self.reqids.clear();
+        self.reqid_order.clear();
+        for e in log.entries.iter().filter(|e| e.reqid.0 != 0) {
+            self.note_reqid(e.version, e.reqid, u64::MAX);
+        }
+    }
+
+    /// Records that `version` was made by request `reqid`, forgetting the requests of versions
+    /// that left a log of `max_log` entries.
+    pub fn note_reqid(&mut self, version: u64, reqid: (u64, u64), max_log: u64) {
+        self.reqids.insert(reqid, version);
+        self.reqid_order.push_back((version, reqid));
+        while self
+            .reqid_order
+            .front()
+            .is_some_and(|&(v, _)| v.saturating_add(max_log) <= version)
+        {
+            let (_, old) = self.reqid_order.pop_front().expect("front exists");
+            self.reqids.remove(&old);
+        }
+    }
 }
 
 /// A PG this OSD is a member of.
@@ -152,6 +183,8 @@ impl Osd {
                     head,
                     active: false,
                     in_sync: BTreeSet::new(),
+                    reqids: HashMap::new(),
+                    reqid_order: VecDeque::new(),
                 }),
                 acting,
                 head: AtomicU64::new(head),
@@ -466,6 +499,7 @@ impl Inner {
                 self.status_json()
             }
             op::WRITE_FULL | op::WRITE | op::REMOVE | op::SETXATTR | op::OMAP_SET | op::OMAP_RM => {
+                let reqid = (d.u64()?, d.u64()?);
                 let oid = d.oid()?;
                 let (txop, kind, must_exist) = match h.op {
                     op::WRITE_FULL => {
@@ -530,7 +564,7 @@ impl Inner {
                     }
                 };
                 d.end()?;
-                version_reply(self.write(&oid, txop, kind, must_exist)?)
+                version_reply(self.write(&oid, txop, kind, must_exist, reqid)?)
             }
             op::READ => {
                 let oid = d.oid()?;
@@ -612,13 +646,15 @@ impl Inner {
     }
 
     /// A client write: versioned, logged, replicated, acknowledged once every in-sync member
-    /// (at least `min_size`) committed.
+    /// (at least `min_size`) committed. A request id (client, tid) already in the PG's log is
+    /// a retry: answered with its version, not applied again.
     fn write(
         &self,
         oid: &ObjectId,
         txop: TxOp,
         kind: u8,
         must_exist: bool,
+        reqid: (u64, u64),
     ) -> Result<u64, OpError> {
         let pgid = self.pg_of(oid)?;
         let pg = self.check_primary(pgid)?;
@@ -628,6 +664,18 @@ impl Inner {
                 Status::PgInactive,
                 format!("pg {pgid} is peering; retry"),
             ));
+        }
+        let min = self.map().pool(pgid.pool).map_or(1, |p| p.min_size()) as usize;
+        if let Some(&version) = st.reqids.get(&reqid).filter(|_| reqid.0 != 0) {
+            // Every in-sync replica holds every version up to the head.
+            let committed = st.in_sync.len() + 1;
+            if committed < min {
+                return Err(op_err(
+                    Status::Degraded,
+                    format!("pg {pgid}: only {committed} of min_size {min} members hold version {version}"),
+                ));
+            }
+            return Ok(version);
         }
         if must_exist {
             self.store.stat(oid)?;
@@ -639,6 +687,7 @@ impl Inner {
             version,
             kind,
             name: oid.name.clone(),
+            reqid,
         };
         pglog::append_ops(&mut tx, pgid, &entry, self.cfg.max_log);
         let replicas: Vec<u32> = st.in_sync.iter().copied().collect();
@@ -687,8 +736,10 @@ impl Inner {
             return Err(e.into());
         }
         st.head = version;
+        if reqid.0 != 0 {
+            st.note_reqid(version, reqid, self.cfg.max_log);
+        }
         pg.publish(&st);
-        let min = self.map().pool(pgid.pool).map_or(1, |p| p.min_size()) as usize;
         if committed < min {
             return Err(op_err(
                 Status::Degraded,

@@ -9,7 +9,7 @@ use dds_objstore::{KvPairs, ObjectId, StoreError, MAX_NAME_LEN};
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"DOSD";
 /// Protocol version.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Header length.
 pub const HEADER_LEN: usize = 32;
 /// Flag: the frame is a reply.
