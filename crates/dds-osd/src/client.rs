@@ -301,12 +301,26 @@ impl Client {
 
     /// The whole object's data.
     pub fn read_full(&self, oid: &ObjectId) -> Result<Vec<u8>, OpError> {
-        let st = self.stat(oid)?;
-        self.read(oid, 0, st.size)
+        self.read_full_on(None, oid)
     }
 
     pub fn stat(&self, oid: &ObjectId) -> Result<ObjStat, OpError> {
         self.stat_on(None, oid)
+    }
+
+    /// The object's data as its stat sizes it, in as many reads as the OSD's frame limit
+    /// takes (the buffer grows with the bytes that arrive).
+    fn read_full_on(&self, on: Option<u32>, oid: &ObjectId) -> Result<Vec<u8>, OpError> {
+        let size = self.stat_on(on, oid)?.size;
+        let mut out = Vec::new();
+        while (out.len() as u64) < size {
+            let part = self.read_on(on, oid, out.len() as u64, size - out.len() as u64)?;
+            if part.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&part);
+        }
+        Ok(out)
     }
 
     pub fn getxattr(&self, oid: &ObjectId, name: &[u8]) -> Result<Vec<u8>, OpError> {
@@ -398,8 +412,7 @@ impl OsdView<'_> {
 
     /// The whole object's data.
     pub fn read_full(&self, oid: &ObjectId) -> Result<Vec<u8>, OpError> {
-        let st = self.stat(oid)?;
-        self.read(oid, 0, st.size)
+        self.client.read_full_on(Some(self.osd), oid)
     }
 
     pub fn stat(&self, oid: &ObjectId) -> Result<ObjStat, OpError> {

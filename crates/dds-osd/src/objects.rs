@@ -16,53 +16,83 @@ pub struct ObjectState {
     pub omap: KvPairs,
 }
 
-/// Reads an object whole (`None` if it does not exist).
-pub fn read_object(
+/// A piece of an object as recovery copies it: `state.data` holds bytes `offset ..` of the
+/// object's `size`; xattrs and omap come with the piece at offset 0 only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectPiece {
+    pub size: u64,
+    pub offset: u64,
+    pub state: ObjectState,
+}
+
+/// Reads up to `max` bytes of an object's data from `offset` (with its xattrs and omap at
+/// offset 0); `None` if it does not exist.
+pub fn read_piece(
     store: &Arc<dyn ObjectStore>,
     oid: &ObjectId,
-) -> Result<Option<ObjectState>, StoreError> {
+    offset: u64,
+    max: u64,
+) -> Result<Option<ObjectPiece>, StoreError> {
     let st = match store.stat(oid) {
         Ok(st) => st,
         Err(StoreError::NotFound(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let data = store.read(oid, 0, st.size)?;
-    let xattrs = store.getxattrs(oid)?;
-    let mut omap: KvPairs = Vec::new();
-    loop {
-        let after = omap.last().map(|(k, _)| k.clone());
-        let page = store.omap_list(oid, after.as_deref(), 1024)?;
-        if page.is_empty() {
-            break;
+    let data = store.read(oid, offset, st.size.saturating_sub(offset).min(max))?;
+    let mut state = ObjectState {
+        data,
+        ..ObjectState::default()
+    };
+    if offset == 0 {
+        state.xattrs = store.getxattrs(oid)?;
+        loop {
+            let after = state.omap.last().map(|(k, _)| k.clone());
+            let page = store.omap_list(oid, after.as_deref(), 1024)?;
+            if page.is_empty() {
+                break;
+            }
+            state.omap.extend(page);
         }
-        omap.extend(page);
     }
-    Ok(Some(ObjectState { data, xattrs, omap }))
+    Ok(Some(ObjectPiece {
+        size: st.size,
+        offset,
+        state,
+    }))
 }
 
 /// Encodes `PG_PULL_OBJECT`'s reply.
-pub fn encode_object(obj: Option<&ObjectState>) -> Vec<u8> {
+pub fn encode_piece(p: Option<&ObjectPiece>) -> Vec<u8> {
     let mut e = Enc::new();
-    match obj {
+    match p {
         None => e.u8(0),
-        Some(o) => e.u8(1).bytes(&o.data).kvs(&o.xattrs).kvs(&o.omap),
+        Some(p) => e
+            .u8(1)
+            .u64(p.size)
+            .bytes(&p.state.data)
+            .kvs(&p.state.xattrs)
+            .kvs(&p.state.omap),
     };
     e.done()
 }
 
-/// Decodes `PG_PULL_OBJECT`'s reply.
-pub fn decode_object(buf: &[u8]) -> Result<Option<ObjectState>, OpError> {
+/// Decodes `PG_PULL_OBJECT`'s reply to a request at `offset`.
+pub fn decode_piece(buf: &[u8], offset: u64) -> Result<Option<ObjectPiece>, OpError> {
     let mut d = Dec::new(buf);
-    let obj = match d.u8()? {
+    let p = match d.u8()? {
         0 => None,
-        _ => Some(ObjectState {
-            data: d.bytes()?.to_vec(),
-            xattrs: d.kvs()?,
-            omap: d.kvs()?,
+        _ => Some(ObjectPiece {
+            size: d.u64()?,
+            offset,
+            state: ObjectState {
+                data: d.bytes()?.to_vec(),
+                xattrs: d.kvs()?,
+                omap: d.kvs()?,
+            },
         }),
     };
     d.end()?;
-    Ok(obj)
+    Ok(p)
 }
 
 /// A transaction making the object exactly `obj` (or absent).

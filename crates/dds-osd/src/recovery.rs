@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dds_objstore::{ObjectId, Transaction};
+use dds_objstore::{ObjectId, Transaction, TxOp};
 
 use crate::map::PgId;
-use crate::objects::{self, ObjectState};
+use crate::objects::{self, ObjectPiece};
 use crate::pglog::{self, PgLog};
 use crate::server::{Inner, Pg, PgState};
 use crate::wire::{op, Dec, Enc, OpError};
@@ -150,9 +150,7 @@ impl Inner {
         };
         tracing::info!(%pg, ?src, ?dst, objects = names.len(), from = dst_log.head, to = src_log.head, "sync");
         for name in names {
-            let oid = ObjectId::new(pg.pool, name);
-            let obj = self.pull(src, &oid)?;
-            self.apply(dst, pg, &objects::replace_object_tx(&oid, obj.as_ref()))?;
+            self.copy_object(src, dst, pg, &ObjectId::new(pg.pool, name))?;
         }
         let mut tx = Transaction::new();
         pglog::replace_ops(&mut tx, pg, src_log);
@@ -173,12 +171,61 @@ impl Inner {
         }
     }
 
-    fn pull(&self, m: Member, oid: &ObjectId) -> Result<Option<ObjectState>, OpError> {
+    /// Makes `dst`'s copy of an object `src`'s, in pieces that fit a frame: the first
+    /// replaces the object (data from 0, xattrs, omap), the others write the rest of the data
+    /// at their offsets. The PG lock is held, so the object cannot change in between; a crash
+    /// in between is repaired by the next peering, which copies it again.
+    fn copy_object(
+        &self,
+        src: Member,
+        dst: Member,
+        pg: PgId,
+        oid: &ObjectId,
+    ) -> Result<(), OpError> {
+        let piece = u64::from(self.cfg.max_payload / 2).max(64 << 10);
+        let Some(first) = self.pull(src, oid, 0, piece)? else {
+            return self.apply(dst, pg, &objects::replace_object_tx(oid, None));
+        };
+        self.apply(
+            dst,
+            pg,
+            &objects::replace_object_tx(oid, Some(&first.state)),
+        )?;
+        let mut at = first.state.data.len() as u64;
+        while at < first.size {
+            let p = self.pull(src, oid, at, piece)?;
+            let Some(p) = p.filter(|p| p.size == first.size && !p.state.data.is_empty()) else {
+                return Err(OpError::new(
+                    crate::wire::Status::Io,
+                    format!("{oid:?} changed while it was copied"),
+                ));
+            };
+            let len = p.state.data.len() as u64;
+            let mut tx = Transaction::new();
+            tx.push(TxOp::Write {
+                oid: oid.clone(),
+                offset: at,
+                data: p.state.data,
+            });
+            self.apply(dst, pg, &tx)?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    fn pull(
+        &self,
+        m: Member,
+        oid: &ObjectId,
+        offset: u64,
+        max: u64,
+    ) -> Result<Option<ObjectPiece>, OpError> {
         match m {
-            Member::Local => Ok(objects::read_object(&self.store, oid)?),
+            Member::Local => Ok(objects::read_piece(&self.store, oid, offset, max)?),
             Member::Remote(r) => {
-                let out = self.peer_call(r, op::PG_PULL_OBJECT, &Enc::new().oid(oid).done())?;
-                objects::decode_object(&out)
+                let p = Enc::new().oid(oid).u64(offset).u64(max).done();
+                let out = self.peer_call(r, op::PG_PULL_OBJECT, &p)?;
+                objects::decode_piece(&out, offset)
             }
         }
     }

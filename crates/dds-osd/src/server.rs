@@ -848,10 +848,13 @@ impl Inner {
             }
             op::PG_PULL_OBJECT => {
                 let oid = d.oid()?;
+                let (offset, max) = (d.u64()?, d.u64()?);
                 d.end()?;
                 self.member_pg(self.pg_of(&oid)?)?;
-                Ok(objects::encode_object(
-                    objects::read_object(&self.store, &oid)?.as_ref(),
+                // The reply fits a frame whatever the caller asked for.
+                let max = max.min(u64::from(self.cfg.max_payload / 2));
+                Ok(objects::encode_piece(
+                    objects::read_piece(&self.store, &oid, offset, max)?.as_ref(),
                 ))
             }
             op::PG_LIST => {

@@ -46,6 +46,8 @@ fn start(dir: &std::path::Path, map: &ClusterMap, id: u32, format: bool) -> Osd 
     cfg.peering_interval = Duration::from_millis(50);
     // A short log: trimming runs, and an OSD that lost its store needs a backfill.
     cfg.max_log = 4;
+    // Small frames: an object bigger than a frame is read and recovered in pieces.
+    cfg.max_payload = 1 << 20;
     Osd::start(cfg, store).unwrap()
 }
 
@@ -102,6 +104,14 @@ fn replicates_and_recovers() {
         assert_eq!(c.on(o).read_full(&oid).unwrap(), b"dataXY");
         assert_eq!(c.on(o).getxattrs(&oid).unwrap().len(), 1);
     }
+    // An object of 3 MiB written 768 KiB at a time: bigger than any frame.
+    let big = ObjectId::new(1, "big");
+    let big_data: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    for (i, part) in big_data.chunks(768 << 10).enumerate() {
+        c.write(&big, (i * (768 << 10)) as u64, part).unwrap();
+    }
+    c.setxattr(&big, b"x", b"big").unwrap();
+    assert_eq!(c.read_full(&big).unwrap(), big_data);
     c.remove(&ObjectId::new(1, "obj-1")).unwrap();
     assert_eq!(
         c.stat(&ObjectId::new(1, "obj-1")).unwrap_err().status,
@@ -125,6 +135,11 @@ fn replicates_and_recovers() {
     wait_clean(&c);
     for o in 0..3 {
         let v = c.on(o);
+        assert_eq!(v.read_full(&big).unwrap(), big_data, "osd {o}");
+        assert_eq!(
+            v.getxattrs(&big).unwrap(),
+            vec![(b"x".to_vec(), b"big".to_vec())]
+        );
         for i in 0..60 {
             let oid = ObjectId::new(1, format!("obj-{i}"));
             if i == 1 {
