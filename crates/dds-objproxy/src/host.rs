@@ -678,11 +678,16 @@ struct Worker {
     cseq: u64,
     reading: Option<ReadJob>,
     scratch: Vec<u8>,
+    /// A chunked transaction's buffer, kept for the next one (at most `SPARE_MAX` bytes).
+    spare: Vec<u8>,
     /// The channel's doorbell (an eventfd the DPU rings while `CTL_SLEEP` is set).
     bell: Arc<OwnedFd>,
     /// Epoch of the last park.
     epoch: u64,
 }
+
+/// Largest assembly buffer a channel keeps between chunked transactions.
+const SPARE_MAX: usize = 16 << 20;
 
 /// Bad input: the reason code and a message.
 type Bad = (u64, String);
@@ -713,6 +718,7 @@ impl Worker {
             cseq: 1,
             reading: None,
             scratch: Vec::new(),
+            spare: Vec::new(),
             bell,
             epoch: 0,
         }
@@ -905,12 +911,17 @@ impl Worker {
             if self.assembly.is_some() || h.offset != 0 {
                 return Err(bad("a first chunk inside another transaction"));
             }
+            // The last transaction's buffer, if kept, saves the allocation (and its page
+            // faults); the store copied its bytes out when it was submitted.
+            let mut buf = std::mem::take(&mut self.spare);
+            buf.clear();
+            buf.reserve_exact(h.tx_len as usize);
             self.assembly = Some(Assembly {
                 req_id: h.req_id,
                 total: h.b,
                 next: 0,
                 tx_len: h.tx_len,
-                buf: Vec::with_capacity(h.tx_len as usize),
+                buf,
             });
         }
         let Some(a) = self.assembly.as_ref() else {
@@ -943,6 +954,9 @@ impl Worker {
             }
             let a = self.assembly.take().expect("checked above");
             self.apply(h.seq, a.req_id, &[&a.buf]);
+            if a.buf.capacity() <= SPARE_MAX {
+                self.spare = a.buf;
+            }
         }
         Ok(())
     }
