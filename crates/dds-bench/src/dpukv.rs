@@ -16,15 +16,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hdrhistogram::Histogram;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
-use crate::kv::load::{key, push_cmd, read_reply, scatter, value, Dist, Zipf};
+use crate::kv::load::{key, push_cmd, read_reply, run_routed, value, Dist, LoadSpec};
 use crate::kv::{start_redis, taskset};
 use crate::machine::{cost_model_text, Machine};
 use crate::placement::Placement;
@@ -257,7 +254,8 @@ struct LoadOut {
     p99_us: f64,
 }
 
-/// A closed-loop load: `conns` connections, `depth` commands in flight each.
+/// A closed-loop load: `conns` connections, `depth` commands in flight each, every command
+/// sent to the endpoint its design routes it to.
 fn load(
     side: &Side,
     keys: u64,
@@ -267,96 +265,27 @@ fn load(
     depth: usize,
     seconds: f64,
 ) -> Result<LoadOut> {
-    let zipf = match dist {
-        Dist::Zipf(t) => Some(Zipf::new(keys, t)),
-        Dist::Uniform => None,
-    };
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let t0 = Instant::now();
     let n = side.endpoints.len();
     let design = side.design;
-    let results: Vec<Result<(LoadOut, Histogram<u64>)>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..conns)
-            .map(|c| {
-                let zipf = zipf.as_ref();
-                let eps = &side.endpoints;
-                sc.spawn(move || -> Result<(LoadOut, Histogram<u64>)> {
-                    let mut socks = eps
-                        .iter()
-                        .map(|a| {
-                            let s = TcpStream::connect(a)?;
-                            s.set_nodelay(true)?;
-                            Ok((s, Vec::new(), 0usize))
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let mut rng = SmallRng::seed_from_u64(c as u64 * 7919 + 3);
-                    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-                    let mut r = LoadOut::default();
-                    let mut outs: Vec<Vec<u8>> = vec![Vec::new(); n];
-                    let mut sent: Vec<Vec<(u64, bool)>> = vec![Vec::new(); n];
-                    while Instant::now() < deadline {
-                        for e in 0..n {
-                            outs[e].clear();
-                            sent[e].clear();
-                        }
-                        for _ in 0..depth {
-                            let k = match zipf {
-                                Some(z) => scatter(z.sample(&mut rng), keys),
-                                None => rng.gen_range(0..keys),
-                            };
-                            let kb = key(k);
-                            let e = route(design, &kb, c, n);
-                            let get = rng.gen::<f64>() < read_fraction;
-                            if get {
-                                push_cmd(&mut outs[e], &[b"GET", &kb]);
-                            } else {
-                                push_cmd(&mut outs[e], &[b"SET", &kb, &value(k)]);
-                            }
-                            sent[e].push((k, get));
-                        }
-                        let t = Instant::now();
-                        for e in 0..n {
-                            if !outs[e].is_empty() {
-                                socks[e].0.write_all(&outs[e])?;
-                            }
-                        }
-                        for e in 0..n {
-                            let (s, buf, at) = &mut socks[e];
-                            for &(k, get) in &sent[e] {
-                                let (err, v) = read_reply(s, buf, at)?;
-                                r.ops += 1;
-                                if err {
-                                    r.errors += 1;
-                                } else if get && v != value(k) {
-                                    r.wrong += 1;
-                                }
-                            }
-                        }
-                        let us = t.elapsed().as_micros().max(1) as u64;
-                        h.record_n(us, depth as u64).ok();
-                    }
-                    Ok((r, h))
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("load thread"))
-            .collect()
-    });
-    let secs = t0.elapsed().as_secs_f64();
-    let mut total = LoadOut::default();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    for r in results {
-        let (r, h) = r?;
-        total.ops += r.ops;
-        total.errors += r.errors;
-        total.wrong += r.wrong;
-        hist.add(&h)?;
-    }
-    total.ops_per_sec = total.ops as f64 / secs;
-    total.p50_us = hist.value_at_quantile(0.5) as f64;
-    total.p99_us = hist.value_at_quantile(0.99) as f64;
-    Ok(total)
+    let spec = LoadSpec {
+        addr: side.endpoints[0],
+        keys,
+        dist,
+        read_fraction,
+        connections: conns,
+        depth,
+        seconds,
+        seed: 3,
+    };
+    let r = run_routed(&spec, &side.endpoints, &|k, c| route(design, k, c, n))?;
+    Ok(LoadOut {
+        ops: r.ops,
+        errors: r.errors,
+        wrong: r.wrong_values,
+        ops_per_sec: r.ops_per_sec,
+        p50_us: r.p50_us,
+        p99_us: r.p99_us,
+    })
 }
 
 /// SETs every key, pipelined, routed as the load routes them.

@@ -218,12 +218,25 @@ pub fn load_keys(
     Ok(keys as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// Runs one load point.
+/// Runs one load point against `spec.addr`.
 pub fn run(spec: &LoadSpec) -> Result<LoadResult> {
+    run_routed(spec, &[spec.addr], &|_, _| 0)
+}
+
+/// Runs one load point over several endpoints: each connection thread holds a socket to
+/// every endpoint, and `route(key, connection)` picks the endpoint of each command (a
+/// cluster's shard, a front end); a batch of `depth` commands is sent to all endpoints before
+/// any reply is read.
+pub fn run_routed(
+    spec: &LoadSpec,
+    endpoints: &[SocketAddr],
+    route: &(dyn Fn(&[u8; 8], usize) -> usize + Sync),
+) -> Result<LoadResult> {
     let zipf = match spec.dist {
         Dist::Zipf(t) => Some(Zipf::new(spec.keys, t)),
         Dist::Uniform => None,
     };
+    let n = endpoints.len();
     let deadline = Instant::now() + Duration::from_secs_f64(spec.seconds);
     let t0 = Instant::now();
     let results: Vec<Result<(LoadResult, Histogram<u64>)>> = std::thread::scope(|sc| {
@@ -231,44 +244,59 @@ pub fn run(spec: &LoadSpec) -> Result<LoadResult> {
             .map(|c| {
                 let zipf = zipf.as_ref();
                 sc.spawn(move || -> Result<(LoadResult, Histogram<u64>)> {
-                    let mut s = TcpStream::connect(spec.addr).context("connect")?;
-                    s.set_nodelay(true)?;
+                    let mut socks = endpoints
+                        .iter()
+                        .map(|a| {
+                            let s = TcpStream::connect(a).context("connect")?;
+                            s.set_nodelay(true)?;
+                            Ok((s, Vec::new(), 0usize))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
                     let mut rng = SmallRng::seed_from_u64(spec.seed ^ (c as u64 * 7919));
                     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
                     let mut r = LoadResult::default();
-                    let mut out = Vec::new();
-                    let mut ks = Vec::with_capacity(spec.depth);
-                    let (mut buf, mut at) = (Vec::new(), 0);
+                    let mut outs: Vec<Vec<u8>> = vec![Vec::new(); n];
+                    let mut sent: Vec<Vec<(u64, bool)>> = vec![Vec::with_capacity(spec.depth); n];
                     while Instant::now() < deadline {
-                        out.clear();
-                        ks.clear();
+                        for e in 0..n {
+                            outs[e].clear();
+                            sent[e].clear();
+                        }
                         for _ in 0..spec.depth {
                             let k = match zipf {
                                 Some(z) => scatter(z.sample(&mut rng), spec.keys),
                                 None => rng.gen_range(0..spec.keys),
                             };
+                            let kb = key(k);
+                            let e = route(&kb, c);
                             let get = rng.gen::<f64>() < spec.read_fraction;
                             if get {
-                                push_cmd(&mut out, &[b"GET", &key(k)]);
+                                push_cmd(&mut outs[e], &[b"GET", &kb]);
                             } else {
-                                push_cmd(&mut out, &[b"SET", &key(k), &value(k)]);
+                                push_cmd(&mut outs[e], &[b"SET", &kb, &value(k)]);
                             }
-                            ks.push((k, get));
+                            sent[e].push((k, get));
                         }
                         let t = Instant::now();
-                        s.write_all(&out)?;
-                        for &(k, get) in &ks {
-                            let (err, v) = read_reply(&mut s, &mut buf, &mut at)?;
-                            r.ops += 1;
-                            if err {
-                                r.errors += 1;
-                            } else if get {
-                                r.gets += 1;
-                                if v != value(k) {
-                                    r.wrong_values += 1;
+                        for (e, out) in outs.iter().enumerate() {
+                            if !out.is_empty() {
+                                socks[e].0.write_all(out)?;
+                            }
+                        }
+                        for (e, (s, buf, at)) in socks.iter_mut().enumerate() {
+                            for &(k, get) in &sent[e] {
+                                let (err, v) = read_reply(s, buf, at)?;
+                                r.ops += 1;
+                                if err {
+                                    r.errors += 1;
+                                } else if get {
+                                    r.gets += 1;
+                                    if v != value(k) {
+                                        r.wrong_values += 1;
+                                    }
+                                } else {
+                                    r.sets += 1;
                                 }
-                            } else {
-                                r.sets += 1;
                             }
                         }
                         let us = t.elapsed().as_micros().max(1) as u64;
