@@ -16,6 +16,9 @@
 //!   loses an update. A flush starts after every earlier write finished.
 //! * Operations spanning segments become one device operation per segment piece and complete
 //!   once, after all pieces.
+//! * A write past the end of file is *parked* until its file's extend (a `SET_SIZE` in the
+//!   metadata queue, `service/metaq.rs`) is durable, then issued as above; a parked write
+//!   counts as an earlier unfinished write for overlapping writes and flushes.
 
 use crate::align::{align_down, align_up};
 use crate::device::{DevCompletion, DevOp};

@@ -15,8 +15,45 @@
 //!
 //! While a job is with the metadata thread the data path runs on the state before the change.
 //! That is safe: a job's segments are still free in that state but no other job can pick them
-//! (one job at a time: an extending write first waits for the job in flight), a fenced file
-//! gets no new I/O, and a file being created has no id anyone knows yet.
+//! (one job at a time), a fenced file gets no new I/O, and a file being created has no id
+//! anyone knows yet.
+//!
+//! # Extending writes
+//!
+//! A write that ends past its file's size needs a durable `SET_SIZE` before it is issued, so
+//! that an acknowledged write implies its size survives a crash. That size change is an
+//! internal operation of the same queue (an *extend*, [`Origin::Extend`]); the write is
+//! *parked* in the data path meanwhile (it holds its op slot and bounce buffer, counts as in
+//! flight, and is reported by `poll` like any write) and nothing waits on the data-path
+//! thread:
+//!
+//! * If the queue is idle the extend is prepared at submit (so `NoSpace` is the submit's
+//!   error) and handed to the committer at once. Otherwise the file's extend is queued at the
+//!   back, once per file: later writes of the file join it, and it grows the file to the
+//!   largest end among its parked writes as they are when it starts. A write whose end the
+//!   extend being committed already reaches waits for that one. So a flood of appends costs
+//!   about one commit per commit time, not one per append.
+//! * When the extend's record is durable and applied, the file's parked writes that the new
+//!   size covers are issued in submission order, each behind earlier overlapping writes of
+//!   the file (parked ones included, so writes still apply in submission order). A flush
+//!   waits for parked writes like for any earlier write.
+//! * A write parks only for its own file's size: reads and writes of other files, and of the
+//!   same file within its durable size that overlap no parked write, go on. A read sees the
+//!   durable size: the range an unfinished extending write covers reads as past the end of
+//!   file until its size is durable, then as zeros or the new data until the write
+//!   completes (as for any unfinished write).
+//! * Refusals complete the parked writes through `poll`: if the free segments do not cover
+//!   the extend, the writes that fit go ahead and the others report `NoSpace`; after a failed
+//!   metadata write or sync they report `Io` (the service takes no more changes).
+//! * A delete that reaches the head of the queue while writes of its file are parked (their
+//!   extend is queued behind it) refuses them with `UnknownFile`: they come after the delete.
+//!   A shrink in that position must drain them, so it fences the file, lets the file's extend
+//!   commit first (its writes are then issued and drained like any other I/O) and comes back.
+//!   Both were submitted while the other was pending, so either order is one the caller may
+//!   see. A delete or shrink queued behind an extend simply waits for it.
+//!
+//! Parked writes move whenever the queue moves: `poll`, `poll_meta` and the blocking `wait`
+//! advance it (`wait` waits for the job in flight when the device has nothing in flight).
 
 use std::collections::VecDeque;
 
