@@ -264,7 +264,7 @@ impl Bench<'_> {
     }
 
     /// Read p99 (µs) of 4 KiB reads without and with a flood of metadata operations (create,
-    /// resize, delete from another connection) running at the same time.
+    /// resize, appends, delete from another connection) running at the same time.
     fn metadata_flood_p99(&self) -> Result<(f64, f64)> {
         let dpu = self.start_dpu(FilesMode::ZeroCopy)?;
         let dds = Dds::connect(dpu.socket()).context("connect to the DPU")?;
@@ -283,8 +283,12 @@ impl Bench<'_> {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let f = meta.create_file(&format!("/bench/flood-{}", n % 8))?;
                     meta.set_file_size(f.id, 1 << 20)?;
+                    // Appends: each commits the file's new size on the metadata thread.
+                    for k in 0..4u64 {
+                        meta.write_sync(f.id, (1 << 20) + k * 4096, &[k as u8; 4096])?;
+                    }
                     meta.delete_file(f.id)?;
-                    n += 3;
+                    n += 7;
                 }
                 Ok(n)
             });

@@ -1,11 +1,12 @@
 //! The control plane apart from the data plane: while one host connection floods a `dds dpu`
-//! process (a real device file, io_uring, fdatasync) with create / resize / delete, another
-//! connection's 4 KiB reads keep their latency. Metadata commits run on the DPU's metadata
-//! thread, so the service thread never waits for a log write or its fdatasync; before, every
-//! metadata operation stalled every read for its sync (read p99 ≈ 9× the quiet one).
+//! process (a real device file, io_uring, fdatasync) with create / resize / append / delete,
+//! another connection's 4 KiB reads keep their latency. Metadata commits, the size changes of
+//! appends among them, run on the DPU's metadata thread, so the service thread never waits for
+//! a log write or its fdatasync; before, every metadata operation stalled every read for its
+//! sync (read p99 ≈ 9× the quiet one).
 //!
-//! Every metadata operation must succeed and its effect must be visible, also after the DPU
-//! restarts (durable), and every read must return the right bytes.
+//! Every metadata operation and append must succeed and its effect must be visible, also after
+//! the DPU restarts (durable), and every read must return the right bytes.
 
 mod common;
 
@@ -106,9 +107,10 @@ fn read_p99(dds: &Dds, file: u32, dur: Duration, seed: u64) -> (f64, usize) {
     (p99, lat.len())
 }
 
-/// Create `/flood/f{n}`, grow it to `size(n)` (allocating a zeroed segment), delete the
-/// previous cycle's file; until `stop`. Returns the number of cycles (all must succeed); the
-/// last cycle's file is left.
+/// Create `/flood/f{n}`, grow it to `size(n)` (allocating a zeroed segment), append
+/// `APPENDS` writes (each extends the file: a size commit), delete the previous cycle's file;
+/// until `stop`. Returns the number of cycles (all must succeed); the last cycle's file is
+/// left.
 fn flood(socket: &std::path::Path, stop: &AtomicBool, cycles: &AtomicU64, first: u64) -> u64 {
     let meta = Dds::connect(socket).expect("flood connects");
     let mut prev: Option<u32> = None;
@@ -119,6 +121,14 @@ fn flood(socket: &std::path::Path, stop: &AtomicBool, cycles: &AtomicU64, first:
             .unwrap_or_else(|e| panic!("create /flood/f{n}: {e}"));
         meta.set_file_size(f.id, size(n))
             .unwrap_or_else(|e| panic!("resize /flood/f{n}: {e}"));
+        let block = [n as u8; APPEND as usize];
+        for k in 0..APPENDS {
+            let at = size(n) + k * APPEND;
+            let done = meta
+                .write_sync(f.id, at, &block)
+                .unwrap_or_else(|e| panic!("append to /flood/f{n} at {at}: {e}"));
+            assert_eq!(done, block.len());
+        }
         if let Some(p) = prev {
             meta.delete_file(p)
                 .unwrap_or_else(|e| panic!("delete /flood/f{}: {e}", n - 1));
@@ -133,6 +143,10 @@ fn flood(socket: &std::path::Path, stop: &AtomicBool, cycles: &AtomicU64, first:
 fn size(n: u64) -> u64 {
     (1 << 20) + n * 512
 }
+
+/// Appends per flood cycle, and their length.
+const APPENDS: u64 = 4;
+const APPEND: u64 = 4096;
 
 #[test]
 fn reads_keep_their_p99_while_another_connection_floods_metadata() {
@@ -182,7 +196,11 @@ fn reads_keep_their_p99_while_another_connection_floods_metadata() {
         let last = dds
             .lookup(&format!("/flood/f{}", first + done - 1))
             .expect("the flood's last file exists");
-        assert_eq!(last.size, size(first + done - 1), "its size is visible");
+        assert_eq!(
+            last.size,
+            size(first + done - 1) + APPENDS * APPEND,
+            "its size is visible"
+        );
         dds.delete_file(last.id).unwrap();
         total_cycles += done;
         assert!(
@@ -192,8 +210,8 @@ fn reads_keep_their_p99_while_another_connection_floods_metadata() {
         let ratio = flooded / quiet;
         eprintln!(
             "attempt {attempt}: quiet p99 {quiet:.0} µs ({quiet_n} reads), flooded p99 \
-             {flooded:.0} µs ({flooded_n} reads, {during} create+resize+delete cycles): \
-             ratio {ratio:.2}"
+             {flooded:.0} µs ({flooded_n} reads, {during} create+resize+append+delete \
+             cycles): ratio {ratio:.2}"
         );
         attempts.push((quiet, flooded, ratio, during));
         if ratio < BOUND {
@@ -214,6 +232,8 @@ fn reads_keep_their_p99_while_another_connection_floods_metadata() {
     // Durable: after a restart the namespace is what the replies said.
     let keep = dds.create_file("/flood/kept").unwrap();
     dds.set_file_size(keep.id, 3 << 20).unwrap();
+    let tail = [0x6bu8; 3000];
+    assert_eq!(dds.write_sync(keep.id, 3 << 20, &tail).unwrap(), tail.len());
     drop(dds);
     drop(dpu);
     let _dpu = start_dpu(&img, &socket, &[]);
@@ -222,7 +242,14 @@ fn reads_keep_their_p99_while_another_connection_floods_metadata() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0].name, "kept");
     assert_eq!(entries[0].kind, EntryKind::File);
-    assert_eq!(entries[0].size, 3 << 20);
+    assert_eq!(
+        entries[0].size,
+        (3 << 20) + 3000,
+        "the append's size survived"
+    );
+    let mut back = [0u8; 3000];
+    dds.read_sync(entries[0].id, 3 << 20, &mut back).unwrap();
+    assert_eq!(back, tail);
     assert!(total_cycles >= 10);
     let mut buf = vec![0u8; IO as usize];
     dds.read_sync(file, 5 * IO as u64, &mut buf).unwrap();

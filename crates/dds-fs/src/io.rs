@@ -16,6 +16,9 @@
 //!   loses an update. A flush starts after every earlier write finished.
 //! * Operations spanning segments become one device operation per segment piece and complete
 //!   once, after all pieces.
+//! * A write past the end of file is *parked* until its file's extend (a `SET_SIZE` in the
+//!   metadata queue, `service/metaq.rs`) is durable, then issued as above; a parked write
+//!   counts as an earlier unfinished write for overlapping writes and flushes.
 
 use crate::align::{align_down, align_up};
 use crate::device::{DevCompletion, DevOp};
@@ -35,6 +38,9 @@ const MAX_IO_LIMIT: u32 = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Free,
+    /// A write past the end of file, waiting until a size covering it is durable (the
+    /// file's extend in the metadata queue, `service/metaq.rs`).
+    Parked,
     /// Waiting for earlier conflicting writes.
     Blocked,
     /// Submitting / waiting for device completions.
@@ -88,6 +94,8 @@ struct Slot {
     outstanding: u32,
     /// First error (positive errno), 0 if none.
     error: i32,
+    /// Why a parked write was refused (reported instead of `error`).
+    refused: Option<Refusal>,
     /// In the ready queue.
     queued: bool,
     /// Writes: neighbours in the file's list of unfinished writes (`NO_SLOT`: none), and
@@ -118,6 +126,7 @@ impl Slot {
         next_edge: 0,
         outstanding: 0,
         error: 0,
+        refused: None,
         queued: false,
         prev_write: NO_SLOT,
         next_write: NO_SLOT,
@@ -140,6 +149,17 @@ impl Slot {
     }
 }
 
+/// Why a parked write was refused: its completion reports this error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Not enough free segments to grow the file (`NoSpace`).
+    NoSpace,
+    /// The file was deleted before it grew (`UnknownFile`).
+    Deleted,
+    /// A metadata write or sync failed: the service takes no more changes (`Io`).
+    Stopped,
+}
+
 /// All data-path state, allocated at open.
 pub(crate) struct DataPath {
     pub(crate) max_io: u32,
@@ -153,6 +173,8 @@ pub(crate) struct DataPath {
     next_seq: u64,
     /// Write operations not finished (all files).
     active_writes: u32,
+    /// Writes parked until their file's size grows (all files).
+    parked: u32,
 }
 
 impl DataPath {
@@ -192,6 +214,7 @@ impl DataPath {
             bounce: BouncePool::new(bounce_bytes, unit, align),
             next_seq: 0,
             active_writes: 0,
+            parked: 0,
         })
     }
 
@@ -232,15 +255,16 @@ impl DataPath {
         }
     }
 
-    /// True if an earlier unfinished write of the same file overlaps slot `i`'s blocks. Walks
-    /// only the file's list of unfinished writes (from `first`, in submission order) up to `i`.
+    /// True if an earlier unfinished (or parked) write of the same file overlaps slot `i`'s
+    /// blocks. Walks only the file's list of unfinished writes (from `first`, in submission
+    /// order) up to `i`.
     fn write_conflicts(&self, i: usize, first: u32) -> bool {
         let me = &self.slots[i];
         let mut j = first;
         while j != NO_SLOT && j as usize != i {
             let o = &self.slots[j as usize];
             debug_assert!(o.kind == Kind::Write && o.file == me.file && o.seq < me.seq);
-            if matches!(o.state, State::Blocked | State::Active) && o.overlaps(me) {
+            if matches!(o.state, State::Parked | State::Blocked | State::Active) && o.overlaps(me) {
                 return true;
             }
             j = o.next_write;
@@ -248,13 +272,13 @@ impl DataPath {
         false
     }
 
-    /// True if an earlier write (any file) is unfinished.
+    /// True if an earlier write (any file) is unfinished (parked ones included).
     fn flush_conflicts(&self, i: usize) -> bool {
         let me = &self.slots[i];
         self.active_writes > 0
             && self.slots.iter().any(|o| {
                 o.kind == Kind::Write
-                    && matches!(o.state, State::Blocked | State::Active)
+                    && matches!(o.state, State::Parked | State::Blocked | State::Active)
                     && o.seq < me.seq
             })
     }
@@ -360,9 +384,14 @@ impl FileService {
     }
 
     /// Submits a write of `len` bytes from `src` at file `offset`. A write past the end of file
-    /// extends it: segments are allocated and the new size is made durable before the write is
-    /// issued (`NoSpace` if the device is full). An end beyond the maximum file size is
-    /// `OutOfRange`. Data is durable after the completion and a subsequent flush.
+    /// extends it: it waits (parked, not blocking the caller) until segments are allocated and
+    /// a size covering it is durable, and only then is issued, so its completion implies the
+    /// new size is durable. Its size change is queued with the metadata operations; one
+    /// commit covers every write of the file waiting for it. When no metadata operation is
+    /// active or queued the growth is validated here (`NoSpace` if the device is full);
+    /// otherwise a refusal is the write's completion (`NoSpace`, `UnknownFile` if the file is
+    /// deleted first). An end beyond the maximum file size is `OutOfRange`. Data is durable
+    /// after the completion and a subsequent flush.
     ///
     /// # Safety
     /// `src` must be valid for reads of `len` bytes and not be modified until the completion
@@ -390,13 +419,16 @@ impl FileService {
         if self.files_io[fslot as usize].fenced {
             return Err(FsError::Busy);
         }
-        let mut old_size = self.meta.files[fslot as usize].as_ref().expect("live").size;
-        if end > old_size {
-            // An extending write commits its new size: after the metadata job in flight.
-            self.finish_job_in_flight();
-            self.check_writable()?;
-            old_size = self.meta.files[fslot as usize].as_ref().expect("live").size;
-        }
+        let size = self.meta.files[fslot as usize].as_ref().expect("live").size;
+        let extend = len > 0 && end > size;
+        let job = if extend {
+            self.extend_now(fslot, end)?
+        } else {
+            None
+        };
+        // The size once the writes parked before this one are in: no earlier write touches
+        // a block at or past it, and the device holds zeros there (zero-past-size invariant).
+        let old_size = size.max(self.files_io[fslot as usize].want);
         let bs = self.bs;
         let direct = offset.is_multiple_of(bs)
             && u64::from(len) % bs == 0
@@ -441,15 +473,6 @@ impl FileService {
                     return Err(FsError::Busy);
                 }
             }
-        }
-        if end > old_size {
-            if let Err(e) = self.extend_to(fslot, end) {
-                self.dp.free_bounce(i);
-                self.dp.release_slot(i);
-                return Err(e);
-            }
-        }
-        if !direct {
             // Partial edge blocks: read them back unless they lie wholly past the old end of
             // file, where the device holds zeros (zero-past-size invariant).
             let mut edges = [0u64; 2];
@@ -482,15 +505,92 @@ impl FileService {
         self.files_io[fslot as usize].writes += 1;
         self.dp.active_writes += 1;
         self.link_write(i, fslot);
+        if extend {
+            self.park_write(i, fslot, end, job);
+        } else {
+            self.start_or_block(i, fslot);
+            self.pump();
+        }
+        Ok(())
+    }
+
+    /// Starts write slot `i` of file `fslot`, or blocks it behind an earlier overlapping one.
+    fn start_or_block(&mut self, i: usize, fslot: u32) {
         let first = self.files_io[fslot as usize].first_write;
         if self.files_io[fslot as usize].writes > 1 && self.dp.write_conflicts(i, first) {
             self.dp.slots[i].state = State::Blocked;
             self.dp.blocked.push(i as u32);
         } else {
             self.start_write(i);
-            self.pump();
         }
-        Ok(())
+    }
+
+    /// Marks write slot `i` parked (its bookkeeping as an unfinished write is done).
+    pub(crate) fn park(&mut self, i: usize) {
+        debug_assert_eq!(self.dp.slots[i].kind, Kind::Write);
+        self.dp.slots[i].state = State::Parked;
+        self.dp.parked += 1;
+    }
+
+    /// Issues the parked writes of file `fslot` that its durable size now covers, in
+    /// submission order (each after earlier overlapping writes, as at submit).
+    pub(crate) fn release_parked(&mut self, fslot: u32) {
+        let Some(size) = self.meta.files[fslot as usize].as_ref().map(|f| f.size) else {
+            self.refuse_parked(fslot, 0, Refusal::Deleted);
+            return;
+        };
+        let mut j = self.files_io[fslot as usize].first_write;
+        while j != NO_SLOT {
+            let s = self.dp.slots[j as usize];
+            if s.state == State::Parked && s.offset + u64::from(s.len) <= size {
+                self.unpark(j as usize, fslot);
+                self.start_or_block(j as usize, fslot);
+            }
+            j = s.next_write;
+        }
+        self.update_want(fslot);
+        self.pump();
+    }
+
+    /// Completes the parked writes of file `fslot` that end past `keep` with `why`.
+    pub(crate) fn refuse_parked(&mut self, fslot: u32, keep: u64, why: Refusal) {
+        let mut j = self.files_io[fslot as usize].first_write;
+        while j != NO_SLOT {
+            let s = self.dp.slots[j as usize];
+            if s.state == State::Parked && s.offset + u64::from(s.len) > keep {
+                self.unpark(j as usize, fslot);
+                self.dp.slots[j as usize].refused = Some(why);
+                self.finish(j as usize);
+            }
+            j = s.next_write;
+        }
+        self.update_want(fslot);
+        self.pump();
+    }
+
+    fn unpark(&mut self, i: usize, fslot: u32) {
+        let fio = &mut self.files_io[fslot as usize];
+        assert!(fio.parked > 0 && self.dp.parked > 0, "parked count");
+        fio.parked -= 1;
+        self.dp.parked -= 1;
+        // Leaves `Parked`: `start_or_block` or `finish` sets the next state.
+        self.dp.slots[i].state = State::Active;
+    }
+
+    /// Recomputes file `fslot`'s wanted size: the largest end of its parked writes.
+    fn update_want(&mut self, fslot: u32) {
+        let mut want = 0;
+        let mut j = self.files_io[fslot as usize].first_write;
+        if self.files_io[fslot as usize].parked > 0 {
+            while j != NO_SLOT {
+                let s = &self.dp.slots[j as usize];
+                if s.state == State::Parked {
+                    want = want.max(s.offset + u64::from(s.len));
+                }
+                j = s.next_write;
+            }
+        }
+        self.files_io[fslot as usize].want = want;
     }
 
     /// Submits a flush: completes after every write submitted before it has completed and the
@@ -526,13 +626,19 @@ impl FileService {
     /// in any order. Returns the number reported. Never blocks.
     pub fn poll(&mut self, mut f: impl FnMut(u64, Result<u32, FsError>)) -> usize {
         self.reap();
+        if self.dp.parked > 0 {
+            // Parked writes go on with their file's extend.
+            self.advance_for_parked(false);
+        }
         let mut n = 0;
         while let Some(i) = self.dp.done.pop_front() {
             let i = i as usize;
-            let s = &self.dp.slots[i];
+            let s = self.dp.slots[i];
             debug_assert_eq!(s.state, State::Done);
             let ud = s.user_data;
-            let res = if s.error != 0 {
+            let res = if let Some(why) = s.refused {
+                Err(self.refusal_error(why))
+            } else if s.error != 0 {
                 let what = match s.kind {
                     Kind::Read => "read",
                     Kind::Write => "write",
@@ -553,9 +659,40 @@ impl FileService {
     /// at once if one is ready or nothing is in flight).
     pub fn wait(&mut self) -> Result<(), FsError> {
         while self.dp.done.is_empty() && self.inflight() > 0 {
+            if self.dp.parked > 0 {
+                self.pump();
+                self.reap();
+                // With the device idle only the metadata queue can move: wait for its job.
+                let idle = self.dev.inflight() == 0;
+                let parked = self.dp.parked;
+                let waited = self.advance_for_parked(idle);
+                if idle {
+                    let moved = waited || self.dp.parked != parked || self.dev.inflight() > 0;
+                    if !moved && self.dp.done.is_empty() {
+                        debug_assert!(false, "parked writes stalled");
+                        return Err(FsError::Io("data path stalled".into()));
+                    }
+                    continue;
+                }
+                if !self.dp.done.is_empty() {
+                    continue;
+                }
+            }
             self.progress(true)?;
         }
         Ok(())
+    }
+
+    /// The error a refused parked write reports.
+    fn refusal_error(&self, why: Refusal) -> FsError {
+        match why {
+            Refusal::NoSpace => FsError::NoSpace,
+            Refusal::Deleted => FsError::UnknownFile,
+            Refusal::Stopped => self
+                .check_writable()
+                .err()
+                .unwrap_or_else(|| FsError::Io("metadata commit failed".into())),
+        }
     }
 
     /// Data operations accepted and not yet reported by `poll`.

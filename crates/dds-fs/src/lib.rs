@@ -49,7 +49,7 @@ mod types;
 
 pub use device::{
     DevCompletion, DevOp, Device, DeviceBusy, DeviceLock, FaultInjector, MemDevice, MetaIo,
-    UringDevice, DEFAULT_QUEUE_DEPTH,
+    SyncGate, UringDevice, DEFAULT_QUEUE_DEPTH,
 };
 pub use error::FsError;
 pub use layout::{

@@ -99,6 +99,16 @@ pub(crate) struct FileIo {
     pub last_write: u32,
     /// A pending delete or shrink of this file: new reads and writes are refused (`Busy`).
     pub fenced: bool,
+    /// Writes of this file waiting for its size to grow (parked in the data path, counted
+    /// in `inflight` and `writes`; `service/metaq.rs`).
+    pub parked: u32,
+    /// The largest end among those writes: the size the file's next extend commits (0 when
+    /// none waits).
+    pub want: u64,
+    /// The size the extend of this file with the committer grows it to (0: none is).
+    pub committing: u64,
+    /// An extend of this file waits in the metadata queue.
+    pub extend_queued: bool,
 }
 
 /// No slot (end of a list).
@@ -112,6 +122,10 @@ impl Default for FileIo {
             first_write: NO_SLOT,
             last_write: NO_SLOT,
             fenced: false,
+            parked: 0,
+            want: 0,
+            committing: 0,
+            extend_queued: false,
         }
     }
 }

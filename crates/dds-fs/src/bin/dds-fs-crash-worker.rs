@@ -9,6 +9,11 @@
 //! Op lines: `create_dir NAME`, `remove_dir NAME`, `create_file PATH`, `delete PATH`,
 //! `rename FROM TO`, `resize PATH SIZE`, `write PATH OFFSET LEN SEED` (data = pattern(SEED),
 //! followed by a flush).
+//!
+//! `dds-fs-crash-worker <device> <seed> appends`: an append flood instead, on the metadata
+//! thread. Appends to `/appends` (created if missing) from its current size, with
+//! [`APPEND_DEPTH`] in flight, printing `ACK OFFSET LEN SEED` as each completes (no flush),
+//! and `DONE` once [`APPEND_BYTES`] were appended.
 
 use dds_fs::{EntryKind, FileService, FsError, OpenConfig, UringDevice};
 use std::io::Write;
@@ -157,16 +162,75 @@ fn apply(fs: &mut FileService, op: &str) -> Result<(), FsError> {
     }
 }
 
+/// Appends in flight in the append flood.
+const APPEND_DEPTH: usize = 8;
+/// Bytes one append flood writes at most.
+const APPEND_BYTES: u64 = 12 << 20;
+
+/// The append flood (see the module documentation).
+fn appends(fs: &mut FileService, seed: u64) -> Result<(), FsError> {
+    let id = match fs.lookup("/appends") {
+        Ok(i) => i.id,
+        Err(FsError::NotFound) => fs.create_file("/appends")?,
+        Err(e) => return Err(e),
+    };
+    let start = fs.file_size(id)?;
+    let mut r = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+    let mut end = start;
+    // Per slot: (offset, pattern seed, data), kept until the append's completion.
+    let mut slots: Vec<Option<(u64, u64, Vec<u8>)>> = vec![None; APPEND_DEPTH];
+    let out = std::io::stdout();
+    let mut finished = false;
+    loop {
+        for (k, slot) in slots.iter_mut().enumerate() {
+            if slot.is_some() || end - start >= APPEND_BYTES {
+                continue;
+            }
+            let s = r.below(1 << 30);
+            let data = pattern(s, 1 + r.below(20_000) as usize);
+            // SAFETY: `data` stays in `slots` until this append's completion was polled.
+            unsafe { fs.submit_write(id, end, data.as_ptr(), data.len() as u32, k as u64)? };
+            end += data.len() as u64;
+            *slot = Some((end - data.len() as u64, s, data));
+        }
+        if slots.iter().all(Option::is_none) {
+            if !finished {
+                writeln!(out.lock(), "DONE").expect("stdout");
+                finished = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        fs.wait()?;
+        let mut failed = None;
+        fs.poll(|k, res| {
+            let (off, s, data) = slots[k as usize].take().expect("an append in flight");
+            match res {
+                Ok(n) if n as usize == data.len() => {
+                    writeln!(out.lock(), "ACK {off} {} {s}", data.len()).expect("stdout")
+                }
+                Ok(n) => failed = Some(FsError::Io(format!("short append: {n}"))),
+                Err(e) => failed = Some(e),
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
-        eprintln!("usage: dds-fs-crash-worker <device> <seed> [max_ops]");
+        eprintln!("usage: dds-fs-crash-worker <device> <seed> [max_ops | appends]");
         std::process::exit(2);
     }
     let seed: u64 = args[2].parse().expect("seed");
-    let max_ops: u64 = args
-        .get(3)
-        .map_or(u64::MAX, |s| s.parse().expect("max_ops"));
+    let flood = args.get(3).map(String::as_str) == Some("appends");
+    let max_ops: u64 = match args.get(3) {
+        Some(s) if !flood => s.parse().expect("max_ops"),
+        _ => u64::MAX,
+    };
     let dev = UringDevice::open(&args[1], 16).expect("open device");
     let cfg = OpenConfig {
         max_inflight: 16,
@@ -174,10 +238,18 @@ fn main() {
         bounce_bytes: 1 << 20,
     };
     let mut fs = FileService::open(Box::new(dev), cfg).expect("open file service");
-    if seed % 2 == 1 {
-        // Odd seeds commit metadata on the metadata thread (as the DPU does), even ones inline.
+    if flood || seed % 2 == 1 {
+        // Odd seeds commit metadata on the metadata thread (as the DPU does), even ones inline;
+        // the append flood always does.
         fs.start_meta_thread(|| {})
             .expect("start the metadata thread");
+    }
+    if flood {
+        if let Err(e) = appends(&mut fs, seed) {
+            writeln!(std::io::stdout().lock(), "ERR {e}").expect("stdout");
+            std::process::exit(1);
+        }
+        return;
     }
     let mut r = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
     let out = std::io::stdout();

@@ -8,9 +8,11 @@
 
 use std::io;
 
+mod gate;
 mod mem;
 mod uring;
 
+pub use gate::SyncGate;
 pub use mem::{FaultInjector, MemDevice};
 pub use uring::{DeviceLock, UringDevice, DEFAULT_QUEUE_DEPTH};
 

@@ -1,5 +1,6 @@
 //! io_uring + O_DIRECT device over a block device or a preallocated regular file.
 
+use super::gate::{GatedMetaIo, SyncGate};
 use super::{check_aligned, DevCompletion, DevOp, Device, DeviceBusy, MetaIo};
 use crate::align::AlignedBuf;
 use crate::error::FsError;
@@ -9,6 +10,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 // Linux block-device ioctls (include/uapi/linux/fs.h).
 const BLKSSZGET: libc::c_ulong = 0x1268; // _IO(0x12, 104)
@@ -100,6 +102,10 @@ pub struct UringDevice {
     capacity: u64,
     queue_depth: usize,
     inflight: usize,
+    /// Syncs of the metadata handles given out wait at this gate ([`with_meta_gate`]).
+    ///
+    /// [`with_meta_gate`]: UringDevice::with_meta_gate
+    meta_gate: Option<Arc<SyncGate>>,
 }
 
 /// Synchronous O_DIRECT access to the device file (the metadata path): the device's own
@@ -204,7 +210,16 @@ impl UringDevice {
             capacity,
             queue_depth,
             inflight: 0,
+            meta_gate: None,
         })
+    }
+
+    /// Makes every `sync` of the metadata handles this device gives out
+    /// ([`Device::meta_io`], the file service's metadata thread) wait at `gate` first: a
+    /// deliberately slow committer for tests. The device's own syncs are not gated.
+    pub fn with_meta_gate(mut self, gate: Arc<SyncGate>) -> UringDevice {
+        self.meta_gate = Some(gate);
+        self
     }
 
     /// Creates a new regular file of `size` bytes (mode 0600), preallocated with `fallocate`
@@ -439,11 +454,16 @@ impl Device for UringDevice {
     }
 
     fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
-        Some(
-            self.sync
-                .try_clone()
-                .map(|s| Box::new(s) as Box<dyn MetaIo>),
-        )
+        Some(self.sync.try_clone().map(|s| {
+            let inner = Box::new(s) as Box<dyn MetaIo>;
+            match &self.meta_gate {
+                None => inner,
+                Some(g) => Box::new(GatedMetaIo {
+                    inner,
+                    gate: Arc::clone(g),
+                }) as Box<dyn MetaIo>,
+            }
+        }))
     }
 }
 

@@ -15,14 +15,52 @@
 //!
 //! While a job is with the metadata thread the data path runs on the state before the change.
 //! That is safe: a job's segments are still free in that state but no other job can pick them
-//! (one job at a time: an extending write first waits for the job in flight), a fenced file
-//! gets no new I/O, and a file being created has no id anyone knows yet.
+//! (one job at a time), a fenced file gets no new I/O, and a file being created has no id
+//! anyone knows yet.
+//!
+//! # Extending writes
+//!
+//! A write that ends past its file's size needs a durable `SET_SIZE` before it is issued, so
+//! that an acknowledged write implies its size survives a crash. That size change is an
+//! internal operation of the same queue (an *extend*, [`Origin::Extend`]); the write is
+//! *parked* in the data path meanwhile (it holds its op slot and bounce buffer, counts as in
+//! flight, and is reported by `poll` like any write) and nothing waits on the data-path
+//! thread:
+//!
+//! * If the queue is idle the extend is prepared at submit (so `NoSpace` is the submit's
+//!   error) and handed to the committer at once. Otherwise the file's extend is queued at the
+//!   back, once per file: later writes of the file join it, and it grows the file to the
+//!   largest end among its parked writes as they are when it starts. A write whose end the
+//!   extend being committed already reaches waits for that one. So a flood of appends costs
+//!   about one commit per commit time, not one per append.
+//! * When the extend's record is durable and applied, the file's parked writes that the new
+//!   size covers are issued in submission order, each behind earlier overlapping writes of
+//!   the file (parked ones included, so writes still apply in submission order). A flush
+//!   waits for parked writes like for any earlier write.
+//! * A write parks only for its own file's size: reads and writes of other files, and of the
+//!   same file within its durable size that overlap no parked write, go on. A read sees the
+//!   durable size: the range an unfinished extending write covers reads as past the end of
+//!   file until its size is durable, then as zeros or the new data until the write
+//!   completes (as for any unfinished write).
+//! * Refusals complete the parked writes through `poll`: if the free segments do not cover
+//!   the extend, the writes that fit go ahead and the others report `NoSpace`; after a failed
+//!   metadata write or sync they report `Io` (the service takes no more changes).
+//! * A delete that reaches the head of the queue while writes of its file are parked (their
+//!   extend is queued behind it) refuses them with `UnknownFile`: they come after the delete.
+//!   A shrink in that position must drain them, so it fences the file, lets the file's extend
+//!   commit first (its writes are then issued and drained like any other I/O) and comes back.
+//!   Both were submitted while the other was pending, so either order is one the caller may
+//!   see. A delete or shrink queued behind an extend simply waits for it.
+//!
+//! Parked writes move whenever the queue moves: `poll`, `poll_meta` and the blocking `wait`
+//! advance it (`wait` waits for the job in flight when the device has nothing in flight).
 
 use std::collections::VecDeque;
 
 use super::*;
 use crate::commit::{Executor, Job, JobResult};
 use crate::device::DevIo;
+use crate::io::Refusal;
 use crate::meta::OwnedRecord;
 
 /// A metadata operation for [`FileService::submit_meta`].
@@ -60,6 +98,18 @@ pub(crate) enum Origin {
     User(u64),
     /// A synchronous call of this service (`create_file`, ...).
     Blocking,
+    /// The writes of file slot `.0` parked until its size grows (their completions report
+    /// the result).
+    Extend(u32),
+}
+
+/// A queued operation.
+#[derive(Debug)]
+enum Item {
+    Op(Origin, MetaOp),
+    /// Grow file slot `.0` to cover its parked writes (to `FileIo::want` as it is when the
+    /// extend starts: writes parked meanwhile are covered too).
+    Extend(u32),
 }
 
 /// A committed change waiting for its job's result.
@@ -86,12 +136,23 @@ enum Active {
     Committing(Pending),
 }
 
+impl Active {
+    fn is_extend(&self) -> bool {
+        matches!(self, Active::Committing(p) if matches!(p.origin, Origin::Extend(_)))
+    }
+}
+
 /// The operation queue (see the module documentation).
 #[derive(Debug, Default)]
 pub(crate) struct MetaQueue {
-    queue: VecDeque<(Origin, MetaOp)>,
+    queue: VecDeque<Item>,
     active: Option<Active>,
     done: VecDeque<(Origin, Result<MetaDone, FsError>)>,
+    /// `Item::Extend` entries in `queue` (at most one per file).
+    extends: usize,
+    /// The file fenced for the shrink at the head of the queue while that file's extend,
+    /// moved ahead of it, commits.
+    prefenced: Option<u32>,
 }
 
 /// How an operation starts.
@@ -110,7 +171,9 @@ impl FileService {
     /// neither this call nor `poll_meta` waits for a metadata write or sync when the metadata
     /// thread runs ([`start_meta_thread`](Self::start_meta_thread)).
     pub fn submit_meta(&mut self, op: MetaOp, user_data: u64) {
-        self.mq.queue.push_back((Origin::User(user_data), op));
+        self.mq
+            .queue
+            .push_back(Item::Op(Origin::User(user_data), op));
         self.meta_advance(false);
     }
 
@@ -133,8 +196,11 @@ impl FileService {
     }
 
     /// Metadata operations submitted and not yet reported by `poll_meta`.
+    /// (The size changes of extending writes are not counted: their writes are, in
+    /// [`inflight`](Self::inflight).)
     pub fn meta_pending(&self) -> usize {
-        self.mq.queue.len() + usize::from(self.mq.active.is_some()) + self.mq.done.len()
+        let active = self.mq.active.as_ref().is_some_and(|a| !a.is_extend());
+        self.mq.queue.len() - self.mq.extends + usize::from(active) + self.mq.done.len()
     }
 
     /// True when `poll_meta` has something to do now: a result to report, an operation to
@@ -201,7 +267,7 @@ impl FileService {
     /// Runs `op` to completion (the synchronous metadata calls), advancing any queued
     /// operations before it.
     pub(crate) fn meta_blocking(&mut self, op: MetaOp) -> Result<MetaDone, FsError> {
-        self.mq.queue.push_back((Origin::Blocking, op));
+        self.mq.queue.push_back(Item::Op(Origin::Blocking, op));
         loop {
             self.meta_advance(true);
             if let Some(k) = self
@@ -220,12 +286,15 @@ impl FileService {
     fn meta_advance(&mut self, block: bool) {
         loop {
             match self.mq.active.take() {
-                None => {
-                    let Some((origin, op)) = self.mq.queue.pop_front() else {
-                        return;
-                    };
-                    self.meta_start(origin, op);
-                }
+                None => match self.mq.queue.pop_front() {
+                    None => return,
+                    Some(Item::Extend(slot)) => {
+                        self.mq.extends -= 1;
+                        self.files_io[slot as usize].extend_queued = false;
+                        self.extend_start(slot);
+                    }
+                    Some(Item::Op(origin, op)) => self.op_start(origin, op),
+                },
                 Some(Active::Draining { origin, op, slot }) => {
                     if self.files_io[slot as usize].inflight == 0 {
                         // Drained: start again (still fenced: nothing new was submitted).
@@ -243,21 +312,220 @@ impl FileService {
                         return;
                     }
                 }
-                Some(Active::Committing(p)) => {
-                    let r = match &mut self.exec {
-                        Executor::Thread(t) => t.result(block),
-                        Executor::Inline(_) | Executor::Moved => {
-                            unreachable!("inline jobs finish when submitted")
-                        }
-                    };
-                    match r {
-                        Some(r) => self.meta_finish_queued(p, r),
-                        None => {
-                            self.mq.active = Some(Active::Committing(p));
-                            return;
-                        }
+                Some(Active::Committing(p)) => match self.job_result(block) {
+                    Some(r) => self.meta_finish_queued(p, r),
+                    None => {
+                        self.mq.active = Some(Active::Committing(p));
+                        return;
                     }
+                },
+            }
+        }
+    }
+
+    /// The result of the job with the metadata thread: `None` if not finished and `block` is
+    /// false.
+    fn job_result(&mut self, block: bool) -> Option<JobResult> {
+        match &mut self.exec {
+            Executor::Thread(t) => t.result(block),
+            Executor::Inline(_) | Executor::Moved => {
+                unreachable!("inline jobs finish when submitted")
+            }
+        }
+    }
+
+    /// Starts a queued operation (no operation is active). A delete or shrink of a file with
+    /// parked writes (their extend is queued behind it) first settles them: a delete refuses
+    /// them (they come after it, so they find no file); a shrink, which must drain them,
+    /// fences the file and lets their extend commit first, then comes back.
+    fn op_start(&mut self, origin: Origin, op: MetaOp) {
+        if let Some(s) = self.mq.prefenced.take() {
+            // The shrink is back: it fences its file again as it starts (or not at all).
+            self.files_io[s as usize].fenced = false;
+        }
+        match self.parked_behind(&op) {
+            Some((slot, true)) => {
+                self.refuse_parked(slot, 0, Refusal::Deleted);
+                self.dequeue_extend(slot);
+            }
+            Some((slot, false)) => {
+                if self.dequeue_extend(slot) {
+                    self.files_io[slot as usize].fenced = true;
+                    self.mq.prefenced = Some(slot);
+                    self.mq.queue.push_front(Item::Op(origin, op));
+                    self.extend_start(slot);
+                    return;
                 }
+                debug_assert!(false, "parked writes without a queued extend");
+            }
+            None => {}
+        }
+        self.meta_start(origin, op);
+    }
+
+    /// `(file slot, is a delete)` when `op` deletes or shrinks a file that has parked writes.
+    fn parked_behind(&self, op: &MetaOp) -> Option<(u32, bool)> {
+        let (slot, delete) = match op {
+            MetaOp::DeleteFile { id } => (self.file_slot(*id).ok()?, true),
+            MetaOp::DeletePath { path } => (self.file_by_path(path).ok()?, true),
+            MetaOp::Resize { id, size } => {
+                let slot = self.file_slot(*id).ok()?;
+                if *size >= self.meta.files[slot as usize].as_ref()?.size {
+                    return None;
+                }
+                (slot, false)
+            }
+            _ => return None,
+        };
+        let parked = self.files_io[slot as usize].parked > 0;
+        (parked && self.check_writable().is_ok()).then_some((slot, delete))
+    }
+
+    /// Takes file `slot`'s extend out of the queue; false if none was queued.
+    fn dequeue_extend(&mut self, slot: u32) -> bool {
+        let at = self
+            .mq
+            .queue
+            .iter()
+            .position(|it| matches!(it, Item::Extend(s) if *s == slot));
+        let Some(k) = at else {
+            return false;
+        };
+        self.mq.queue.remove(k);
+        self.mq.extends -= 1;
+        self.files_io[slot as usize].extend_queued = false;
+        true
+    }
+
+    /// True when no metadata operation is active or queued.
+    fn meta_idle(&self) -> bool {
+        self.mq.active.is_none() && self.mq.queue.is_empty()
+    }
+
+    /// The job that grows file `slot` to `end` for a write submitted while the queue is idle
+    /// (`None`: the queue is busy, the write waits for a queued extend). Prepared at submit,
+    /// so that a refusal (`NoSpace`) is the submit's error; nothing changes until it starts.
+    pub(crate) fn extend_now(
+        &mut self,
+        slot: u32,
+        end: u64,
+    ) -> Result<Option<(Pending, Job)>, FsError> {
+        if !self.meta_idle() {
+            return Ok(None);
+        }
+        self.size_job(Origin::Extend(slot), slot, end)
+    }
+
+    /// Parks write slot `i` of file `slot`, which ends at `end` past the file's size, until a
+    /// size of at least `end` is durable: the extend committing now if it reaches `end`, else
+    /// the file's queued extend (queued now if there is none), or `job` from
+    /// [`extend_now`](Self::extend_now), which starts at once.
+    pub(crate) fn park_write(
+        &mut self,
+        i: usize,
+        slot: u32,
+        end: u64,
+        job: Option<(Pending, Job)>,
+    ) {
+        self.park(i);
+        let fio = &mut self.files_io[slot as usize];
+        fio.parked += 1;
+        fio.want = fio.want.max(end);
+        if let Some((p, job)) = job {
+            fio.committing = end;
+            self.commit_start(p, job);
+        } else if fio.committing < end && !fio.extend_queued {
+            fio.extend_queued = true;
+            self.mq.extends += 1;
+            self.mq.queue.push_back(Item::Extend(slot));
+            self.meta_advance(false);
+        }
+    }
+
+    /// Starts the extend of file `slot` (no operation is active): commits the size its parked
+    /// writes need, or releases or refuses them when no commit is needed or possible.
+    fn extend_start(&mut self, slot: u32) {
+        if let Some((p, job)) = self.extend_prepare(slot) {
+            let fio = &mut self.files_io[slot as usize];
+            fio.committing = fio.want;
+            self.commit_start(p, job);
+        }
+    }
+
+    fn extend_prepare(&mut self, slot: u32) -> Option<(Pending, Job)> {
+        let mut refused = false;
+        loop {
+            let fio = self.files_io[slot as usize];
+            if fio.parked == 0 {
+                return None;
+            }
+            let Some(f) = self.meta.files[slot as usize].as_ref() else {
+                self.refuse_parked(slot, 0, Refusal::Deleted);
+                return None;
+            };
+            if fio.want <= f.size {
+                // Grown meanwhile (a resize).
+                self.release_parked(slot);
+                return None;
+            }
+            let free = u64::from(self.meta.segmap.free_count());
+            let fit = (f.segs.len() as u64 + free) * self.geom.segment_size;
+            match self.size_job(Origin::Extend(slot), slot, fio.want) {
+                Ok(Some(pj)) => return Some(pj),
+                Ok(None) => {
+                    debug_assert!(false, "an extend to the current size");
+                    self.release_parked(slot);
+                    return None;
+                }
+                Err(FsError::NoSpace) if !refused => {
+                    // The writes that fit in the free segments go ahead, the others fail.
+                    refused = true;
+                    self.refuse_parked(slot, fit, Refusal::NoSpace);
+                }
+                Err(FsError::NoSpace) => {
+                    self.refuse_parked(slot, 0, Refusal::NoSpace);
+                    return None;
+                }
+                Err(_) => {
+                    self.refuse_parked(slot, 0, Refusal::Stopped);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The extend of file `slot` finished: the parked writes its size covers go to the
+    /// device; if it failed (the service stopped taking changes) they are refused.
+    fn extend_done(&mut self, slot: u32, r: Result<MetaDone, FsError>) {
+        self.files_io[slot as usize].committing = 0;
+        match r {
+            Ok(_) => self.release_parked(slot),
+            Err(_) => self.refuse_parked(slot, 0, Refusal::Stopped),
+        }
+        let fio = &self.files_io[slot as usize];
+        debug_assert!(
+            fio.parked == 0 || fio.extend_queued,
+            "parked writes without an extend"
+        );
+    }
+
+    /// Moves the metadata queue on for parked writes; with `block`, also waits for the job
+    /// with the metadata thread if there is one (then returns true).
+    pub(crate) fn advance_for_parked(&mut self, block: bool) -> bool {
+        self.meta_advance(false);
+        if !block {
+            return false;
+        }
+        match self.mq.active.take() {
+            Some(Active::Committing(p)) => {
+                let r = self.job_result(true).expect("a blocking result");
+                self.meta_finish_queued(p, r);
+                self.meta_advance(false);
+                true
+            }
+            other => {
+                self.mq.active = other;
+                false
             }
         }
     }
@@ -272,22 +540,29 @@ impl FileService {
                 self.files_io[slot as usize].fenced = true;
                 self.mq.active = Some(Active::Draining { origin, op, slot });
             }
-            Ok(Start::Commit(p, job)) => {
-                if let Some(s) = p.fence {
-                    self.files_io[s as usize].fenced = true;
-                }
-                match self.exec_submit(job) {
-                    Some(r) => self.meta_finish_queued(p, r),
-                    None => self.mq.active = Some(Active::Committing(p)),
-                }
-            }
+            Ok(Start::Commit(p, job)) => self.commit_start(p, job),
+        }
+    }
+
+    /// Fences what `p` fences and hands `job` to the committer (no operation is active).
+    fn commit_start(&mut self, p: Pending, job: Job) {
+        debug_assert!(self.mq.active.is_none());
+        if let Some(s) = p.fence {
+            self.files_io[s as usize].fenced = true;
+        }
+        match self.exec_submit(job) {
+            Some(r) => self.meta_finish_queued(p, r),
+            None => self.mq.active = Some(Active::Committing(p)),
         }
     }
 
     fn meta_finish_queued(&mut self, p: Pending, r: JobResult) {
         let origin = p.origin;
         let r = self.meta_finish(p, r);
-        self.mq.done.push_back((origin, r));
+        match origin {
+            Origin::Extend(slot) => self.extend_done(slot, r),
+            _ => self.mq.done.push_back((origin, r)),
+        }
     }
 
     /// Applies a finished job's record (when durable), lifts its fence, returns its result.
@@ -332,37 +607,6 @@ impl FileService {
                 None
             }
             Executor::Moved => unreachable!("the committer is always put back"),
-        }
-    }
-
-    /// Commits `job` and waits for it (an extending write's `SET_SIZE`): first waits for the
-    /// job in flight, if any, and finishes it (reported later by `poll_meta`).
-    pub(crate) fn commit_now(&mut self, p: Pending, job: Job) -> Result<(), FsError> {
-        self.finish_job_in_flight();
-        if let Some(s) = p.fence {
-            self.files_io[s as usize].fenced = true;
-        }
-        let r = match self.exec_submit(job) {
-            Some(r) => r,
-            None => match &mut self.exec {
-                Executor::Thread(t) => t.result(true).expect("blocking result"),
-                _ => unreachable!("only the thread defers"),
-            },
-        };
-        self.meta_finish(p, r).map(|_| ())
-    }
-
-    /// Waits for the job with the metadata thread, if one is, and finishes it.
-    pub(crate) fn finish_job_in_flight(&mut self) {
-        if let Some(Active::Committing(_)) = self.mq.active {
-            let Some(Active::Committing(p)) = self.mq.active.take() else {
-                unreachable!("matched above");
-            };
-            let r = match &mut self.exec {
-                Executor::Thread(t) => t.result(true).expect("blocking result"),
-                _ => unreachable!("only the thread defers"),
-            };
-            self.meta_finish_queued(p, r);
         }
     }
 

@@ -1,7 +1,7 @@
 //! Metadata operations of the file service: directories, files, renames, sizes. The
 //! changing ones are synchronous wrappers over the metadata queue (`metaq.rs`).
 
-use super::metaq::{MetaDone, MetaOp, Origin};
+use super::metaq::{MetaDone, MetaOp};
 use super::*;
 
 impl FileService {
@@ -108,20 +108,5 @@ impl FileService {
     pub fn resize(&mut self, id: FileId, new_size: u64) -> Result<(), FsError> {
         self.meta_blocking(MetaOp::Resize { id, size: new_size })
             .map(|_| ())
-    }
-
-    /// Durably grows file `slot` to `new_size` for a write that extends it (growth allocates
-    /// zeroed segments), waiting for the commit: first for the metadata job in flight, if
-    /// any, then for this one.
-    pub(crate) fn extend_to(&mut self, slot: u32, new_size: u64) -> Result<(), FsError> {
-        self.finish_job_in_flight();
-        let size = self.meta.files[slot as usize].as_ref().expect("live").size;
-        if new_size <= size {
-            return Ok(());
-        }
-        match self.size_job(Origin::Blocking, slot, new_size)? {
-            None => Ok(()),
-            Some((p, job)) => self.commit_now(p, job),
-        }
     }
 }
