@@ -7,6 +7,7 @@
 //! buffer addresses multiples of [`Device::mem_align`].
 
 use std::io;
+use std::os::fd::BorrowedFd;
 
 mod mem;
 mod uring;
@@ -127,6 +128,14 @@ pub trait Device: Send {
     fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
         None
     }
+
+    /// A descriptor that `poll(2)` reports readable once a submitted operation has completed
+    /// (what [`poll`](Device::poll) pushed to the device), so that a caller can wait for the
+    /// device and other events at once; `None` if the device completes operations within
+    /// `poll` itself.
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl Device for Box<dyn Device> {
@@ -169,6 +178,9 @@ impl Device for Box<dyn Device> {
     }
     fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
         (**self).meta_io()
+    }
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).completion_fd()
     }
 }
 
