@@ -1,12 +1,14 @@
 //! Doorbells of the parked service thread (adaptive polling).
 //!
-//! The service thread spins while work arrives. After a stretch of idle rounds it parks: it
-//! sets every group's `Sleeping` word (`docs/ring-format.md`), polls every ring once more, and
-//! blocks in `poll(2)` on the groups' doorbells (eventfds the hosts write when they publish a
-//! request while `Sleeping` is set), its own [`Bell`] (rung by the control plane after it
-//! queues a command and by director threads after they queue an offloaded read), with a
-//! timeout for housekeeping. Wake-up latency is that of an eventfd write and a `poll` return
-//! (a few microseconds; measured in `crates/dds-dpu/tests/park.rs`).
+//! The service thread spins while work arrives. While device I/O is in flight an idle thread waits
+//! for the device instead, its bell included (`Service::wait_device`). After a stretch of idle
+//! rounds with nothing on the device it parks: it sets every group's `Sleeping` word
+//! (`docs/ring-format.md`), polls every ring once more, and blocks in `poll(2)` on the groups'
+//! doorbells (eventfds the hosts write when they publish a request while `Sleeping` is set), its
+//! own [`Bell`] (rung by the control plane after it queues a command and by director threads after
+//! they queue an offloaded read), with a timeout for housekeeping. Wake-up latency is that of an
+//! eventfd write and a `poll` return (a few microseconds; measured in
+//! `crates/dds-dpu/tests/park.rs`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 

@@ -24,11 +24,16 @@ use crate::DpuConfig;
 
 /// Control commands handled per loop iteration at most, so the data path keeps moving.
 const COMMANDS_PER_ROUND: usize = 4;
-/// Idle rounds (no work at all) before the thread parks (`crate::bell`).
+/// Idle rounds (no work at all, nothing in flight on the device) before the thread parks
+/// (`crate::bell`).
 const SPIN_ROUNDS: u32 = 2_000;
 /// Longest park: the thread looks at its stop flag (and at hosts that never ring their
 /// doorbell) at least this often.
 const PARK_MAX: Duration = Duration::from_millis(100);
+/// Longest wait for the device (`Service::wait_device`): hosts do not ring while `Sleeping`
+/// is clear, so a request published during the wait is found at the device's next
+/// completion, at most this late.
+const DEVICE_WAIT_MAX: Duration = Duration::from_micros(500);
 
 /// How a park ended.
 enum Park {
@@ -152,24 +157,67 @@ impl Service {
             self.reap_closed();
             if worked {
                 idle_rounds = 0;
-            } else {
-                idle_rounds = idle_rounds.saturating_add(1);
-                if idle_rounds <= SPIN_ROUNDS || !self.config.park_when_idle {
-                    std::hint::spin_loop();
-                } else if self.fs.inflight() == 0 && !stopping {
-                    match self.park() {
-                        // Rung: work is likely to follow, spin again for a while.
-                        Park::Woken => idle_rounds = 0,
-                        // Nobody rang: park again at once (after one more data round).
-                        Park::TimedOut | Park::NotParked => {}
-                    }
-                } else {
-                    // Waiting on the device: keep polling, but let other threads of this CPU
-                    // run (the emulated DPU shares CPUs with the host).
-                    std::thread::yield_now();
+            } else if !self.config.park_when_idle {
+                std::hint::spin_loop();
+            } else if self.fs.inflight() > 0 {
+                // Waiting on the device: block until it completes something, as the host's
+                // own io_uring loop would, instead of polling it.
+                if self.wait_device() {
+                    idle_rounds = 0;
                 }
+            } else if idle_rounds < SPIN_ROUNDS {
+                idle_rounds += 1;
+                std::hint::spin_loop();
+            } else if !stopping {
+                match self.park() {
+                    // Rung: work is likely to follow, spin again for a while.
+                    Park::Woken => idle_rounds = 0,
+                    // Nobody rang: park again at once (after one more data round).
+                    Park::TimedOut | Park::NotParked => {}
+                }
+            } else {
+                // Stopping with metadata operations pending: keep polling, but let other
+                // threads of this CPU run (the emulated DPU shares CPUs with the host).
+                std::thread::yield_now();
             }
         }
+    }
+
+    /// Waits for the device: called when a round found nothing to do while file-service I/O is
+    /// in flight. Lets the DMA operations in flight complete (microseconds; what they fetched
+    /// is work), then blocks until the device completes an operation, the bell rings (control
+    /// plane, metadata thread, directors) or `DEVICE_WAIT_MAX` has passed. `Sleeping` stays
+    /// clear: the rounds after the wait fetch what hosts published meanwhile. Returns true when
+    /// it found work instead of waiting.
+    fn wait_device(&mut self) -> bool {
+        if self.drain_dma() {
+            return true;
+        }
+        // Rung from now on: the wait ends at once.
+        self.bell.drain();
+        let found = !self.commands.is_empty()
+            || self.fs.meta_ready()
+            || self
+                .groups
+                .iter()
+                .flatten()
+                .any(|g| !g.broken && g.has_fetched_work())
+            || self
+                .offload
+                .as_ref()
+                .is_some_and(|o| !o.port.prepare_sleep());
+        if found {
+            return true;
+        }
+        let r = self.fs.wait_for(self.bell.as_fd(), DEVICE_WAIT_MAX);
+        if let Some(o) = &self.offload {
+            o.port.end_sleep();
+        }
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "waiting for the device failed");
+            std::thread::yield_now();
+        }
+        false
     }
 
     /// Parks the thread until a host, the control plane or a director has work for it

@@ -27,6 +27,10 @@ use crate::layout::Geometry;
 use crate::service::{FileService, NO_SLOT};
 use crate::types::{FileId, OpenConfig};
 use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, Timespec};
 
 mod bounce;
 
@@ -692,6 +696,33 @@ impl FileService {
                 .check_writable()
                 .err()
                 .unwrap_or_else(|| FsError::Io("metadata commit failed".into())),
+        }
+    }
+
+    /// Blocks until an operation can be reported by [`poll`](Self::poll), `wake` is
+    /// readable, or `timeout` has passed, whichever comes first. Returns at once if an
+    /// operation is ready, nothing is in flight on the device, or the device completes
+    /// operations within `poll` itself (it has no completion descriptor). Never reads `wake`.
+    pub fn wait_for(&mut self, wake: BorrowedFd<'_>, timeout: Duration) -> Result<(), FsError> {
+        if !self.dp.done.is_empty() || self.inflight() == 0 {
+            return Ok(());
+        }
+        self.pump();
+        // Reaping also pushes every queued submission to the device.
+        if self.reap() > 0 || !self.dp.done.is_empty() || self.dev.inflight() == 0 {
+            return Ok(());
+        }
+        let Some(dev) = self.dev.completion_fd() else {
+            return Ok(());
+        };
+        let mut fds = [
+            PollFd::new(&dev, PollFlags::IN),
+            PollFd::new(&wake, PollFlags::IN),
+        ];
+        let timeout = Timespec::try_from(timeout).expect("a representable timeout");
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(FsError::io("wait for the device", e.into())),
         }
     }
 

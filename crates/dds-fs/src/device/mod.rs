@@ -7,6 +7,7 @@
 //! buffer addresses multiples of [`Device::mem_align`].
 
 use std::io;
+use std::os::fd::BorrowedFd;
 
 mod gate;
 mod mem;
@@ -129,6 +130,14 @@ pub trait Device: Send {
     fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
         None
     }
+
+    /// A descriptor that `poll(2)` reports readable once a submitted operation has completed
+    /// (what [`poll`](Device::poll) pushed to the device), so that a caller can wait for the
+    /// device and other events at once; `None` if the device completes operations within
+    /// `poll` itself.
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl Device for Box<dyn Device> {
@@ -171,6 +180,9 @@ impl Device for Box<dyn Device> {
     }
     fn meta_io(&self) -> Option<io::Result<Box<dyn MetaIo>>> {
         (**self).meta_io()
+    }
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).completion_fd()
     }
 }
 

@@ -7,7 +7,7 @@ use crate::error::FsError;
 use io_uring::{opcode, types, IoUring};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -435,6 +435,12 @@ impl Device for UringDevice {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the ring's descriptor is open as long as `self.ring` lives, and the borrow
+        // cannot outlive `self`.
+        Some(unsafe { BorrowedFd::borrow_raw(self.ring.as_raw_fd()) })
     }
 
     fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
