@@ -700,25 +700,36 @@ impl FileService {
     }
 
     /// Blocks until an operation can be reported by [`poll`](Self::poll), `wake` is
-    /// readable, or `timeout` has passed, whichever comes first. Returns at once if an
-    /// operation is ready, nothing is in flight on the device, or the device completes
-    /// operations within `poll` itself (it has no completion descriptor). Never reads `wake`.
+    /// readable, or `timeout` has passed, whichever comes first. With nothing on the device
+    /// but parked writes waiting for the metadata thread (which rings `wake` when a commit
+    /// ends), it waits on `wake` alone. Returns at once if an operation is ready, nothing is in
+    /// flight, or the device completes operations within `poll` itself (it has no completion
+    /// descriptor) or there is no metadata thread. Never reads `wake`.
     pub fn wait_for(&mut self, wake: BorrowedFd<'_>, timeout: Duration) -> Result<(), FsError> {
         if !self.dp.done.is_empty() || self.inflight() == 0 {
             return Ok(());
         }
         self.pump();
         // Reaping also pushes every queued submission to the device.
-        if self.reap() > 0 || !self.dp.done.is_empty() || self.dev.inflight() == 0 {
+        if self.reap() > 0 || !self.dp.done.is_empty() {
             return Ok(());
         }
-        let Some(dev) = self.dev.completion_fd() else {
+        let dev = if self.dev.inflight() > 0 {
+            match self.dev.completion_fd() {
+                Some(fd) => Some(fd),
+                None => return Ok(()),
+            }
+        } else if matches!(self.exec, crate::commit::Executor::Thread(_)) {
+            // Nothing on the device: what is in flight is parked writes waiting for their
+            // size commit, whose end the metadata thread announces on `wake`.
+            None
+        } else {
             return Ok(());
         };
-        let mut fds = [
-            PollFd::new(&dev, PollFlags::IN),
-            PollFd::new(&wake, PollFlags::IN),
-        ];
+        let mut fds = vec![PollFd::new(&wake, PollFlags::IN)];
+        if let Some(dev) = &dev {
+            fds.push(PollFd::new(dev, PollFlags::IN));
+        }
         let timeout = Timespec::try_from(timeout).expect("a representable timeout");
         match rustix::event::poll(&mut fds, Some(&timeout)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
