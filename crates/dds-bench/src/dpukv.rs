@@ -19,6 +19,8 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use dds_dpukv::cluster::{key_slot, SLOTS};
+
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
 use crate::kv::load::{key, push_cmd, read_reply, run_routed, value, Dist, LoadSpec};
@@ -230,15 +232,12 @@ fn start(design: &'static str, a: &DpuKvArgs, place: &Placement, comm: u32) -> R
     })
 }
 
-/// Which endpoint a key goes to on connection `c`: `shrd` by slot (DPU shard: slots below
-/// 8192), `dual` by connection (clients spread over the DPU's and the host's endpoints),
-/// the others the first endpoint.
+/// Which endpoint a key goes to on connection `c`: `shrd` by its Redis Cluster slot (the DPU
+/// shard owns the lower half, as `dds dpukv` assigns them), `dual` by connection (clients
+/// spread over the DPU's and the host's endpoints), the others the first endpoint.
 fn route(design: &str, k: &[u8], c: usize, n: usize) -> usize {
     match design {
-        "shrd" if n > 1 => {
-            let slot = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM).checksum(k) & 16383;
-            usize::from(slot >= 8192)
-        }
+        "shrd" if n > 1 => usize::from(key_slot(k) >= SLOTS / 2),
         "dual" => c % n,
         _ => 0,
     }
