@@ -719,7 +719,7 @@ impl FileService {
                 Some(fd) => Some(fd),
                 None => return Ok(()),
             }
-        } else if matches!(self.exec, crate::commit::Executor::Thread(_)) {
+        } else if self.has_meta_thread() {
             // Nothing on the device: what is in flight is parked writes waiting for their
             // size commit, whose end the metadata thread announces on `wake`.
             None

@@ -137,7 +137,7 @@ pub struct FileService {
     /// The metadata as of the last change made durable and applied.
     pub(crate) meta: MetaState,
     /// Makes metadata changes durable: inline or on the metadata thread (`commit.rs`).
-    pub(crate) exec: Executor,
+    exec: Executor,
     /// Metadata operations queued, active and finished (`service/metaq.rs`).
     mq: MetaQueue,
     /// Set after a metadata write/sync failure: no further changes until reopened.

@@ -227,12 +227,17 @@ impl FileService {
             .is_ok_and(|s| self.files_io[s as usize].fenced)
     }
 
+    /// Whether commits run on the metadata thread (which calls its waker after each).
+    pub(crate) fn has_meta_thread(&self) -> bool {
+        matches!(self.exec, Executor::Thread(_))
+    }
+
     /// Moves metadata commits to their own thread ("dds-meta") with its own handle on the
     /// device, so that no metadata write or `fdatasync` runs on the caller's thread any more.
     /// `waker` is called each time a commit finished (to wake a parked data-path thread).
     /// Fails (and commits stay inline) if the device offers no second handle.
     pub fn start_meta_thread(&mut self, waker: impl Fn() + Send + 'static) -> Result<(), FsError> {
-        if matches!(self.exec, Executor::Thread(_)) {
+        if self.has_meta_thread() {
             return Ok(());
         }
         // Nothing is in flight: inline jobs complete within the call that starts them.
