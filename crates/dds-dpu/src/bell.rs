@@ -1,6 +1,8 @@
 //! Doorbells of the parked service thread (adaptive polling).
 //!
-//! The service thread spins while work arrives. While device I/O is in flight an idle thread waits
+//! The service thread spins while work arrives; an idle round yields the CPU (`sched_yield`), so
+//! that the DPU's other threads sharing its core (directors, io_uring workers) run at once
+//! instead of waiting out the spin. While device I/O is in flight an idle thread waits
 //! for the device instead, its bell included (`Service::wait_device`). After a stretch of idle
 //! rounds with nothing on the device it parks: it sets every group's `Sleeping` word
 //! (`docs/ring-format.md`), polls every ring once more, and blocks in `poll(2)` on the groups'

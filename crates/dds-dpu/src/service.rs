@@ -167,7 +167,9 @@ impl Service {
                 }
             } else if idle_rounds < SPIN_ROUNDS {
                 idle_rounds += 1;
-                std::hint::spin_loop();
+                // Politely: a director thread woken by this round's completions may share
+                // the DPU's core, and waits for it otherwise (a spin lasts ~0.25 ms).
+                std::thread::yield_now();
             } else if !stopping {
                 match self.park() {
                     // Rung: work is likely to follow, spin again for a while.
