@@ -165,6 +165,8 @@ pub(crate) struct GroupState {
     pub closing: bool,
     /// The ring framing was corrupt: the group is stopped.
     pub broken: bool,
+    /// Bases of the `io_memory` ranges registered with the device.
+    pub registered: Vec<*mut u8>,
     pub memory_bytes: u64,
     /// Counters for `dds stats`.
     pub counters: GroupCounters,
@@ -254,9 +256,28 @@ impl GroupState {
             reg_writes_unsubmitted: 0,
             closing: false,
             broken: false,
+            registered: Vec::new(),
             memory_bytes: group_memory(p.req_capacity, p.resp_capacity, p.mode),
             counters: GroupCounters::default(),
         })
+    }
+
+    /// The group's memory that device reads and writes target: the two ring mirrors, the
+    /// copy mode's stages and the staging area of registered I/O, as (base, length). The file
+    /// service registers it with the device (`FileService::register_memory`).
+    pub fn io_memory(&self) -> Vec<(*mut u8, usize)> {
+        let mut m = vec![
+            (self.req.mirror_ptr(), self.req_capacity as usize),
+            (self.resp.mirror_ptr(), self.resp_capacity as usize),
+        ];
+        if let Some(c) = &self.copy {
+            m.push((c.write_stage.as_mut_ptr(), c.write_stage.len()));
+            m.push((c.read_stage.as_mut_ptr(), c.read_stage.len()));
+        }
+        if let Some(st) = &self.staging {
+            m.push((st.buf.as_mut_ptr(), st.buf.len()));
+        }
+        m
     }
 
     /// Bytes of the staging area of registered I/O (the larger ring's capacity).

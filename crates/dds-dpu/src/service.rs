@@ -482,6 +482,9 @@ impl Service {
             let done = matches!(slot, Some(g) if g.closing && g.quiescent());
             if done {
                 let g = slot.take().expect("checked");
+                for &base in &g.registered {
+                    self.fs.unregister_memory(base);
+                }
                 let _ = self.dma.unregister_region(g.region);
                 self.memory_used -= g.memory_bytes;
                 tracing::debug!(group = g.id, "group freed");
@@ -782,6 +785,7 @@ impl Service {
             if g.conn == conn && !g.closing && !g.has_staging() {
                 let before = g.memory_bytes;
                 g.add_staging();
+                register_io_memory(&mut self.fs, g);
                 self.memory_used += g.memory_bytes - before;
             }
         }
@@ -906,6 +910,7 @@ impl Service {
         if staged {
             g.add_staging();
         }
+        register_io_memory(&mut self.fs, &mut g);
         self.memory_used += g.memory_bytes;
         match self.groups.iter().position(|s| s.is_none()) {
             Some(i) => self.groups[i] = Some(g),
@@ -913,6 +918,21 @@ impl Service {
         }
         tracing::debug!(group = id, conn, "group created");
         Reply::ok(&GroupInfo { group: id })
+    }
+}
+
+/// Registers with the device the group's I/O memory not registered yet, so that its reads
+/// and writes skip pinning pages (io_uring fixed buffers; refused registrations cost nothing
+/// but that saving).
+fn register_io_memory(fs: &mut FileService, g: &mut GroupState) {
+    for (base, len) in g.io_memory() {
+        if !g.registered.contains(&base) {
+            // SAFETY: the memory belongs to the group, which unregisters it before it is
+            // freed (`reap_closed`); the service, and so the device, outlives every group.
+            if unsafe { fs.register_memory(base, len) } {
+                g.registered.push(base);
+            }
+        }
     }
 }
 

@@ -222,6 +222,11 @@ impl DataPath {
         })
     }
 
+    /// The bounce slab (base, length), to register with the device.
+    pub(crate) fn bounce_memory(&mut self) -> (*mut u8, usize) {
+        self.bounce.memory()
+    }
+
     pub(crate) fn max_inflight(&self) -> u32 {
         self.slots.len() as u32
     }

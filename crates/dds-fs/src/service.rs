@@ -211,6 +211,10 @@ impl FileService {
             }
             committer.clear_tail_flags();
         }
+        let mut dp = dp;
+        let (slab, slab_len) = dp.bounce_memory();
+        // SAFETY: the bounce slab lives in `dp`, which the service drops after `dev`.
+        unsafe { dev.register_memory(slab, slab_len) };
         Ok(FileService {
             dev,
             bs: u64::from(g.block_size),
@@ -224,6 +228,23 @@ impl FileService {
             mq: MetaQueue::default(),
             failed: None,
         })
+    }
+
+    /// Registers `[ptr, ptr + len)`, memory that reads and writes will target, with the
+    /// device ([`Device::register_memory`]): on io_uring its operations skip pinning pages.
+    /// Returns whether the device took it; unregistered memory works all the same.
+    ///
+    /// # Safety
+    /// The memory stays allocated until [`unregister_memory`](Self::unregister_memory) is
+    /// called with the same `ptr` or the service is dropped.
+    pub unsafe fn register_memory(&mut self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { self.dev.register_memory(ptr, len) }
+    }
+
+    /// Forgets memory registered at `ptr`.
+    pub fn unregister_memory(&mut self, ptr: *mut u8) {
+        self.dev.unregister_memory(ptr)
     }
 
     // ----------------------------------------------------------------------------------
@@ -291,6 +312,9 @@ impl FileService {
         // The metadata thread finishes the job it may be running and ends.
         self.exec = Executor::Moved;
         self.quiesce_device();
+        // The bounce slab goes with this service: the device must not keep it registered.
+        let (slab, _) = self.dp.bounce_memory();
+        self.dev.unregister_memory(slab);
         std::mem::replace(&mut self.dev, Box::new(NullDevice))
     }
 

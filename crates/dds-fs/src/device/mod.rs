@@ -116,6 +116,26 @@ pub trait Device: Send {
     /// flight).
     fn wait(&mut self) -> io::Result<()>;
 
+    /// Registers `[ptr, ptr + len)` as memory that reads and writes will target, so that the
+    /// device need not pin its pages on every operation (io_uring fixed buffers). Returns
+    /// false when the device cannot (no support, no table slot left, the memory-lock limit):
+    /// operations on the memory still work, unregistered. Operations on other memory are
+    /// unaffected.
+    ///
+    /// # Safety
+    /// The memory stays allocated until [`unregister_memory`](Device::unregister_memory) is
+    /// called with the same `ptr` or the device is dropped.
+    unsafe fn register_memory(&mut self, ptr: *mut u8, len: usize) -> bool {
+        let _ = (ptr, len);
+        false
+    }
+
+    /// Forgets memory registered at `ptr` (nothing if none was). Operations in flight on it
+    /// complete normally.
+    fn unregister_memory(&mut self, ptr: *mut u8) {
+        let _ = ptr;
+    }
+
     /// Synchronous aligned read (metadata path).
     fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Synchronous aligned write (metadata path). Not durable until [`sync`](Device::sync).
@@ -165,6 +185,13 @@ impl Device for Box<dyn Device> {
     }
     fn wait(&mut self) -> io::Result<()> {
         (**self).wait()
+    }
+    unsafe fn register_memory(&mut self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: same contract as the caller's.
+        unsafe { (**self).register_memory(ptr, len) }
+    }
+    fn unregister_memory(&mut self, ptr: *mut u8) {
+        (**self).unregister_memory(ptr)
     }
     fn read_sync(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         (**self).read_sync(offset, buf)

@@ -24,6 +24,11 @@ impl BouncePool {
         }
     }
 
+    /// The slab: its base and length.
+    pub(super) fn memory(&mut self) -> (*mut u8, usize) {
+        (self.slab.as_mut_ptr(), self.slab.len())
+    }
+
     /// Returns (byte offset, units) of a free run covering `bytes`.
     pub(super) fn alloc(&mut self, bytes: usize) -> Option<(usize, u32)> {
         let n = bytes.div_ceil(self.unit);
