@@ -35,6 +35,38 @@ const PARK_MAX: Duration = Duration::from_millis(100);
 /// completion, at most this late.
 const DEVICE_WAIT_MAX: Duration = Duration::from_micros(500);
 
+/// Group indexes `0..n` starting at `round % n` and wrapping: the order of one data round.
+#[derive(Clone, Copy, Debug)]
+struct RoundRobin {
+    start: usize,
+    n: usize,
+    k: usize,
+}
+
+impl RoundRobin {
+    fn new(round: u64, n: usize) -> Self {
+        let start = if n == 0 {
+            0
+        } else {
+            (round % n as u64) as usize
+        };
+        RoundRobin { start, n, k: 0 }
+    }
+}
+
+impl Iterator for RoundRobin {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.k == self.n {
+            return None;
+        }
+        let i = (self.start + self.k) % self.n;
+        self.k += 1;
+        Some(i)
+    }
+}
+
 /// How a park ended.
 enum Park {
     /// Work turned up while getting ready: not blocked.
@@ -63,6 +95,8 @@ pub(crate) struct Service {
     /// Metadata operations handed to the file service, by user data: who waits for the reply.
     meta_waiting: HashMap<u64, MetaWaiter>,
     next_meta: u64,
+    /// Data rounds so far: which group goes first (`RoundRobin`).
+    round: u64,
     /// Application buffers registered per control connection.
     buffers: HashMap<u64, ConnBuffers>,
     /// Ids are never reused, so a stale id never names another buffer.
@@ -128,6 +162,7 @@ impl Service {
             offload,
             meta_waiting: HashMap::new(),
             next_meta: 0,
+            round: 0,
             buffers: HashMap::new(),
             next_buffer_id: 1,
         }
@@ -362,8 +397,12 @@ impl Service {
         // The next fetch step of every group (a pointer read, or the reads of the bytes a
         // pointer read announced), in one doorbell. An idle group costs one pointer read in
         // flight at a time, never a wait.
-        for (index, slot) in self.groups.iter_mut().enumerate() {
-            let Some(g) = slot.as_mut().filter(|g| !g.broken) else {
+        // Groups take turns at going first (DMA queue entries, file-service slots), so that
+        // no group is always served after the others.
+        self.round = self.round.wrapping_add(1);
+        let order = RoundRobin::new(self.round, self.groups.len());
+        for index in order {
+            let Some(g) = self.groups[index].as_mut().filter(|g| !g.broken) else {
                 continue;
             };
             if let Err(e) = g.post_fetch(&mut *self.dma, (index as u64) << 32) {
@@ -378,8 +417,8 @@ impl Service {
             .flatten()
             .map(GroupState::reg_writes_unsubmitted)
             .sum();
-        for (index, slot) in self.groups.iter_mut().enumerate() {
-            let Some(g) = slot.as_mut().filter(|g| !g.broken) else {
+        for index in order {
+            let Some(g) = self.groups[index].as_mut().filter(|g| !g.broken) else {
                 continue;
             };
             let user_base = (index as u64) << 32;
@@ -417,8 +456,8 @@ impl Service {
         });
         worked |= completed > 0;
         let batch = self.config.delivery_batch_bytes;
-        for (index, slot) in self.groups.iter_mut().enumerate() {
-            let Some(g) = slot.as_mut().filter(|g| !g.broken) else {
+        for index in order {
+            let Some(g) = self.groups[index].as_mut().filter(|g| !g.broken) else {
                 continue;
             };
             // Deliver full batches at once; deliver partial ones when this round found no new
@@ -953,11 +992,24 @@ mod tests {
     use dds_proto::control::{Reply, Request};
     use dds_shm::SharedRegion;
 
-    use super::Service;
+    use super::{RoundRobin, Service};
     use crate::bell::Bell;
     use crate::DpuConfig;
 
     const RING: u64 = 64 << 10;
+
+    #[test]
+    fn every_group_once_per_round_each_first_in_turn() {
+        assert_eq!(RoundRobin::new(7, 0).count(), 0);
+        for round in 0..9u64 {
+            let order: Vec<usize> = RoundRobin::new(round, 3).collect();
+            assert_eq!(order[0], (round % 3) as usize);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![0, 1, 2]);
+        }
+    }
+
     const REGION: u64 = 2 * (dds_ring::POINTER_AREA_BYTES as u64 + RING);
 
     fn eventfd() -> OwnedFd {

@@ -4,13 +4,13 @@
 //! and data survive a restart. The metadata handle's syncs wait at a gate ([`SyncGate`]) so
 //! the test decides when the commit finishes.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod device;
+
 use std::time::{Duration, Instant};
 
-use dds_dpu::{Dpu, DpuConfig, DpuHandle};
-use dds_fs::{FileService, FormatConfig, OpenConfig, SyncGate, UringDevice};
+use dds_fs::SyncGate;
 use dds_host::{Dds, GroupConfig, Status};
+use device::{device, start};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -18,38 +18,12 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn device(dir: &Path) -> PathBuf {
-    let path = dir.join("dev");
-    UringDevice::create_file(&path, 64 << 20).unwrap();
-    let mut dev = UringDevice::open(&path, 64).unwrap();
-    let cfg = FormatConfig {
-        segment_size: 1 << 20,
-        ..FormatConfig::default()
-    };
-    dds_fs::format(&mut dev, cfg).unwrap();
-    path
-}
-
-fn start(path: &Path, gate: Arc<SyncGate>) -> DpuHandle {
-    let config = DpuConfig {
-        socket: dds_dpu::temp_socket_path("extend"),
-        memory_budget_bytes: 256 << 20,
-        ..DpuConfig::default()
-    };
-    let path = path.to_path_buf();
-    Dpu::start(config, move || {
-        let dev = UringDevice::open(&path, 64)?.with_meta_gate(gate);
-        FileService::open(Box::new(dev), OpenConfig::default())
-    })
-    .expect("DPU starts")
-}
-
 #[test]
 fn reads_are_served_while_an_append_waits_for_its_size_commit() {
     let dir = tempfile::tempdir().unwrap();
     let path = device(dir.path());
     let gate = SyncGate::new();
-    let dpu = start(&path, gate.clone());
+    let dpu = start(&path, "extend", 256 << 20, Some(gate.clone()));
     let dds = Dds::connect(dpu.socket()).unwrap();
     let a = dds.create_file("/a").unwrap().id;
     let b = dds.create_file("/b").unwrap().id;
@@ -110,7 +84,7 @@ fn reads_are_served_while_an_append_waits_for_its_size_commit() {
     dpu.shutdown();
 
     // A restart finds the appended size and data.
-    let dpu = start(&path, SyncGate::new());
+    let dpu = start(&path, "extend", 256 << 20, Some(SyncGate::new()));
     let dds = Dds::connect(dpu.socket()).unwrap();
     let info = dds.lookup("/a").unwrap();
     assert_eq!(info.size, end);
