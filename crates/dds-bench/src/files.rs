@@ -710,6 +710,41 @@ fn summarize(
             );
         }
     }
+    if has(FilesMode::Registered) && has(FilesMode::IoUring) {
+        // The library as an application that registers its buffers uses it (host-side zero
+        // copy), against the host's own io_uring. The `library_*` keys above are the copy path.
+        for &size in &opts.sizes {
+            let l = size_label(size);
+            let (r, u) = (
+                get(FilesMode::Registered, size),
+                get(FilesMode::IoUring, size),
+            );
+            let r_cpu = ratio(r.host_cpu_us, u.host_cpu_us);
+            summary.insert(
+                format!("registered_over_io_uring_iops_{l}"),
+                json!(ratio(r.iops, u.iops)),
+            );
+            summary.insert(
+                format!("registered_over_io_uring_host_cpu_{l}"),
+                json!(r_cpu),
+            );
+            let goal = match size {
+                4096 => Some(0.25),
+                s if s == 64 << 10 => Some(0.3),
+                _ => None,
+            };
+            if let Some(goal) = goal {
+                targets.push(Target::at_most(
+                    format!(
+                        "library (registered buffers) / io_uring host CPU per op at {}",
+                        size_text(size)
+                    ),
+                    r_cpu,
+                    goal,
+                ));
+            }
+        }
+    }
     if let Some(cores) = idle_dpu_cores {
         summary.insert("idle_dpu_cpu_cores".into(), json!(cores));
         targets.push(Target::at_most(
