@@ -36,6 +36,12 @@ pub(crate) struct Conn {
     pub(crate) hin: Buf,
     pub(crate) cout: Buf,
     pub(crate) order: VecDeque<Entry>,
+    /// Entries retired from the front of `order` so far: entry `order[k]` is the connection's
+    /// entry number `popped + k`.
+    pub(crate) popped: u64,
+    /// Entry number of the last entry of each message in `order`, oldest first (entries of
+    /// retired messages are dropped lazily).
+    pub(crate) msg_ends: VecDeque<u64>,
     pub(crate) host_pending: usize,
     pub(crate) head_sent: usize,
     pub(crate) inval_seq: u64,

@@ -221,6 +221,7 @@ impl Worker {
                 w -= left;
                 c.head_sent = 0;
                 c.order.pop_front();
+                c.popped += 1;
                 match e {
                     Entry::Host { .. } => {
                         c.hin.consume(full);

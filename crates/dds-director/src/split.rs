@@ -249,6 +249,7 @@ impl Worker {
                 };
                 c.hout.commit(len);
             }
+            let entries_before = c.order.len();
             for step in planner.steps() {
                 let d = step.req;
                 match step.read {
@@ -312,6 +313,9 @@ impl Worker {
                         c.dpu_ctxs += 1;
                     }
                 }
+            }
+            if c.order.len() > entries_before {
+                c.msg_ends.push_back(c.popped + c.order.len() as u64 - 1);
             }
             if !masked.is_empty() && nhost > 0 && c.dpu_inflight > 0 {
                 // Keep this message's host part until the connection's offloaded reads

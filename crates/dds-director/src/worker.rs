@@ -148,14 +148,15 @@ impl Worker {
                 Some(Duration::ZERO)
             } else if retrying || !self.retry.is_empty() {
                 Some(Duration::from_millis(1))
-            } else if self.lane.prepare_sleep() {
-                if self.lane.invalidations_applied() != last_applied {
+            } else {
+                let need = self.completions_needed();
+                if !self.lane.prepare_sleep_until(need)
+                    || self.lane.invalidations_applied() != last_applied
+                {
                     Some(Duration::ZERO)
                 } else {
                     Some(Duration::from_millis(100))
                 }
-            } else {
-                Some(Duration::ZERO)
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -211,6 +212,44 @@ impl Worker {
             );
             let pool = std::mem::replace(&mut self.pool, Pool::new(0, 0, 0, 64));
             pool.leak();
+        }
+    }
+
+    /// How many offloaded reads must complete before any connection can send more: for each
+    /// connection, the reads still in flight in its oldest unanswered message (its responses
+    /// go out in order and a client waits for the whole message); the smallest of these, or 1
+    /// when no connection waits on a read. Sleeping until then wakes the thread once per
+    /// message instead of once per read.
+    pub(crate) fn completions_needed(&mut self) -> usize {
+        let mut need = usize::MAX;
+        let pool = &self.pool;
+        for c in self.conns.iter_mut().flatten() {
+            if c.dpu_inflight == 0 {
+                continue;
+            }
+            while c.msg_ends.front().is_some_and(|&e| e < c.popped) {
+                c.msg_ends.pop_front();
+            }
+            let Some(&end) = c.msg_ends.front() else {
+                continue;
+            };
+            let n = c
+                .order
+                .iter()
+                .take((end - c.popped) as usize + 1)
+                .filter(|e| {
+                    matches!(e, Entry::Dpu { ctx }
+                        if pool.ctxs[*ctx as usize].state == CtxState::InFlight)
+                })
+                .count();
+            if n > 0 {
+                need = need.min(n);
+            }
+        }
+        if need == usize::MAX {
+            1
+        } else {
+            need
         }
     }
 
@@ -303,6 +342,8 @@ impl Worker {
                 hin,
                 cout,
                 order: VecDeque::with_capacity(if split { self.max_pending } else { 0 }),
+                popped: 0,
+                msg_ends: VecDeque::with_capacity(if split { self.max_pending } else { 0 }),
                 host_pending: 0,
                 head_sent: 0,
                 inval_seq: 0,

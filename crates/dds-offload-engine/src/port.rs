@@ -111,7 +111,30 @@ struct Lane {
     inflight: AtomicUsize,
     claimed: AtomicBool,
     sleeping: AtomicBool,
+    /// Completions the sleeping thread waits for before it wants waking
+    /// ([`LaneHandle::prepare_sleep_until`]).
+    wake_at: AtomicUsize,
     waker: OnceLock<Waker>,
+}
+
+impl Lane {
+    /// Whether the sleeping thread wants waking for its completions: `wake_at` of them
+    /// wait, or all of its reads in flight are done.
+    fn wake_due(&self) -> bool {
+        let done = self.done.len();
+        done > 0
+            && (done >= self.wake_at.load(Ordering::SeqCst)
+                || done >= self.inflight.load(Ordering::SeqCst))
+    }
+
+    /// Wakes the lane's thread if it sleeps, once: the first caller clears `sleeping`.
+    fn wake(&self) {
+        if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
+            if let Some(w) = self.waker.get() {
+                w();
+            }
+        }
+    }
 }
 
 /// The port between director threads and the file service thread.
@@ -148,6 +171,7 @@ impl FileReadPort {
                 inflight: AtomicUsize::new(0),
                 claimed: AtomicBool::new(false),
                 sleeping: AtomicBool::new(false),
+                wake_at: AtomicUsize::new(1),
                 waker: OnceLock::new(),
             })
             .collect();
@@ -212,7 +236,10 @@ impl FileReadPort {
     }
 
     fn wake_service(&self) {
-        if self.service_sleeping.load(Ordering::SeqCst) {
+        // Once per sleep: the first caller clears the flag, later ones find the thread awake.
+        if self.service_sleeping.load(Ordering::SeqCst)
+            && self.service_sleeping.swap(false, Ordering::SeqCst)
+        {
             if let Some(w) = self.service_waker.get() {
                 w();
             }
@@ -315,11 +342,20 @@ impl LaneHandle {
     }
 
     /// Marks the thread as going to sleep; returns false (and stays awake) if completions
-    /// are already waiting.
+    /// are already waiting. The thread is woken by the next completion.
     pub fn prepare_sleep(&self) -> bool {
+        self.prepare_sleep_until(1)
+    }
+
+    /// As [`prepare_sleep`](Self::prepare_sleep), for a thread that cannot make progress
+    /// before `n` (≥ 1) reads have completed: the service side wakes it once `n` completions
+    /// wait, or every read in flight has completed, whichever comes first. Returns false (and
+    /// stays awake) if that is so already.
+    pub fn prepare_sleep_until(&self, n: usize) -> bool {
         let lane = self.lane();
+        lane.wake_at.store(n.max(1), Ordering::SeqCst);
         lane.sleeping.store(true, Ordering::SeqCst);
-        if !lane.done.is_empty() {
+        if lane.wake_due() {
             lane.sleeping.store(false, Ordering::SeqCst);
             return false;
         }
@@ -418,10 +454,11 @@ impl PortService {
             item = back;
             std::thread::yield_now();
         }
-        if lane.sleeping.load(Ordering::SeqCst) {
-            if let Some(w) = lane.waker.get() {
-                w();
-            }
+        // Pairs with the thread's `sleeping` store before its last look at `done`: either it
+        // sees this completion or this sees it asleep.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if lane.wake_due() {
+            lane.wake();
         }
     }
 
@@ -438,11 +475,7 @@ impl PortService {
             }
             if let Some(seq) = last {
                 lane.inval_applied.store(seq, Ordering::Release);
-                if lane.sleeping.load(Ordering::SeqCst) {
-                    if let Some(w) = lane.waker.get() {
-                        w();
-                    }
-                }
+                lane.wake();
             }
         }
         n
@@ -573,5 +606,60 @@ mod tests {
         assert_eq!(a.invalidations_applied(), 2);
         assert_eq!(port.next_version(), 1);
         assert_eq!(a.current_version(), 1);
+    }
+
+    #[test]
+    fn a_sleeping_lane_is_woken_once_when_its_threshold_or_its_last_read_completes() {
+        let port = FileReadPort::new(PortConfig {
+            lanes: 1,
+            depth: 8,
+            invalidations: 2,
+        });
+        let lane = port.lane(0).unwrap();
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let w = wakes.clone();
+        lane.set_waker(move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        });
+        let svc = port.service().unwrap();
+        let mut buf = [0u8; 8];
+        let op = ReadOp {
+            file_id: 1,
+            offset: 0,
+            size: 8,
+        };
+        let token = |t: u64| t; // lane 0: the port's token is the lane's own
+        for t in 0..5 {
+            // SAFETY: `buf` outlives the reads; nothing reads it.
+            unsafe { lane.submit(op, buf.as_mut_ptr(), t) }.unwrap();
+        }
+        // Three of the five must complete before the thread can go on.
+        assert!(lane.prepare_sleep_until(3));
+        svc.complete(token(0), Ok(8));
+        svc.complete(token(1), Ok(8));
+        assert_eq!(
+            wakes.load(Ordering::SeqCst),
+            0,
+            "woken before its threshold"
+        );
+        svc.complete(token(2), Ok(8));
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        // One wake per sleep: the next completion finds it awake.
+        svc.complete(token(3), Ok(8));
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        lane.end_sleep();
+        assert_eq!(lane.poll_completions(|_, r| assert_eq!(r, Ok(8))), 4);
+        // A threshold above what is in flight: the last read wakes it.
+        assert!(lane.prepare_sleep_until(8));
+        svc.complete(token(4), Ok(8));
+        assert_eq!(wakes.load(Ordering::SeqCst), 2);
+        lane.end_sleep();
+        // Completions already waiting: it does not sleep at all.
+        unsafe { lane.submit(op, buf.as_mut_ptr(), 5) }.unwrap();
+        assert!(!lane.prepare_sleep_until(1));
+        assert_eq!(lane.poll_completions(|_, _| {}), 1);
+        svc.complete(token(5), Ok(8));
+        assert!(!lane.prepare_sleep_until(3));
+        assert_eq!(wakes.load(Ordering::SeqCst), 2);
     }
 }
