@@ -78,15 +78,9 @@ pub struct DpuArgs {
     /// until a host, the control plane or the director has work for it).
     #[arg(long)]
     pub spin: bool,
-    /// Resource profile: CPUs the DPU may use (e.g. `1` or `0-1`), to model a DPU's own cores.
-    #[arg(long, value_parser = parse_cpus)]
-    pub cpus: Option<CpuList>,
-    /// Resource profile: CPU time quota in cores (cgroup cpu.max or cpu.cfs_quota_us), e.g. 0.5.
-    #[arg(long)]
-    pub cpu_quota: Option<f64>,
-    /// Resource profile: memory limit of the DPU process (cgroup).
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<u64>,
+    /// The DPU's resource profile: its own cores, CPU quota and memory limit.
+    #[command(flatten)]
+    pub profile: DpuProfileArgs,
     /// Offload engine and traffic director: `pagestore` or `kv` (built in), or the path of
     /// an offload plugin (`.so`, include/dds_offload.h). Needs --director-listen and --host-app.
     #[arg(long, requires_all = ["director_listen", "host_app"])]
@@ -172,14 +166,15 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
     }))
 }
 
-/// The DPU resource profile of a DPU-side process other than `dds dpu` (`dds dpukv dpu`,
-/// `dds osd --placement dpu`): the same options and meaning as `dds dpu`'s.
-#[derive(clap::Args, Debug)]
+/// The resource profile of a DPU-side process (`dds dpu`, `dds dpukv dpu`,
+/// `dds osd --placement dpu`): the DPU's own cores, CPU quota and memory.
+#[derive(clap::Args, Clone, Debug)]
 pub struct DpuProfileArgs {
-    /// Resource profile: CPUs the DPU process may use (e.g. `1` or `0-1`).
+    /// Resource profile: CPUs the DPU process may use (e.g. `1` or `0-1`), to model a DPU's
+    /// own cores.
     #[arg(long, value_parser = parse_cpus)]
     pub cpus: Option<CpuList>,
-    /// Resource profile: CPU time quota in cores (cgroup), e.g. 0.5.
+    /// Resource profile: CPU time quota in cores (cgroup cpu.max or cpu.cfs_quota_us), e.g. 0.5.
     #[arg(long)]
     pub cpu_quota: Option<f64>,
     /// Resource profile: memory limit of the DPU process (cgroup).
@@ -252,18 +247,13 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
         dds_proto::control::ensure_private_dir(&dir)
             .with_context(|| format!("socket directory {}", dir.display()))?;
     }
-    let profile = dds_dpu::profile::ResourceProfile {
-        cpus: a.cpus.as_ref().map(|c| c.0.clone()),
-        cpu_quota: a.cpu_quota,
-        memory_bytes: a.memory,
-    };
     // Before anything listens: a SIGTERM that arrives as soon as the socket exists must take
     // the orderly path.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
     ])?;
-    let mut applied = profile.apply().context("apply the DPU resource profile")?;
+    let mut applied = a.profile.apply()?;
     let device = a.device.clone();
     let queue_depth = a.queue_depth as usize;
     let max_io = config.max_io_bytes;
