@@ -4,8 +4,8 @@ use std::io;
 
 /// Errors returned by the file service.
 ///
-/// Every variant has a stable numeric [`code`](FsError::code) that the DPU daemon puts on the
-/// wire; codes are never reused or renumbered.
+/// The DPU daemon answers each variant with a wire status (`dds_proto::Status`, one status
+/// table for the whole project: `From<&FsError> for Status`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FsError {
     /// The file id does not name a live file (never existed, deleted, or stale generation).

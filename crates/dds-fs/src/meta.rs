@@ -65,6 +65,18 @@ impl SegMap {
         self.bits[(s / 64) as usize] &= !(1 << (s % 64));
         self.data_used -= 1;
     }
+    /// Marks picked segments used while other changes of the same commit pick theirs
+    /// ([`unreserve`](Self::unreserve) them before any record is applied).
+    pub(crate) fn reserve(&mut self, segs: &[u32]) {
+        for &s in segs {
+            self.set(s);
+        }
+    }
+    pub(crate) fn unreserve(&mut self, segs: &[u32]) {
+        for &s in segs {
+            self.clear(s);
+        }
+    }
     pub(crate) fn free_count(&self) -> u32 {
         self.total - self.meta - self.data_used
     }
@@ -341,6 +353,22 @@ impl MetaState {
                 }
                 f.size = size;
                 f.tail_dirty = tail_dirty;
+            }
+            Record::SetSizes(changes) => {
+                // Each file at most once, so that the entries are independent; checked before
+                // any is applied. An entry that fails to apply leaves the earlier ones applied:
+                // only replay can meet one (damage), and it then refuses the device.
+                let mut seen = std::collections::HashSet::with_capacity(changes.len());
+                for r in changes.records() {
+                    if let Record::SetSize { slot, .. } = r {
+                        if !seen.insert(slot) {
+                            return Err(format!("file slot {slot} twice in one SET_SIZES"));
+                        }
+                    }
+                }
+                for r in changes.records() {
+                    self.apply(&r)?;
+                }
             }
         }
         Ok(())
@@ -633,7 +661,24 @@ mod tests {
     #[test]
     fn record_roundtrip() {
         let segs = [9u32, 10, 11];
+        let changes = [
+            SizeChange {
+                slot: 1,
+                gen: 5,
+                size: 70_000,
+                keep: 1,
+                append: vec![12],
+            },
+            SizeChange {
+                slot: 3,
+                gen: 2,
+                size: 10,
+                keep: 0,
+                append: vec![13],
+            },
+        ];
         let recs = [
+            Record::SetSizes(Changes::Slice(&changes)),
             Record::CreateDir {
                 slot: 2,
                 name: "abc",
@@ -689,6 +734,58 @@ mod tests {
                 LogEntry::End
             ));
         }
+    }
+
+    #[test]
+    fn set_sizes_apply_every_entry_in_order_and_refuse_a_file_twice() {
+        let g = geom();
+        let mut st = MetaState::empty(&g);
+        for (slot, name) in [(1, "a"), (2, "b")] {
+            st.apply(&Record::CreateFile {
+                slot,
+                gen: slot,
+                dir: 0,
+                name,
+            })
+            .unwrap();
+        }
+        let m = g.meta_segments;
+        let change = |slot: u32, size: u64, append: Vec<u32>| SizeChange {
+            slot,
+            gen: slot,
+            size,
+            keep: 0,
+            append,
+        };
+        let both = [
+            change(1, 100, vec![m]),
+            change(2, 70_000, vec![m + 1, m + 2]),
+        ];
+        // Through the log encoding, as replay sees it.
+        let mut buf = vec![0u8; 4096];
+        Record::SetSizes(Changes::Slice(&both)).encode(7, 1, &mut buf);
+        let LogEntry::Valid(rec, _) = parse_log_entry(&buf, 7, 1, 512) else {
+            panic!("SET_SIZES did not parse");
+        };
+        st.apply(&rec).unwrap();
+        assert_eq!(st.files[1].as_ref().unwrap().size, 100);
+        assert_eq!(st.files[1].as_ref().unwrap().segs, vec![m]);
+        assert_eq!(st.files[2].as_ref().unwrap().size, 70_000);
+        assert_eq!(st.files[2].as_ref().unwrap().segs, vec![m + 1, m + 2]);
+        assert_eq!(st.segmap.used_count(), 3);
+        st.verify().unwrap();
+        // A file twice in one record is refused.
+        let twice = [change(1, 200, vec![]), change(1, 300, vec![])];
+        assert!(st.apply(&Record::SetSizes(Changes::Slice(&twice))).is_err());
+        assert_eq!(st.files[1].as_ref().unwrap().size, 100, "nothing applied");
+        // A single entry is a SET_SIZE, never a SET_SIZES: such a record does not decode.
+        let one = [change(2, 5, vec![])];
+        buf.fill(0);
+        Record::SetSizes(Changes::Slice(&one)).encode(7, 2, &mut buf);
+        assert!(matches!(
+            parse_log_entry(&buf, 7, 2, 512),
+            LogEntry::Undecodable(_)
+        ));
     }
 
     #[test]

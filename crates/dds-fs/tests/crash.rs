@@ -133,15 +133,16 @@ fn sigkill_at_random_moments_loses_no_acknowledged_op() {
     );
 }
 
-/// An append flood on the metadata thread (each append parked until its size is durable,
-/// several sharing a commit), killed at random moments: after recovery the file is at least
-/// as long as every acknowledged append reaches, and every acknowledged append reads back.
+/// An append flood over four files on the metadata thread (each append parked until its size
+/// is durable, several sharing a commit, extends of several files sharing a `SET_SIZES`
+/// record), killed at random moments: after recovery each file is at least as long as every
+/// acknowledged append to it reaches, and every acknowledged append reads back.
 #[test]
 fn sigkill_during_an_append_flood_loses_no_acknowledged_append() {
     let dir = tempfile::tempdir().unwrap();
     let path = formatted_device(dir.path(), 96 << 20);
-    // (offset, length, pattern seed) of every acknowledged append, over all runs.
-    let mut acked: Vec<(u64, u64, u64)> = Vec::new();
+    // (file, offset, length, pattern seed) of every acknowledged append, over all runs.
+    let mut acked: Vec<(u64, u64, u64, u64)> = Vec::new();
     let mut mid_flood = 0;
     let mut x = 0xa11e_u64;
     for iter in 0..6u64 {
@@ -154,37 +155,41 @@ fn sigkill_during_an_append_flood_loses_no_acknowledged_append() {
         for l in &lines {
             if let Some(a) = l.strip_prefix("ACK ") {
                 let v: Vec<u64> = a.split(' ').map(|n| n.parse().unwrap()).collect();
-                acked.push((v[0], v[1], v[2]));
+                acked.push((v[0], v[1], v[2], v[3]));
             }
         }
         if !lines.iter().any(|l| l == "DONE") {
             mid_flood += 1;
         }
         let (_fs, got) = recover(&path, iter);
-        let Some(file) = got.files.get("/appends") else {
+        let mut sizes = Vec::new();
+        for f in 0..4u64 {
+            let mine = || acked.iter().filter(|a| a.0 == f);
+            let Some(file) = got.files.get(&format!("/appends{f}")) else {
+                assert!(
+                    mine().next().is_none(),
+                    "iteration {iter}: appended file {f} is gone"
+                );
+                continue;
+            };
+            let reach = mine().map(|a| a.1 + a.2).max().unwrap_or(0);
             assert!(
-                acked.is_empty(),
-                "iteration {iter}: the appended file is gone"
+                file.len() as u64 >= reach,
+                "iteration {iter}: file {f}: size {} below an acknowledged append's end {reach}",
+                file.len()
             );
-            continue;
-        };
-        let reach = acked.iter().map(|a| a.0 + a.1).max().unwrap_or(0);
-        assert!(
-            file.len() as u64 >= reach,
-            "iteration {iter}: size {} below an acknowledged append's end {reach}",
-            file.len()
-        );
-        for &(off, len, seed) in &acked {
-            let (off, len) = (off as usize, len as usize);
-            assert!(
-                file[off..off + len] == pattern(seed, len)[..],
-                "iteration {iter}: acknowledged append at {off}+{len} lost"
-            );
+            for &(_, off, len, seed) in mine() {
+                let (off, len) = (off as usize, len as usize);
+                assert!(
+                    file[off..off + len] == pattern(seed, len)[..],
+                    "iteration {iter}: file {f}: acknowledged append at {off}+{len} lost"
+                );
+            }
+            sizes.push(file.len());
         }
         eprintln!(
-            "iteration {iter}: {} appends acknowledged, size {}",
+            "iteration {iter}: {} appends acknowledged, sizes {sizes:?}",
             acked.len() - before,
-            file.len()
         );
     }
     assert!(

@@ -393,3 +393,58 @@ fn a_shrink_queued_ahead_lets_the_parked_writes_in_first() {
     fs.check_consistency().unwrap();
     assert_eq!(fs.file_size(y).unwrap(), 2 * SEG);
 }
+
+#[test]
+fn appends_to_several_files_waiting_together_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut fs, gate, x, _y, _) = two_files(dir.path(), 0);
+    let files: Vec<FileId> = (0..6)
+        .map(|k| fs.create_file(&format!("/f{k}")).unwrap())
+        .collect();
+    let (cancel, _dx) = hold_a_commit(&mut fs, &gate, x);
+    let before = gate.passed();
+    // While `x`'s extend is held, each file gets an append (one crossing into a second
+    // segment): six extends queue, one per file.
+    let datas: Vec<Vec<u8>> = (0..6)
+        .map(|k| {
+            pattern(
+                70 + k,
+                if k == 2 {
+                    SEG as usize + 3000
+                } else {
+                    5000 + 300 * k as usize
+                },
+            )
+        })
+        .collect();
+    for (k, (f, d)) in files.iter().zip(&datas).enumerate() {
+        submit(&mut fs, *f, 0, d, 10 + k as u64);
+    }
+    let_go(&gate, cancel);
+    let done = drain(&mut fs);
+    assert_eq!(result_of(&done, 1), Ok(100));
+    for (k, d) in datas.iter().enumerate() {
+        assert_eq!(
+            result_of(&done, 10 + k as u64),
+            Ok(d.len() as u32),
+            "append {k}"
+        );
+    }
+    // `x`'s commit (its record's sync, already held when counting began, and maybe a
+    // checkpoint's), then one commit for all six: new segments zeroed and synced, the
+    // record synced. One commit per file would take at least twelve syncs.
+    let syncs = gate.passed() - before;
+    assert!(syncs <= 4, "{syncs} metadata syncs for six files' appends");
+    for (f, d) in files.iter().zip(&datas) {
+        assert_eq!(fs.file_size(*f).unwrap(), d.len() as u64);
+        assert_eq!(read_all(&mut fs, *f, d.len() as u64), *d);
+    }
+    // The group commit is one log record; a reopen replays it.
+    let mut fs = reopen(fs, small_open());
+    fs.check_consistency().unwrap();
+    for (f, d) in files.iter().zip(&datas) {
+        assert_eq!(fs.file_size(*f).unwrap(), d.len() as u64);
+        assert_eq!(read_all(&mut fs, *f, d.len() as u64), *d);
+    }
+    assert_eq!(fs.file_size(x).unwrap(), 100);
+}

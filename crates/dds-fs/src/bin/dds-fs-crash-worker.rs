@@ -11,9 +11,10 @@
 //! followed by a flush).
 //!
 //! `dds-fs-crash-worker <device> <seed> appends`: an append flood instead, on the metadata
-//! thread. Appends to `/appends` (created if missing) from its current size, with
-//! [`APPEND_DEPTH`] in flight, printing `ACK OFFSET LEN SEED` as each completes (no flush),
-//! and `DONE` once [`APPEND_BYTES`] were appended.
+//! thread. Appends to `/appends0` .. `/appends3` (created if missing) from their current
+//! sizes, with [`APPEND_DEPTH`] in flight spread over the files (so extends of several files
+//! wait together and share `SET_SIZES` commits), printing `ACK FILE OFFSET LEN SEED` as each
+//! completes (no flush), and `DONE` once [`APPEND_BYTES`] were appended.
 
 use dds_fs::{EntryKind, FileService, FsError, OpenConfig, UringDevice};
 use std::io::Write;
@@ -164,34 +165,59 @@ fn apply(fs: &mut FileService, op: &str) -> Result<(), FsError> {
 
 /// Appends in flight in the append flood.
 const APPEND_DEPTH: usize = 8;
+/// Files the append flood spreads over.
+const APPEND_FILES: usize = 4;
 /// Bytes one append flood writes at most.
 const APPEND_BYTES: u64 = 12 << 20;
 
+/// An append of the flood in flight.
+#[derive(Clone)]
+struct Append {
+    file: usize,
+    off: u64,
+    seed: u64,
+    data: Vec<u8>,
+}
+
 /// The append flood (see the module documentation).
 fn appends(fs: &mut FileService, seed: u64) -> Result<(), FsError> {
-    let id = match fs.lookup("/appends") {
-        Ok(i) => i.id,
-        Err(FsError::NotFound) => fs.create_file("/appends")?,
-        Err(e) => return Err(e),
-    };
-    let start = fs.file_size(id)?;
+    let mut ids = Vec::with_capacity(APPEND_FILES);
+    let mut ends = Vec::with_capacity(APPEND_FILES);
+    for f in 0..APPEND_FILES {
+        let name = format!("/appends{f}");
+        let id = match fs.lookup(&name) {
+            Ok(i) => i.id,
+            Err(FsError::NotFound) => fs.create_file(&name)?,
+            Err(e) => return Err(e),
+        };
+        ends.push(fs.file_size(id)?);
+        ids.push(id);
+    }
     let mut r = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
-    let mut end = start;
-    // Per slot: (offset, pattern seed, data), kept until the append's completion.
-    let mut slots: Vec<Option<(u64, u64, Vec<u8>)>> = vec![None; APPEND_DEPTH];
+    let mut appended = 0u64;
+    // Per slot: the append in flight, kept until its completion.
+    let mut slots: Vec<Option<Append>> = vec![None; APPEND_DEPTH];
     let out = std::io::stdout();
     let mut finished = false;
     loop {
         for (k, slot) in slots.iter_mut().enumerate() {
-            if slot.is_some() || end - start >= APPEND_BYTES {
+            if slot.is_some() || appended >= APPEND_BYTES {
                 continue;
             }
+            let f = k % APPEND_FILES;
             let s = r.below(1 << 30);
             let data = pattern(s, 1 + r.below(20_000) as usize);
+            let at = ends[f];
             // SAFETY: `data` stays in `slots` until this append's completion was polled.
-            unsafe { fs.submit_write(id, end, data.as_ptr(), data.len() as u32, k as u64)? };
-            end += data.len() as u64;
-            *slot = Some((end - data.len() as u64, s, data));
+            unsafe { fs.submit_write(ids[f], at, data.as_ptr(), data.len() as u32, k as u64)? };
+            ends[f] += data.len() as u64;
+            appended += data.len() as u64;
+            *slot = Some(Append {
+                file: f,
+                off: at,
+                seed: s,
+                data,
+            });
         }
         if slots.iter().all(Option::is_none) {
             if !finished {
@@ -204,10 +230,15 @@ fn appends(fs: &mut FileService, seed: u64) -> Result<(), FsError> {
         fs.wait()?;
         let mut failed = None;
         fs.poll(|k, res| {
-            let (off, s, data) = slots[k as usize].take().expect("an append in flight");
+            let Append {
+                file: f,
+                off,
+                seed: s,
+                data,
+            } = slots[k as usize].take().expect("an append in flight");
             match res {
                 Ok(n) if n as usize == data.len() => {
-                    writeln!(out.lock(), "ACK {off} {} {s}", data.len()).expect("stdout")
+                    writeln!(out.lock(), "ACK {f} {off} {} {s}", data.len()).expect("stdout")
                 }
                 Ok(n) => failed = Some(FsError::Io(format!("short append: {n}"))),
                 Err(e) => failed = Some(e),

@@ -9,6 +9,9 @@ pub(crate) const KIND_CREATE_FILE: u16 = 3;
 pub(crate) const KIND_DELETE_FILE: u16 = 4;
 pub(crate) const KIND_RENAME_FILE: u16 = 5;
 pub(crate) const KIND_SET_SIZE: u16 = 6;
+pub(crate) const KIND_SET_SIZES: u16 = 7;
+/// Bytes of a `SET_SIZES` payload before its entries (count, zero).
+pub(crate) const SET_SIZES_FIXED: usize = 8;
 
 /// A metadata change, as logged.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +47,83 @@ pub(crate) enum Record<'a> {
         keep: u32,
         append: Segs<'a>,
     },
+    /// Several files' size changes made durable together (a group commit of extends), applied
+    /// in order, each as a `SetSize` without `TAIL_DIRTY`.
+    SetSizes(Changes<'a>),
+}
+
+/// One file's size change inside a `SET_SIZES` record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SizeChange {
+    pub slot: u32,
+    pub gen: u32,
+    pub size: u64,
+    pub keep: u32,
+    pub append: Vec<u32>,
+}
+
+impl SizeChange {
+    /// Encoded length of an entry (a `SET_SIZE` payload) appending `segments` segments.
+    pub(crate) fn entry_len(segments: usize) -> usize {
+        crate::layout::SET_SIZE_FIXED as usize + 4 * segments
+    }
+}
+
+/// The entries of a `SET_SIZES` record, either native or still encoded (`count` entries,
+/// checked to parse when the record was decoded).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Changes<'a> {
+    Slice(&'a [SizeChange]),
+    Bytes { count: u32, bytes: &'a [u8] },
+}
+
+impl<'a> Changes<'a> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Changes::Slice(s) => s.len(),
+            Changes::Bytes { count, .. } => *count as usize,
+        }
+    }
+
+    /// The entries as `SetSize` records, in order.
+    pub(crate) fn records(&self) -> impl Iterator<Item = Record<'a>> + 'a {
+        let (slice, mut reader, count) = match *self {
+            Changes::Slice(s) => (s, Reader::new(&[]), 0),
+            Changes::Bytes { count, bytes } => (&[][..], Reader::new(bytes), count),
+        };
+        let owned = slice.iter().map(|c| Record::SetSize {
+            slot: c.slot,
+            gen: c.gen,
+            size: c.size,
+            tail_dirty: false,
+            keep: c.keep,
+            append: Segs::Slice(&c.append),
+        });
+        let decoded = (0..count).map_while(move |_| decode_set_size(&mut reader));
+        owned.chain(decoded)
+    }
+}
+
+/// Reads one `SET_SIZE` payload.
+fn decode_set_size<'b>(r: &mut Reader<'b>) -> Option<Record<'b>> {
+    let slot = r.u32()?;
+    let gen = r.u32()?;
+    let size = r.u64()?;
+    let flags = r.u32()?;
+    if flags & !FLAG_TAIL_DIRTY != 0 {
+        return None;
+    }
+    let keep = r.u32()?;
+    let n = r.u32()? as usize;
+    let append = Segs::Bytes(r.bytes(n.checked_mul(4)?)?);
+    Some(Record::SetSize {
+        slot,
+        gen,
+        size,
+        tail_dirty: flags & FLAG_TAIL_DIRTY != 0,
+        keep,
+        append,
+    })
 }
 
 /// A list of segment numbers, either native or still encoded.
@@ -102,6 +182,7 @@ pub(crate) enum OwnedRecord {
         keep: u32,
         append: Vec<u32>,
     },
+    SetSizes(Vec<SizeChange>),
 }
 
 impl OwnedRecord {
@@ -150,6 +231,7 @@ impl OwnedRecord {
                 keep: *keep,
                 append: Segs::Slice(append),
             },
+            OwnedRecord::SetSizes(changes) => Record::SetSizes(Changes::Slice(changes)),
         }
     }
 }
@@ -163,6 +245,7 @@ impl Record<'_> {
             Record::DeleteFile { .. } => KIND_DELETE_FILE,
             Record::RenameFile { .. } => KIND_RENAME_FILE,
             Record::SetSize { .. } => KIND_SET_SIZE,
+            Record::SetSizes(_) => KIND_SET_SIZES,
         }
     }
 
@@ -177,6 +260,15 @@ impl Record<'_> {
                 }
                 Record::DeleteFile { .. } => 8,
                 Record::SetSize { append, .. } => 28 + 4 * append.len(),
+                Record::SetSizes(c) => {
+                    SET_SIZES_FIXED
+                        + c.records()
+                            .map(|r| match r {
+                                Record::SetSize { append, .. } => 28 + 4 * append.len(),
+                                _ => unreachable!("entries are SetSize records"),
+                            })
+                            .sum::<usize>()
+                }
             }
     }
 
@@ -222,22 +314,12 @@ impl Record<'_> {
                 w.u32(slot);
                 w.u32(gen);
             }
-            Record::SetSize {
-                slot,
-                gen,
-                size,
-                tail_dirty,
-                keep,
-                append,
-            } => {
-                w.u32(slot);
-                w.u32(gen);
-                w.u64(size);
-                w.u32(if tail_dirty { FLAG_TAIL_DIRTY } else { 0 });
-                w.u32(keep);
-                w.u32(append.len() as u32);
-                for i in 0..append.len() {
-                    w.u32(append.get(i));
+            Record::SetSize { .. } => encode_set_size(&mut w, self),
+            Record::SetSizes(c) => {
+                w.u32(c.len() as u32);
+                w.u32(0);
+                for r in c.records() {
+                    encode_set_size(&mut w, &r);
                 }
             }
         }
@@ -289,25 +371,27 @@ impl Record<'_> {
                 slot: r.u32()?,
                 gen: r.u32()?,
             },
-            KIND_SET_SIZE => {
-                let slot = r.u32()?;
-                let gen = r.u32()?;
-                let size = r.u64()?;
-                let flags = r.u32()?;
-                if flags & !FLAG_TAIL_DIRTY != 0 {
+            KIND_SET_SIZE => decode_set_size(&mut r)?,
+            KIND_SET_SIZES => {
+                let count = r.u32()?;
+                if r.u32()? != 0 || count < 2 {
                     return None;
                 }
-                let keep = r.u32()?;
-                let n = r.u32()? as usize;
-                let append = Segs::Bytes(r.bytes(n.checked_mul(4)?)?);
-                Record::SetSize {
-                    slot,
-                    gen,
-                    size,
-                    tail_dirty: flags & FLAG_TAIL_DIRTY != 0,
-                    keep,
-                    append,
+                let bytes = r.bytes(r.remaining())?;
+                // Every entry must parse, without TAIL_DIRTY, and fill the payload exactly.
+                let mut e = Reader::new(bytes);
+                for _ in 0..count {
+                    match decode_set_size(&mut e)? {
+                        Record::SetSize {
+                            tail_dirty: false, ..
+                        } => {}
+                        _ => return None,
+                    }
                 }
+                if e.remaining() != 0 {
+                    return None;
+                }
+                Record::SetSizes(Changes::Bytes { count, bytes })
             }
             _ => return None,
         };
@@ -315,6 +399,30 @@ impl Record<'_> {
             return None;
         }
         Some(rec)
+    }
+}
+
+/// Writes a `SET_SIZE` payload (`rec` is a `Record::SetSize`).
+fn encode_set_size(w: &mut Writer<'_>, rec: &Record<'_>) {
+    let Record::SetSize {
+        slot,
+        gen,
+        size,
+        tail_dirty,
+        keep,
+        append,
+    } = *rec
+    else {
+        unreachable!("a SetSize record");
+    };
+    w.u32(slot);
+    w.u32(gen);
+    w.u64(size);
+    w.u32(if tail_dirty { FLAG_TAIL_DIRTY } else { 0 });
+    w.u32(keep);
+    w.u32(append.len() as u32);
+    for i in 0..append.len() {
+        w.u32(append.get(i));
     }
 }
 

@@ -32,7 +32,10 @@
 //!   back, once per file: later writes of the file join it, and it grows the file to the
 //!   largest end among its parked writes as they are when it starts. A write whose end the
 //!   extend being committed already reaches waits for that one. So a flood of appends costs
-//!   about one commit per commit time, not one per append.
+//!   about one commit per commit time, not one per append. Extends of different files
+//!   queued one behind the other start together and commit as one `SET_SIZES` record (one
+//!   sync for all; [`FileService::extends_start`]), so appends to many files share commits
+//!   too.
 //! * When the extend's record is durable and applied, the file's parked writes that the new
 //!   size covers are issued in submission order, each behind earlier overlapping writes of
 //!   the file (parked ones included, so writes still apply in submission order). A flush
@@ -61,7 +64,8 @@ use super::*;
 use crate::commit::{Executor, Job, JobResult};
 use crate::device::DevIo;
 use crate::io::Refusal;
-use crate::meta::OwnedRecord;
+use crate::layout::LOG_HEADER_LEN;
+use crate::meta::{OwnedRecord, SizeChange, SET_SIZES_FIXED};
 
 /// A metadata operation for [`FileService::submit_meta`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +126,9 @@ pub(crate) struct Pending {
     /// The file fenced for this change.
     fence: Option<u32>,
     outcome: MetaDone,
+    /// Further files whose extends this change commits too (a `SET_SIZES` group commit; the
+    /// origin is the first file's extend).
+    also: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -296,7 +303,7 @@ impl FileService {
                     Some(Item::Extend(slot)) => {
                         self.mq.extends -= 1;
                         self.files_io[slot as usize].extend_queued = false;
-                        self.extend_start(slot);
+                        self.extends_start(slot);
                     }
                     Some(Item::Op(origin, op)) => self.op_start(origin, op),
                 },
@@ -457,6 +464,94 @@ impl FileService {
         }
     }
 
+    /// Starts the extend of file `slot` (no operation is active) together with the extends
+    /// queued right behind it, each of another file: one `SET_SIZES` record, so one commit and
+    /// one sync for all of them (a group commit), as long as the record stays within the
+    /// log's largest record. The segments each picks are reserved while the next ones pick.
+    fn extends_start(&mut self, first: u32) {
+        let Some((p, job)) = self.extend_prepare(first) else {
+            return;
+        };
+        let max = self.geom.max_record_len() as usize;
+        let mut len = LOG_HEADER_LEN + SET_SIZES_FIXED + entry_len(&p.rec);
+        self.meta.segmap.reserve(&job.zero_segs);
+        let mut batch = vec![(first, p, job)];
+        while let Some(&Item::Extend(s)) = self.mq.queue.front() {
+            self.mq.queue.pop_front();
+            self.mq.extends -= 1;
+            self.files_io[s as usize].extend_queued = false;
+            let Some((p, job)) = self.extend_prepare(s) else {
+                continue;
+            };
+            if len + entry_len(&p.rec) > max {
+                // Too large for one record: it starts the next commit.
+                self.files_io[s as usize].extend_queued = true;
+                self.mq.extends += 1;
+                self.mq.queue.push_front(Item::Extend(s));
+                break;
+            }
+            len += entry_len(&p.rec);
+            self.meta.segmap.reserve(&job.zero_segs);
+            batch.push((s, p, job));
+        }
+        for (_, _, job) in &batch {
+            self.meta.segmap.unreserve(&job.zero_segs);
+        }
+        for (slot, _, _) in &batch {
+            let fio = &mut self.files_io[*slot as usize];
+            fio.committing = fio.want;
+        }
+        if batch.len() == 1 {
+            let (_, p, job) = batch.pop().expect("one");
+            self.commit_start(p, job);
+            return;
+        }
+        let mut changes = Vec::with_capacity(batch.len());
+        let mut zero_segs = Vec::new();
+        let mut also = Vec::with_capacity(batch.len() - 1);
+        for (slot, p, job) in batch {
+            let OwnedRecord::SetSize {
+                slot: s,
+                gen,
+                size,
+                tail_dirty: false,
+                keep,
+                append,
+            } = p.rec
+            else {
+                unreachable!("an extend is a SetSize without TAIL_DIRTY");
+            };
+            debug_assert!(job.tail.is_none() && p.fence.is_none());
+            changes.push(SizeChange {
+                slot: s,
+                gen,
+                size,
+                keep,
+                append,
+            });
+            zero_segs.extend(job.zero_segs);
+            if slot != first {
+                also.push(slot);
+            }
+        }
+        let rec = OwnedRecord::SetSizes(changes);
+        self.commit_start(
+            Pending {
+                origin: Origin::Extend(first),
+                rec: rec.clone(),
+                tail: false,
+                fence: None,
+                outcome: MetaDone::Done,
+                also,
+            },
+            Job {
+                zero_segs,
+                rec,
+                tail: None,
+            },
+        );
+    }
+
     fn extend_prepare(&mut self, slot: u32) -> Option<(Pending, Job)> {
         let mut refused = false;
         loop {
@@ -561,11 +656,17 @@ impl FileService {
         }
     }
 
-    fn meta_finish_queued(&mut self, p: Pending, r: JobResult) {
+    fn meta_finish_queued(&mut self, mut p: Pending, r: JobResult) {
         let origin = p.origin;
+        let also = std::mem::take(&mut p.also);
         let r = self.meta_finish(p, r);
         match origin {
-            Origin::Extend(slot) => self.extend_done(slot, r),
+            Origin::Extend(slot) => {
+                for s in also {
+                    self.extend_done(s, r.clone());
+                }
+                self.extend_done(slot, r);
+            }
             _ => self.mq.done.push_back((origin, r)),
         }
     }
@@ -626,6 +727,7 @@ impl FileService {
                     tail: false,
                     fence: None,
                     outcome,
+                    also: Vec::new(),
                 },
                 Job {
                     zero_segs: Vec::new(),
@@ -744,6 +846,7 @@ impl FileService {
                 tail: false,
                 fence: Some(slot),
                 outcome: MetaDone::Done,
+                also: Vec::new(),
             },
             Job {
                 zero_segs: Vec::new(),
@@ -823,6 +926,7 @@ impl FileService {
                 tail: true,
                 fence,
                 outcome: MetaDone::Done,
+                also: Vec::new(),
             },
             Job {
                 zero_segs,
@@ -830,5 +934,13 @@ impl FileService {
                 tail,
             },
         )))
+    }
+}
+
+/// Bytes of `rec`'s entry in a `SET_SIZES` record (`rec` is an extend's `SetSize`).
+fn entry_len(rec: &OwnedRecord) -> usize {
+    match rec {
+        OwnedRecord::SetSize { append, .. } => SizeChange::entry_len(append.len()),
+        _ => unreachable!("an extend is a SetSize"),
     }
 }
