@@ -97,6 +97,10 @@ impl KeyMap {
     /// The value of `key`.
     #[inline]
     pub fn get(&self, key: u64) -> Option<u32> {
+        if self.len == 0 {
+            // The common case on a read path: nothing pending, no probe into the table.
+            return None;
+        }
         match self.find(key) {
             (i, true) => Some(self.vals[i]),
             _ => None,
@@ -106,7 +110,7 @@ impl KeyMap {
     /// Whether `key` is in the map.
     #[inline]
     pub fn contains(&self, key: u64) -> bool {
-        self.find(key).1
+        self.len != 0 && self.find(key).1
     }
 
     /// Sets `key`'s value to `f(old)` (`f(None)` for a new key).
