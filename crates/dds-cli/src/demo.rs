@@ -183,6 +183,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         no_writes: true,
         dpu_cpus: None,
         shared_cores: false,
+        trials: 1,
         out: Some(out.clone()),
     };
     let report = dds_bench::remote::run_remote(args, crate::bench_cmd::command_line())?;
