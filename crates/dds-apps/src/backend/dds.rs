@@ -207,30 +207,60 @@ fn recover(s: &DdsShared) -> bool {
     false
 }
 
+/// Completions the completion thread routes before it signals the workers.
+const COMPLETION_BATCH: usize = 64;
+
+/// Hands completion `c` to its worker's queue; returns the worker's index.
+fn route_completion(s: &DdsShared, c: &dds_host::Completion) -> Option<usize> {
+    let worker = (c.io_ctx >> TOKEN_BITS) as usize;
+    let Some(route) = s.routes.get(worker) else {
+        tracing::error!(io_ctx = c.io_ctx, "completion for an unknown worker");
+        return None;
+    };
+    let mut done = Completion {
+        token: c.io_ctx & ((1 << TOKEN_BITS) - 1),
+        status: c.status.code(),
+        bytes: c.bytes,
+    };
+    // The queue holds as many entries as the group has slots: it never stays full.
+    while let Err(back) = route.queue.push(done) {
+        done = back;
+        std::thread::yield_now();
+    }
+    Some(worker)
+}
+
 /// The completion thread: PollWait (sleeping) on the group, routing by the I/O context.
+/// After each wake-up it takes every completion already there, then signals each worker that
+/// got some once: a burst of completions costs one wake-up per worker, not one per read.
 fn poll_completions(s: &DdsShared) {
     let mut dds = s.dds();
     let mut group = dds.default_group().clone();
     let mut dead = false;
+    let mut touched = vec![false; s.routes.len()];
     while !s.stop.load(Ordering::Acquire) {
         match group.poll_wait(Duration::from_millis(50)) {
             Ok(Some(c)) => {
-                let worker = (c.io_ctx >> TOKEN_BITS) as usize;
-                let Some(route) = s.routes.get(worker) else {
-                    tracing::error!(io_ctx = c.io_ctx, "completion for an unknown worker");
-                    continue;
-                };
-                let mut done = Completion {
-                    token: c.io_ctx & ((1 << TOKEN_BITS) - 1),
-                    status: c.status.code(),
-                    bytes: c.bytes,
-                };
-                // The queue holds as many entries as the group has slots: it never stays full.
-                while let Err(back) = route.queue.push(done) {
-                    done = back;
-                    std::thread::yield_now();
+                // At most a ring's worth per batch, so that workers hear of the first ones
+                // while completions keep coming.
+                let mut next = Some(c);
+                let mut n = 0;
+                while let Some(c) = next {
+                    if let Some(w) = route_completion(s, &c) {
+                        touched[w] = true;
+                    }
+                    n += 1;
+                    next = if n < COMPLETION_BATCH {
+                        group.poll_wait(Duration::ZERO).ok().flatten()
+                    } else {
+                        None
+                    };
                 }
-                signal_eventfd(&route.eventfd);
+                for (w, t) in touched.iter_mut().enumerate() {
+                    if std::mem::take(t) {
+                        signal_eventfd(&s.routes[w].eventfd);
+                    }
+                }
             }
             Ok(None) => {}
             Err(e) => {
