@@ -48,6 +48,9 @@ pub struct DirectorStats {
     pub memory_bytes: u64,
     /// Most bytes of connection buffers in use at once.
     pub memory_peak_bytes: u64,
+    /// Times the service side woke a sleeping director thread (completions it waited for,
+    /// or applied invalidations): about one per message of offloaded reads, not one per read.
+    pub lane_wakeups: u64,
 }
 
 #[derive(Debug, Default)]
@@ -69,6 +72,7 @@ pub(crate) struct Stats {
     pub(crate) host_bytes_in: AtomicU64,
     pub(crate) offload_bytes: AtomicU64,
     pub(crate) out_of_memory: AtomicU64,
+    pub(crate) lane_wakeups: AtomicU64,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -98,6 +102,7 @@ impl Stats {
             out_of_memory: g(&self.out_of_memory),
             memory_bytes: budget.used() as u64,
             memory_peak_bytes: budget.peak() as u64,
+            lane_wakeups: g(&self.lane_wakeups),
         }
     }
 }

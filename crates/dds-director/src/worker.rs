@@ -168,7 +168,7 @@ impl Worker {
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
-                    WAKER => {}
+                    WAKER => add(&self.stats.lane_wakeups, 1),
                     Token(t) => {
                         let slot = t / 2;
                         let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {

@@ -508,3 +508,42 @@ fn private_files_are_never_read_on_the_dpu() {
         "{stats:?}"
     );
 }
+
+/// On a device that reports reads one by one, 300 µs apart, a message's eight reads complete
+/// over 2.4 ms. A director thread sleeps until a message's reads are all done
+/// (`prepare_sleep_until`), so messages of eight offloaded reads, sent one at a time, cost
+/// about one wake-up each, not one per read.
+#[test]
+fn a_message_of_offloaded_reads_wakes_the_director_about_once() {
+    let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::new(PagestoreConfig::default()));
+    let dpu = Dpu::start_slow(app.clone(), 1, Duration::from_micros(300));
+    let files = dpu.files();
+    let file = files.create("/pages");
+    let host = pagestore_server(loopback(), files);
+    let d = director(&dpu, app, host.addr, |c| c.threads = 1);
+    let mut c = Client::new(d.local_addr(), file, Vec::new());
+    // 64 pages written through the host (cache-on-write makes them offloadable).
+    for chunk in 0..8 {
+        let reqs: Vec<_> = (0..8).map(|i| (true, chunk * 8 + i, 1)).collect();
+        c.send(&reqs, chunk as u64);
+        c.check(8);
+    }
+    let before = d.stats();
+    let messages = 40u64;
+    for m in 0..messages {
+        let reqs: Vec<_> = (0..8)
+            .map(|i| (false, ((m * 13 + i * 7) % 64) as usize, 1))
+            .collect();
+        c.send(&reqs, 1000 + m);
+        c.check(8);
+    }
+    let s = d.stats();
+    assert_eq!(s.offloaded - before.offloaded, messages * 8, "{s:?}");
+    let wakeups = s.lane_wakeups - before.lane_wakeups;
+    eprintln!("{wakeups} director wake-ups for {messages} messages of 8 offloaded reads");
+    assert!(
+        wakeups <= 2 * messages,
+        "{wakeups} wake-ups for {messages} messages: the director woke per read"
+    );
+    d.shutdown();
+}

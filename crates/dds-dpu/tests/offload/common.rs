@@ -40,6 +40,17 @@ pub struct Dpu {
 impl Dpu {
     /// A DPU on a 128 MiB memory device whose port has `lanes` director lanes.
     pub fn start(app: Arc<dyn OffloadApp>, lanes: usize) -> Dpu {
+        Dpu::start_with(app, lanes, None)
+    }
+
+    /// As [`start`](Self::start), on a memory device that reports each operation `latency`
+    /// after the one before (`MemDevice::with_latency`): the reads of one message complete one
+    /// by one, as from a disk.
+    pub fn start_slow(app: Arc<dyn OffloadApp>, lanes: usize, latency: Duration) -> Dpu {
+        Dpu::start_with(app, lanes, Some(latency))
+    }
+
+    fn start_with(app: Arc<dyn OffloadApp>, lanes: usize, latency: Option<Duration>) -> Dpu {
         let config = DpuConfig {
             socket: dds_dpu::temp_socket_path("offload"),
             ..DpuConfig::default()
@@ -51,7 +62,18 @@ impl Dpu {
         };
         let handle = dds_dpu::Dpu::start_with(
             config,
-            || dds_dpu::memory_file_service(128 << 20),
+            move || match latency {
+                None => dds_dpu::memory_file_service(128 << 20),
+                Some(latency) => {
+                    let mut dev = dds_fs::MemDevice::new(128 << 20, 512).with_latency(latency);
+                    let cfg = dds_fs::FormatConfig {
+                        segment_size: 1 << 20,
+                        ..dds_fs::FormatConfig::default()
+                    };
+                    dds_fs::format(&mut dev, cfg)?;
+                    dds_fs::FileService::open(Box::new(dev), dds_fs::OpenConfig::default())
+                }
+            },
             Some(offload),
         )
         .expect("DPU starts");

@@ -136,6 +136,10 @@ pub struct MemDevice {
     rng: Option<u64>,
     pending: Vec<Pending>,
     done: VecDeque<DevCompletion>,
+    /// With [`with_latency`](MemDevice::with_latency): the time each of `done` may be
+    /// reported, and the device's per-operation latency.
+    due: VecDeque<std::time::Instant>,
+    latency: Option<std::time::Duration>,
     faults: Arc<FaultInjector>,
 }
 
@@ -176,6 +180,8 @@ impl MemDevice {
             rng: None,
             pending: Vec::with_capacity(128),
             done: VecDeque::with_capacity(128),
+            due: VecDeque::new(),
+            latency: None,
             faults: Arc::new(FaultInjector::default()),
         }
     }
@@ -198,7 +204,18 @@ impl MemDevice {
 
     /// Executes operations at poll time in a pseudo-random order derived from `seed`.
     pub fn with_reordering(mut self, seed: u64) -> MemDevice {
+        assert!(self.latency.is_none(), "reordering or latency, not both");
         self.rng = Some(seed | 1);
+        self
+    }
+
+    /// A slow serial device: operations execute at submit time, in order, but each is
+    /// reported `latency` after the one before it (or after its submit), so completions
+    /// arrive one by one as from a disk.
+    pub fn with_latency(mut self, latency: std::time::Duration) -> MemDevice {
+        assert!(self.rng.is_none(), "reordering or latency, not both");
+        self.latency = Some(latency);
+        self.due = VecDeque::with_capacity(self.queue_depth);
         self
     }
 
@@ -396,6 +413,11 @@ impl Device for MemDevice {
         } else {
             let result = self.execute(op);
             self.done.push_back(DevCompletion { user_data, result });
+            if let Some(l) = self.latency {
+                let now = std::time::Instant::now();
+                let after = self.due.back().map_or(now, |&d| d.max(now));
+                self.due.push_back(after + l);
+            }
         }
         Ok(())
     }
@@ -415,8 +437,15 @@ impl Device for MemDevice {
                 n -= 1;
             }
         }
+        let now = self.latency.map(|_| std::time::Instant::now());
         let mut k = 0;
         while k < out.len() {
+            if let (Some(now), Some(&due)) = (now, self.due.front()) {
+                if due > now {
+                    break;
+                }
+                self.due.pop_front();
+            }
             match self.done.pop_front() {
                 Some(c) => {
                     out[k] = c;
@@ -429,6 +458,9 @@ impl Device for MemDevice {
     }
 
     fn wait(&mut self) -> io::Result<()> {
+        if let Some(&due) = self.due.front() {
+            std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        }
         Ok(())
     }
 
@@ -457,6 +489,45 @@ impl Device for MemDevice {
 mod tests {
     use super::*;
     use crate::align::AlignedBuf;
+
+    #[test]
+    fn with_latency_completions_come_one_by_one_in_order() {
+        let lat = std::time::Duration::from_millis(20);
+        let mut d = MemDevice::new(1 << 20, 512).with_latency(lat);
+        let mut buf = AlignedBuf::new(512, 512);
+        buf.as_mut_slice().fill(3);
+        let t0 = std::time::Instant::now();
+        for u in 1..=3 {
+            let w = DevOp::Write {
+                offset: 512 * u,
+                buf: buf.as_ptr(),
+                len: 512,
+            };
+            // SAFETY: `buf` outlives the device's use of it.
+            unsafe { d.submit(w, u).unwrap() };
+        }
+        // Executed at submit (in order), reported later.
+        assert_eq!(d.image()[512 * 3], 3);
+        let mut out = [DevCompletion::default(); 4];
+        assert_eq!(d.poll(&mut out), 0, "reported before its latency");
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            d.wait().unwrap();
+            let n = d.poll(&mut out);
+            assert!(
+                n <= 1 || t0.elapsed() >= lat * 2,
+                "several at once too early"
+            );
+            got.extend(out[..n].iter().map(|c| c.user_data));
+        }
+        assert_eq!(got, vec![1, 2, 3]);
+        assert!(
+            t0.elapsed() >= lat * 3,
+            "three serial latencies: {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(d.inflight(), 0);
+    }
 
     #[test]
     fn alignment_enforced_and_faults() {
