@@ -7,7 +7,6 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use dds_dma::{DmaCompletion, DmaEngine, EmulatedDma, RegionExport};
 use dds_kvmem::qp::{self, request_len, Op, Request, Response, Status, BATCH_HEADER};
 use dds_kvmem::{key_hash, partition_of};
 use dds_resp::session::{client, hello, int_arg, lower, Session};
-use dds_resp::{parse_command, Limits, Reply};
+use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
@@ -224,7 +223,7 @@ impl Frontend {
     pub fn run(mut self, stop: &AtomicBool) -> Result<()> {
         let mut events = Events::with_capacity(1024);
         let mut scratch = vec![0u8; SCRATCH];
-        let mut argv: Vec<Range<usize>> = Vec::new();
+        let mut argv = Argv::new();
         let mut idle_since = Instant::now();
         let result = loop {
             if stop.load(Ordering::Relaxed) {
@@ -355,7 +354,7 @@ impl Frontend {
     }
 
     /// Reads what connection `i` has and runs its complete commands.
-    fn serve(&mut self, i: usize, scratch: &mut [u8], argv: &mut Vec<Range<usize>>) {
+    fn serve(&mut self, i: usize, scratch: &mut [u8], argv: &mut Argv) {
         self.touched.push(i);
         loop {
             let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
@@ -389,7 +388,7 @@ impl Frontend {
             }
             let buf: &[u8] = if from_input { &input } else { &scratch[..n] };
             let mut at = 0;
-            let mut args: Vec<&[u8]> = Vec::new();
+            let mut spare: Vec<&[u8]> = Vec::new();
             loop {
                 let c = self.conns[i].as_mut().expect("live");
                 if c.close_after || c.pending.len() >= self.cfg.max_pending {
@@ -397,12 +396,13 @@ impl Frontend {
                 }
                 match parse_command(&buf[at..], &self.limits, argv) {
                     Ok(Some(used)) => {
-                        args.clear();
-                        args.extend(argv.iter().map(|r| &buf[at + r.start..at + r.end]));
+                        let mut args = reuse(std::mem::take(&mut spare));
+                        args.extend(argv.iter(&buf[at..]));
                         at += used;
                         if !args.is_empty() {
                             self.command(i, &args, used);
                         }
+                        spare = reuse(args);
                     }
                     Ok(None) => break,
                     Err(e) => {

@@ -62,6 +62,15 @@ const TABLE: &[(&str, i32)] = &[
     ("setex", 4),
     ("psetex", 4),
     ("del", -2),
+    ("expire", -3),
+    ("pexpire", -3),
+    ("expireat", -3),
+    ("pexpireat", -3),
+    ("ttl", 2),
+    ("pttl", 2),
+    ("expiretime", 2),
+    ("pexpiretime", 2),
+    ("persist", 2),
     ("unlink", -2),
     ("exists", -2),
     ("mget", -2),
@@ -180,22 +189,40 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 r.int(i64::from(ok));
             }
             "setex" | "psetex" => {
-                let Some(t) = int_arg(argv[2]) else {
-                    r.error("ERR value is not an integer or out of range");
-                    return Ok(());
+                let unit = if name == "setex" { 1000 } else { 1 };
+                let at = match set_expire_ms(argv[2], unit, true, &name) {
+                    Ok(at) => at,
+                    Err(e) => {
+                        r.error(&e);
+                        return Ok(());
+                    }
                 };
-                if t <= 0 {
-                    r.error(&format!("ERR invalid expire time in '{name}' command"));
-                    return Ok(());
-                }
-                let ms = if name == "setex" {
-                    t.saturating_mul(1000)
-                } else {
-                    t
-                };
-                let at = now_ms().saturating_add(ms as u64);
                 store.set(argv[1], argv[3], SetCond::Always, Expiry::At(at), None)?;
                 r.ok();
+            }
+            "expire" | "pexpire" | "expireat" | "pexpireat" => expire(store, &mut r, &name, argv)?,
+            "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
+                let ms = name.starts_with('p');
+                let abs = name.ends_with("time");
+                match store.expiry(argv[1])? {
+                    None => r.int(-2),
+                    Some(0) => r.int(-1),
+                    Some(at) => {
+                        let t = if abs {
+                            at as i64
+                        } else {
+                            (at as i64).saturating_sub(now_ms() as i64).max(0)
+                        };
+                        r.int(if ms { t } else { (t + 500) / 1000 });
+                    }
+                }
+            }
+            "persist" => {
+                let had = matches!(store.expiry(argv[1])?, Some(t) if t != 0);
+                if had {
+                    store.set_expiry(argv[1], 0)?;
+                }
+                r.int(i64::from(had));
             }
             "del" | "unlink" => {
                 if argv.len() - 1 > MAX_WRITE_KEYS {
@@ -355,39 +382,47 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
     }
 }
 
+/// The expiry time of SET, SETEX and PSETEX as Redis computes and checks it
+/// (`getExpireMillisecondsOrReply`): `t` in `unit` ms, relative to now or absolute. The error
+/// is the whole reply text.
+fn set_expire_ms(arg: &[u8], unit: i64, relative: bool, cmd: &str) -> Result<u64, String> {
+    let invalid = || format!("ERR invalid expire time in '{cmd}' command");
+    let t =
+        int_arg(arg).ok_or_else(|| "ERR value is not an integer or out of range".to_string())?;
+    if t <= 0 || t > i64::MAX / unit {
+        return Err(invalid());
+    }
+    let mut ms = t * unit;
+    if relative {
+        ms = ms.checked_add(now_ms() as i64).ok_or_else(invalid)?;
+    }
+    Ok(ms as u64)
+}
+
 fn set(store: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), StoreError> {
-    let mut cond = SetCond::Always;
-    let mut expiry = Expiry::None;
-    let mut get = false;
+    // Options as Redis's `parseExtendedStringArgumentsOrReply` takes them: NX/XX exclude each
+    // other, one kind of expiry (repeating the same one is allowed, the last one counts).
+    let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
+    let mut exp: Option<(&str, &[u8])> = None;
     let mut i = 3;
-    let mut have_expiry = false;
     while i < argv.len() {
         let o = lower(argv[i]);
+        let next = argv.get(i + 1).copied();
         match o.as_str() {
-            "nx" if cond == SetCond::Always => cond = SetCond::IfMissing,
-            "xx" if cond == SetCond::Always => cond = SetCond::IfExists,
+            "nx" if !xx => nx = true,
+            "xx" if !nx => xx = true,
             "get" => get = true,
-            "keepttl" if !have_expiry => {
-                have_expiry = true;
-                expiry = Expiry::Keep;
-            }
-            "ex" | "px" | "exat" | "pxat" if !have_expiry && i + 1 < argv.len() => {
-                have_expiry = true;
-                let Some(t) = int_arg(argv[i + 1]) else {
-                    r.error("ERR value is not an integer or out of range");
-                    return Ok(());
+            "keepttl" if exp.is_none() => keepttl = true,
+            "ex" | "px" | "exat" | "pxat"
+                if !keepttl && next.is_some() && exp.is_none_or(|(k, _)| k == o.as_str()) =>
+            {
+                let kind = match o.as_str() {
+                    "ex" => "ex",
+                    "px" => "px",
+                    "exat" => "exat",
+                    _ => "pxat",
                 };
-                if t <= 0 {
-                    r.error("ERR invalid expire time in 'set' command");
-                    return Ok(());
-                }
-                let t = t as u64;
-                expiry = Expiry::At(match o.as_str() {
-                    "ex" => now_ms().saturating_add(t.saturating_mul(1000)),
-                    "px" => now_ms().saturating_add(t),
-                    "exat" => t.saturating_mul(1000),
-                    _ => t,
-                });
+                exp = Some((kind, next.expect("checked")));
                 i += 1;
             }
             _ => {
@@ -397,6 +432,31 @@ fn set(store: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), 
         }
         i += 1;
     }
+    let expiry = match exp {
+        None if keepttl => Expiry::Keep,
+        None => Expiry::None,
+        Some((kind, t)) => {
+            let unit = if kind == "ex" || kind == "exat" {
+                1000
+            } else {
+                1
+            };
+            match set_expire_ms(t, unit, kind == "ex" || kind == "px", "set") {
+                Ok(at) => Expiry::At(at),
+                Err(e) => {
+                    r.error(&e);
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let cond = if nx {
+        SetCond::IfMissing
+    } else if xx {
+        SetCond::IfExists
+    } else {
+        SetCond::Always
+    };
     if get {
         let mut old = |v: Option<&[u8]>| match v {
             Some(v) => r.bulk(v),
@@ -408,6 +468,82 @@ fn set(store: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), 
     } else {
         r.null();
     }
+    Ok(())
+}
+
+/// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT with NX/XX/GT/LT, as Redis's `expireGenericCommand`:
+/// options first, then the time, then the key. A time already past deletes the key.
+fn expire(
+    store: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    name: &str,
+    argv: &[&[u8]],
+) -> Result<(), StoreError> {
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for a in &argv[3..] {
+        match lower(a).as_str() {
+            "nx" => nx = true,
+            "xx" => xx = true,
+            "gt" => gt = true,
+            "lt" => lt = true,
+            _ => {
+                r.error(&format!(
+                    "ERR Unsupported option {}",
+                    String::from_utf8_lossy(a)
+                ));
+                return Ok(());
+            }
+        }
+    }
+    if nx && (xx || gt || lt) {
+        r.error("ERR NX and XX, GT or LT options at the same time are not compatible");
+        return Ok(());
+    }
+    if gt && lt {
+        r.error("ERR GT and LT options at the same time are not compatible");
+        return Ok(());
+    }
+    let Some(mut when) = int_arg(argv[2]) else {
+        r.error("ERR value is not an integer or out of range");
+        return Ok(());
+    };
+    let invalid = format!("ERR invalid expire time in '{name}' command");
+    if name == "expire" || name == "expireat" {
+        if !(i64::MIN / 1000..=i64::MAX / 1000).contains(&when) {
+            r.error(&invalid);
+            return Ok(());
+        }
+        when *= 1000;
+    }
+    let base = if name == "expire" || name == "pexpire" {
+        now_ms() as i64
+    } else {
+        0
+    };
+    if when > i64::MAX - base {
+        r.error(&invalid);
+        return Ok(());
+    }
+    when += base;
+    let Some(cur) = store.expiry(argv[1])? else {
+        r.int(0);
+        return Ok(());
+    };
+    // No expiry counts as an infinite one.
+    let refused = (nx && cur != 0)
+        || (xx && cur == 0)
+        || (gt && (cur == 0 || when <= cur as i64))
+        || (lt && cur != 0 && when >= cur as i64);
+    if refused {
+        r.int(0);
+        return Ok(());
+    }
+    if when <= now_ms() as i64 {
+        store.del(argv[1])?;
+    } else {
+        store.set_expiry(argv[1], when as u64)?;
+    }
+    r.int(1);
     Ok(())
 }
 

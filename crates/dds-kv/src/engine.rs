@@ -23,6 +23,10 @@ pub trait Engine: Send {
         expiry: Expiry,
         old: Option<OldValue<'_>>,
     ) -> StoreResult<bool>;
+    /// The key's expiry (Unix ms; `Some(0)`: none), or `None` when the key is missing.
+    fn expiry(&mut self, key: &[u8]) -> StoreResult<Option<u64>>;
+    /// Sets the key's expiry (Unix ms; 0 removes it), keeping its value; false when missing.
+    fn set_expiry(&mut self, key: &[u8], expire_ms: u64) -> StoreResult<bool>;
     /// DEL: whether it existed.
     fn del(&mut self, key: &[u8]) -> StoreResult<bool>;
     /// GETDEL.
@@ -73,6 +77,12 @@ impl Engine for Store {
         old: Option<OldValue<'_>>,
     ) -> StoreResult<bool> {
         Store::set(self, key, value, cond, expiry, old)
+    }
+    fn expiry(&mut self, key: &[u8]) -> StoreResult<Option<u64>> {
+        Store::expiry(self, key)
+    }
+    fn set_expiry(&mut self, key: &[u8], expire_ms: u64) -> StoreResult<bool> {
+        Store::set_expiry(self, key, expire_ms)
     }
     fn del(&mut self, key: &[u8]) -> StoreResult<bool> {
         Store::del(self, key)
@@ -241,6 +251,19 @@ impl Engine for MemEngine {
             Expiry::Keep => cur.map_or(0, |c| c.0),
         };
         self.put(key, exp, value)?;
+        Ok(true)
+    }
+    fn expiry(&mut self, key: &[u8]) -> StoreResult<Option<u64>> {
+        Ok(self.live(key).map(|(e, _)| e))
+    }
+    fn set_expiry(&mut self, key: &[u8], expire_ms: u64) -> StoreResult<bool> {
+        let Some((exp, v)) = self.live(key) else {
+            return Ok(false);
+        };
+        if exp != expire_ms {
+            let v = v.to_vec();
+            self.put(key, expire_ms, &v)?;
+        }
         Ok(true)
     }
     fn del(&mut self, key: &[u8]) -> StoreResult<bool> {

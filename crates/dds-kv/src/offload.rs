@@ -12,7 +12,7 @@ use dds_offload_api::{
     CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReadResult, ReqDesc,
     ReqList, ResponseLayout, REQUEST_HEAD_BYTES,
 };
-use dds_resp::{args, frame_command, frame_reply, Limits};
+use dds_resp::{args, frame_command, frame_reply, unquote_word, Limits};
 
 use crate::record::{self, FLAG_SUPERSEDED, KIND_VALUE};
 
@@ -50,9 +50,13 @@ impl RedisApp {
     }
 }
 
-/// The key of a `GET key` command, if `msg` is exactly that.
+/// The key of a `GET key` command, if `msg` is exactly that (and not an inline command with
+/// quotes, which goes to the host).
 fn get_key(msg: &[u8]) -> Option<&[u8]> {
     let mut a = args(msg);
+    if a.quoted() {
+        return None;
+    }
     let cmd = a.next()?;
     if !cmd.eq_ignore_ascii_case(b"GET") {
         return None;
@@ -75,6 +79,10 @@ pub const MGET_PART: &[u8] = b"DDS.MGETPART";
 /// bulk string's length with CRLFs, the key); `None` if `msg` is not an MGET of 1..=`max`
 /// keys.
 fn mget_keys(msg: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_MGET_SPLIT])> {
+    if msg.first() != Some(&b'*') {
+        // An inline MGET has no bulk strings to split along: it goes to the host whole.
+        return None;
+    }
     let mut a = args(msg);
     if !a.next()?.eq_ignore_ascii_case(b"MGET") {
         return None;
@@ -127,6 +135,30 @@ fn cached(cache: &CacheView<'_>, key: &[u8]) -> Option<ReadOp> {
 }
 
 /// Whether a command may modify keys, and where its keys are: (first key argument, step).
+/// Pushes the hashes of the keys a command's words (`words`: name first) may modify.
+fn push_write_keys<'a>(mut words: impl Iterator<Item = &'a [u8]>, keys: &mut KeyList) {
+    let Some(cmd) = words.next() else {
+        return;
+    };
+    let Some((first, step)) = write_keys(cmd) else {
+        return;
+    };
+    for (i, arg) in words.enumerate() {
+        let i = i + 1;
+        let is_key = if step == 0 {
+            i == first
+        } else {
+            i >= first && (i - first) % step == 0
+        };
+        if is_key && keys.len() + 1 < keys.capacity() {
+            let _ = keys.push(record::key_hash(arg).0);
+        }
+        if step == 0 && i >= first {
+            break;
+        }
+    }
+}
+
 fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
     const ONE: &[&str] = &[
         "SET",
@@ -368,27 +400,27 @@ impl OffloadApp for RedisApp {
     }
 
     fn invalidate_on_forward(&self, msg: &[u8], _req: ReqDesc, keys: &mut KeyList) {
-        let mut a = args(msg);
-        let Some(cmd) = a.next() else {
+        let a = args(msg);
+        if !a.quoted() {
+            push_write_keys(a, keys);
             return;
-        };
-        let Some((first, step)) = write_keys(cmd) else {
-            return;
-        };
-        for (i, arg) in a.enumerate() {
-            let i = i + 1;
-            let is_key = if step == 0 {
-                i == first
-            } else {
-                i >= first && (i - first) % step == 0
-            };
-            if is_key && keys.len() + 1 < keys.capacity() {
-                let _ = keys.push(record::key_hash(arg).0);
-            }
-            if step == 0 && i >= first {
-                break;
-            }
         }
+        // An inline command with quotes or escapes: its words are decoded first, into a
+        // buffer each director thread keeps (decoded words are never longer than the line).
+        thread_local! {
+            static WORDS: std::cell::RefCell<(Vec<u8>, Vec<std::ops::Range<usize>>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        }
+        WORDS.with_borrow_mut(|(bytes, ranges)| {
+            bytes.clear();
+            ranges.clear();
+            for w in a {
+                let start = bytes.len();
+                unquote_word(w, bytes);
+                ranges.push(start..bytes.len());
+            }
+            push_write_keys(ranges.iter().map(|r| &bytes[r.clone()]), keys);
+        });
     }
 
     fn cache_on_write(&self, file_id: u32, offset: u64, data: &[u8], items: &mut ItemList) {

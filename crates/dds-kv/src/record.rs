@@ -96,7 +96,6 @@ pub fn decode_header(b: &[u8]) -> Option<Header> {
         expire_ms: u64_at(b, 24),
     };
     if (h.kind != KIND_VALUE && h.kind != KIND_TOMBSTONE)
-        || h.klen == 0
         || (h.kind == KIND_TOMBSTONE && h.vlen != 0)
     {
         return None;
@@ -117,10 +116,7 @@ pub fn record_crc(rec: &[u8]) -> u32 {
 pub fn encode(out: &mut [u8], kind: u8, key: &[u8], value: &[u8], seq: u64, expire_ms: u64) {
     let len = record_len(key.len(), value.len());
     assert_eq!(out.len(), len, "record buffer of the wrong size");
-    assert!(
-        !key.is_empty() && key.len() <= u16::MAX as usize,
-        "key length"
-    );
+    assert!(key.len() <= u16::MAX as usize, "key length");
     out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     out[4] = kind;
     out[5] = 0;

@@ -5,12 +5,11 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dds_resp::{parse_command, Limits, Reply};
+use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
@@ -128,7 +127,7 @@ impl Server {
     pub fn run(mut self, stop: &AtomicBool) -> Result<()> {
         let mut events = Events::with_capacity(1024);
         let mut scratch = vec![0u8; SCRATCH];
-        let mut argv: Vec<Range<usize>> = Vec::new();
+        let mut argv = Argv::new();
         let mut touched: Vec<usize> = Vec::new();
         let mut next_sync = Instant::now() + self.cfg.sync_interval;
         while !stop.load(Ordering::Relaxed) {
@@ -266,7 +265,7 @@ impl Server {
     }
 
     /// Reads what the connection has and runs its complete commands.
-    fn serve(&mut self, i: usize, scratch: &mut [u8], argv: &mut Vec<Range<usize>>) {
+    fn serve(&mut self, i: usize, scratch: &mut [u8], argv: &mut Argv) {
         let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
             return;
         };
@@ -300,29 +299,29 @@ impl Server {
             }
             let buf: &[u8] = if from_input { &c.input } else { &scratch[..n] };
             let mut at = 0;
-            let mut argvs: Vec<&[u8]> = Vec::new();
+            let mut spare: Vec<&[u8]> = Vec::new();
             loop {
                 if c.close_after {
                     break;
                 }
                 match parse_command(&buf[at..], &self.limits, argv) {
                     Ok(Some(used)) => {
-                        argvs.clear();
-                        argvs.extend(argv.iter().map(|r| &buf[at + r.start..at + r.end]));
+                        let mut argvs = reuse(std::mem::take(&mut spare));
+                        argvs.extend(argv.iter(&buf[at..]));
                         at += used;
-                        if argvs.is_empty() {
-                            continue;
+                        if !argvs.is_empty() {
+                            self.info.commands += 1;
+                            let mut ctx = Ctx {
+                                store: self.store.as_mut(),
+                                session: &mut c.session,
+                                info: &self.info,
+                                password: self.cfg.password.as_deref(),
+                            };
+                            if execute(&mut ctx, &argvs, &mut c.out) == After::Close {
+                                c.close_after = true;
+                            }
                         }
-                        self.info.commands += 1;
-                        let mut ctx = Ctx {
-                            store: self.store.as_mut(),
-                            session: &mut c.session,
-                            info: &self.info,
-                            password: self.cfg.password.as_deref(),
-                        };
-                        if execute(&mut ctx, &argvs, &mut c.out) == After::Close {
-                            c.close_after = true;
-                        }
+                        spare = reuse(argvs);
                     }
                     Ok(None) => break,
                     Err(e) => {

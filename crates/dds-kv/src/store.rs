@@ -429,9 +429,36 @@ impl Store {
             return Ok(None);
         }
         if hdr.expire_ms != 0 && hdr.expire_ms <= now_ms() {
+            // Expired: the key is gone (as Redis deletes it when read). Its records are
+            // garbage for compaction, which moves only what the index points at; a restart
+            // finds the expired record again and reads it as expired.
+            self.index.remove(&h);
+            self.live -= 1;
             return Ok(None);
         }
         Ok(Some(Found { hdr }))
+    }
+
+    /// The expiry of `key` (Unix ms; `Some(0)`: none), or `None` when the key is missing.
+    pub fn expiry(&mut self, key: &[u8]) -> StoreResult<Option<u64>> {
+        Ok(self.find(key)?.map(|f| f.hdr.expire_ms))
+    }
+
+    /// Sets the expiry of `key` (Unix ms; 0 removes it), keeping its value; false when the key
+    /// is missing. A new expiry is a new version of the key's record.
+    pub fn set_expiry(&mut self, key: &[u8], expire_ms: u64) -> StoreResult<bool> {
+        let Some(f) = self.find(key)? else {
+            return Ok(false);
+        };
+        if f.hdr.expire_ms == expire_ms {
+            return Ok(true);
+        }
+        // The value is in `scratch`; it is taken out while the record is rewritten (the
+        // rewrite may compact, which does not use `scratch`) and put back after.
+        let scratch = std::mem::take(&mut self.scratch);
+        let r = self.upsert(key, &scratch[f.hdr.value_range()], expire_ms);
+        self.scratch = scratch;
+        r.map(|()| true)
     }
 
     /// GET: calls `f` with the value (or `None`).

@@ -11,12 +11,15 @@
 #![warn(missing_docs)]
 
 mod encode;
+mod inline;
 mod parse;
 mod reply;
 pub mod session;
 
 pub use encode::{bulk_header_into, Reply};
-pub use parse::{args, frame_command, parse_command, Args, Limits, ProtocolError};
+pub use parse::{
+    args, frame_command, parse_command, reuse, unquote_word, Args, Argv, Limits, ProtocolError,
+};
 pub use reply::frame_reply;
 
 /// Most nested array levels [`frame_reply`] accepts.

@@ -3,6 +3,8 @@
 
 use std::ops::Range;
 
+use crate::inline;
+
 /// Bounds on what a client may send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -110,21 +112,71 @@ fn header(
     }
 }
 
+/// The arguments of the last command [`parse_command`] parsed: ranges of the parsed buffer,
+/// or, for an inline command, of the argument bytes it decoded (quotes and escapes undone).
+/// Reused from command to command, so parsing allocates only while it grows.
+#[derive(Debug, Default)]
+pub struct Argv {
+    ranges: Vec<Range<usize>>,
+    inline: Vec<u8>,
+    from_inline: bool,
+}
+
+impl Argv {
+    /// An empty list.
+    pub fn new() -> Self {
+        Argv::default()
+    }
+
+    /// Number of arguments.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// No arguments (an empty command, which a server skips).
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The arguments, given the buffer that was parsed (`buf` of [`parse_command`]).
+    pub fn iter<'a>(&'a self, buf: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let src: &'a [u8] = if self.from_inline { &self.inline } else { buf };
+        self.ranges.iter().map(move |r| &src[r.clone()])
+    }
+
+    fn clear(&mut self) {
+        self.ranges.clear();
+        self.inline.clear();
+        self.from_inline = false;
+    }
+}
+
+/// An empty list with `v`'s allocation and any lifetime: one list holds the argument slices
+/// of command after command (each borrowed from its own [`Argv`]) without allocating again.
+pub fn reuse<'b>(mut v: Vec<&[u8]>) -> Vec<&'b [u8]> {
+    v.clear();
+    // Collecting an emptied vector into one of the same layout reuses its allocation.
+    v.into_iter()
+        .map(|_| -> &'b [u8] { unreachable!() })
+        .collect()
+}
+
 /// Parses one command at the start of `buf`. On success returns the bytes it takes and fills
-/// `args` with the ranges of its arguments in `buf` (an empty list for an empty inline line,
-/// which the caller skips). `Ok(None)`: more bytes are needed.
+/// `args` with its arguments (none for an empty inline line, which the caller skips).
+/// `Ok(None)`: more bytes are needed.
 pub fn parse_command(
     buf: &[u8],
     lim: &Limits,
-    args: &mut Vec<Range<usize>>,
+    argv: &mut Argv,
 ) -> Result<Option<usize>, ProtocolError> {
-    args.clear();
+    argv.clear();
     if buf.is_empty() {
         return Ok(None);
     }
     if buf[0] != b'*' {
-        return parse_inline(buf, lim, args);
+        return parse_inline(buf, lim, argv);
     }
+    let args = &mut argv.ranges;
     let Some((n, mut at)) = header(
         buf,
         0,
@@ -181,11 +233,7 @@ pub fn parse_command(
     Ok(Some(at))
 }
 
-fn parse_inline(
-    buf: &[u8],
-    lim: &Limits,
-    args: &mut Vec<Range<usize>>,
-) -> Result<Option<usize>, ProtocolError> {
+fn parse_inline(buf: &[u8], lim: &Limits, argv: &mut Argv) -> Result<Option<usize>, ProtocolError> {
     let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
         if buf.len() > lim.max_inline {
             return Err(ProtocolError("too big inline request"));
@@ -200,27 +248,27 @@ fn parse_inline(
     } else {
         nl
     };
-    let mut i = 0;
-    while i < line_end {
-        while i < line_end && (buf[i] == b' ' || buf[i] == b'\t') {
-            i += 1;
+    // The values are decoded into the argument list's own buffer (a copy: quotes and
+    // escapes make them differ from the line's bytes).
+    argv.from_inline = true;
+    let line = inline::c_line(&buf[..line_end]);
+    let mut at = 0;
+    loop {
+        let start = argv.inline.len();
+        let out = &mut argv.inline;
+        match inline::next_word(line, at, |b| out.push(b)) {
+            Err(inline::Unbalanced) => {
+                return Err(ProtocolError("unbalanced quotes in request"));
+            }
+            Ok(None) => break,
+            Ok(Some(w)) => {
+                if argv.ranges.len() == lim.max_args {
+                    return Err(ProtocolError("invalid multibulk length"));
+                }
+                argv.ranges.push(start..argv.inline.len());
+                at = w.end;
+            }
         }
-        if i == line_end {
-            break;
-        }
-        let start = i;
-        if buf[i] == b'"' || buf[i] == b'\'' {
-            // Quoted words would need unescaping into a new buffer; Redis accepts them,
-            // this codec refuses them clearly rather than misreading them.
-            return Err(ProtocolError("quoted inline arguments are not supported"));
-        }
-        while i < line_end && buf[i] != b' ' && buf[i] != b'\t' {
-            i += 1;
-        }
-        if args.len() == lim.max_args {
-            return Err(ProtocolError("invalid multibulk length"));
-        }
-        args.push(start..i);
     }
     Ok(Some(nl + 1))
 }
@@ -287,9 +335,9 @@ mod tests {
     type Parsed = Option<(usize, Vec<Vec<u8>>)>;
 
     fn words(buf: &[u8]) -> Result<Parsed, ProtocolError> {
-        let mut a = Vec::new();
+        let mut a = Argv::new();
         Ok(parse_command(buf, &Limits::default(), &mut a)?
-            .map(|n| (n, a.iter().map(|r| buf[r.clone()].to_vec()).collect())))
+            .map(|n| (n, a.iter(buf).map(<[u8]>::to_vec).collect())))
     }
 
     #[test]
@@ -320,6 +368,31 @@ mod tests {
     }
 
     #[test]
+    fn inline_commands_take_quotes_and_escapes_as_redis_does() {
+        let (n, w) = words(b"SET \"a b\" 'c\\'d'\r\nGET x\r\n").unwrap().unwrap();
+        assert_eq!(n, 18);
+        assert_eq!(w, vec![b"SET".to_vec(), b"a b".to_vec(), b"c'd".to_vec()]);
+        let (_, w) = words(b"set k \"\\x00\\xff\\n\"\n").unwrap().unwrap();
+        assert_eq!(w[2], b"\x00\xff\n".to_vec());
+        let (_, w) = words(b"SET \"\" v\n").unwrap().unwrap();
+        assert_eq!(w[1], b"".to_vec());
+        assert_eq!(
+            words(b"SET \"a b\n").unwrap_err().0,
+            "unbalanced quotes in request"
+        );
+        // The iterator of the DPU side finds the same words, as written.
+        let line = b"SET \"a b\" c\r\n";
+        let a = args(line);
+        assert!(a.quoted());
+        let raw: Vec<&[u8]> = args(line).collect();
+        assert_eq!(raw, vec![&b"SET"[..], b"\"a b\"", b"c"]);
+        let mut v = Vec::new();
+        unquote_word(raw[1], &mut v);
+        assert_eq!(v, b"a b");
+        assert!(!args(b"GET k\r\n").quoted());
+    }
+
+    #[test]
     fn malformed_input_gets_the_redis_error_text() {
         let e = |b: &[u8]| words(b).unwrap_err().0;
         assert_eq!(e(b"*x\r\n"), "invalid multibulk length");
@@ -331,7 +404,7 @@ mod tests {
             max_bulk: 10,
             ..Limits::default()
         };
-        let mut a = Vec::new();
+        let mut a = Argv::new();
         // Refused from the header, before the announced bytes arrive.
         assert_eq!(
             parse_command(b"*1\r\n$11\r\n", &lim, &mut a).unwrap_err().0,
@@ -385,7 +458,10 @@ mod tests {
 }
 
 /// The arguments of a framed command (as [`frame_command`] measured it), without allocating.
-/// Inline commands split on spaces and tabs. Yields nothing more at the first malformed byte.
+/// Inline commands split as [`parse_command`] splits them, but each word is yielded as
+/// written: a word in quotes or with escapes keeps them ([`Args::quoted`] tells whether any
+/// word has them; [`unquote_word`] decodes one). Yields nothing more at the first malformed
+/// byte or unbalanced quote.
 pub fn args(cmd: &[u8]) -> Args<'_> {
     if cmd.first() == Some(&b'*') {
         match find_crlf(cmd, 1).and_then(|e| Some((parse_int(&cmd[1..e])?, e + 2))) {
@@ -410,7 +486,7 @@ pub fn args(cmd: &[u8]) -> Args<'_> {
             end
         };
         Args {
-            cmd: &cmd[..end],
+            cmd: inline::c_line(&cmd[..end]),
             at: 0,
             left: usize::MAX,
             inline: true,
@@ -426,6 +502,18 @@ pub struct Args<'a> {
     inline: bool,
 }
 
+impl Args<'_> {
+    /// An inline command with quotes: some words yielded differ from their values.
+    pub fn quoted(&self) -> bool {
+        self.inline && self.cmd.iter().any(|&b| b == b'"' || b == b'\'')
+    }
+}
+
+/// The value of an inline command's word as [`args`] yielded it, appended to `out`.
+pub fn unquote_word(raw: &[u8], out: &mut Vec<u8>) {
+    inline::unquote_word(raw, out)
+}
+
 impl<'a> Iterator for Args<'a> {
     type Item = &'a [u8];
 
@@ -434,18 +522,16 @@ impl<'a> Iterator for Args<'a> {
             return None;
         }
         if self.inline {
-            let b = self.cmd;
-            while self.at < b.len() && (b[self.at] == b' ' || b[self.at] == b'\t') {
-                self.at += 1;
-            }
-            if self.at == b.len() {
-                return None;
-            }
-            let s = self.at;
-            while self.at < b.len() && b[self.at] != b' ' && b[self.at] != b'\t' {
-                self.at += 1;
-            }
-            return Some(&b[s..self.at]);
+            return match inline::next_word(self.cmd, self.at, |_| {}) {
+                Ok(Some(w)) => {
+                    self.at = w.end;
+                    Some(&self.cmd[w.start..w.end])
+                }
+                Ok(None) | Err(_) => {
+                    self.left = 0;
+                    None
+                }
+            };
         }
         let b = self.cmd;
         if b.get(self.at) != Some(&b'$') {

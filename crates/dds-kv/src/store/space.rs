@@ -74,6 +74,7 @@ impl Store {
             page[n..].fill(0);
         }
         // Live records of the page: the index points at them.
+        let now = super::now_ms();
         let mut moves: Vec<(usize, Header)> = Vec::new();
         for (o, h) in record::scan(&page) {
             let a = start + o as u64;
@@ -82,6 +83,10 @@ impl Store {
                 if h.kind == KIND_TOMBSTONE {
                     // Every older record of the key is below it and gone: forget the key.
                     self.index.remove(&kh);
+                } else if h.expire_ms != 0 && h.expire_ms <= now {
+                    // Expired: garbage like a tombstone, and the key is gone.
+                    self.index.remove(&kh);
+                    self.live -= 1;
                 } else {
                     moves.push((o, h));
                 }
