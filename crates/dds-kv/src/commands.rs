@@ -137,19 +137,27 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             r.error("NOAUTH Authentication required.");
             return After::Continue;
         }
-        let mut args = String::new();
+        // As Redis: "'%.*s' " per argument while the list is under 128 bytes, each argument
+        // and the name cut at 128 bytes and at their first NUL.
+        let c_str = |a: &[u8], max: usize| {
+            let a = a.split(|&b| b == 0).next().unwrap_or_default();
+            a[..a.len().min(max)].to_vec()
+        };
+        let mut args = Vec::new();
         for a in &argv[1..] {
             if args.len() >= 128 {
                 break;
             }
-            let s = String::from_utf8_lossy(a);
-            let take: String = s.chars().take(128 - args.len()).collect();
-            args.push_str(&format!("'{take}' "));
+            args.push(b'\'');
+            args.extend(c_str(a, 128 - (args.len() - 1)));
+            args.extend_from_slice(b"' ");
         }
-        let shown: String = String::from_utf8_lossy(first).chars().take(128).collect();
-        r.error(&format!(
-            "ERR unknown command '{shown}', with args beginning with: {args}"
-        ));
+        r.error_bytes(&[
+            b"ERR unknown command '",
+            &c_str(first, 128),
+            b"', with args beginning with: ",
+            &args,
+        ]);
         return After::Continue;
     };
     let n = argv.len() as i32;
@@ -213,7 +221,12 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                         } else {
                             (at as i64).saturating_sub(now_ms() as i64).max(0)
                         };
-                        r.int(if ms { t } else { (t + 500) / 1000 });
+                        // Rounded as Redis rounds it (in unsigned arithmetic: no overflow).
+                        r.int(if ms {
+                            t
+                        } else {
+                            ((t as u64 + 500) / 1000) as i64
+                        });
                     }
                 }
             }
@@ -487,10 +500,7 @@ fn expire(
             "gt" => gt = true,
             "lt" => lt = true,
             _ => {
-                r.error(&format!(
-                    "ERR Unsupported option {}",
-                    String::from_utf8_lossy(a)
-                ));
+                r.error_bytes(&[b"ERR Unsupported option ", a]);
                 return Ok(());
             }
         }

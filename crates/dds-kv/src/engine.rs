@@ -195,14 +195,16 @@ impl MemEngine {
         })
     }
 
-    /// The live value (expiry checked) with its expiry.
+    /// The live value (expiry checked) with its expiry. An expired key is deleted when read,
+    /// as Redis deletes it.
     fn live(&mut self, key: &[u8]) -> Option<(u64, &[u8])> {
         let (p, h) = self.store.part(key);
-        let v = p.get(key, h)?;
-        let exp = u64::from_le_bytes(v[..8].try_into().expect("expiry prefix"));
+        let exp = u64::from_le_bytes(p.get(key, h)?[..8].try_into().expect("expiry prefix"));
         if exp != 0 && exp <= now_ms() {
+            p.del(key, h);
             return None;
         }
+        let v = p.get(key, h).expect("present");
         Some((exp, &v[8..]))
     }
 

@@ -261,7 +261,22 @@ impl OffloadApp for RedisApp {
                     && head_key(&msg[off as usize..(off + len) as usize])
                         .is_some_and(|k| cached(cache, k).is_some())
             };
-            if keys[..n].iter().any(hit) {
+            // Each key's place is decided once (the cache changes under the planner).
+            let mut hits = [false; MAX_MGET_SPLIT];
+            let (mut nhost, mut host_bytes) = (0usize, 0usize);
+            for (i, k) in keys[..n].iter().enumerate() {
+                hits[i] = hit(k);
+                if !hits[i] {
+                    nhost += 1;
+                    host_bytes += k.1 as usize;
+                }
+            }
+            // The host part (`DDS.MGETPART` is longer than `MGET`) must fit where the whole
+            // message was: when the keys the DPU takes are too short to pay for the longer
+            // name, the MGET goes to the host whole.
+            let host_len = 1 + decimal_digits(nhost + 1) + 2 + 1 + 2 + 2 + MGET_PART.len() + 2;
+            let fits = nhost == 0 || host_len + host_bytes <= msg.len();
+            if nhost < n && fits {
                 dpu.push(ReqDesc {
                     offset: 0,
                     len: keys[0].0,
@@ -274,7 +289,7 @@ impl OffloadApp for RedisApp {
                         len: k.1,
                         pos: i as u32 + 1,
                     };
-                    let list = if hit(k) { &mut *dpu } else { &mut *host };
+                    let list = if hits[i] { &mut *dpu } else { &mut *host };
                     list.push(d).map_err(|_| full)?;
                 }
                 return Ok(());
@@ -580,6 +595,56 @@ mod tests {
             .unwrap();
         assert_eq!((host.len(), dpu.len()), (1, 0));
         assert_eq!(host.as_slice()[0].len as usize, m.len());
+        // The DPU's keys too short to pay for the longer `DDS.MGETPART`: whole to the host,
+        // and every split's host part fits where the message was.
+        let mut w = CacheWriter::new(Config::for_items(100)).unwrap();
+        let mut page = vec![0u8; 256];
+        let l0 = record::record_len(1, 1);
+        record::encode(&mut page[..l0], KIND_VALUE, b"a", b"1", 1, 0);
+        let mut items = ItemList::with_capacity(app.max_write_items());
+        app.cache_on_write(7, 0, &page, &mut items);
+        for it in items.as_slice() {
+            w.insert(*it).unwrap();
+        }
+        let reader = w.reader();
+        let view = CacheView::new(&reader);
+        for m in [
+            cmd(&[b"MGET", b"a", b""]),
+            cmd(&[b"MGET", b"", b"a"]),
+            cmd(&[b"MGET", b"a", b"b", b"a", b"c"]),
+            cmd(&[b"MGET", b"a", b"a", b"a", b"zz"]),
+        ] {
+            let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+            app.offload_predicate(&m, &view, &mut host, &mut dpu)
+                .unwrap();
+            if !dpu.is_empty() && !host.is_empty() {
+                let mut hm = vec![0u8; m.len()];
+                app.build_host_message(&m, host.as_slice(), &mut hm)
+                    .unwrap();
+            } else {
+                assert_eq!((host.len(), dpu.len()), (1, 0));
+            }
+        }
+        // Inline MGETs and quoted GETs go to the host whole.
+        for m in [&b"MGET a b\r\n"[..], b"GET \"a\"\r\n"] {
+            let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+            app.offload_predicate(m, &view, &mut host, &mut dpu)
+                .unwrap();
+            assert_eq!((host.len(), dpu.len()), (1, 0));
+        }
+    }
+
+    #[test]
+    fn quoted_inline_writes_invalidate_the_decoded_keys() {
+        let app = RedisApp::default();
+        let mut keys = KeyList::with_capacity(app.max_forward_keys());
+        let d = ReqDesc::default();
+        app.invalidate_on_forward(b"SET \"a b\" v\r\n", d, &mut keys);
+        assert_eq!(keys.as_slice(), &[record::key_hash(b"a b").0]);
+        keys.clear();
+        app.invalidate_on_forward(b"del '' \"\\x00k\" plain\r\n", d, &mut keys);
+        let want = [b"".as_slice(), b"\x00k", b"plain"].map(|k| record::key_hash(k).0);
+        assert_eq!(keys.as_slice(), &want);
     }
 
     #[test]

@@ -199,7 +199,7 @@ impl Partition {
     /// SET.
     pub fn set(&mut self, key: &[u8], hash: u64, value: &[u8]) -> Result<(), KvError> {
         let len = item_len(key.len(), value.len());
-        if key.is_empty() || key.len() > MAX_KEY || len as u64 > self.cap / 4 {
+        if key.len() > MAX_KEY || len as u64 > self.cap / 4 {
             return Err(KvError::TooLarge((self.cap / 4) as usize));
         }
         if let Some(s) = self.find(key, hash) {

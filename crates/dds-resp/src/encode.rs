@@ -76,6 +76,27 @@ impl<'a> Reply<'a> {
         self.out.extend_from_slice(b"\r\n");
     }
 
+    /// `-<parts...>`: an error reply assembled from byte strings, each cut at its first NUL,
+    /// trailing CR and LF trimmed and the others turned into spaces, as Redis formats `%s`
+    /// arguments into errors.
+    pub fn error_bytes(&mut self, parts: &[&[u8]]) {
+        self.out.push(b'-');
+        let start = self.out.len();
+        for p in parts {
+            let p = p.split(|&b| b == 0).next().unwrap_or_default();
+            self.out.extend_from_slice(p);
+        }
+        while self.out.len() > start && matches!(self.out.last(), Some(b'\r' | b'\n')) {
+            self.out.pop();
+        }
+        for b in &mut self.out[start..] {
+            if *b == b'\r' || *b == b'\n' {
+                *b = b' ';
+            }
+        }
+        self.out.extend_from_slice(b"\r\n");
+    }
+
     /// `:n`.
     pub fn int(&mut self, n: i64) {
         self.out.push(b':');

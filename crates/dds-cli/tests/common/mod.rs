@@ -56,7 +56,11 @@ pub fn start_dpu(img: &Path, socket: &Path, extra: &[&str]) -> Guard {
         .arg(socket)
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(if std::env::var_os("DDS_TEST_DPU_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
         .spawn()
         .unwrap();
     let g = Guard(child);
