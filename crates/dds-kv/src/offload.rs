@@ -23,21 +23,31 @@ pub const MAX_WRITE_KEYS: usize = 1000;
 /// Bytes reserved in front of DPU-read data for the reply header.
 const ROOM: usize = 64;
 
+/// Default largest client command (and bulk string) and, plus [`REPLY_SLACK`], host reply
+/// the `redis` app passes through the director.
+pub const DEFAULT_MAX_MESSAGE: usize = 64 << 20;
+
+/// Bytes a reply may add to the largest command: array and bulk headers around values.
+pub const REPLY_SLACK: usize = 64 << 10;
+
 /// The `redis` offload app.
 #[derive(Clone, Debug)]
 pub struct RedisApp {
     limits: Limits,
     max_message: usize,
+    max_response: usize,
 }
 
 impl Default for RedisApp {
     fn default() -> Self {
-        RedisApp::new(4 << 20)
+        RedisApp::new(DEFAULT_MAX_MESSAGE)
     }
 }
 
 impl RedisApp {
-    /// Client messages (commands) up to `max_message` bytes.
+    /// Client messages (commands, and so every bulk string, like Redis's
+    /// `proto-max-bulk-len`) up to `max_message` bytes; host replies up to `max_message` +
+    /// [`REPLY_SLACK`].
     pub fn new(max_message: usize) -> Self {
         RedisApp {
             limits: Limits {
@@ -46,7 +56,14 @@ impl RedisApp {
                 max_inline: 64 << 10,
             },
             max_message,
+            max_response: max_message.saturating_add(REPLY_SLACK),
         }
+    }
+
+    /// The same with host replies up to `max_response` bytes.
+    pub fn with_max_response(mut self, max_response: usize) -> Self {
+        self.max_response = max_response;
+        self
     }
 }
 
@@ -200,10 +217,10 @@ impl OffloadApp for RedisApp {
         "redis"
     }
     fn max_message_len(&self) -> usize {
-        self.max_message + (64 << 10)
+        self.max_message
     }
     fn max_response_len(&self) -> usize {
-        64 << 20
+        self.max_response
     }
     fn max_requests(&self) -> usize {
         MAX_MGET_SPLIT + 1
@@ -227,7 +244,22 @@ impl OffloadApp for RedisApp {
     }
 
     fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        frame_reply(buf, 64 << 10, 64 << 20).map_err(|e| Malformed(e.0))
+        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.0))
+    }
+
+    /// `-ERR Protocol error: <why>`, as Redis answers before it closes the connection.
+    fn error_reply(&self, why: Malformed, out: &mut [u8]) -> usize {
+        let parts: [&[u8]; 3] = [b"-ERR Protocol error: ", why.0.as_bytes(), b"\r\n"];
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        if n > out.len() {
+            return 0;
+        }
+        let mut at = 0;
+        for p in parts {
+            out[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        n
     }
 
     fn offload_predicate(
