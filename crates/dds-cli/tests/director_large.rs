@@ -272,7 +272,7 @@ fn values_mgets_and_pipelines_larger_than_the_buffer_pass_through_the_director()
     let got = read_to_close(&mut c, Vec::new());
     assert_eq!(
         String::from_utf8_lossy(&got),
-        "-ERR Protocol error: too big request\r\n"
+        "-ERR Protocol error: query buffer limit exceeded\r\n"
     );
     let _ = w.join().unwrap();
 

@@ -10,7 +10,7 @@
 use dds_cache::CacheItem;
 use dds_offload_api::{
     CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReadResult, ReqDesc,
-    ReqList, ResponseLayout, REQUEST_HEAD_BYTES,
+    ReqList, ResponseLayout, REQUEST_HEAD_BYTES, TOO_BIG,
 };
 use dds_resp::{args, frame_command, frame_reply, unquote_word, Limits};
 
@@ -247,9 +247,15 @@ impl OffloadApp for RedisApp {
         frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.0))
     }
 
-    /// `-ERR Protocol error: <why>`, as Redis answers before it closes the connection.
+    /// `-ERR Protocol error: <why>`, as Redis (and `dds kv`) answers before it closes the
+    /// connection; a command over the limit is `query buffer limit exceeded`.
     fn error_reply(&self, why: Malformed, out: &mut [u8]) -> usize {
-        let parts: [&[u8]; 3] = [b"-ERR Protocol error: ", why.0.as_bytes(), b"\r\n"];
+        let text = if why == TOO_BIG {
+            "query buffer limit exceeded"
+        } else {
+            why.0
+        };
+        let parts: [&[u8]; 3] = [b"-ERR Protocol error: ", text.as_bytes(), b"\r\n"];
         let n: usize = parts.iter().map(|p| p.len()).sum();
         if n > out.len() {
             return 0;
@@ -612,6 +618,37 @@ mod tests {
             .unwrap();
         assert_eq!((host.len(), dpu.len()), (1, 0));
         assert_eq!(host.as_slice()[0].len as usize, m.len());
+    }
+
+    #[test]
+    fn limits_frame_16_mib_values_and_refusals_get_the_redis_error_text() {
+        let app = RedisApp::default();
+        let v = vec![b'x'; 16 << 20];
+        let m = cmd(&[b"SET", b"k", &v]);
+        assert_eq!(app.message_len(&m).unwrap(), Some(m.len()));
+        assert_eq!(app.message_len(&m[..m.len() - 1]).unwrap(), None);
+        assert!(app.max_message_len() >= m.len());
+        let mut r = b"$16777216\r\n".to_vec();
+        r.extend_from_slice(&v);
+        r.extend_from_slice(b"\r\n");
+        assert_eq!(app.response_len(&r).unwrap(), Some(r.len()));
+        let small = RedisApp::new(1 << 20);
+        let why = small
+            .message_len(b"*2\r\n$3\r\nGET\r\n$2000000\r\n")
+            .unwrap_err();
+        let mut out = [0u8; dds_offload_api::ERROR_REPLY_MAX];
+        let n = small.error_reply(why, &mut out);
+        assert_eq!(&out[..n], b"-ERR Protocol error: invalid bulk length\r\n");
+        let n = small.error_reply(TOO_BIG, &mut out);
+        assert_eq!(
+            &out[..n],
+            b"-ERR Protocol error: query buffer limit exceeded\r\n"
+        );
+        assert_eq!(
+            small.error_reply(TOO_BIG, &mut out[..10]),
+            0,
+            "too small: no reply"
+        );
     }
 
     #[test]
