@@ -541,13 +541,8 @@ fn hostile(rng: &mut impl RngCore) -> Vec<u8> {
             _ => {
                 // A well-framed command with random arguments.
                 let mut words = vec![names[rng.gen_range(0..names.len())].to_vec()];
-                for k in 0..rng.gen_range(0..6) {
-                    let mut w = word(rng);
-                    if k == 0 && w.is_empty() {
-                        // Keys are not empty (empty arguments go elsewhere).
-                        w.push(b'k');
-                    }
-                    words.push(w);
+                for _ in 0..rng.gen_range(0..6) {
+                    words.push(word(rng));
                 }
                 let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
                 out.extend(cmd(&refs));
