@@ -128,6 +128,14 @@ pub struct DpuArgs {
     /// Client connections each director thread serves at most; more are closed at accept.
     #[arg(long, default_value_t = 1024)]
     pub director_max_connections: usize,
+    /// Largest client message (command) the offload app accepts (`redis`: also the largest
+    /// bulk string, like Redis's proto-max-bulk-len; default 64M). A larger one gets an error
+    /// reply and the connection is closed.
+    #[arg(long, value_parser = parse_size)]
+    pub offload_max_message: Option<u64>,
+    /// Largest host response the offload app passes on (`redis`: default 64M plus 64K).
+    #[arg(long, value_parser = parse_size)]
+    pub offload_max_response: Option<u64>,
 }
 
 /// The offload engine of `--offload`, if given: the app resolved by name (the applications'
@@ -142,8 +150,14 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
         .signature
         .parse()
         .map_err(|e| anyhow::anyhow!("--signature: {e}"))?;
+    let size = |v: Option<u64>, flag: &str| {
+        v.map(|n| usize::try_from(n).with_context(|| flag.to_string()))
+            .transpose()
+    };
     let opts = dds_offload_api::AppOptions {
         uncached: a.offload_uncached,
+        max_message: size(a.offload_max_message, "--offload-max-message")?,
+        max_response: size(a.offload_max_response, "--offload-max-response")?,
     };
     let app = dds_apps::offload::registry().resolve(name, &opts)?;
     let contexts = a.offload_contexts.max(1);

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
-use dds_offload_api::KeyMap;
+use dds_offload_api::{KeyMap, ERROR_REPLY_MAX};
 
 use crate::buffer::Buf;
 
@@ -18,6 +18,9 @@ pub(crate) enum Entry {
     Dpu { ctx: u32 },
     /// A DPU response already copied into `cout` (copy mode), `len` bytes.
     Copied { len: u32 },
+    /// The last entry of a connection whose message was refused: the error reply in
+    /// `Conn::err` (none when empty), after which the connection closes.
+    Error,
 }
 
 pub(crate) struct Conn {
@@ -68,6 +71,17 @@ pub(crate) struct Conn {
     pub(crate) dirty: bool,
     pub(crate) retry: bool,
     pub(crate) gated: bool,
+    /// Why a client message was refused: an [`Entry::Error`] ends `order`, no further
+    /// message is framed and the client's further bytes are discarded.
+    pub(crate) refused: Option<&'static str>,
+    /// The app's error reply for the refused message (`err_len` bytes).
+    pub(crate) err: [u8; ERROR_REPLY_MAX],
+    pub(crate) err_len: usize,
+    /// The error reply went out and the client's write side is shut: the connection closes
+    /// at the client's end of stream.
+    pub(crate) err_sent: bool,
+    /// Client bytes discarded since the refusal (bounded by the app's message limit).
+    pub(crate) discarded: usize,
 }
 
 pub(crate) enum Close {

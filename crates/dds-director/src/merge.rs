@@ -2,6 +2,7 @@
 //! request order.
 
 use std::io::{self, IoSlice, Write};
+use std::net::Shutdown;
 
 use dds_offload_engine::CtxState;
 use dds_proto::Status;
@@ -139,6 +140,10 @@ impl Worker {
                     }
                 }
             }
+            if matches!(c.order.front(), Some(Entry::Error)) && c.err_len == 0 {
+                // A refused message without an error reply: the earlier replies are out.
+                return Err(Close::Done);
+            }
             if !c.c_writable || c.order.is_empty() {
                 return Ok(progress);
             }
@@ -182,6 +187,7 @@ impl Worker {
                         coff += len as usize;
                         b
                     }
+                    Entry::Error => &c.err[..c.err_len],
                 };
                 let b = if k == 0 { &bytes[c.head_sent..] } else { bytes };
                 iov[niov] = IoSlice::new(b);
@@ -212,6 +218,7 @@ impl Worker {
                         .expect("framed above"),
                     Entry::Dpu { ctx } => pool.response(ctx).len(),
                     Entry::Copied { len } => len as usize,
+                    Entry::Error => c.err_len,
                 };
                 let left = full - c.head_sent;
                 if w < left {
@@ -238,6 +245,11 @@ impl Worker {
                         c.dpu_ctxs -= 1;
                     }
                     Entry::Copied { len } => c.cout.consume(len as usize),
+                    Entry::Error => {
+                        // The error reply is the last thing the client gets.
+                        let _ = c.client.shutdown(Shutdown::Write);
+                        c.err_sent = true;
+                    }
                 }
             }
         }

@@ -3,12 +3,12 @@
 
 use std::net::Shutdown;
 
-use dds_offload_api::REQUEST_HEAD_BYTES;
+use dds_offload_api::{Malformed, OffloadApp, REQUEST_HEAD_BYTES, TOO_BIG};
 use dds_offload_engine::{CtxState, Sources};
 use dds_proto::Status;
 
-use crate::conn::{Close, Entry};
-use crate::stats::add;
+use crate::conn::{Close, Conn, Entry};
+use crate::stats::{add, Stats};
 use crate::worker::Worker;
 
 impl Worker {
@@ -29,6 +29,14 @@ impl Worker {
                     &mut c.client_eof,
                     &stats.client_bytes_in,
                 )?;
+                if c.refused.is_some() && !c.cin.is_empty() {
+                    // Nothing after a refused message is framed: drop it, within a bound.
+                    c.discarded = c.discarded.saturating_add(c.cin.len());
+                    c.cin.consume(c.cin.len());
+                    if c.discarded > self.max_msg {
+                        return Err(Close::Abort("client kept sending after a refused message"));
+                    }
+                }
             }
             p |= self.process_messages(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
@@ -66,12 +74,23 @@ impl Worker {
                             return Err(Close::Malformed("host response length out of range"));
                         }
                         Ok(Some(n)) => c.hin.grow_toward(n).map_err(|_| Close::OutOfMemory)?,
-                        Ok(None) => {}
+                        // Incomplete, length unknown yet (e.g. a RESP array): the buffer grows
+                        // with the bytes that arrive, up to the app's limit.
+                        Ok(None) if c.hin.len() >= self.max_resp => {
+                            return Err(Close::Malformed("host response larger than the limit"));
+                        }
+                        Ok(None) => c
+                            .hin
+                            .grow_toward(self.max_resp)
+                            .map_err(|_| Close::OutOfMemory)?,
                     }
                 }
             }
             p |= self.flush_client(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
+            if c.err_sent && c.client_eof {
+                return Err(Close::Done);
+            }
             // Half-close: after the client's last message went out to the host.
             if c.client_eof
                 && c.cin.is_empty()
@@ -134,17 +153,30 @@ impl Worker {
                 ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
-            if c.host_eof || c.hold.is_some() {
+            if c.host_eof || c.hold.is_some() || c.refused.is_some() {
                 return Ok(progress);
             }
             let n = match app.message_len(c.cin.data()) {
                 Err(m) => {
-                    tracing::warn!(peer = %c.peer, reason = m.0, "malformed message");
-                    return Err(Close::Malformed("malformed message framing"));
+                    refuse(app.as_ref(), c, m, stats);
+                    return Ok(true);
                 }
-                Ok(None) => return Ok(progress),
-                Ok(Some(n)) if n == 0 || n > self.max_msg => {
-                    return Err(Close::Malformed("message length out of range"));
+                Ok(None) if c.cin.len() >= self.max_msg => {
+                    refuse(app.as_ref(), c, TOO_BIG, stats);
+                    return Ok(true);
+                }
+                Ok(None) => {
+                    // Incomplete, length unknown yet (a RESP command's later arguments): the
+                    // buffer grows with the bytes that arrive, up to the app's limit.
+                    c.cin
+                        .grow_toward(self.max_msg)
+                        .map_err(|_| Close::OutOfMemory)?;
+                    return Ok(progress);
+                }
+                Ok(Some(0)) => return Err(Close::Malformed("message length out of range")),
+                Ok(Some(n)) if n > self.max_msg => {
+                    refuse(app.as_ref(), c, TOO_BIG, stats);
+                    return Ok(true);
                 }
                 Ok(Some(n)) => n,
             };
@@ -331,4 +363,18 @@ impl Worker {
             progress = true;
         }
     }
+}
+
+/// Refuses the client's next message (malformed, or over the app's limit): the app's error
+/// reply is queued after the responses to the earlier requests, nothing more is framed, and
+/// the connection closes once that reply went out.
+fn refuse(app: &dyn OffloadApp, c: &mut Conn, why: Malformed, stats: &Stats) {
+    tracing::warn!(peer = %c.peer, reason = why.0, "client message refused: closing after the earlier replies");
+    add(&stats.malformed, 1);
+    let n = app.error_reply(why, &mut c.err);
+    c.err_len = if n <= c.err.len() { n } else { 0 };
+    c.refused = Some(why.0);
+    c.order.push_back(Entry::Error);
+    c.discarded = 0;
+    c.cin.consume(c.cin.len());
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dds_cache::CacheReader;
-use dds_offload_api::{KeyMap, OffloadApp};
+use dds_offload_api::{KeyMap, OffloadApp, ERROR_REPLY_MAX};
 use dds_offload_engine::{CtxState, ExposedFiles, LaneHandle, Planner, Pool};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -341,7 +341,8 @@ impl Worker {
                 hout,
                 hin,
                 cout,
-                order: VecDeque::with_capacity(if split { self.max_pending } else { 0 }),
+                // One more than the pending requests: room for a refusal's error entry.
+                order: VecDeque::with_capacity(if split { self.max_pending + 1 } else { 0 }),
                 popped: 0,
                 msg_ends: VecDeque::with_capacity(if split { self.max_pending } else { 0 }),
                 host_pending: 0,
@@ -362,6 +363,11 @@ impl Worker {
                 dirty: false,
                 retry: false,
                 gated: false,
+                refused: None,
+                err: [0; ERROR_REPLY_MAX],
+                err_len: 0,
+                err_sent: false,
+                discarded: 0,
             }));
             tracing::debug!(%peer, split, "connection accepted");
             self.mark(slot);

@@ -10,7 +10,7 @@
 use dds_cache::CacheItem;
 use dds_offload_api::{
     CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReadResult, ReqDesc,
-    ReqList, ResponseLayout, REQUEST_HEAD_BYTES,
+    ReqList, ResponseLayout, REQUEST_HEAD_BYTES, TOO_BIG,
 };
 use dds_resp::{args, frame_command, frame_reply, unquote_word, Limits};
 
@@ -23,21 +23,31 @@ pub const MAX_WRITE_KEYS: usize = 1000;
 /// Bytes reserved in front of DPU-read data for the reply header.
 const ROOM: usize = 64;
 
+/// Default largest client command (and bulk string) and, plus [`REPLY_SLACK`], host reply
+/// the `redis` app passes through the director.
+pub const DEFAULT_MAX_MESSAGE: usize = 64 << 20;
+
+/// Bytes a reply may add to the largest command: array and bulk headers around values.
+pub const REPLY_SLACK: usize = 64 << 10;
+
 /// The `redis` offload app.
 #[derive(Clone, Debug)]
 pub struct RedisApp {
     limits: Limits,
     max_message: usize,
+    max_response: usize,
 }
 
 impl Default for RedisApp {
     fn default() -> Self {
-        RedisApp::new(4 << 20)
+        RedisApp::new(DEFAULT_MAX_MESSAGE)
     }
 }
 
 impl RedisApp {
-    /// Client messages (commands) up to `max_message` bytes.
+    /// Client messages (commands, and so every bulk string, like Redis's
+    /// `proto-max-bulk-len`) up to `max_message` bytes; host replies up to `max_message` +
+    /// [`REPLY_SLACK`].
     pub fn new(max_message: usize) -> Self {
         RedisApp {
             limits: Limits {
@@ -46,7 +56,14 @@ impl RedisApp {
                 max_inline: 64 << 10,
             },
             max_message,
+            max_response: max_message.saturating_add(REPLY_SLACK),
         }
+    }
+
+    /// The same with host replies up to `max_response` bytes.
+    pub fn with_max_response(mut self, max_response: usize) -> Self {
+        self.max_response = max_response;
+        self
     }
 }
 
@@ -200,10 +217,10 @@ impl OffloadApp for RedisApp {
         "redis"
     }
     fn max_message_len(&self) -> usize {
-        self.max_message + (64 << 10)
+        self.max_message
     }
     fn max_response_len(&self) -> usize {
-        64 << 20
+        self.max_response
     }
     fn max_requests(&self) -> usize {
         MAX_MGET_SPLIT + 1
@@ -227,7 +244,28 @@ impl OffloadApp for RedisApp {
     }
 
     fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        frame_reply(buf, 64 << 10, 64 << 20).map_err(|e| Malformed(e.0))
+        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.0))
+    }
+
+    /// `-ERR Protocol error: <why>`, as Redis (and `dds kv`) answers before it closes the
+    /// connection; a command over the limit is `query buffer limit exceeded`.
+    fn error_reply(&self, why: Malformed, out: &mut [u8]) -> usize {
+        let text = if why == TOO_BIG {
+            "query buffer limit exceeded"
+        } else {
+            why.0
+        };
+        let parts: [&[u8]; 3] = [b"-ERR Protocol error: ", text.as_bytes(), b"\r\n"];
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        if n > out.len() {
+            return 0;
+        }
+        let mut at = 0;
+        for p in parts {
+            out[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        n
     }
 
     fn offload_predicate(
@@ -645,6 +683,37 @@ mod tests {
         app.invalidate_on_forward(b"del '' \"\\x00k\" plain\r\n", d, &mut keys);
         let want = [b"".as_slice(), b"\x00k", b"plain"].map(|k| record::key_hash(k).0);
         assert_eq!(keys.as_slice(), &want);
+    }
+
+    #[test]
+    fn limits_frame_16_mib_values_and_refusals_get_the_redis_error_text() {
+        let app = RedisApp::default();
+        let v = vec![b'x'; 16 << 20];
+        let m = cmd(&[b"SET", b"k", &v]);
+        assert_eq!(app.message_len(&m).unwrap(), Some(m.len()));
+        assert_eq!(app.message_len(&m[..m.len() - 1]).unwrap(), None);
+        assert!(app.max_message_len() >= m.len());
+        let mut r = b"$16777216\r\n".to_vec();
+        r.extend_from_slice(&v);
+        r.extend_from_slice(b"\r\n");
+        assert_eq!(app.response_len(&r).unwrap(), Some(r.len()));
+        let small = RedisApp::new(1 << 20);
+        let why = small
+            .message_len(b"*2\r\n$3\r\nGET\r\n$2000000\r\n")
+            .unwrap_err();
+        let mut out = [0u8; dds_offload_api::ERROR_REPLY_MAX];
+        let n = small.error_reply(why, &mut out);
+        assert_eq!(&out[..n], b"-ERR Protocol error: invalid bulk length\r\n");
+        let n = small.error_reply(TOO_BIG, &mut out);
+        assert_eq!(
+            &out[..n],
+            b"-ERR Protocol error: query buffer limit exceeded\r\n"
+        );
+        assert_eq!(
+            small.error_reply(TOO_BIG, &mut out[..10]),
+            0,
+            "too small: no reply"
+        );
     }
 
     #[test]

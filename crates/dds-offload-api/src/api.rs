@@ -17,6 +17,13 @@ pub const REQUEST_HEAD_BYTES: usize = 64;
 /// Largest header room an application may reserve in front of DPU-read data.
 pub const MAX_HEADER_ROOM: usize = 256;
 
+/// Largest error reply ([`OffloadApp::error_reply`]).
+pub const ERROR_REPLY_MAX: usize = 256;
+
+/// Why the director refuses a message larger than [`OffloadApp::max_message_len`] (given to
+/// [`OffloadApp::error_reply`]).
+pub const TOO_BIG: Malformed = Malformed("too big request");
+
 /// Why bytes are not a valid message (or why an app refused one). The text is logged when the
 /// director closes the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -253,6 +260,18 @@ pub trait OffloadApp: Send + Sync {
     /// Framing of the host's response stream: the length of the response at the start of
     /// `buf`; `Ok(None)` if more bytes are needed to tell.
     fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed>;
+
+    /// The reply a client gets before the director closes its connection because a message
+    /// is malformed (`message_len` failed) or larger than [`max_message_len`]
+    /// (`why` says which): written into `out` ([`ERROR_REPLY_MAX`] bytes), returning its
+    /// length. It goes out after the responses to the client's earlier requests. 0 (the
+    /// default): the connection is closed without a reply.
+    ///
+    /// [`max_message_len`]: OffloadApp::max_message_len
+    fn error_reply(&self, why: Malformed, out: &mut [u8]) -> usize {
+        let _ = (why, out);
+        0
+    }
 
     /// Offload predicate: splits a whole message into host-bound and DPU-bound requests.
     /// Every request must appear in exactly one list, with its message-order position.

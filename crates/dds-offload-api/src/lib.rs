@@ -20,7 +20,8 @@ mod registry;
 
 pub use api::{
     CacheView, FixedList, Full, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp,
-    ReadResult, ReqDesc, ReqList, ResponseLayout, MAX_HEADER_ROOM, REQUEST_HEAD_BYTES,
+    ReadResult, ReqDesc, ReqList, ResponseLayout, ERROR_REPLY_MAX, MAX_HEADER_ROOM,
+    REQUEST_HEAD_BYTES, TOO_BIG,
 };
 pub use keys::{KeyMap, MapFull};
 pub use registry::{AppOptions, Registry, RegistryError};

@@ -16,6 +16,11 @@ pub struct AppOptions {
     /// Serve reads on the DPU even when the cache table has no entry for them (apps that can
     /// map a request to a file read directly). A benchmark mode: see `docs/security.md`.
     pub uncached: bool,
+    /// Largest client message the app accepts (its default when `None`); a larger one gets
+    /// the app's error reply and a close.
+    pub max_message: Option<usize>,
+    /// Largest host response the app accepts (its default when `None`).
+    pub max_response: Option<usize>,
 }
 
 type Constructor = fn(&AppOptions) -> Arc<dyn OffloadApp>;

@@ -29,7 +29,16 @@ pub fn registry() -> Registry {
     r.register(
         "redis",
         "Redis protocol of `dds kv`: GETs of records on storage served on the DPU",
-        |_| Arc::new(dds_kv::offload::RedisApp::default()),
+        |o: &AppOptions| {
+            let max = o
+                .max_message
+                .unwrap_or(dds_kv::offload::DEFAULT_MAX_MESSAGE);
+            let app = dds_kv::offload::RedisApp::new(max);
+            Arc::new(match o.max_response {
+                Some(r) => app.with_max_response(r),
+                None => app,
+            })
+        },
     );
     r.register(
         "pageserver",
