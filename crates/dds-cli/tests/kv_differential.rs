@@ -11,14 +11,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{offloaded, Guard, DDS};
+use common::{offloaded, start_kv, Guard};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -104,28 +104,58 @@ fn start_redis_server(dir: &Path) -> (Guard, std::path::PathBuf) {
     (g, sock)
 }
 
-/// `dds kv ARGS` on `listen`; returns the process and its address (from its ready line).
-fn start_kv(listen: &str, args: &[&str]) -> (Guard, SocketAddr) {
-    let mut child = Command::new(DDS)
-        .args(["kv", "--listen", listen])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let g = Guard(child);
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no ready line: {line:?}"))
-        .parse()
-        .unwrap();
-    (g, addr)
+/// The `dds kv` servers under test: on a log file, with the memory engine, and on DDS
+/// behind the director (a small memory budget, so most records are on storage and the DPU
+/// serves their GETs).
+struct Servers {
+    file_kv: Guard,
+    file_addr: SocketAddr,
+    mem_kv: Guard,
+    mem_addr: SocketAddr,
+    dpu: Guard,
+    socket: std::path::PathBuf,
+    dds_kv: Guard,
+    director: SocketAddr,
+}
+
+impl Servers {
+    fn start(dir: &Path, fsync: bool) -> Servers {
+        let kvdir = dir.join("kv");
+        let (file_kv, file_addr) = start_kv(
+            "127.0.0.1:0",
+            &["--storage", "file", "--dir", kvdir.to_str().unwrap()],
+        );
+        let (mem_kv, mem_addr) =
+            start_kv("127.0.0.1:0", &["--engine", "memory", "--memory", "64M"]);
+        let (dpu, socket, dport, hport) = common::start_offload_dpu(dir, "512M", "redis");
+        let s = socket.to_str().unwrap();
+        let durability = if fsync { "fsync" } else { "periodic" };
+        let (dds_kv, _) = start_kv(
+            &format!("127.0.0.1:{hport}"),
+            &[
+                "--socket",
+                s,
+                "--memory",
+                "256K",
+                "--page-size",
+                "64K",
+                "--log-size",
+                "64M",
+                "--durability",
+                durability,
+            ],
+        );
+        Servers {
+            file_kv,
+            file_addr,
+            mem_kv,
+            mem_addr,
+            dpu,
+            socket,
+            dds_kv,
+            director: format!("127.0.0.1:{dport}").parse().unwrap(),
+        }
+    }
 }
 
 fn multibulk(words: &[Vec<u8>]) -> Vec<u8> {
@@ -478,31 +508,7 @@ fn seed() -> u64 {
 fn dds_kv_answers_as_redis_server_does() {
     let dir = tempfile::tempdir().unwrap();
     let (_redis, rsock) = start_redis_server(dir.path());
-    let kvdir = dir.path().join("kv");
-    let (_file_kv, file_addr) = start_kv(
-        "127.0.0.1:0",
-        &["--storage", "file", "--dir", kvdir.to_str().unwrap()],
-    );
-    let (_mem_kv, mem_addr) = start_kv("127.0.0.1:0", &["--engine", "memory", "--memory", "64M"]);
-    // The hybrid log on DDS behind the director: a small memory budget, so most records are
-    // on storage and the DPU serves their GETs.
-    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "512M", "redis");
-    let (_dds_kv, _) = start_kv(
-        &format!("127.0.0.1:{hport}"),
-        &[
-            "--socket",
-            socket.to_str().unwrap(),
-            "--memory",
-            "256K",
-            "--page-size",
-            "64K",
-            "--log-size",
-            "64M",
-            "--durability",
-            "fsync",
-        ],
-    );
-    let director: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
+    let sv = Servers::start(dir.path(), true);
     let redis = UnixStream::connect(&rsock).unwrap();
     redis
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -513,18 +519,21 @@ fn dds_kv_answers_as_redis_server_does() {
             conn: Box::new(redis),
             buf: Vec::new(),
         },
-        Target::tcp("dds kv (log file)", file_addr),
-        Target::tcp("dds kv (memory engine)", mem_addr),
-        Target::tcp("dds kv (DDS, through the director, offload on)", director),
+        Target::tcp("dds kv (log file)", sv.file_addr),
+        Target::tcp("dds kv (memory engine)", sv.mem_addr),
+        Target::tcp(
+            "dds kv (DDS, through the director, offload on)",
+            sv.director,
+        ),
     ];
     let seed = seed();
     eprintln!("differential test seed: {seed} (replay with DDS_DIFF_SEED={seed})");
-    let before = offloaded(&socket);
+    let before = offloaded(&sv.socket);
     for round in 0..4 {
         run_sequence(&mut targets, seed.wrapping_add(round), 1500);
     }
     expiry_passes(&mut targets);
-    let served = offloaded(&socket) - before;
+    let served = offloaded(&sv.socket) - before;
     assert!(
         served > 50,
         "the DPU served only {served} reads: offload was not exercised"
@@ -590,35 +599,14 @@ fn serves(addr: SocketAddr, name: &str, i: usize) {
 #[test]
 fn hostile_streams_leave_every_server_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let kvdir = dir.path().join("kv");
-    let (mut file_kv, file_addr) = start_kv(
-        "127.0.0.1:0",
-        &["--storage", "file", "--dir", kvdir.to_str().unwrap()],
-    );
-    let (mut mem_kv, mem_addr) =
-        start_kv("127.0.0.1:0", &["--engine", "memory", "--memory", "64M"]);
-    let (mut dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "512M", "redis");
-    let (mut dds_kv, _) = start_kv(
-        &format!("127.0.0.1:{hport}"),
-        &[
-            "--socket",
-            socket.to_str().unwrap(),
-            "--memory",
-            "256K",
-            "--page-size",
-            "64K",
-            "--log-size",
-            "64M",
-        ],
-    );
-    let director: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
+    let mut sv = Servers::start(dir.path(), false);
     let seed = seed();
     eprintln!("hostile stream seed: {seed} (replay with DDS_DIFF_SEED={seed})");
     let mut rng = SmallRng::seed_from_u64(seed);
     let servers = [
-        ("dds kv (log file)", file_addr),
-        ("dds kv (memory engine)", mem_addr),
-        ("director", director),
+        ("dds kv (log file)", sv.file_addr),
+        ("dds kv (memory engine)", sv.mem_addr),
+        ("director", sv.director),
     ];
     for round in 0..40 {
         for (name, addr) in servers {
@@ -641,10 +629,10 @@ fn hostile_streams_leave_every_server_serving() {
             serves(addr, name, round);
         }
         for (name, g) in [
-            ("dds kv (log file)", &mut file_kv),
-            ("dds kv (memory engine)", &mut mem_kv),
-            ("dds kv (DDS)", &mut dds_kv),
-            ("dds dpu", &mut dpu),
+            ("dds kv (log file)", &mut sv.file_kv),
+            ("dds kv (memory engine)", &mut sv.mem_kv),
+            ("dds kv (DDS)", &mut sv.dds_kv),
+            ("dds dpu", &mut sv.dpu),
         ] {
             assert!(
                 g.0.try_wait().unwrap().is_none(),

@@ -68,6 +68,31 @@ pub fn start_dpu(img: &Path, socket: &Path, extra: &[&str]) -> Guard {
     g
 }
 
+/// `dds kv --listen LISTEN ARGS...`; returns the process and the address of its ready line.
+pub fn start_kv(listen: &str, args: &[&str]) -> (Guard, std::net::SocketAddr) {
+    use std::io::BufRead;
+    let mut child = Command::new(DDS)
+        .args(["kv", "--listen", listen])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let g = Guard(child);
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no ready line: {line:?}"))
+        .parse()
+        .unwrap();
+    (g, addr)
+}
+
 /// A TCP port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
