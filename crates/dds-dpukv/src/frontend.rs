@@ -28,6 +28,9 @@ use crate::store::SharedStore;
 /// Longest key (a KV request record's key length is one byte).
 pub const MAX_KEY: usize = 255;
 
+/// Longest value INCR writes (`-9223372036854775808`).
+const INT_TEXT_MAX: usize = 20;
+
 /// Counters of one endpoint (every front-end thread of it adds to them).
 #[derive(Default, Debug)]
 pub struct FrontStats {
@@ -167,6 +170,9 @@ struct Conn {
     close_after: bool,
     dead: bool,
     paused: bool,
+    /// `input` holds commands not run yet because `max_pending` replies were pending: run
+    /// them before reading again (their bytes already left the socket).
+    backlog: bool,
 }
 
 const LISTENER: Token = Token(usize::MAX);
@@ -348,6 +354,7 @@ impl Frontend {
                 close_after: false,
                 dead: false,
                 paused: false,
+                backlog: false,
             });
             self.stats.clients.fetch_add(1, Ordering::Relaxed);
         }
@@ -368,17 +375,21 @@ impl Frontend {
                 c.paused = true;
                 return;
             }
-            let n = match c.stream.read(scratch) {
-                Ok(0) => {
-                    c.dead = true;
-                    return;
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    c.dead = true;
-                    return;
+            let n = if std::mem::take(&mut c.backlog) {
+                0
+            } else {
+                match c.stream.read(scratch) {
+                    Ok(0) => {
+                        c.dead = true;
+                        return;
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        c.dead = true;
+                        return;
+                    }
                 }
             };
             let mut input = std::mem::take(&mut c.input);
@@ -389,9 +400,14 @@ impl Frontend {
             let buf: &[u8] = if from_input { &input } else { &scratch[..n] };
             let mut at = 0;
             let mut spare: Vec<&[u8]> = Vec::new();
+            let mut full = false;
             loop {
                 let c = self.conns[i].as_mut().expect("live");
-                if c.close_after || c.pending.len() >= self.cfg.max_pending {
+                if c.close_after {
+                    break;
+                }
+                if c.pending.len() >= self.cfg.max_pending {
+                    full = true;
                     break;
                 }
                 match parse_command(&buf[at..], &self.limits, argv) {
@@ -422,6 +438,7 @@ impl Frontend {
             } else if at < n {
                 input.extend_from_slice(&scratch[at..n]);
             }
+            c.backlog = full && !input.is_empty();
             if input.len() > self.cfg.query_buffer_limit {
                 let mut out = Vec::new();
                 Reply::new(&mut out).error("ERR Protocol error: query buffer limit exceeded");
@@ -442,16 +459,14 @@ impl Frontend {
             "set" | "incrby" | "decrby" => 3,
             "del" | "unlink" | "exists" | "mget" => -2,
             "mset" => -3,
-            "ping" | "hello" | "command" | "info" | "dbsize" | "quit" => -1,
+            "ping" | "hello" | "command" | "info" | "quit" => -1,
+            "dbsize" => 1,
             "echo" | "select" => 2,
             "client" | "cluster" | "config" => -2,
             _ => {
                 let c = self.conns[i].as_mut().expect("live");
                 let mut out = Vec::new();
-                Reply::new(&mut out).error(&format!(
-                    "ERR unknown command '{}', with args beginning with: ",
-                    String::from_utf8_lossy(&argv[0][..argv[0].len().min(128)])
-                ));
+                Reply::new(&mut out).error(&unknown_command(argv));
                 ready(c, out);
                 return;
             }
@@ -593,6 +608,35 @@ impl Frontend {
                 ),
             );
         }
+        let op_of = |sub: usize| match kind {
+            Kind::Get | Kind::MGet => Op::Get,
+            Kind::Set => Op::Set(argv[2]),
+            Kind::MSet => Op::Set(argv[2 + 2 * sub]),
+            Kind::Del => Op::Del,
+            Kind::Exists => Op::Exists,
+            Kind::Incr => Op::Incr(incr.expect("increment")),
+        };
+        if let Backend::Queues(q) = &self.backend {
+            // A request travels in one batch: one that no slot can carry is refused here
+            // (it would otherwise wait for room that never comes).
+            let batch_max = q.queues.first().map_or(0, DpuQueue::batch_max);
+            let too_big = keys.iter().enumerate().any(|(sub, key)| {
+                BATCH_HEADER
+                    + request_len(&Request {
+                        key,
+                        op: op_of(sub),
+                    })
+                    > batch_max
+            });
+            if too_big {
+                return err(
+                    self,
+                    &format!(
+                        "ERR key and value too large for a KV queue slot ({batch_max} bytes, --slot-bytes)"
+                    ),
+                );
+            }
+        }
         let c = self.conns[i].as_mut().expect("live");
         let no = c.head + c.pending.len() as u64;
         c.pending.push_back(Entry::Wait(Wait {
@@ -614,15 +658,10 @@ impl Frontend {
             .raw_bytes
             .fetch_add(used as u64, Ordering::Relaxed);
         for (sub, key) in keys.iter().enumerate() {
-            let op = match kind {
-                Kind::Get | Kind::MGet => Op::Get,
-                Kind::Set => Op::Set(argv[2]),
-                Kind::MSet => Op::Set(argv[2 + 2 * sub]),
-                Kind::Del => Op::Del,
-                Kind::Exists => Op::Exists,
-                Kind::Incr => Op::Incr(incr.expect("increment")),
+            let req = Request {
+                key,
+                op: op_of(sub),
             };
-            let req = Request { key, op };
             let w = Waiter {
                 conn: i as u32,
                 gen,
@@ -646,7 +685,9 @@ impl Frontend {
             Backend::Queues(q) => {
                 let worker = partition_of(key_hash(req.key), q.partitions) % q.queues.len();
                 let worst = match req.op {
-                    Op::Get => qp::max_value_response(q.max_value),
+                    // INCR stores its result as text: values up to 20 bytes whatever the
+                    // largest SET.
+                    Op::Get => qp::max_value_response(q.max_value.max(INT_TEXT_MAX)),
                     Op::Incr(_) => 9,
                     _ => 1,
                 };
@@ -776,6 +817,23 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
             String::from_utf8_lossy(argv[1])
         )),
     }
+}
+
+/// Redis's reply to an unknown command: its name and the start of its arguments (128 bytes
+/// of each at most, until the list holds 128 bytes).
+fn unknown_command(argv: &[&[u8]]) -> String {
+    let text = |a: &[u8], n: usize| String::from_utf8_lossy(&a[..a.len().min(n)]).into_owned();
+    let mut args = String::new();
+    for a in &argv[1..] {
+        if args.len() >= 128 {
+            break;
+        }
+        args += &format!("'{}' ", text(a, 128 - args.len()));
+    }
+    format!(
+        "ERR unknown command '{}', with args beginning with: {args}",
+        text(argv[0], 128)
+    )
 }
 
 fn encode_request(out: &mut Vec<u8>, r: &Request<'_>) {

@@ -210,21 +210,22 @@ pub fn append(msg: &[u8]) -> Result<Append<'_>, Malformed> {
     Ok(a)
 }
 
-/// Iterates over `count` records; fails on a truncated one.
+/// Iterates over `count` records; fails on a truncated one, and on bytes after the last.
+/// Every `count` (a peer's number, up to `u32::MAX`) is taken as announced.
 pub fn records(b: &[u8], count: u32) -> impl Iterator<Item = Result<Record<'_>, Malformed>> {
     let mut at = 0usize;
     let mut left = count;
+    let mut failed = false;
     std::iter::from_fn(move || {
-        if left == 0 {
-            return if at == b.len() {
-                None
-            } else {
-                left = u32::MAX;
-                Some(Err(Malformed("bytes after the last record")))
-            };
-        }
-        if left == u32::MAX {
+        if failed {
             return None;
+        }
+        if left == 0 {
+            if at == b.len() {
+                return None;
+            }
+            failed = true;
+            return Some(Err(Malformed("bytes after the last record")));
         }
         left -= 1;
         match record(&b[at..]) {
@@ -233,7 +234,7 @@ pub fn records(b: &[u8], count: u32) -> impl Iterator<Item = Result<Record<'_>, 
                 Some(Ok(r))
             }
             Err(e) => {
-                left = u32::MAX;
+                failed = true;
                 Some(Err(e))
             }
         }
@@ -367,6 +368,9 @@ mod tests {
         assert!(records(p.records, 1).any(|r| r.is_err()));
         // One too many: truncated.
         assert!(records(p.records, 3).any(|r| r.is_err()));
+        // A count that is every record and then some, as a peer may announce.
+        assert!(records(p.records, u32::MAX).any(|r| r.is_err()));
+        assert!(records(&[], u32::MAX).any(|r| r.is_err()));
         let mut bad = m.clone();
         bad[6] = 9;
         assert!(message_len(&bad).is_err());

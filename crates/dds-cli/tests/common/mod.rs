@@ -323,3 +323,103 @@ impl OsdCluster {
         drop(self.stores[id as usize].take());
     }
 }
+
+/// The seed of a randomized test: `DDS_TEST_SEED` when set (to replay a failure), else one
+/// from the clock. Printed either way.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = match std::env::var("DDS_TEST_SEED") {
+        Ok(s) => s.parse().expect("DDS_TEST_SEED: a number"),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    };
+    eprintln!("{test}: seed {seed} (replay with DDS_TEST_SEED={seed})");
+    seed
+}
+
+/// Asserts that a server process is still running.
+pub fn assert_alive(g: &mut Guard, what: &str) {
+    if let Some(st) = g.0.try_wait().unwrap() {
+        panic!("{what} exited: {st}");
+    }
+}
+
+/// Random bytes of a length drawn from the boundaries a parser meets (0, 1, around
+/// `edges`) or uniformly below `max`.
+pub fn random_blob(rng: &mut impl rand::Rng, edges: &[usize], max: usize) -> Vec<u8> {
+    let len = match rng.gen_range(0..4) {
+        0 => rng.gen_range(0..2),
+        1 if !edges.is_empty() => {
+            let e = edges[rng.gen_range(0..edges.len())];
+            (e + rng.gen_range(0..3)).saturating_sub(1)
+        }
+        _ => rng.gen_range(0..max.max(1)),
+    };
+    let mut b = vec![0u8; len];
+    rng.fill(&mut b[..]);
+    b
+}
+
+/// Hostile clients: each stream of bytes goes to the server at `addr` on a connection of its
+/// own (`parallel` at a time), written whole while whatever comes back is read and dropped,
+/// until the server closes or says nothing for `quiet`. The server may close at any point:
+/// nothing here fails on a reset or a refused write. Returns the bytes the server sent.
+pub fn hostile_clients(
+    addr: std::net::SocketAddr,
+    streams: Vec<Vec<u8>>,
+    parallel: usize,
+    quiet: Duration,
+) -> u64 {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let received = AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for _ in 0..parallel.max(1) {
+            sc.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(bytes) = streams.get(k) else {
+                    return;
+                };
+                let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+                    continue;
+                };
+                let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+                let _ = s.set_read_timeout(Some(quiet));
+                let Ok(mut r) = s.try_clone() else {
+                    continue;
+                };
+                std::thread::scope(|inner| {
+                    inner.spawn(move || {
+                        let _ = s.write_all(bytes);
+                    });
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let mut buf = vec![0u8; 1 << 16];
+                    while Instant::now() < deadline {
+                        match r.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                received.fetch_add(n as u64, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    let _ = r.shutdown(std::net::Shutdown::Both);
+                });
+            });
+        }
+    });
+    received.into_inner()
+}
+
+/// Spawns `cmd` with its stdout piped and waits for its first line, which must say `ready`.
+pub fn spawn_ready(cmd: &mut Command) -> Guard {
+    use std::io::BufRead;
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("ready"), "{line}");
+    Guard(child)
+}
