@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RUSTFLAGS="${RUSTFLAGS:-} --cfg loom -D warnings"
-cargo clippy -p dds-cache --release --lib --tests -- -D warnings
+cargo clippy -p dds-cache --lib --profile test -- -D warnings
 cargo test -p dds-cache --release --lib -- loom "$@"
