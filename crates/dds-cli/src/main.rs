@@ -142,6 +142,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dds: {e:#}");
+            if let Some(h) = util::hint(&e) {
+                eprintln!("  hint: {h}");
+            }
             ExitCode::from(util::exit_code(&e))
         }
     }

@@ -62,6 +62,18 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     exit::FAILED
 }
 
+/// What to do about a failure, when there is something to say: a DPU that cannot be reached
+/// is started first.
+pub fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<DdsError>())
+        .any(|d| d.status == Status::DpuDead)
+        .then_some(
+            "a DPU must be running: `dds dpu --device DEVICE` starts one (`dds format` makes a \
+             device); --socket or DDS_SOCKET name another one's socket",
+        )
+}
+
 /// Why nothing answered at `socket`, for an operator: nothing listens there (and how to start
 /// a DPU), not allowed in, or the error as it came.
 pub fn dpu_unreachable(socket: &Path, e: &DdsError) -> String {

@@ -560,8 +560,7 @@ fn demo_storage_path_runs_and_reports() {
             "--file-size",
             "16M",
         ])
-        .arg("--device")
-        .arg(dir.path().join("demo.img"))
+        .env("XDG_CACHE_HOME", dir.path())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -582,6 +581,20 @@ fn demo_storage_path_runs_and_reports() {
     assert_eq!(row("errors"), 0.0);
     assert!(row("throughput (ops/s)") > 0.0);
     assert!(row("DPU CPU per op (µs)") > 0.0);
+    // The box's rows are as wide as its rules.
+    let widths: Vec<usize> = text
+        .lines()
+        .filter(|l| l.starts_with(['┌', '│', '└']))
+        .map(|l| l.chars().count())
+        .collect();
+    assert!(widths.iter().all(|&w| w == widths[0]), "{text}");
+    // What stays behind, where, and how to remove it.
+    let demo_dir = dir.path().join("dds").join("demo");
+    assert!(demo_dir.join("device.img").exists());
+    assert!(
+        text.contains(&format!("`rm -r {}` removes them", demo_dir.display())),
+        "{text}"
+    );
 }
 
 /// Asserts that a command succeeded, showing its stderr otherwise.
@@ -939,4 +952,28 @@ fn dpu_serves_another_user_only_when_allowed() {
     assert_ok(&df_as_nobody());
     drop(dpu);
     let _ = std::fs::remove_file(&socket);
+}
+
+/// An application whose DPU is not there exits 3 like `dds fs`, says so once and how to start
+/// one.
+#[test]
+fn app_without_a_dpu_exits_3_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(DDS)
+        .args([
+            "app",
+            "pagestore",
+            "--backend",
+            "dds",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--socket")
+        .arg(dir.path().join("none.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("DPU unreachable").count(), 1, "{err}");
+    assert!(err.contains("hint: a DPU must be running"), "{err}");
 }

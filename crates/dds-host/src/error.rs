@@ -27,7 +27,10 @@ impl DdsError {
     pub fn unreachable(socket: &std::path::Path, why: std::io::Error) -> DdsError {
         DdsError::new(
             Status::DpuDead,
-            format!("cannot connect to the DPU at {}: {why}", socket.display()),
+            format!(
+                "DPU unreachable: nothing accepts connections at {} ({why})",
+                socket.display()
+            ),
         )
     }
 }
