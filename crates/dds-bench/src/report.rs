@@ -157,13 +157,7 @@ impl Report {
 
     /// The text printed at the end of a run: notes, tables and targets.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(out, "dds bench {}", self.benchmark);
-        let _ = writeln!(out, "{}", self.machine.line());
-        let _ = writeln!(out, "DPU: {}\n", self.dpu_emulation);
-        for t in &self.tables {
-            let _ = writeln!(out, "{}", t.render());
-        }
+        let mut out = self.render_results();
         let targets = self.targets();
         if !targets.is_empty() {
             let mut t = Table::new("Targets", &["target", "goal", "measured", "met"]);
@@ -175,6 +169,18 @@ impl Report {
                     if g.met { "yes" } else { "no" }.into(),
                 ]);
             }
+            let _ = writeln!(out, "{}", t.render());
+        }
+        out
+    }
+
+    /// The report without its targets: the machine, the DPU's emulation and the tables.
+    pub fn render_results(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "dds bench {}", self.benchmark);
+        let _ = writeln!(out, "{}", self.machine.line());
+        let _ = writeln!(out, "DPU: {}\n", self.dpu_emulation);
+        for t in &self.tables {
             let _ = writeln!(out, "{}", t.render());
         }
         out

@@ -180,6 +180,11 @@ pub(crate) fn command_line() -> String {
 /// Prints the report's tables and targets and writes its JSON and plots under `out`.
 pub(crate) fn finish(report: &Report, out: &Path) -> Result<()> {
     print!("{}", report.render());
+    write_files(report, out)
+}
+
+/// Writes the report's JSON and plots under `out` and says where.
+pub(crate) fn write_files(report: &Report, out: &Path) -> Result<()> {
     let written = report.write(out)?;
     for p in written {
         println!("wrote {}", p.display());

@@ -137,27 +137,30 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let per_op_us = |cpu: f64| cpu / result.ops.max(1) as f64 * 1e6;
     println!("DDS demo: random {}-byte I/O, {:.0}% reads, {} host threads × {} outstanding, DPU emulated as a separate process (DMA cost model {})",
         io_bytes, a.read_ratio * 100.0, a.threads, a.depth, a.dma_cost);
-    println!("┌──────────────────────────────┬──────────────┐");
-    let row = |k: &str, v: String| println!("│ {k:<28} │ {v:>12} │");
-    row("operations", format!("{}", result.ops));
-    row(
-        "  reads / writes",
-        format!("{} / {}", result.reads, result.writes),
+    print!(
+        "{}",
+        boxed(&[
+            ("operations", format!("{}", result.ops)),
+            (
+                "  reads / writes",
+                format!("{} / {}", result.reads, result.writes),
+            ),
+            ("  errors", format!("{}", result.errors)),
+            ("throughput (ops/s)", format!("{:.0}", result.ops_per_sec)),
+            ("latency p50 (µs)", format!("{:.1}", result.p50_us)),
+            ("latency p99 (µs)", format!("{:.1}", result.p99_us)),
+            (
+                "host CPU per op (µs)",
+                format!("{:.2}", per_op_us(host_cpu)),
+            ),
+            ("DPU CPU per op (µs)", format!("{:.2}", per_op_us(dpu_cpu))),
+        ])
     );
-    row("  errors", format!("{}", result.errors));
-    row("throughput (ops/s)", format!("{:.0}", result.ops_per_sec));
-    row("latency p50 (µs)", format!("{:.1}", result.p50_us));
-    row("latency p99 (µs)", format!("{:.1}", result.p99_us));
-    row(
-        "host CPU per op (µs)",
-        format!("{:.2}", per_op_us(host_cpu)),
-    );
-    row("DPU CPU per op (µs)", format!("{:.2}", per_op_us(dpu_cpu)));
-    println!("└──────────────────────────────┴──────────────┘");
     if result.errors > 0 {
         bail!("{} operations failed", result.errors);
     }
     if a.storage_only {
+        left_behind(&dir, &device, a.device.is_some());
         return Ok(());
     }
     println!();
@@ -187,5 +190,70 @@ pub fn run(a: DemoArgs) -> Result<()> {
         out: Some(out.clone()),
     };
     let report = dds_bench::remote::run_remote(args, crate::bench_cmd::command_line())?;
-    crate::bench_cmd::finish(&report, &out)
+    // The paper's targets need the full benchmark on a quiet machine; a quick demo run says
+    // nothing about them.
+    print!("{}", report.render_results());
+    crate::bench_cmd::write_files(&report, &out)?;
+    println!("Targets (host CPU saved, DPU throughput): `dds bench remote` measures them.");
+    left_behind(&dir, &device, a.device.is_some());
+    Ok(())
+}
+
+/// A table of `(name, value)` rows in a box whose columns fit the widest cell.
+fn boxed(rows: &[(&str, String)]) -> String {
+    let w0 = rows
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let w1 = rows
+        .iter()
+        .map(|(_, v)| v.chars().count())
+        .max()
+        .unwrap_or(0);
+    let rule = |l: &str, m: &str, r: &str| {
+        format!("{l}{}{m}{}{r}\n", "─".repeat(w0 + 2), "─".repeat(w1 + 2))
+    };
+    let mut out = rule("┌", "┬", "┐");
+    for (k, v) in rows {
+        out.push_str(&format!("│ {k:<w0$} │ {v:>w1$} │\n"));
+    }
+    out.push_str(&rule("└", "┴", "┘"));
+    out
+}
+
+/// Says what the demo keeps between runs, and how to remove it.
+fn left_behind(dir: &std::path::Path, device: &std::path::Path, own_device: bool) {
+    let size = std::fs::metadata(device).map_or(0, |m| m.len());
+    println!();
+    if own_device {
+        println!(
+            "The DPU log and results are in {}; your device {} was left as it is.",
+            dir.display(),
+            device.display()
+        );
+    } else {
+        println!(
+            "The demo keeps its device ({}, {}), DPU log and results in {} for the next run; \
+             `rm -r {}` removes them.",
+            device.display(),
+            dds_proto::units::fmt_bytes(size),
+            dir.display(),
+            dir.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_row_of_the_box_is_as_wide() {
+        let t = super::boxed(&[
+            ("operations", "100000".into()),
+            ("  reads / writes", "50123 / 49877".into()),
+            ("latency p50 (µs)", "1.5".into()),
+        ]);
+        let widths: Vec<usize> = t.lines().map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|&w| w == widths[0]), "{t}");
+    }
 }

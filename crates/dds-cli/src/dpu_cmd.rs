@@ -81,8 +81,7 @@ pub struct DpuArgs {
     /// The DPU's resource profile: its own cores, CPU quota and memory limit.
     #[command(flatten)]
     pub profile: DpuProfileArgs,
-    /// Offload engine and traffic director: `pagestore` or `kv` (built in), or the path of
-    /// an offload plugin (`.so`, include/dds_offload.h). Needs --director-listen and --host-app.
+    // Its help lists the registered offload apps (`command` in main.rs).
     #[arg(long, requires_all = ["director_listen", "host_app"])]
     pub offload: Option<String>,
     /// Public address the traffic director listens on (the storage server's address).
@@ -299,24 +298,46 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
             return Err(e).with_context(|| format!("start DPU on {}", a.device.display()));
         }
     };
+    let p = &a.profile;
+    let profile = if p.cpus.is_some() || p.cpu_quota.is_some() || p.memory.is_some() {
+        format!(
+            ", resource profile {}",
+            serde_json::to_string(&applied).unwrap_or_default()
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "dds dpu: serving {} on {} (mode {:?}, DMA cost model {}, profile {})",
+        "dds dpu: serving {} on {} ({} execution, DMA cost model {}{profile})",
         a.device.display(),
         a.socket.display(),
-        a.mode,
+        a.mode
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_string()),
         if a.dma_cost { "on" } else { "off" },
-        serde_json::to_string(&applied).unwrap_or_default()
     );
     print_ready(&a, handle.director().map(|d| d.local_addr()));
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
     }
     if let Some(d) = handle.director() {
-        eprintln!("dds dpu: director {:?}", d.stats());
+        eprintln!("dds dpu: director: {}", counters(&d.stats()));
     }
     handle.shutdown();
     applied.remove();
     Ok(())
+}
+
+/// Counters as words, sorted by name: `accepted 4, ..., offloaded 80938, ...`.
+fn counters(stats: &dds_director::DirectorStats) -> String {
+    match serde_json::to_value(stats) {
+        Ok(serde_json::Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => String::new(),
+    }
 }
 
 /// The one line on stdout that says the DPU accepts connections.

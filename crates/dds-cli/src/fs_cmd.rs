@@ -1,8 +1,9 @@
 //! `dds fs`: operator commands against a running DPU, through the host library.
 //!
-//! Exit codes: 0 success; 1 the DPU refused the operation (the status is printed, and with
-//! `--json` given as `{"error": {"code", "status", "message"}}`); 2 usage; 3 the DPU is not
-//! reachable; 4 a local file error.
+//! Exit codes (`crate::util::exit`): 0 success; 1 the DPU refused the operation (the status
+//! is printed, and with `--json` given as `{"error": {"code", "status", "message", "command"}}`);
+//! 2 usage; 3 the DPU is not reachable; 4 a local file error. A change prints what it did
+//! (`-q`: nothing).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -13,6 +14,8 @@ use dds_host::{Dds, DdsError, EntryKind, Status};
 use dds_proto::units::fmt_bytes;
 use serde_json::json;
 
+use crate::util::{connect_dpu, exit};
+
 #[derive(Args)]
 pub struct FsArgs {
     /// Control socket of the DPU.
@@ -21,6 +24,9 @@ pub struct FsArgs {
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
+    /// Print nothing on success (errors still go to standard error).
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     cmd: FsCmd,
 }
@@ -62,6 +68,7 @@ const CHUNK_BYTES: usize = 256 << 10;
 enum Failure {
     Dds(DdsError),
     Local(String),
+    Unreachable(String),
 }
 
 impl From<DdsError> for Failure {
@@ -70,43 +77,91 @@ impl From<DdsError> for Failure {
     }
 }
 
-pub fn run(a: FsArgs) -> ExitCode {
-    let json = a.json;
-    let dds = match Dds::connect(&a.socket) {
-        Ok(d) => d,
-        Err(e) => {
-            report(json, &Failure::Dds(e));
-            return ExitCode::from(3);
+/// How a command's output goes: JSON, words, or nothing on success.
+#[derive(Clone, Copy)]
+struct Out {
+    json: bool,
+    quiet: bool,
+}
+
+impl Out {
+    /// What a change did, in words (nothing with `-q`; `{"ok": true, ...}` with `--json`).
+    fn done(self, words: impl FnOnce() -> String, fields: serde_json::Value) {
+        if self.json {
+            let mut v = json!({"ok": true});
+            if let (Some(o), serde_json::Value::Object(f)) = (v.as_object_mut(), fields) {
+                o.extend(f);
+            }
+            println!("{v}");
+        } else if !self.quiet {
+            println!("{}", words());
         }
+    }
+}
+
+pub fn run(a: FsArgs) -> ExitCode {
+    let out = Out {
+        json: a.json,
+        quiet: a.quiet,
     };
-    match execute(&dds, a.cmd, json) {
+    let what = a.cmd.describe();
+    let result = match connect_dpu(&a.socket) {
+        Ok(dds) => execute(&dds, a.cmd, out),
+        Err(f) => Err(Failure::Unreachable(f.message)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            report(json, &f);
+            report(out.json, &what, &f);
             ExitCode::from(match &f {
-                Failure::Dds(e) if e.status == Status::DpuDead => 3,
-                Failure::Dds(_) => 1,
-                Failure::Local(_) => 4,
+                Failure::Dds(e) if e.status == Status::DpuDead => exit::UNREACHABLE,
+                Failure::Unreachable(_) => exit::UNREACHABLE,
+                Failure::Dds(_) => exit::FAILED,
+                Failure::Local(_) => exit::LOCAL,
             })
         }
     }
 }
 
-fn report(json: bool, f: &Failure) {
+/// Prints a failure of the command `what` (`ls /nope`): the DPU's refusal names the command
+/// and its path, says the status once and what to do about it.
+fn report(json: bool, what: &str, f: &Failure) {
     match (json, f) {
         (true, Failure::Dds(e)) => println!(
             "{}",
-            json!({"error": {"code": e.status.code(), "status": e.status.name(), "message": e.message}})
+            json!({"error": {"code": e.status.code(), "status": e.status.name(), "message": e.message, "command": what}})
         ),
         (true, Failure::Local(m)) => println!(
             "{}",
-            json!({"error": {"code": null, "status": "local", "message": m}})
+            json!({"error": {"code": null, "status": "local", "message": m, "command": what}})
+        ),
+        (true, Failure::Unreachable(m)) => println!(
+            "{}",
+            json!({"error": {"code": Status::DpuDead.code(), "status": Status::DpuDead.name(), "message": m, "command": what}})
         ),
         (false, Failure::Dds(e)) => match hint(e.status) {
-            Some(h) => eprintln!("dds fs: {e}\n  hint: {h}"),
-            None => eprintln!("dds fs: {e}"),
+            Some(h) => eprintln!("dds fs {what}: {e}\n  hint: {h}"),
+            None => eprintln!("dds fs {what}: {e}"),
         },
-        (false, Failure::Local(m)) => eprintln!("dds fs: {m}"),
+        (false, Failure::Local(m) | Failure::Unreachable(m)) => eprintln!("dds fs: {m}"),
+    }
+}
+
+impl FsCmd {
+    /// The command as typed, for messages: `ls /nope`, `put pages.bin /db/pages`.
+    fn describe(&self) -> String {
+        match self {
+            FsCmd::Ls { dir } => format!("ls {dir}"),
+            FsCmd::Stat { path } => format!("stat {path}"),
+            FsCmd::Mkdir { path } => format!("mkdir {path}"),
+            FsCmd::Rmdir { path } => format!("rmdir {path}"),
+            FsCmd::Put { local, remote } => format!("put {local} {remote}"),
+            FsCmd::Get { remote, local } => format!("get {remote} {local}"),
+            FsCmd::Rm { path } => format!("rm {path}"),
+            FsCmd::Mv { from, to } => format!("mv {from} {to}"),
+            FsCmd::Truncate { path, size } => format!("truncate {path} {size}"),
+            FsCmd::Df => "df".into(),
+        }
     }
 }
 
@@ -125,7 +180,9 @@ fn hint(status: Status) -> Option<&'static str> {
         Status::NotEmpty => "remove the directory's files first (`dds fs rm /dir/name`)",
         Status::NoSpace => "the device is full: `dds fs df` shows the space, `dds fs rm` frees it",
         Status::NameTooLong => "shorten the name (`dds format --help` shows the limit)",
-        Status::DpuDead => "the DPU is gone: start it again (`dds dpu --device ...`)",
+        Status::DpuDead => {
+            "the DPU went away during the command: start it again (`dds dpu --device ...`)"
+        }
         _ => return None,
     })
 }
@@ -147,7 +204,8 @@ fn copy_bar(bytes: Option<u64>) -> indicatif::ProgressBar {
     }
 }
 
-fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
+fn execute(dds: &Dds, cmd: FsCmd, out: Out) -> Result<(), Failure> {
+    let json = out.json;
     match cmd {
         FsCmd::Ls { dir } => {
             let entries = dds.list_dir(&dir)?;
@@ -178,25 +236,31 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
         }
         FsCmd::Mkdir { path } => {
             dds.create_dir(&path)?;
-            done(json);
+            out.done(|| format!("created directory {path}"), json!({}));
         }
         FsCmd::Rmdir { path } => {
             dds.remove_dir(&path)?;
-            done(json);
+            out.done(|| format!("removed directory {path}"), json!({}));
         }
         FsCmd::Rm { path } => {
             let info = dds.lookup(&path)?;
             dds.delete_file(info.id)?;
-            done(json);
+            out.done(
+                || format!("removed {path} ({})", fmt_bytes(info.size)),
+                json!({}),
+            );
         }
         FsCmd::Mv { from, to } => {
             dds.rename(&from, &to)?;
-            done(json);
+            out.done(|| format!("renamed {from} to {to}"), json!({}));
         }
         FsCmd::Truncate { path, size } => {
             let info = dds.lookup(&path)?;
             dds.set_file_size(info.id, size)?;
-            done(json);
+            out.done(
+                || format!("{path}: size {} ({size} bytes)", fmt_bytes(size)),
+                json!({}),
+            );
         }
         FsCmd::Df => {
             let s = dds.free_space()?;
@@ -260,13 +324,20 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                     return Err(f);
                 }
             };
-            if json {
-                println!("{}", json!({"ok": true, "bytes": offset, "id": info.id}));
-            }
+            out.done(
+                || {
+                    format!(
+                        "{local} -> {remote}: {offset} bytes ({}), file id {}",
+                        fmt_bytes(offset),
+                        info.id
+                    )
+                },
+                json!({"bytes": offset, "id": info.id}),
+            );
         }
         FsCmd::Get { remote, local } => {
             let info = dds.lookup(&remote)?;
-            let mut out: Box<dyn Write> = if local == "-" {
+            let mut sink: Box<dyn Write> = if local == "-" {
                 Box::new(std::io::stdout().lock())
             } else {
                 Box::new(
@@ -283,7 +354,7 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                 if n == 0 {
                     break;
                 }
-                match out.write_all(&buf[..n]) {
+                match sink.write_all(&buf[..n]) {
                     Ok(()) => {}
                     // A reader that has seen enough (`| head`) ends the copy normally.
                     Err(e) if local == "-" && e.kind() == std::io::ErrorKind::BrokenPipe => {
@@ -295,25 +366,27 @@ fn execute(dds: &Dds, cmd: FsCmd, json: bool) -> Result<(), Failure> {
                 bar.set_position(offset);
             }
             bar.finish_and_clear();
-            match out.flush() {
+            match sink.flush() {
                 Ok(()) => {}
                 Err(e) if local == "-" && e.kind() == std::io::ErrorKind::BrokenPipe => {
                     return Ok(());
                 }
                 Err(e) => return Err(Failure::Local(format!("{local}: {e}"))),
             }
-            if json && local != "-" {
-                println!("{}", json!({"ok": true, "bytes": offset}));
+            if local != "-" {
+                out.done(
+                    || {
+                        format!(
+                            "{remote} -> {local}: {offset} bytes ({})",
+                            fmt_bytes(offset)
+                        )
+                    },
+                    json!({"bytes": offset}),
+                );
             }
         }
     }
     Ok(())
-}
-
-fn done(json: bool) {
-    if json {
-        println!("{}", json!({"ok": true}));
-    }
 }
 
 /// A temporary name in the directory of `remote` (`.put-PID`), short enough for any name limit.

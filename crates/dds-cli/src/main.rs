@@ -15,10 +15,11 @@ mod osd_cmd;
 mod pageserver_cmd;
 mod stats_cmd;
 mod util;
+mod wait_cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -50,12 +51,15 @@ enum Cmd {
     /// Run a benchmark; writes JSON and plots under bench/results/.
     #[cfg(feature = "bench")]
     Bench(bench_cmd::BenchArgs),
-    /// Run the remote-storage applications: pagestore server, load client, TCP echo.
     /// Check a device's metadata without changing it (what the DPU would recover, or what
     /// is damaged).
     Fsck(fsck_cmd::FsckArgs),
     /// Runtime statistics of a running DPU (groups, memory, DMA, space, offload engine).
     Stats(stats_cmd::StatsArgs),
+    /// Wait until a server started in the background is ready; fail as soon as it exited, or
+    /// after a timeout.
+    Wait(wait_cmd::WaitArgs),
+    /// Run the remote-storage applications: pagestore server, load client, TCP echo.
     App(app_cmd::AppArgs),
     /// Serve the Redis protocol from a hybrid log in DDS files (GETs of records on storage
     /// served by the DPU with `dds dpu --offload redis`).
@@ -95,16 +99,19 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!("dds: --config: {e:#}");
-            return ExitCode::from(2);
+            return ExitCode::from(util::exit::USAGE);
         }
     };
-    let cli = Cli::parse_from(args);
+    let cli = match Cli::from_arg_matches(&command().get_matches_from(args)) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let (filter, from) = log_filter(cli.log);
     let filter = match tracing_subscriber::EnvFilter::builder().parse(&filter) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("dds: invalid log filter `{filter}` (from {from}): {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(util::exit::USAGE);
         }
     };
     tracing_subscriber::fmt()
@@ -121,6 +128,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench_cmd::run(a),
         Cmd::Stats(a) => stats_cmd::run(a),
+        Cmd::Wait(a) => wait_cmd::run(a),
         Cmd::Fsck(a) => fsck_cmd::run(a),
         Cmd::App(a) => app_cmd::run(a),
         Cmd::Kv(a) => kv_cmd::run(a),
@@ -134,7 +142,29 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dds: {e:#}");
-            ExitCode::FAILURE
+            if let Some(h) = util::hint(&e) {
+                eprintln!("  hint: {h}");
+            }
+            ExitCode::from(util::exit_code(&e))
         }
     }
+}
+
+/// The command line, with the lists that come from registries filled in (the offload apps of
+/// `dds dpu --offload`).
+fn command() -> clap::Command {
+    let apps = dds_apps::offload::registry();
+    let names: Vec<&str> = apps.names().map(|(n, _)| n).collect();
+    let short = format!(
+        "Offload engine and traffic director: {} (built in), or the path of an offload plugin \
+         (`.so`, include/dds_offload.h). Needs --director-listen and --host-app",
+        names.join(", ")
+    );
+    let mut long = format!("{short}.\n\nBuilt-in offload apps:");
+    for (name, about) in apps.names() {
+        long.push_str(&format!("\n  {name:<12} {about}"));
+    }
+    Cli::command().mut_subcommand("dpu", |c| {
+        c.mut_arg("offload", |a| a.help(short).long_help(long))
+    })
 }

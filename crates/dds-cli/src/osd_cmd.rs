@@ -11,7 +11,8 @@ use dds_osd::client::Client;
 use dds_osd::{open_store, ClusterMap, Osd, OsdConfig, StoreSpec};
 
 use crate::dpu_cmd::{parse_cpus, parse_on_off, CpuList, DpuProfileArgs};
-use crate::util::parse_size;
+use crate::util::{exit, fmt_utc, parse_size, Failure};
+use dds_proto::units::fmt_bytes;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 enum PlacementArg {
@@ -192,6 +193,12 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
     cfg.max_payload = u32::try_from(a.max_frame).context("--max-frame above 4 GiB")?;
     cfg.frame_memory = a.frame_memory;
     cfg.max_connections = a.max_connections;
+    // Registered before it serves: SIGTERM or Ctrl-C closes the ports and the connections,
+    // then the OSD exits 0.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
     let osd = Osd::start(cfg, store).context("starting the OSD")?;
     println!(
         "osd.{} ready: clients on {}, peers on {}",
@@ -200,7 +207,10 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
         osd.peer_addr()
     );
     std::io::stdout().flush()?;
-    osd.wait();
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!(sig, "shutting down");
+    }
+    osd.shutdown();
     if let Some(p) = applied.as_mut() {
         p.remove();
     }
@@ -234,6 +244,24 @@ enum ObjectsCmd {
 }
 
 pub fn run_objects(a: ObjectsArgs) -> Result<()> {
+    let r = objects(a);
+    if let Err(e) = &r {
+        if crate::util::exit_code(e) == exit::UNREACHABLE {
+            return r.context(
+                "no OSD answered for this object: start the map's OSDs (`dds osd --id N --map \
+                 FILE`) or check the addresses in the map",
+            );
+        }
+    }
+    r
+}
+
+/// A local file that could not be read or written (exit status 4).
+fn local(what: &str, f: &std::path::Path, e: std::io::Error) -> anyhow::Error {
+    Failure::new(exit::LOCAL, format!("{what} {}: {e}", f.display())).into()
+}
+
+fn objects(a: ObjectsArgs) -> Result<()> {
     let client = Client::connect_map(&a.map)?;
     let pool = client
         .map()
@@ -244,7 +272,7 @@ pub fn run_objects(a: ObjectsArgs) -> Result<()> {
     match a.cmd {
         ObjectsCmd::Put { name, file } => {
             let data = match file {
-                Some(f) => std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?,
+                Some(f) => std::fs::read(&f).map_err(|e| local("read", &f, e))?,
                 None => {
                     let mut v = Vec::new();
                     std::io::stdin().read_to_end(&mut v)?;
@@ -256,15 +284,18 @@ pub fn run_objects(a: ObjectsArgs) -> Result<()> {
         ObjectsCmd::Get { name, file } => {
             let data = client.read_full(&oid(&name))?;
             match file {
-                Some(f) => {
-                    std::fs::write(&f, data).with_context(|| format!("writing {}", f.display()))?
-                }
+                Some(f) => std::fs::write(&f, data).map_err(|e| local("write", &f, e))?,
                 None => std::io::stdout().write_all(&data)?,
             }
         }
         ObjectsCmd::Stat { name } => {
             let st = client.stat(&oid(&name))?;
-            println!("{name} size {} mtime_ns {}", st.size, st.mtime_ns);
+            println!(
+                "{name}: size {} ({} bytes), modified {}",
+                fmt_bytes(st.size),
+                st.size,
+                fmt_utc(st.mtime_ns)
+            );
         }
         ObjectsCmd::Ls => {
             let mut out = std::io::stdout().lock();

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dds_host::Dds;
 use dds_proto::units::fmt_bytes;
 
 #[derive(Args, Debug)]
@@ -20,8 +19,7 @@ pub struct StatsArgs {
 }
 
 pub fn run(a: StatsArgs) -> Result<()> {
-    let dds = Dds::connect(&a.socket)
-        .with_context(|| format!("connect to the DPU at {}", a.socket.display()))?;
+    let dds = crate::util::connect_dpu(&a.socket)?;
     let s = dds.stats().context("read the DPU's statistics")?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
@@ -40,19 +38,23 @@ pub fn run(a: StatsArgs) -> Result<()> {
         fmt_bytes(s.space.total_bytes)
     );
     println!("files: {}  dirs: {}", s.space.files, s.space.dirs);
+    // The DMA engine is the DPU's: its reads move data from the host, its writes to it.
     println!("\n# dma");
     println!(
-        "reads: {}  writes: {}  read: {}  written: {}  doorbells: {}",
-        s.dma.reads,
-        s.dma.writes,
+        "host→DPU: {} in {} transfers (requests, data written to files)",
         fmt_bytes(s.dma.bytes_read),
-        fmt_bytes(s.dma.bytes_written),
-        s.dma.doorbells
+        s.dma.reads
     );
+    println!(
+        "DPU→host: {} in {} transfers (responses, data read from files)",
+        fmt_bytes(s.dma.bytes_written),
+        s.dma.writes
+    );
+    println!("doorbells: {}", s.dma.doorbells);
     println!("\n# groups ({})", s.groups.len());
     for g in &s.groups {
         println!(
-            "group {}: host connection {}, requests {}, errors {}, read {}, written {}, outstanding {}{}{}",
+            "group {}: host connection {}, requests {}, errors {}, file data read {}, written {}, outstanding {}{}{}",
             g.group,
             g.conn,
             g.requests,

@@ -97,6 +97,7 @@ fn every_subcommand_has_help() {
         vec!["fs", "put", "--help"],
         vec!["demo", "--help"],
         vec!["bench", "--help"],
+        vec!["wait", "--help"],
     ] {
         let out = Command::new(DDS).args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
@@ -114,7 +115,14 @@ fn operator_commands_and_exit_codes() {
     let socket = dir.path().join("dpu.sock");
     let _dpu = Dpu::start(&device, &socket);
 
-    assert!(fs(&socket, &["mkdir", "/db"]).status.success());
+    let mkdir = fs(&socket, &["mkdir", "/db"]);
+    assert!(mkdir.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&mkdir.stdout),
+        "created directory /db\n"
+    );
+    let quiet = fs(&socket, &["-q", "mkdir", "/quiet"]);
+    assert!(quiet.status.success() && quiet.stdout.is_empty());
     let local = dir.path().join("in.bin");
     let data: Vec<u8> = (0..3_000_123u32).map(|i| (i * 13 + i / 7) as u8).collect();
     std::fs::write(&local, &data).unwrap();
@@ -128,6 +136,13 @@ fn operator_commands_and_exit_codes() {
         String::from_utf8_lossy(&put.stderr)
     );
     assert_eq!(json(&put)["bytes"], data.len() as u64);
+    let put = fs(&socket, &["put", local.to_str().unwrap(), "/db/again"]);
+    let said = String::from_utf8_lossy(&put.stdout);
+    assert!(
+        said.contains("-> /db/again: 3000123 bytes (2.9 MiB)"),
+        "{said}"
+    );
+    assert!(fs(&socket, &["-q", "rm", "/db/again"]).stdout.is_empty());
 
     let ls = json(&fs(&socket, &["ls", "/db", "--json"]));
     assert_eq!(ls[0]["name"], "blob");
@@ -154,15 +169,168 @@ fn operator_commands_and_exit_codes() {
     assert_eq!(json(&missing)["error"]["code"], Status::NotFound.code());
     let notempty = fs(&socket, &["rmdir", "/db"]);
     assert_eq!(notempty.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&notempty.stderr).contains("not empty"));
+    let err = String::from_utf8_lossy(&notempty.stderr);
+    assert!(
+        err.starts_with("dds fs rmdir /db: directory not empty\n"),
+        "{err}"
+    );
+    assert_eq!(err.matches("not empty").count(), 1, "{err}");
+    // The refusal names the command and its path, and says the status once.
+    let nodir = fs(&socket, &["ls", "/nope"]);
+    assert_eq!(nodir.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&nodir.stderr);
+    assert!(
+        err.starts_with("dds fs ls /nope: unknown directory\n"),
+        "{err}"
+    );
+    assert_eq!(err.matches("unknown directory").count(), 1, "{err}");
 
     assert!(fs(&socket, &["rm", "/db/blob2"]).status.success());
     assert!(fs(&socket, &["rmdir", "/db"]).status.success());
+    assert!(fs(&socket, &["rmdir", "/quiet", "-q"]).stdout.is_empty());
     assert_eq!(json(&fs(&socket, &["ls", "--json"])), serde_json::json!([]));
 
-    // No DPU there: exit 3.
+    // No DPU there: exit 3, and what to do; none was lost, so none is said to be gone.
     let nowhere = fs(&dir.path().join("none.sock"), &["df"]);
     assert_eq!(nowhere.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&nowhere.stderr);
+    assert!(
+        err.contains("no DPU listens on") && err.contains("dds dpu --device"),
+        "{err}"
+    );
+    assert!(!err.contains("gone") && !err.contains("lost"), "{err}");
+}
+
+/// Every command says what it does in `dds --help`, its own words.
+#[test]
+fn help_describes_every_command_in_its_own_words() {
+    let out = Command::new(DDS).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let commands = help
+        .split("Commands:\n")
+        .nth(1)
+        .and_then(|r| r.split("\n\n").next())
+        .expect("a Commands section");
+    let mut seen = 0;
+    for line in commands.lines() {
+        let mut words = line.split_whitespace();
+        let name = words.next().expect("a command");
+        assert!(
+            words.next().is_some(),
+            "`{name}` has no description: {help}"
+        );
+        seen += 1;
+    }
+    assert!(seen > 10, "{help}");
+    let line = |name: &str| {
+        commands
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name}: {help}"))
+            .to_string()
+    };
+    assert!(line("fsck").contains("Check a device's metadata"));
+    assert!(!line("fsck").contains("remote-storage"));
+    assert!(line("app").contains("remote-storage applications"));
+    assert!(line("wait").contains("ready"));
+}
+
+/// `dds dpu --help` lists exactly the offload apps of the registry.
+#[test]
+fn offload_help_lists_the_registered_apps() {
+    let out = Command::new(DDS).args(["dpu", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = dds_apps::offload::registry()
+        .names()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.len() >= 4, "{names:?}");
+    assert!(
+        help.contains(&format!(
+            "--offload <OFFLOAD>\n          Offload engine and traffic director: {} (built in)",
+            names.join(", ")
+        )),
+        "{help}"
+    );
+    for (name, about) in dds_apps::offload::registry().names() {
+        assert!(
+            help.contains(&format!("{name:<12} {about}")),
+            "{name}: {help}"
+        );
+    }
+}
+
+/// `dds wait` returns once a readiness line is there, fails at once when the process it waits
+/// for has exited, and after its timeout.
+#[test]
+fn wait_fails_fast_on_a_dead_server_and_after_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("server.ready");
+    std::fs::write(&ready, "server ready\n").unwrap();
+    let wait = |args: &[&str]| {
+        let t = Instant::now();
+        let out = Command::new(DDS).arg("wait").args(args).output().unwrap();
+        (out, t.elapsed())
+    };
+    let (out, _) = wait(&["--file", ready.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id().to_string();
+    gone.wait().unwrap();
+    let never = dir.path().join("never.ready");
+    let (out, took) = wait(&["--pid", &pid, "--file", never.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("process {pid} exited before")) && err.contains("never.ready"),
+        "{err}"
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let (out, took) = wait(&["--timeout", "0.5", "--tcp", &port]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not ready"));
+}
+
+/// `dds objects` with no OSD running: exit 3 like every unreachable server, in words (no
+/// status-enum prefix) and with what to start.
+#[test]
+fn objects_without_osds_say_so_with_status_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let map = dir.path().join("cluster.toml");
+    std::fs::write(
+        &map,
+        format!(
+            "epoch = 1\n[[osd]]\nid = 0\naddr = \"127.0.0.1:{port}\"\npeer_addr = \"127.0.0.1:{port}\"\n[[pool]]\nid = 1\nname = \"data\"\npg_num = 4\nsize = 1\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(DDS)
+        .args(["objects", "--map"])
+        .arg(&map)
+        .args(["--pool", "data", "stat", "blob"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("osd 0 at") && err.contains("unreachable"),
+        "{err}"
+    );
+    assert!(err.contains("dds osd --id"), "{err}");
+    assert!(!err.contains("Io:"), "{err}");
 }
 
 #[test]
@@ -392,8 +560,7 @@ fn demo_storage_path_runs_and_reports() {
             "--file-size",
             "16M",
         ])
-        .arg("--device")
-        .arg(dir.path().join("demo.img"))
+        .env("XDG_CACHE_HOME", dir.path())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -414,6 +581,20 @@ fn demo_storage_path_runs_and_reports() {
     assert_eq!(row("errors"), 0.0);
     assert!(row("throughput (ops/s)") > 0.0);
     assert!(row("DPU CPU per op (µs)") > 0.0);
+    // The box's rows are as wide as its rules.
+    let widths: Vec<usize> = text
+        .lines()
+        .filter(|l| l.starts_with(['┌', '│', '└']))
+        .map(|l| l.chars().count())
+        .collect();
+    assert!(widths.iter().all(|&w| w == widths[0]), "{text}");
+    // What stays behind, where, and how to remove it.
+    let demo_dir = dir.path().join("dds").join("demo");
+    assert!(demo_dir.join("device.img").exists());
+    assert!(
+        text.contains(&format!("`rm -r {}` removes them", demo_dir.display())),
+        "{text}"
+    );
 }
 
 /// Asserts that a command succeeded, showing its stderr otherwise.
@@ -771,4 +952,28 @@ fn dpu_serves_another_user_only_when_allowed() {
     assert_ok(&df_as_nobody());
     drop(dpu);
     let _ = std::fs::remove_file(&socket);
+}
+
+/// An application whose DPU is not there exits 3 like `dds fs`, says so once and how to start
+/// one.
+#[test]
+fn app_without_a_dpu_exits_3_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(DDS)
+        .args([
+            "app",
+            "pagestore",
+            "--backend",
+            "dds",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--socket")
+        .arg(dir.path().join("none.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("DPU unreachable").count(), 1, "{err}");
+    assert!(err.contains("hint: a DPU must be running"), "{err}");
 }

@@ -97,7 +97,12 @@ fn objects_commands_round_trip_onto_every_replica() {
     assert_eq!(std::fs::read(dir.path().join("out.bin")).unwrap(), data);
     let (ok, out, _) = dds_objects(&c, &["stat", "photo"]);
     assert!(ok);
-    assert!(String::from_utf8_lossy(&out).starts_with("photo size 200000 "));
+    let stat = String::from_utf8_lossy(&out);
+    assert!(
+        stat.starts_with("photo: size 195.3 KiB (200000 bytes), modified 20")
+            && stat.trim_end().ends_with(" UTC"),
+        "{stat}"
+    );
     let (ok, out, _) = dds_objects(&c, &["ls"]);
     assert!(ok);
     assert_eq!(out, b"note\nphoto\n");

@@ -68,8 +68,19 @@ fn stats_report_a_hosts_requests_and_bytes() {
     assert!(text.contains("engine: none"), "{text}");
     drop(dds);
 
-    // No DPU: a clear error and a non-zero exit.
+    // The DMA engine's directions are named from the host's point of view too.
+    assert!(
+        text.contains("host→DPU") && text.contains("DPU→host"),
+        "{text}"
+    );
+
+    // No DPU: what is missing and how to start one, with the status of every command that
+    // cannot reach its server.
     let out = stats(&dir.path().join("nothing.sock"), false);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("connect to the DPU"));
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no DPU listens on") && err.contains("dds dpu --device"),
+        "{err}"
+    );
 }

@@ -15,7 +15,7 @@ pub enum FsError {
     #[error("unknown directory")]
     UnknownDir,
     /// The path names no file.
-    #[error("no such file")]
+    #[error("file not found")]
     NotFound,
     /// The name is already taken in that directory.
     #[error("name already exists")]

@@ -158,8 +158,7 @@ impl Dds {
 
     pub fn connect_with(socket: impl AsRef<Path>, config: Config) -> Result<Dds> {
         let path = socket.as_ref();
-        let sock = UnixStream::connect(path)
-            .map_err(|e| DdsError::dead(format!("connect {}: {e}", path.display())))?;
+        let sock = UnixStream::connect(path).map_err(|e| DdsError::unreachable(path, e))?;
         sock.set_read_timeout(Some(config.rpc_timeout))
             .map_err(DdsError::dead)?;
         let lifeline = sock.try_clone().map_err(DdsError::dead)?;

@@ -67,6 +67,15 @@ fn err(status: Status, text: impl Into<String>) -> OpError {
     OpError::new(status, text)
 }
 
+/// The word of an error whose OSD did not answer within the retries.
+const UNREACHABLE: &str = "unreachable";
+
+/// Whether `e` says that an OSD did not answer (no connection within the retries), rather
+/// than that it refused the operation.
+pub fn is_unreachable(e: &OpError) -> bool {
+    e.status == Status::Io && e.text.contains(&format!(" {UNREACHABLE} "))
+}
+
 impl Client {
     /// A client of the cluster described by a map file.
     pub fn connect_map(path: impl AsRef<Path>) -> Result<Client, OpError> {
@@ -153,7 +162,7 @@ impl Client {
                 return r.map_err(|e| match e {
                     CallError::Transport { addr, err: io } => err(
                         Status::Io,
-                        format!("osd {osd} at {addr} unreachable (no primary failover): {io}"),
+                        format!("osd {osd} at {addr} {UNREACHABLE} (no primary failover): {io}"),
                     ),
                     CallError::Op(e) => OpError::new(e.status, format!("osd {osd}: {}", e.text)),
                 });

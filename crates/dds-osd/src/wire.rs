@@ -102,9 +102,10 @@ impl Status {
     }
 }
 
-/// An error reply: a status and its text.
+/// An error reply: a status and its text (the text, which names the object or OSD, is what
+/// it displays).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{status:?}: {text}")]
+#[error("{text}")]
 pub struct OpError {
     pub status: Status,
     pub text: String,

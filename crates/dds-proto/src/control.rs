@@ -201,10 +201,15 @@ pub struct GroupStats {
 /// Counters of the DMA engine.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DmaCounters {
+    /// DMA reads: the DPU reads host memory (data moves host → DPU: requests, written data).
     pub reads: u64,
+    /// DMA writes: the DPU writes host memory (data moves DPU → host: responses, read data).
     pub writes: u64,
+    /// Bytes moved host → DPU.
     pub bytes_read: u64,
+    /// Bytes moved DPU → host.
     pub bytes_written: u64,
+    /// Submissions to the DMA engine that started at least one operation.
     pub doorbells: u64,
 }
 

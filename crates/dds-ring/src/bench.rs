@@ -504,7 +504,7 @@ mod tests {
     /// DMA read and one DMA write per message can. Release mode:
     /// `cargo test -p dds-ring --release -- --ignored fig16`.
     #[test]
-    #[ignore = "benchmark; run in release mode"]
+    #[ignore = "benchmark (seconds of load): cargo test -p dds-ring --release -- --ignored fig16"]
     fn fig16_progress_ring_beats_farm_style_tenfold() {
         let cost = Some(dds_dma::CostModel::bluefield2());
         let progress = bench::run(Design::Progress, 64, 20_000, 8, cost);

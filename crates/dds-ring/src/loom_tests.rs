@@ -6,7 +6,7 @@
 //! Producers write records with `Relaxed` stores, so a consumer that read a record before it
 //! was published would see stale words and fail its checks.
 
-use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 

@@ -80,8 +80,8 @@ pub(super) fn dpu_args(device: &Path, socket: &Path, dma_cost: &str) -> Vec<Stri
     ]
 }
 
-/// The DPU's stderr is passed through; its last traffic-director statistics line (printed at
-/// exit) is what the join handle returns.
+/// The DPU's stderr is passed through, but for its traffic-director statistics line (printed
+/// at exit), which the join handle returns (the report holds its counters).
 pub(super) type DirectorStatsLine = std::thread::JoinHandle<Option<String>>;
 
 /// Starts `dds <args>` (`dds dpu ...`, its CPUs in `args`); returns it once `socket` accepts
@@ -98,9 +98,10 @@ pub(super) fn start_dpu(args: &[String], socket: &Path) -> Result<(Proc, Directo
     let stats = std::thread::spawn(move || {
         let mut last = None;
         for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
-            eprintln!("{line}");
-            if line.contains("director DirectorStats") {
+            if line.starts_with(DIRECTOR_LINE) {
                 last = Some(line);
+            } else {
+                eprintln!("{line}");
             }
         }
         last
@@ -118,18 +119,19 @@ pub(super) fn start_dpu(args: &[String], socket: &Path) -> Result<(Proc, Directo
     bail!("dds dpu did not open {} in time", socket.display())
 }
 
-/// The counters of a `DirectorStats { name: n, ... }` line.
+/// How `dds dpu` begins the line of its director's counters at exit.
+const DIRECTOR_LINE: &str = "dds dpu: director: ";
+
+/// The counters of a `dds dpu: director: name n, name n, ...` line.
 pub(super) fn parse_director_stats(line: Option<&str>) -> Value {
-    let Some(line) = line else {
+    let Some(body) = line.and_then(|l| l.strip_prefix(DIRECTOR_LINE)) else {
         return Value::Null;
     };
     let mut m = serde_json::Map::new();
-    if let Some(body) = line.split_once('{').and_then(|(_, b)| b.rsplit_once('}')) {
-        for kv in body.0.split(',') {
-            if let Some((k, v)) = kv.split_once(':') {
-                if let Ok(n) = v.trim().parse::<u64>() {
-                    m.insert(k.trim().to_string(), json!(n));
-                }
+    for kv in body.split(", ") {
+        if let Some((k, v)) = kv.split_once(' ') {
+            if let Ok(n) = v.trim().parse::<u64>() {
+                m.insert(k.trim().to_string(), json!(n));
             }
         }
     }
@@ -201,7 +203,7 @@ mod tests {
     #[test]
     fn director_stats_line_is_parsed() {
         let v = parse_director_stats(Some(
-            "dds dpu: director DirectorStats { accepted: 8, split: 8, offloaded: 80938, forwarded: 59254, fallback: 59254 }",
+            "dds dpu: director: accepted 8, split 8, offloaded 80938, forwarded 59254, fallback 59254",
         ));
         assert_eq!(v["offloaded"], 80938);
         assert_eq!(v["fallback"], 59254);
