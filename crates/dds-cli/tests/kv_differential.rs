@@ -3,7 +3,7 @@
 //! file, to `dds kv` with its in-memory engine, and to `dds kv` behind the DPU's traffic
 //! director with the `redis` offload app (GETs and MGETs of records on storage served by the
 //! DPU). Replies must be byte for byte the same, except the differences listed in
-//! `docs/kv-service.md` §6, which the comparison names where it allows them.
+//! `docs/kv-service.md` ("Differences from `redis-server`"), which the comparison allows by name.
 //!
 //! Then hostile streams (random bytes, malformed RESP, huge announced lengths, unbalanced
 //! quotes, empty and binary keys, commands cut short) hit every `dds kv` and the director,
@@ -91,7 +91,7 @@ fn start_redis_server(dir: &Path) -> (Guard, std::path::PathBuf) {
     };
     // `dds kv` removes an expired key when it is next touched (or compacted), as Redis does
     // without its background expiry cycle: turned off here so DBSIZE compares exactly
-    // (docs/kv-service.md §6).
+    // (docs/kv-service.md, "Differences from `redis-server`").
     s.write_all(&multibulk(&[
         b"DEBUG".to_vec(),
         b"SET-ACTIVE-EXPIRE".to_vec(),
@@ -376,8 +376,8 @@ fn int_reply(r: &[u8]) -> Option<i64> {
         .ok()
 }
 
-/// Whether `got` may stand for `want`: equal bytes, or (listed in docs/kv-service.md §6) the
-/// remaining time of a TTL-family reply a moment apart.
+/// Whether `got` may stand for `want`: equal bytes, or the remaining time of a TTL-family
+/// reply a moment apart (listed in docs/kv-service.md, "Differences from `redis-server`").
 fn same(cmd: &[Vec<u8>], want: &[u8], got: &[u8]) -> bool {
     if want == got {
         return true;
