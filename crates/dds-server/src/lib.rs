@@ -1,0 +1,181 @@
+//! The server runtime of the DDS services (`docs/server-runtime.md`).
+//!
+//! One event loop per thread serves every connection of a [`Service`]: the service is a codec
+//! and an engine (bytes in, replies out, in each connection's request order); the runtime owns
+//! the sockets and applies one policy to all of them:
+//!
+//! - a connection slab bounded by [`Config::max_connections`] (more are answered
+//!   [`Service::rejected`] and closed);
+//! - input read into one scratch buffer and parsed where it lands, so an idle connection owns
+//!   no memory; only an incomplete request is kept, charged to a [`Budget`] shared by every
+//!   loop, and bounded per connection ([`Config::input_limit`]);
+//! - one output-buffer policy: replies accumulate until the round ends, reading pauses while
+//!   more than [`Config::output_pause`] bytes wait for the client, and a buffer larger than
+//!   [`Config::output_keep`] is released once it has been sent;
+//! - a deadline for incomplete requests and an idle limit, so that slow or half-sent requests
+//!   cannot hold a slot forever;
+//! - pending operations: a request that waits for storage makes [`Service::on_input`] return
+//!   [`Verdict::Pending`]; the connection is offered no more input (its replies stay in order)
+//!   while the loop serves the others, until the service completes the operation through
+//!   [`Completions`]. The service's completion source (an eventfd of the storage library)
+//!   wakes the loop like a socket;
+//! - rounds: replies produced in a round leave after [`Service::end_round`] (group commit,
+//!   cache invalidations); when it fails, the round's connections are closed unanswered;
+//! - drain on stop: no new connections or requests, pending operations complete and replies
+//!   are sent (at most [`Config::drain`]), then [`Service::shutdown`].
+
+#![warn(missing_docs)]
+
+mod budget;
+mod conn;
+mod counters;
+mod event_loop;
+
+pub use budget::Budget;
+pub use event_loop::{Completions, LoopCounters, LoopStats, Server};
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// A connection: its slot in the slab and the slot's generation (a closed connection's id
+/// never matches the slot's next occupant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    /// Slot in the slab.
+    pub slot: u32,
+    /// Generation of the slot.
+    pub gen: u32,
+}
+
+impl ConnId {
+    /// The id as one word (e.g. an I/O context of the storage library).
+    pub fn to_u64(self) -> u64 {
+        (u64::from(self.gen) << 32) | u64::from(self.slot)
+    }
+    /// The id of [`ConnId::to_u64`].
+    pub fn from_u64(v: u64) -> ConnId {
+        ConnId {
+            slot: v as u32,
+            gen: (v >> 32) as u32,
+        }
+    }
+}
+
+/// What a connection does after [`Service::on_input`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Offer more input when it comes.
+    Continue,
+    /// A request waits for an operation: offer no more input until the service resumes the
+    /// connection ([`Completions::resume`]).
+    Pending,
+    /// Send the replies so far, then close (a protocol error, QUIT).
+    Close,
+}
+
+/// Settings of an event loop.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Most connections (more are answered [`Service::rejected`] and closed).
+    pub max_connections: usize,
+    /// Most unparsed input of one connection (an incomplete request).
+    pub input_limit: usize,
+    /// Waiting output above which a connection is not read until its client takes it.
+    pub output_pause: usize,
+    /// Output capacity kept by a connection after its replies were sent; more is released.
+    pub output_keep: usize,
+    /// An incomplete request older than this closes its connection.
+    pub frame_deadline: Option<Duration>,
+    /// A connection that sent nothing for this long (and waits for nothing) is closed.
+    pub idle_limit: Option<Duration>,
+    /// Most time between two [`Service::tick`] calls.
+    pub tick: Duration,
+    /// How long a stop waits for pending operations and unsent replies.
+    pub drain: Duration,
+    /// Bytes read from a socket at once (the shared scratch buffer).
+    pub read_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_connections: 10_000,
+            input_limit: 64 << 20,
+            output_pause: 16 << 20,
+            output_keep: 64 << 10,
+            frame_deadline: None,
+            idle_limit: None,
+            tick: Duration::from_millis(100),
+            drain: Duration::from_secs(5),
+            read_bytes: 64 << 10,
+        }
+    }
+}
+
+/// A protocol and its engine, served by a [`Server`].
+pub trait Service {
+    /// Per-connection state.
+    type Session;
+
+    /// A new connection.
+    fn open(&mut self, id: ConnId) -> Self::Session;
+
+    /// Runs the complete requests at the start of `input`, appending their replies to `out`;
+    /// returns the bytes they took and what the connection does next. With
+    /// [`Verdict::Pending`], the bytes not taken are offered again after the connection is
+    /// resumed.
+    fn on_input(
+        &mut self,
+        id: ConnId,
+        session: &mut Self::Session,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> (usize, Verdict);
+
+    /// The reply to a connection whose incomplete request outgrew [`Config::input_limit`]
+    /// (it is closed after it).
+    fn input_overflow(&mut self, out: &mut Vec<u8>);
+
+    /// What a connection over [`Config::max_connections`] is told before it is closed.
+    fn rejected(&self) -> &'static [u8];
+
+    /// Completes the operations that finished: writes their replies and resumes their
+    /// connections through `done`.
+    fn complete(&mut self, done: &mut Completions<'_, Self::Session>);
+
+    /// Called before a round's replies are sent; false withholds them (their connections
+    /// are closed unanswered).
+    fn end_round(&mut self) -> bool {
+        true
+    }
+
+    /// Called at least every [`Config::tick`].
+    fn tick(&mut self) {}
+
+    /// A connection closed (its pending operations, if any, complete into nothing).
+    fn closed(&mut self, _id: ConnId, _session: Self::Session) {}
+
+    /// A descriptor that becomes readable when operations complete (registered with the
+    /// loop's poller), if the service has one.
+    fn wake_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// Called before the loop sleeps: false when completions are already waiting (the loop
+    /// then does not sleep). A service with a [`Service::wake_fd`] announces here that it
+    /// wants to be woken.
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// Called after the loop woke (see [`Service::prepare_sleep`]).
+    fn end_sleep(&mut self) {}
+
+    /// Operations in flight (a stop waits for them).
+    fn in_flight(&self) -> usize {
+        0
+    }
+
+    /// The loop stopped: last work (a final commit).
+    fn shutdown(&mut self) {}
+}

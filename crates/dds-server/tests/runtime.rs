@@ -1,0 +1,229 @@
+//! The runtime with a line protocol over real sockets: `ECHO x` answers at once, `SLOW x`
+//! becomes a pending operation completed by the service a few rounds later. Replies keep
+//! each connection's request order; slow and half-sent requests, floods and too many
+//! connections are bounded; a stop drains pending work.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dds_server::{Budget, Completions, Config, ConnId, Server, Service, Verdict};
+
+#[derive(Default)]
+struct Lines {
+    /// Pending operations: (connection, reply, rounds left).
+    slow: VecDeque<(ConnId, Vec<u8>, u32)>,
+    closed: usize,
+    shut: bool,
+}
+
+impl Service for Lines {
+    type Session = u64;
+
+    fn open(&mut self, _id: ConnId) -> u64 {
+        0
+    }
+
+    fn on_input(
+        &mut self,
+        id: ConnId,
+        n: &mut u64,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> (usize, Verdict) {
+        let mut at = 0;
+        while let Some(nl) = input[at..].iter().position(|&b| b == b'\n') {
+            let line = &input[at..at + nl];
+            at += nl + 1;
+            *n += 1;
+            if let Some(x) = line.strip_prefix(b"ECHO ") {
+                out.extend_from_slice(x);
+                out.push(b'\n');
+            } else if let Some(x) = line.strip_prefix(b"SLOW ") {
+                let mut r = x.to_vec();
+                r.push(b'\n');
+                self.slow.push_back((id, r, 3));
+                return (at, Verdict::Pending);
+            } else if line == b"QUIT" {
+                out.extend_from_slice(b"BYE\n");
+                return (at, Verdict::Close);
+            } else {
+                out.extend_from_slice(b"ERR\n");
+            }
+        }
+        (at, Verdict::Continue)
+    }
+
+    fn input_overflow(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"ERR line too long\n");
+    }
+
+    fn rejected(&self) -> &'static [u8] {
+        b"ERR too many connections\n"
+    }
+
+    fn complete(&mut self, done: &mut Completions<'_, u64>) {
+        for _ in 0..self.slow.len() {
+            let (id, r, left) = self.slow.pop_front().expect("counted");
+            if left > 0 {
+                self.slow.push_back((id, r, left - 1));
+                continue;
+            }
+            if let Some((_, out)) = done.reply(id) {
+                out.extend_from_slice(&r);
+            }
+            done.resume(id);
+        }
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.slow.is_empty()
+    }
+
+    fn closed(&mut self, _id: ConnId, _n: u64) {
+        self.closed += 1;
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slow.len()
+    }
+
+    fn shutdown(&mut self) {
+        self.shut = true;
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<Lines>,
+    budget: Arc<Budget>,
+}
+
+fn start(cfg: Config) -> Running {
+    let budget = Budget::new(8 << 20);
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        cfg,
+        budget.clone(),
+        Lines::default(),
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = thread::spawn(move || server.run(&s));
+    Running {
+        addr,
+        stop,
+        thread,
+        budget,
+    }
+}
+
+fn connect(addr: SocketAddr) -> (TcpStream, BufReader<TcpStream>) {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = BufReader::new(s.try_clone().unwrap());
+    (s, r)
+}
+
+fn line(r: &mut BufReader<TcpStream>) -> String {
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    l
+}
+
+#[test]
+fn replies_keep_request_order_across_pending_operations() {
+    let rt = start(Config::default());
+    let mut clients: Vec<_> = (0..20).map(|_| connect(rt.addr)).collect();
+    for (i, (s, _)) in clients.iter_mut().enumerate() {
+        let mut req = Vec::new();
+        for j in 0..50 {
+            if (i + j) % 3 == 0 {
+                req.extend(format!("SLOW {i}-{j}\n").bytes());
+            } else {
+                req.extend(format!("ECHO {i}-{j}\n").bytes());
+            }
+        }
+        s.write_all(&req).unwrap();
+    }
+    for (i, (_, r)) in clients.iter_mut().enumerate() {
+        for j in 0..50 {
+            assert_eq!(line(r), format!("{i}-{j}\n"));
+        }
+    }
+    rt.stop.store(true, Ordering::Relaxed);
+    let svc = rt.thread.join().unwrap();
+    assert!(svc.shut);
+    assert_eq!(svc.closed, 20);
+    assert_eq!(rt.budget.used(), 0, "every charged byte came back");
+}
+
+#[test]
+fn half_sent_requests_and_floods_are_bounded() {
+    let rt = start(Config {
+        frame_deadline: Some(Duration::from_millis(300)),
+        input_limit: 4096,
+        ..Config::default()
+    });
+    // Connections that send half a request and hold it are closed after the deadline...
+    let mut laggards: Vec<TcpStream> = (0..100)
+        .map(|_| {
+            let mut s = TcpStream::connect(rt.addr).unwrap();
+            s.write_all(b"ECHO half").unwrap();
+            s
+        })
+        .collect();
+    // ...while others are served at once.
+    let (mut s, mut r) = connect(rt.addr);
+    let t = Instant::now();
+    s.write_all(b"ECHO now\n").unwrap();
+    assert_eq!(line(&mut r), "now\n");
+    assert!(t.elapsed() < Duration::from_millis(250));
+    for l in &mut laggards {
+        l.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 16];
+        assert!(
+            matches!(l.read(&mut b), Ok(0) | Err(_)),
+            "a laggard was closed"
+        );
+    }
+    // A line over the limit: an error reply, then the close.
+    let (mut s, mut r) = connect(rt.addr);
+    s.write_all(&vec![b'x'; 10_000]).unwrap();
+    assert_eq!(line(&mut r), "ERR line too long\n");
+    assert_eq!(line(&mut r), "");
+    rt.stop.store(true, Ordering::Relaxed);
+    rt.thread.join().unwrap();
+    assert_eq!(rt.budget.used(), 0);
+}
+
+#[test]
+fn the_slab_is_bounded_and_a_stop_drains_pending_work() {
+    let rt = start(Config {
+        max_connections: 4,
+        ..Config::default()
+    });
+    let mut held: Vec<_> = (0..4).map(|_| connect(rt.addr)).collect();
+    for (s, r) in &mut held {
+        s.write_all(b"ECHO up\n").unwrap();
+        assert_eq!(line(r), "up\n");
+    }
+    let (_s, mut r) = connect(rt.addr);
+    assert_eq!(line(&mut r), "ERR too many connections\n");
+    // A pending request when the stop comes is answered before the close.
+    held[0].0.write_all(b"SLOW last\n").unwrap();
+    thread::sleep(Duration::from_millis(20));
+    rt.stop.store(true, Ordering::Relaxed);
+    assert_eq!(line(&mut held[0].1), "last\n");
+    assert_eq!(line(&mut held[0].1), "");
+    let svc = rt.thread.join().unwrap();
+    assert_eq!(svc.closed, 4);
+    assert_eq!(svc.in_flight(), 0);
+}
