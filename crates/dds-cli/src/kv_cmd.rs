@@ -101,6 +101,7 @@ pub struct KvArgs {
 }
 
 pub fn run(a: KvArgs) -> Result<()> {
+    let mut fetcher: Option<Box<dyn dds_kv::fetch::Fetcher>> = None;
     let (store, describe): (Box<dyn dds_kv::Engine>, String) = match a.engine {
         EngineArg::Memory => {
             let memory = usize::try_from(a.memory).context("--memory")?;
@@ -111,7 +112,13 @@ pub fn run(a: KvArgs) -> Result<()> {
             )
         }
         EngineArg::HybridLog => {
-            let (store, describe) = open_hybrid_log(&a)?;
+            let (store, describe, dds) = open_hybrid_log(&a)?;
+            // Records on storage are read ahead of their commands through the host
+            // library's asynchronous API (the loop does not wait for them).
+            fetcher = dds.zip(store.log_file_id()).map(|(dds, file)| {
+                Box::new(dds_kv::fetch::DdsFetcher::new(dds, file))
+                    as Box<dyn dds_kv::fetch::Fetcher>
+            });
             (Box::new(store), describe)
         }
     };
@@ -129,6 +136,7 @@ pub fn run(a: KvArgs) -> Result<()> {
         },
         store,
         describe.clone(),
+        fetcher,
     )?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -149,12 +157,15 @@ pub fn run(a: KvArgs) -> Result<()> {
     Ok(())
 }
 
-fn open_hybrid_log(a: &KvArgs) -> Result<(Store, String)> {
+/// The hybrid log on its storage, its description, and the DPU connection when the storage
+/// is DDS.
+fn open_hybrid_log(a: &KvArgs) -> Result<(Store, String, Option<Arc<dds_host::Dds>>)> {
     let page_size = usize::try_from(a.page_size).context("--page-size")?;
     let max_value = match a.max_value_bytes {
         Some(v) => usize::try_from(v).context("--max-value-bytes")?,
         None => page_size / 2 - a.max_key_bytes as usize - 64,
     };
+    let mut conn = None;
     let (storage, describe): (Box<dyn Storage>, String) = match a.storage {
         StorageArg::Dds => {
             let dds = dds_host::Dds::connect(&a.socket).with_context(|| {
@@ -163,7 +174,9 @@ fn open_hybrid_log(a: &KvArgs) -> Result<(Store, String)> {
                     a.socket.display()
                 )
             })?;
-            let s = DdsStorage::new(Arc::new(dds), &a.dds_dir)?;
+            let dds = Arc::new(dds);
+            conn = Some(dds.clone());
+            let s = DdsStorage::new(dds, &a.dds_dir)?;
             let d = s.describe();
             (Box::new(s), d)
         }
@@ -194,5 +207,5 @@ fn open_hybrid_log(a: &KvArgs) -> Result<(Store, String)> {
         },
     )
     .context("open the store")?;
-    Ok((store, describe))
+    Ok((store, describe, conn))
 }

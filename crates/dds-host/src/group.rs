@@ -293,6 +293,29 @@ impl Group {
         self.inner.slots.len() - self.inner.free.len()
     }
 
+    /// The descriptor that becomes readable when the DPU delivers completions to this group
+    /// while a thread announced that it sleeps ([`Group::prepare_sleep`]): for an event
+    /// loop's poller, which then sleeps on sockets and completions together.
+    pub fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner.eventfd.as_fd()
+    }
+
+    /// Before an event loop sleeps on [`Group::wake_fd`]: announces the sleeper in the ring's
+    /// `Waiters` word and re-checks the ring. False when completions are already waiting (do
+    /// not sleep). Either way, call [`Group::end_sleep`] after.
+    pub fn prepare_sleep(&self) -> bool {
+        let empty = self.inner.consumer.announce_sleep();
+        empty && self.inner.ready.is_empty()
+    }
+
+    /// After [`Group::prepare_sleep`] (slept or not): withdraws the sleeper and clears the
+    /// descriptor's signal.
+    pub fn end_sleep(&self) {
+        self.inner.consumer.end_sleep();
+        let mut v = [0u8; 8];
+        let _ = rustix::io::read(&self.inner.eventfd, &mut v);
+    }
+
     /// PollWait: returns one completion of this group. `timeout` zero is the non-blocking
     /// mode; otherwise the caller sleeps (no CPU) until the DPU signals or the timeout passes.
     /// Fails with `DpuDead` once the DPU is gone and every pending operation was returned.

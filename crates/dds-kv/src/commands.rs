@@ -99,6 +99,50 @@ const TABLE: &[(&str, i32)] = &[
     ("dds.mgetpart", -2),
 ];
 
+/// Calls `f` with every key whose current record the command reads (a key on storage is
+/// fetched before the command runs, so that it does not wait for storage inside the loop).
+/// Commands that only write (SET without options, MSET, SETEX) read nothing.
+pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
+    let Some(name) = argv.first() else {
+        return;
+    };
+    let is = |names: &[&str]| {
+        names
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+    };
+    if is(&["mget", "exists", "del", "unlink", "dds.mgetpart"]) {
+        argv[1..].iter().for_each(|k| f(k));
+    } else if is(&["msetnx"]) {
+        argv[1..].iter().step_by(2).for_each(|k| f(k));
+    } else if is(&[
+        "get",
+        "strlen",
+        "getset",
+        "getdel",
+        "incr",
+        "decr",
+        "incrby",
+        "decrby",
+        "append",
+        "ttl",
+        "pttl",
+        "expiretime",
+        "pexpiretime",
+        "persist",
+        "expire",
+        "pexpire",
+        "expireat",
+        "pexpireat",
+        "setnx",
+    ]) || (name.eq_ignore_ascii_case(b"set") && argv.len() > 3)
+    {
+        if let Some(k) = argv.get(1) {
+            f(k);
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -6,7 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use dds_kvmem::KvError;
 
-use crate::store::{Durability, Expiry, OldValue, SetCond, Store, StoreError, StoreResult};
+use crate::store::{
+    Durability, Expiry, Fetched, OldValue, SetCond, Store, StoreError, StoreResult,
+};
 
 /// What the Redis commands need from an engine.
 pub trait Engine: Send {
@@ -59,6 +61,19 @@ pub trait Engine: Send {
     fn limits(&self) -> (usize, usize);
     /// Closes cleanly (commits).
     fn close(self: Box<Self>) -> Result<()>;
+    /// The log address of the key's newest record when it must be read from storage
+    /// (engines that keep everything in memory: never).
+    fn storage_addr(&self, _key: &[u8]) -> Option<u64> {
+        None
+    }
+    /// The log file's offset of an address and the bytes to its page's end.
+    fn file_span(&self, _addr: u64) -> (u64, usize) {
+        (0, 0)
+    }
+    /// Records read ahead for the next command (engines without storage: none).
+    fn fetched(&mut self) -> Option<&mut Vec<Fetched>> {
+        None
+    }
 }
 
 impl Engine for Store {
@@ -137,6 +152,8 @@ impl Engine for Store {
             ("memory_budget", c.memory.to_string()),
             ("memory_reads", st.memory_reads.to_string()),
             ("storage_reads", st.storage_reads.to_string()),
+            ("storage_reads_fetched_ahead", st.fetched_reads.to_string()),
+            ("storage_reads_blocking", st.blocking_reads.to_string()),
             ("in_place_updates", st.in_place_updates.to_string()),
             ("appends", st.appends.to_string()),
             ("page_writes", st.page_writes.to_string()),
@@ -151,6 +168,15 @@ impl Engine for Store {
     }
     fn close(self: Box<Self>) -> Result<()> {
         Store::close(*self)
+    }
+    fn storage_addr(&self, key: &[u8]) -> Option<u64> {
+        Store::storage_addr(self, key)
+    }
+    fn file_span(&self, addr: u64) -> (u64, usize) {
+        Store::file_span(self, addr)
+    }
+    fn fetched(&mut self) -> Option<&mut Vec<Fetched>> {
+        Some(Store::fetched(self))
     }
 }
 

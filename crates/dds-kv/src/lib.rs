@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod commands;
 pub mod engine;
+pub mod fetch;
 pub mod offload;
 pub mod record;
 pub mod server;

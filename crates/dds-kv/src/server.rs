@@ -1,21 +1,27 @@
-//! The event loop of `dds kv`: one thread owns the store and serves every connection
-//! (`docs/kv-service.md` §5). A round reads what the sockets have, runs the complete commands,
-//! makes the round's writes durable (fsync mode) and drops stale DPU cache entries, and only
-//! then sends the round's replies.
+//! The `dds kv` service on the server runtime (`dds-server`, `docs/server-runtime.md`): one
+//! event-loop thread owns the store and serves every connection (`docs/kv-service.md` §5).
+//!
+//! A command that reads a key whose record is on storage only does not wait for it: the
+//! record's read is issued through the host library's asynchronous API, the command (still in
+//! the connection's input) becomes pending, and the loop serves other connections. When the
+//! reads complete the command runs, taking the records read ahead instead of reading
+//! storage. A round's replies leave after its writes are durable (fsync mode) and the DPU's
+//! stale cache entries are dropped.
 
-use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
-use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
+use dds_server::{Budget, Completions, Config, ConnId, Service, Verdict};
 
-use crate::commands::{execute, After, Ctx, ServerInfo, Session};
+use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
-use crate::store::Durability;
+use crate::fetch::Fetcher;
+use crate::record;
+use crate::store::{Durability, Fetched};
 
 /// Settings of the server.
 #[derive(Clone, Debug)]
@@ -32,6 +38,8 @@ pub struct ServerConfig {
     pub output_pause: usize,
     /// Commit interval in `periodic` mode.
     pub sync_interval: Duration,
+    /// Bytes all connection buffers may hold together.
+    pub memory_budget: usize,
 }
 
 impl Default for ServerConfig {
@@ -43,163 +51,302 @@ impl Default for ServerConfig {
             query_buffer_limit: 64 << 20,
             output_pause: 16 << 20,
             sync_interval: Duration::from_secs(1),
+            memory_budget: 4 << 30,
         }
     }
 }
 
-const LISTENER: Token = Token(usize::MAX);
-const SCRATCH: usize = 64 << 10;
+/// First read of a record whose length is not known yet (the whole record when it is
+/// smaller; else a second read of the rest).
+const FIRST_READ: usize = 4096;
+/// Rounds of reads ahead one command may take before it runs anyway (a key updated again and
+/// again meanwhile is then read while the command waits).
+const MAX_FETCH_ROUNDS: u8 = 2;
 
-struct Conn {
-    stream: TcpStream,
-    /// Unparsed input (empty, and without memory, while the connection is idle).
-    input: Vec<u8>,
-    out: Vec<u8>,
-    out_at: usize,
+/// A connection's state.
+pub struct KvSession {
     session: Session,
-    close_after: bool,
-    dead: bool,
-    /// Readable data may be left (reading paused for output back-pressure).
-    more: bool,
+    /// Records read ahead for the connection's pending command.
+    fetched: Vec<Fetched>,
+    /// Reads of the pending command still in flight.
+    outstanding: u32,
+    /// Rounds of reads ahead the pending command took.
+    rounds: u8,
 }
 
-/// The `dds kv` server.
-pub struct Server {
-    cfg: ServerConfig,
-    listener: TcpListener,
-    poll: Poll,
+/// A read in flight.
+struct Read {
+    conn: ConnId,
+    addr: u64,
+    buf: Vec<u8>,
+    /// The read covers the whole record (its length was known).
+    whole: bool,
+    live: bool,
+}
+
+/// The `dds kv` service: the Redis protocol over an engine.
+pub struct KvService {
     store: Box<dyn Engine>,
-    conns: Vec<Option<Conn>>,
-    free: Vec<usize>,
     info: ServerInfo,
     limits: Limits,
-    next_id: u64,
+    password: Option<String>,
+    argv: Argv,
+    spare: Vec<&'static [u8]>,
+    fetcher: Option<Box<dyn Fetcher>>,
+    reads: Vec<Read>,
+    free_reads: Vec<u32>,
+    /// Buffers of finished reads, for the next ones.
+    bufs: Vec<Vec<u8>>,
+    completions: Vec<(u64, Option<u32>)>,
+    sync_interval: Duration,
+    next_sync: Instant,
 }
 
-impl Server {
-    /// Binds the listening socket.
-    pub fn bind(cfg: ServerConfig, store: Box<dyn Engine>, storage: String) -> Result<Server> {
-        let listener =
-            TcpListener::bind(cfg.listen).with_context(|| format!("listen on {}", cfg.listen))?;
-        let poll = Poll::new()?;
-        let mut listener = listener;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let port = listener.local_addr()?.port();
-        let (max_key, max_value) = store.limits();
-        let limits = Limits {
-            max_bulk: max_value.max(max_key) + 1024,
-            ..Limits::default()
+impl KvService {
+    fn take_buf(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.bufs.pop().unwrap_or_default();
+        b.resize(len, 0);
+        b
+    }
+
+    fn give_buf(&mut self, mut b: Vec<u8>) {
+        b.clear();
+        self.bufs.push(b);
+    }
+
+    /// Issues a read of `len` bytes of the record at `addr` for `conn`; false when it could
+    /// not be issued (the command then reads while it runs).
+    fn fetch(&mut self, conn: ConnId, addr: u64, len: usize, whole: bool, buf: Vec<u8>) -> bool {
+        let Some(f) = self.fetcher.as_mut() else {
+            return false;
         };
-        let durability = match store.durability() {
-            Durability::None => "none",
-            Durability::Periodic => "periodic",
-            Durability::Fsync => "fsync",
+        let (off, _) = self.store.file_span(addr);
+        let slot = match self.free_reads.pop() {
+            Some(s) => s,
+            None => {
+                self.reads.push(Read {
+                    conn,
+                    addr,
+                    buf: Vec::new(),
+                    whole,
+                    live: false,
+                });
+                (self.reads.len() - 1) as u32
+            }
         };
-        Ok(Server {
-            info: ServerInfo {
-                clients: 0,
-                commands: 0,
-                connections: 0,
-                rejected: 0,
-                started: Instant::now(),
-                port,
-                durability,
-                storage,
+        let r = &mut self.reads[slot as usize];
+        r.conn = conn;
+        r.addr = addr;
+        r.whole = whole;
+        r.buf = buf;
+        r.buf.resize(len, 0);
+        // SAFETY: the buffer belongs to the read's slot and is neither moved nor touched until
+        // the read's completion is polled (its heap memory stays where it is).
+        let issued = unsafe { f.submit(off, r.buf.as_mut_ptr(), len as u32, u64::from(slot) + 1) };
+        match issued {
+            Ok(()) => {
+                r.live = true;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "read ahead not issued: the command will wait");
+                let b = std::mem::take(&mut r.buf);
+                self.free_reads.push(slot);
+                self.give_buf(b);
+                false
+            }
+        }
+    }
+
+    /// Issues the reads a command needs before it runs; returns how many.
+    fn fetch_for(&mut self, id: ConnId, s: &mut KvSession, argv: &[&[u8]]) -> u32 {
+        if self.fetcher.is_none() || s.rounds >= MAX_FETCH_ROUNDS {
+            return 0;
+        }
+        let mut want: [u64; 16] = [0; 16];
+        let mut n = 0;
+        let mut more = false;
+        let store = &self.store;
+        read_keys(argv, |k| {
+            if let Some(a) = store.storage_addr(k) {
+                if s.fetched.iter().any(|f| f.addr == a) || want[..n].contains(&a) {
+                    return;
+                }
+                if n == want.len() {
+                    more = true;
+                    return;
+                }
+                want[n] = a;
+                n += 1;
+            }
+        });
+        let _ = more; // Keys past the first 16 are read while the command runs.
+        let mut issued = 0;
+        for &a in &want[..n] {
+            let (_, span) = self.store.file_span(a);
+            let max = self.fetcher.as_ref().map_or(0, |f| f.max_read());
+            let len = span.min(FIRST_READ).min(max);
+            let buf = self.take_buf(len);
+            if self.fetch(id, a, len, span <= FIRST_READ, buf) {
+                issued += 1;
+            }
+        }
+        if issued > 0 {
+            s.rounds += 1;
+        }
+        issued
+    }
+
+    /// Runs one command with the connection's records read ahead.
+    fn run(&mut self, s: &mut KvSession, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
+        if let Some(f) = self.store.fetched() {
+            std::mem::swap(f, &mut s.fetched);
+        }
+        self.info.commands += 1;
+        let mut ctx = Ctx {
+            store: self.store.as_mut(),
+            session: &mut s.session,
+            info: &self.info,
+            password: self.password.as_deref(),
+        };
+        let after = execute(&mut ctx, argv, out);
+        if let Some(f) = self.store.fetched() {
+            std::mem::swap(f, &mut s.fetched);
+        }
+        for f in s.fetched.drain(..) {
+            let mut b = f.bytes;
+            b.clear();
+            self.bufs.push(b);
+        }
+        s.rounds = 0;
+        after
+    }
+}
+
+impl Service for KvService {
+    type Session = KvSession;
+
+    fn open(&mut self, id: ConnId) -> KvSession {
+        self.info.connections += 1;
+        self.info.clients += 1;
+        KvSession {
+            session: Session {
+                id: id.to_u64(),
+                authed: self.password.is_none(),
+                name: None,
+                resp3: false,
             },
-            cfg,
-            listener,
-            poll,
-            store,
-            conns: Vec::new(),
-            free: Vec::new(),
-            limits,
-            next_id: 1,
-        })
+            fetched: Vec::new(),
+            outstanding: 0,
+            rounds: 0,
+        }
     }
 
-    /// The bound address.
-    pub fn local_addr(&self) -> Result<SocketAddr> {
-        Ok(self.listener.local_addr()?)
-    }
-
-    /// Serves until `stop` is set; then commits and closes the store.
-    pub fn run(mut self, stop: &AtomicBool) -> Result<()> {
-        let mut events = Events::with_capacity(1024);
-        let mut scratch = vec![0u8; SCRATCH];
-        let mut argv = Argv::new();
-        let mut touched: Vec<usize> = Vec::new();
-        let mut next_sync = Instant::now() + self.cfg.sync_interval;
-        while !stop.load(Ordering::Relaxed) {
-            let timeout = next_sync
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(100));
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e).context("poll");
-            }
-            for ev in events.iter() {
-                if ev.token() == LISTENER {
-                    self.accept();
-                    continue;
-                }
-                let i = ev.token().0;
-                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    self.serve(i, &mut scratch, &mut argv);
-                }
-                touched.push(i);
-            }
-            // Connections that paused reading for back-pressure and can go on.
-            for i in 0..self.conns.len() {
-                let resume = self.conns[i]
-                    .as_ref()
-                    .is_some_and(|c| c.more && c.out.len() - c.out_at < self.cfg.output_pause);
-                if resume {
-                    self.serve(i, &mut scratch, &mut argv);
-                    touched.push(i);
-                }
-            }
-            if touched.is_empty() && Instant::now() < next_sync {
-                continue;
-            }
-            let ok = self.end_round();
-            if Instant::now() >= next_sync {
-                if self.store.durability() == Durability::Periodic {
-                    if let Err(e) = self.store.commit() {
-                        tracing::error!(error = %e, "periodic commit failed");
+    fn on_input(
+        &mut self,
+        id: ConnId,
+        s: &mut KvSession,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> (usize, Verdict) {
+        let mut at = 0;
+        let mut argv = std::mem::take(&mut self.argv);
+        let mut spare = std::mem::take(&mut self.spare);
+        let verdict = loop {
+            match parse_command(&input[at..], &self.limits, &mut argv) {
+                Ok(Some(used)) => {
+                    let mut args = reuse(spare);
+                    args.extend(argv.iter(&input[at..]));
+                    if args.is_empty() {
+                        spare = reuse(args);
+                        at += used;
+                        continue;
+                    }
+                    let issued = self.fetch_for(id, s, &args);
+                    if issued > 0 {
+                        // The command stays in the input; it runs once its reads are done.
+                        s.outstanding = issued;
+                        spare = reuse(args);
+                        break Verdict::Pending;
+                    }
+                    let after = self.run(s, &args, out);
+                    spare = reuse(args);
+                    at += used;
+                    if after == After::Close {
+                        break Verdict::Close;
                     }
                 }
-                next_sync = Instant::now() + self.cfg.sync_interval;
-            }
-            touched.sort_unstable();
-            touched.dedup();
-            for &i in &touched {
-                if !ok {
-                    // The round's writes are not known to be durable or coherent: its
-                    // replies are not sent, and the clients see their connections drop.
-                    if let Some(c) = self.conns[i].as_mut() {
-                        c.dead = true;
-                    }
+                Ok(None) => break Verdict::Continue,
+                Err(e) => {
+                    Reply::new(out).error(&e.reply_text());
+                    at = input.len();
+                    break Verdict::Close;
                 }
-                self.flush_out(i);
             }
-            touched.clear();
-        }
-        for i in 0..self.conns.len() {
-            self.flush_out(i);
-        }
-        self.store.close()
+        };
+        self.argv = argv;
+        self.spare = reuse(spare);
+        (at, verdict)
     }
 
-    /// DPU-cache coherence and durability of the round's writes, before its replies.
-    ///
-    /// The invalidations go first: they drop the cache entries of records that were on
-    /// storage before this round (their cache-on-write is long done), and the commit that
-    /// follows writes the round's new records, which the DPU then caches at newer versions.
-    /// The other order would drop the new records' entries too.
+    fn input_overflow(&mut self, out: &mut Vec<u8>) {
+        Reply::new(out).error("ERR Protocol error: query buffer limit exceeded");
+    }
+
+    fn rejected(&self) -> &'static [u8] {
+        b"-ERR max number of clients reached\r\n"
+    }
+
+    fn complete(&mut self, done: &mut Completions<'_, KvSession>) {
+        let Some(f) = self.fetcher.as_mut() else {
+            return;
+        };
+        let mut completions = std::mem::take(&mut self.completions);
+        f.poll(&mut completions);
+        for &(tag, res) in &completions {
+            let slot = (tag - 1) as u32;
+            let r = &mut self.reads[slot as usize];
+            assert!(r.live, "a completion for a read not in flight");
+            r.live = false;
+            let (conn, addr, whole) = (r.conn, r.addr, r.whole);
+            let mut buf = std::mem::take(&mut r.buf);
+            self.free_reads.push(slot);
+            let n = res.map_or(0, |n| n as usize);
+            buf.truncate(n);
+            if !whole {
+                // The first bytes tell the record's length: read the rest when it is longer.
+                if let Some(h) = record::decode_header(&buf) {
+                    let (_, span) = self.store.file_span(addr);
+                    let max = self.fetcher.as_ref().map_or(0, |f| f.max_read());
+                    if h.len() > buf.len() && h.len() <= span.min(max) {
+                        let len = h.len();
+                        if self.fetch(conn, addr, len, true, buf) {
+                            continue;
+                        }
+                        buf = self.take_buf(0);
+                    }
+                }
+            }
+            match done.reply(conn) {
+                Some((s, _)) => {
+                    s.fetched.push(Fetched { addr, bytes: buf });
+                    s.outstanding -= 1;
+                    if s.outstanding == 0 {
+                        done.resume(conn);
+                    }
+                }
+                None => self.give_buf(buf),
+            }
+        }
+        completions.clear();
+        self.completions = completions;
+    }
+
     fn end_round(&mut self) -> bool {
+        // The invalidations go first: they drop the cache entries of records that were on
+        // storage before this round (their cache-on-write is long done), and the commit that
+        // follows writes the round's new records, which the DPU then caches at newer
+        // versions. The other order would drop the new records' entries too.
         if let Err(e) = self.store.invalidate_now() {
             tracing::error!(error = %e, "DPU cache invalidation failed: the round's replies are withheld");
             return false;
@@ -213,180 +360,123 @@ impl Server {
         true
     }
 
-    fn accept(&mut self) {
-        loop {
-            let (mut stream, peer) = match self.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    return;
-                }
-            };
-            self.info.connections += 1;
-            if self.info.clients >= self.cfg.max_clients {
-                self.info.rejected += 1;
-                let _ = stream.write(b"-ERR max number of clients reached\r\n");
-                continue;
+    fn tick(&mut self) {
+        if Instant::now() < self.next_sync {
+            return;
+        }
+        if self.store.durability() == Durability::Periodic {
+            if let Err(e) = self.store.commit() {
+                tracing::error!(error = %e, "periodic commit failed");
             }
-            let _ = stream.set_nodelay(true);
-            let i = self.free.pop().unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
-            if let Err(e) = self.poll.registry().register(
-                &mut stream,
-                Token(i),
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
-                tracing::warn!(error = %e, %peer, "register failed");
-                self.free.push(i);
-                continue;
-            }
-            let id = self.next_id;
-            self.next_id += 1;
-            self.conns[i] = Some(Conn {
-                stream,
-                input: Vec::new(),
-                out: Vec::new(),
-                out_at: 0,
-                session: Session {
-                    id,
-                    authed: self.cfg.password.is_none(),
-                    name: None,
-                    resp3: false,
-                },
-                close_after: false,
-                dead: false,
-                more: false,
-            });
-            self.info.clients += 1;
+        }
+        self.next_sync = Instant::now() + self.sync_interval;
+    }
+
+    fn closed(&mut self, _id: ConnId, mut s: KvSession) {
+        self.info.clients -= 1;
+        for f in s.fetched.drain(..) {
+            self.give_buf(f.bytes);
         }
     }
 
-    /// Reads what the connection has and runs its complete commands.
-    fn serve(&mut self, i: usize, scratch: &mut [u8], argv: &mut Argv) {
-        let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
-            return;
-        };
-        c.more = false;
-        loop {
-            if c.dead || c.close_after {
-                return;
-            }
-            if c.out.len() - c.out_at >= self.cfg.output_pause {
-                c.more = true;
-                return;
-            }
-            let n = match c.stream.read(scratch) {
-                Ok(0) => {
-                    c.dead = true;
-                    return;
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    c.dead = true;
-                    return;
-                }
-            };
-            // Commands are parsed where the bytes are: in the scratch buffer when nothing is
-            // pending, so an idle connection keeps no buffer.
-            let from_input = !c.input.is_empty();
-            if from_input {
-                c.input.extend_from_slice(&scratch[..n]);
-            }
-            let buf: &[u8] = if from_input { &c.input } else { &scratch[..n] };
-            let mut at = 0;
-            let mut spare: Vec<&[u8]> = Vec::new();
-            loop {
-                if c.close_after {
-                    break;
-                }
-                match parse_command(&buf[at..], &self.limits, argv) {
-                    Ok(Some(used)) => {
-                        let mut argvs = reuse(std::mem::take(&mut spare));
-                        argvs.extend(argv.iter(&buf[at..]));
-                        at += used;
-                        if !argvs.is_empty() {
-                            self.info.commands += 1;
-                            let mut ctx = Ctx {
-                                store: self.store.as_mut(),
-                                session: &mut c.session,
-                                info: &self.info,
-                                password: self.cfg.password.as_deref(),
-                            };
-                            if execute(&mut ctx, &argvs, &mut c.out) == After::Close {
-                                c.close_after = true;
-                            }
-                        }
-                        spare = reuse(argvs);
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        Reply::new(&mut c.out).error(&e.reply_text());
-                        c.close_after = true;
-                        break;
-                    }
-                }
-            }
-            let left = buf.len() - at;
-            if from_input {
-                c.input.drain(..at);
-            } else if left > 0 {
-                c.input.extend_from_slice(&scratch[at..n]);
-            }
-            if c.input.is_empty() {
-                c.input = Vec::new();
-            }
-            if c.input.len() > self.cfg.query_buffer_limit {
-                Reply::new(&mut c.out).error("ERR Protocol error: query buffer limit exceeded");
-                c.input = Vec::new();
-                c.close_after = true;
-                tracing::warn!(id = c.session.id, "query buffer limit exceeded: closing");
-            }
+    fn wake_fd(&self) -> Option<RawFd> {
+        self.fetcher.as_ref().and_then(|f| f.wake_fd())
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.fetcher.as_ref().is_none_or(|f| f.prepare_sleep())
+    }
+
+    fn end_sleep(&mut self) {
+        if let Some(f) = self.fetcher.as_ref() {
+            f.end_sleep();
         }
     }
 
-    /// Sends pending replies; closes connections that are done.
-    fn flush_out(&mut self, i: usize) {
-        let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
-            return;
+    fn in_flight(&self) -> usize {
+        self.reads.len() - self.free_reads.len()
+    }
+
+    fn shutdown(&mut self) {
+        if self.store.durability() != Durability::None {
+            if let Err(e) = self.store.commit() {
+                tracing::error!(error = %e, "final commit failed");
+            }
+        }
+    }
+}
+
+/// The `dds kv` server: the service on an event loop.
+pub struct Server {
+    inner: dds_server::Server<KvService>,
+}
+
+impl Server {
+    /// Binds the listening socket. With a `fetcher`, reads of records on storage are issued
+    /// ahead of their commands instead of blocking the loop.
+    pub fn bind(
+        cfg: ServerConfig,
+        store: Box<dyn Engine>,
+        storage: String,
+        fetcher: Option<Box<dyn Fetcher>>,
+    ) -> Result<Server> {
+        let (max_key, max_value) = store.limits();
+        let limits = Limits {
+            max_bulk: max_value.max(max_key) + 1024,
+            ..Limits::default()
         };
-        while !c.dead && c.out_at < c.out.len() {
-            match c.stream.write(&c.out[c.out_at..]) {
-                Ok(0) => c.dead = true,
-                Ok(n) => c.out_at += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => c.dead = true,
-            }
-        }
-        if c.out_at == c.out.len() {
-            c.out = Vec::new();
-            c.out_at = 0;
-        } else if c.out_at > (1 << 20) {
-            c.out.drain(..c.out_at);
-            c.out_at = 0;
-        }
-        let done = c.dead || (c.close_after && c.out.is_empty());
-        if done {
-            let mut c = self.conns[i].take().expect("live");
-            if c.close_after && !c.dead {
-                // Take what the client still sends (bounded), so that closing does not reset
-                // the connection before it has read the error reply.
-                let mut sink = [0u8; 16 << 10];
-                for _ in 0..64 {
-                    match c.stream.read(&mut sink) {
-                        Ok(n) if n > 0 => {}
-                        _ => break,
-                    }
-                }
-            }
-            let _ = self.poll.registry().deregister(&mut c.stream);
-            self.free.push(i);
-            self.info.clients -= 1;
-        }
+        let durability = match store.durability() {
+            Durability::None => "none",
+            Durability::Periodic => "periodic",
+            Durability::Fsync => "fsync",
+        };
+        let service = KvService {
+            info: ServerInfo {
+                clients: 0,
+                commands: 0,
+                connections: 0,
+                rejected: 0,
+                started: Instant::now(),
+                port: cfg.listen.port(),
+                durability,
+                storage,
+            },
+            store,
+            limits,
+            password: cfg.password.clone(),
+            argv: Argv::new(),
+            spare: Vec::new(),
+            fetcher,
+            reads: Vec::new(),
+            free_reads: Vec::new(),
+            bufs: Vec::new(),
+            completions: Vec::new(),
+            sync_interval: cfg.sync_interval,
+            next_sync: Instant::now() + cfg.sync_interval,
+        };
+        let rt = Config {
+            max_connections: cfg.max_clients,
+            input_limit: cfg.query_buffer_limit,
+            output_pause: cfg.output_pause,
+            tick: cfg.sync_interval.min(Duration::from_millis(100)),
+            ..Config::default()
+        };
+        let mut inner =
+            dds_server::Server::bind(cfg.listen, rt, Budget::new(cfg.memory_budget), service)
+                .with_context(|| format!("listen on {}", cfg.listen))?;
+        let port = inner.local_addr().port();
+        inner.service_mut().info.port = port;
+        Ok(Server { inner })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.inner.local_addr())
+    }
+
+    /// Serves until `stop` is set; then drains, commits and closes the store.
+    pub fn run(self, stop: &AtomicBool) -> Result<()> {
+        let service = self.inner.run(stop);
+        service.store.close()
     }
 }

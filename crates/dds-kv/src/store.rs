@@ -122,6 +122,10 @@ pub struct StoreStats {
     pub memory_reads: u64,
     /// Reads of records from storage.
     pub storage_reads: u64,
+    /// Of those, served by a read issued ahead of the command (a pending read).
+    pub fetched_reads: u64,
+    /// Of those, read while the command waited (the event loop blocked).
+    pub blocking_reads: u64,
     /// Updates done in place (mutable region).
     pub in_place_updates: u64,
     /// Records appended.
@@ -187,6 +191,18 @@ pub struct Store {
     invalidate: Vec<u64>,
     stats: StoreStats,
     scratch: Vec<u8>,
+    /// Records read ahead for the command being run (`docs/kv-service.md` §5, pending reads).
+    fetched: Vec<Fetched>,
+}
+
+/// A record read from storage ahead of a command (a pending read that completed): its log
+/// address and the bytes read there (the whole record, unless the read failed or fell short).
+#[derive(Debug, Default)]
+pub struct Fetched {
+    /// Log address the read started at.
+    pub addr: u64,
+    /// The bytes read.
+    pub bytes: Vec<u8>,
 }
 
 fn now_ms() -> u64 {
@@ -263,6 +279,7 @@ impl Store {
             invalidate: Vec::new(),
             stats: StoreStats::default(),
             scratch: Vec::new(),
+            fetched: Vec::new(),
             file,
             ckpt,
             storage,
@@ -386,6 +403,17 @@ impl Store {
             return Ok(h);
         }
         self.stats.storage_reads += 1;
+        if let Some(i) = self.fetched.iter().position(|f| f.addr == a) {
+            // Read ahead: used when it holds a whole, valid record (else read again below).
+            let b = &self.fetched[i].bytes;
+            if let Some(h) = record::check(b) {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(&b[..h.len()]);
+                self.stats.fetched_reads += 1;
+                return Ok(h);
+            }
+        }
+        self.stats.blocking_reads += 1;
         let page_left = (self.ps - a % self.ps) as usize;
         let first = page_left.min(256);
         self.scratch.resize(first, 0);
@@ -437,6 +465,31 @@ impl Store {
             return Ok(None);
         }
         Ok(Some(Found { hdr }))
+    }
+
+    /// The log address of the key's newest record when that record is on storage only (a
+    /// command that reads the key must fetch it first); `None` when it is in memory or the key
+    /// is missing.
+    pub fn storage_addr(&self, key: &[u8]) -> Option<u64> {
+        let e = *self.index.get(&record::key_hash(key))?;
+        (e & TOMB == 0 && e < self.head && e >= self.begin).then_some(e)
+    }
+
+    /// The log file's offset of address `a`, and the bytes from there to its page's end (a
+    /// record never crosses a page).
+    pub fn file_span(&self, a: u64) -> (u64, usize) {
+        (a % self.cap, (self.ps - a % self.ps) as usize)
+    }
+
+    /// The records read ahead for the next command; reads of their addresses take them
+    /// instead of waiting for storage.
+    pub fn fetched(&mut self) -> &mut Vec<Fetched> {
+        &mut self.fetched
+    }
+
+    /// The DDS file id of the log (for asynchronous reads through the host library).
+    pub fn log_file_id(&self) -> Option<u32> {
+        self.file.dds_id()
     }
 
     /// The expiry of `key` (Unix ms; `Some(0)`: none), or `None` when the key is missing.
