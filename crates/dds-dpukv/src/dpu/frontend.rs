@@ -5,9 +5,9 @@
 //! store in-process).
 //!
 //! Here: the front end's configuration, counters and state, its event loop ([`Frontend::run`])
-//! and the KV queue pairs it drives. [`connections`] holds the client side (accept, parse,
-//! replies in order, output), [`commands`] the dispatch and the commands answered here, and
-//! [`requests`] the data commands' KV requests and the delivery of their responses.
+//! and the KV queue pairs it drives. `connections` holds the client side (accept, parse,
+//! replies in order, output), `commands` the dispatch and the commands answered here, and
+//! `requests` the data commands' KV requests and the delivery of their responses.
 
 mod commands;
 mod connections;

@@ -4,8 +4,7 @@
 use super::inc;
 use super::worker::{Bad, Worker};
 use crate::wire::*;
-use dds_objstore::ObjectId;
-use dds_objstore::ObjectStore;
+use dds_objstore::{ObjectId, ObjectStore};
 
 pub(super) struct ReadJob {
     req_id: u64,
