@@ -116,3 +116,117 @@ fn benchmark_dependencies_are_behind_a_feature() {
         }
     }
 }
+
+/// The Rust files of module `module` of a crate: `src/<module>.rs` and every file under
+/// `src/<module>/`.
+fn module_files(krate: &str, module: &str) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let src = workspace().join("crates").join(krate).join("src");
+    let mut files = Vec::new();
+    let file = src.join(format!("{module}.rs"));
+    if file.exists() {
+        files.push(file);
+    }
+    walk(&src.join(module), &mut files);
+    files.sort();
+    files
+}
+
+/// A source file without its comments (doc comments included): what the code names.
+fn code_of(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether `code` names `name` as a whole identifier or path (`crate::host` does not match
+/// `crate::hostname`).
+fn names(code: &str, name: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(name).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + name.len()..].chars().next();
+        !before.is_some_and(ident) && !after.is_some_and(ident)
+    })
+}
+
+/// The crates that hold both halves keep them apart: their DPU-side modules reach host memory
+/// only through the DMA engine, so no DPU-side file names host shared memory (`dds-shm` and its
+/// `SharedRegion`), the crate's host-side types that wrap it, or its host-side modules. Each
+/// forbidden type occurs on the host side, so the lists follow renames there.
+#[test]
+fn dpu_side_modules_do_not_name_host_shared_memory() {
+    struct Split {
+        krate: &'static str,
+        /// DPU-side modules (below `src/`).
+        dpu: &'static [&'static str],
+        /// Host-side modules, each also forbidden as a path on the DPU side (`crate::host`).
+        host: &'static [&'static str],
+        /// Host shared memory and the host-side types over it.
+        host_types: &'static [&'static str],
+    }
+    let splits = [
+        Split {
+            krate: "dds-objproxy",
+            dpu: &["dpu", "fault"],
+            host: &["host"],
+            host_types: &["dds_shm", "SharedRegion", "Shm", "HostProxy"],
+        },
+        Split {
+            krate: "dds-dpukv",
+            dpu: &["dpu"],
+            host: &["host", "host/worker"],
+            host_types: &["dds_shm", "SharedRegion", "HostQueue"],
+        },
+    ];
+    for s in &splits {
+        let dpu: Vec<_> = s
+            .dpu
+            .iter()
+            .flat_map(|m| module_files(s.krate, m))
+            .collect();
+        assert!(!dpu.is_empty(), "{}: DPU-side modules {:?}", s.krate, s.dpu);
+        let mut forbidden: Vec<String> = s.host_types.iter().map(|t| t.to_string()).collect();
+        let mut host_code = String::new();
+        for m in s.host {
+            let files = module_files(s.krate, m);
+            assert!(!files.is_empty(), "{}: host-side module {m}", s.krate);
+            host_code.extend(files.iter().map(|p| code_of(p)));
+            // `host/worker` is reachable as `crate::host::worker` and, re-exported, `crate::worker`.
+            let leaf = m.rsplit('/').next().unwrap();
+            forbidden.push(format!("crate::{leaf}"));
+        }
+        for t in s.host_types {
+            assert!(
+                names(&host_code, t),
+                "{}: `{t}` does not occur on the host side; update the list",
+                s.krate
+            );
+        }
+        for file in &dpu {
+            let code = code_of(file);
+            for name in &forbidden {
+                assert!(
+                    !names(&code, name),
+                    "{} names `{name}`, host shared memory or the host side, on the DPU side",
+                    file.display()
+                );
+            }
+        }
+    }
+}

@@ -7,12 +7,15 @@
 #![warn(missing_docs)]
 
 pub mod cluster;
+pub mod dpu;
 pub mod etcd;
-pub mod frontend;
+pub mod host;
 pub mod node;
 pub mod queue;
 pub mod store;
-pub mod worker;
+
+pub use dpu::frontend;
+pub use host::worker;
 
 use serde::{Deserialize, Serialize};
 

@@ -9,7 +9,11 @@
 //! * [`HostProxy`] (host side, module `host`) owns the shared region of each DPU session,
 //!   polls it with atomics and applies transactions through the real `ObjStore`, one ACK per
 //!   batch once all of its transactions have committed.
-//! * [`FaultyDma`] loses and duplicates DMA operations, for tests.
+//! * [`FaultyDma`] (DPU side, module `fault`) loses and duplicates DMA operations, for tests.
+//! * Module `wire`: the formats both sides share (region layout, transfer headers, frames).
+//!
+//! The DPU-side modules (`dpu`, `fault`) do not name host shared memory or the host side;
+//! `crates/dds-cli/tests/architecture.rs` checks it.
 
 mod dpu;
 mod fault;

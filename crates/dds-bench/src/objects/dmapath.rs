@@ -17,7 +17,7 @@ use dds_objstore::{ObjectId, ObjectStore, Transaction, TxOp};
 use serde::Serialize;
 
 use super::cgroup::CpuBudget;
-use super::spawn_store;
+use super::cluster::spawn_store;
 use crate::cpu::process_cpu_seconds;
 use crate::placement::Placement;
 

@@ -1,0 +1,242 @@
+//! The four OSDs of one placement: the `dds osd` processes (and, for placement dpu, their
+//! `dds osd-store` host processes) started under their CPU budgets, waited for, sampled for CPU
+//! time and stopped.
+
+use super::cgroup::CpuBudget;
+use super::osd_placements;
+use crate::child::ChildGuard;
+use crate::cpu::process_cpu_seconds;
+use crate::kv::taskset;
+use crate::placement::Placement;
+use anyhow::{bail, Context, Result};
+use dds_objstore::ObjectId;
+use dds_osd::client::Client;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The processes of one cluster of four OSDs.
+pub(super) struct Cluster {
+    pub(super) name: String,
+    /// The map, device files and logs; removed with the cluster.
+    dir: PathBuf,
+    host: Vec<ChildGuard>,
+    dpu: Vec<ChildGuard>,
+    _host_budget: CpuBudget,
+    _dpu_budget: CpuBudget,
+    pub(super) host_budget_info: Value,
+    pub(super) dpu_budget_info: Value,
+    pub(super) client: Client,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn wait_listen(addr: SocketAddr, child: &mut ChildGuard, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if let Some(st) = child.try_wait()? {
+            bail!("{what} exited ({st}) before listening");
+        }
+        if Instant::now() > deadline {
+            bail!("{what} does not listen on {addr}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn wait_socket(p: &Path, child: &mut ChildGuard, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !p.exists() {
+        if let Some(st) = child.try_wait()? {
+            bail!("{what} exited ({st}) before serving");
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not create {}", p.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Starts a `dds osd-store` on a fresh device file, in `budget` and on `host_cpus`, and waits
+/// for its socket.
+pub(super) fn spawn_store(
+    exe: &Path,
+    host_cpus: Option<&[usize]>,
+    dev: &Path,
+    sock: &Path,
+    device_size: u64,
+    log: std::fs::File,
+    budget: &CpuBudget,
+) -> Result<ChildGuard> {
+    let _ = std::fs::remove_file(sock);
+    let child = taskset(exe, host_cpus)
+        .arg("osd-store")
+        .arg("--device")
+        .arg(dev)
+        .arg("--socket")
+        .arg(sock)
+        .args(["--format", "--force", "--size", &device_size.to_string()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("start dds osd-store")?;
+    let mut g = ChildGuard::new(child, "dds osd-store");
+    budget
+        .add(g.pid())
+        .context("move dds osd-store into the host budget")?;
+    wait_socket(sock, &mut g, "dds osd-store")?;
+    Ok(g)
+}
+
+pub(super) struct StartOpts<'a> {
+    pub(super) exe: &'a Path,
+    pub(super) dir: &'a Path,
+    pub(super) place: &'a Placement,
+    pub(super) host_quota: f64,
+    pub(super) dpu_quota: f64,
+    pub(super) dma_cost: &'a str,
+    pub(super) flow_adapt: bool,
+    pub(super) pg_num: u32,
+    pub(super) device_size: u64,
+    pub(super) replication: &'a [u32],
+}
+
+pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
+    let dpus = osd_placements(name)?;
+    let me = std::process::id();
+    let tag = name.replace('+', "-");
+    let host_budget =
+        CpuBudget::create(&format!("dds-bench-objects-{me}-{tag}-host"), o.host_quota);
+    let dpu_budget = CpuBudget::create(&format!("dds-bench-objects-{me}-{tag}-dpu"), o.dpu_quota);
+    let dir = o.dir.join(&tag);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut text = String::from("epoch = 1\n");
+    let mut addrs = Vec::new();
+    for (id, d) in dpus.iter().enumerate() {
+        let a: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let p: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        text += &format!(
+            "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"{}\"\n",
+            if *d { "dpu" } else { "host" }
+        );
+        addrs.push(a);
+    }
+    for &r in o.replication {
+        text += &format!(
+            "[[pool]]\nid = {r}\nname = \"p{r}\"\npg_num = {}\nsize = {r}\n",
+            o.pg_num
+        );
+    }
+    let map = dir.join("cluster.toml");
+    std::fs::write(&map, text)?;
+    let host_cpus = o.place.host_cpus.as_deref();
+    let size = o.device_size.to_string();
+    let (mut host, mut dpu) = (Vec::new(), Vec::new());
+    for (id, &d) in dpus.iter().enumerate() {
+        let dev = dir.join(format!("osd{id}.img"));
+        let log = |what: &str| std::fs::File::create(dir.join(format!("osd{id}.{what}.log")));
+        if d {
+            let sock = dir.join(format!("osd{id}.store.sock"));
+            host.push(spawn_store(
+                o.exe,
+                host_cpus,
+                &dev,
+                &sock,
+                o.device_size,
+                log("store")?,
+                &host_budget,
+            )?);
+            let mut cmd = Command::new(o.exe);
+            cmd.args(["osd", "--id", &id.to_string(), "--map"])
+                .arg(&map)
+                .args(["--placement", "dpu", "--proxy-socket"])
+                .arg(&sock)
+                .args(["--dma-cost", o.dma_cost, "--frame-memory", "512M"]);
+            cmd.args(o.place.dpu_args());
+            if !o.flow_adapt {
+                cmd.args(["--batching", "off", "--chunking", "off"]);
+            }
+            let child = cmd
+                .stdout(Stdio::null())
+                .stderr(log("front")?)
+                .spawn()
+                .context("start dds osd --placement dpu")?;
+            let mut g = ChildGuard::new(child, "dds osd (dpu)");
+            dpu_budget
+                .add(g.pid())
+                .context("move dds osd into the DPU budget")?;
+            wait_listen(addrs[id], &mut g, "dds osd --placement dpu")?;
+            dpu.push(g);
+        } else {
+            let child = taskset(o.exe, host_cpus)
+                .args(["osd", "--id", &id.to_string(), "--map"])
+                .arg(&map)
+                .args(["--placement", "host", "--device"])
+                .arg(&dev)
+                .args([
+                    "--format",
+                    "--force",
+                    "--size",
+                    &size,
+                    "--frame-memory",
+                    "512M",
+                ])
+                .stdout(Stdio::null())
+                .stderr(log("osd")?)
+                .spawn()
+                .context("start dds osd")?;
+            let mut g = ChildGuard::new(child, "dds osd (host)");
+            host_budget
+                .add(g.pid())
+                .context("move dds osd into the host budget")?;
+            wait_listen(addrs[id], &mut g, "dds osd")?;
+            host.push(g);
+        }
+    }
+    let client = Client::connect_map(&map).map_err(|e| anyhow::anyhow!("connect: {e}"))?;
+    // Every pool takes a write before the clock starts (PGs peered).
+    for &r in o.replication {
+        client
+            .write_full(&ObjectId::new(u64::from(r), b"warm".to_vec()), b"warm")
+            .map_err(|e| anyhow::anyhow!("{name}: pool p{r} takes no write: {e}"))?;
+    }
+    Ok(Cluster {
+        name: name.into(),
+        dir,
+        host,
+        dpu,
+        host_budget_info: json!(host_budget),
+        dpu_budget_info: json!(dpu_budget),
+        _host_budget: host_budget,
+        _dpu_budget: dpu_budget,
+        client,
+    })
+}
+
+impl Cluster {
+    pub(super) fn cpu(&self) -> (f64, f64) {
+        let sum = |v: &[ChildGuard]| {
+            v.iter()
+                .map(|g| process_cpu_seconds(g.pid()).unwrap_or(0.0))
+                .sum()
+        };
+        (sum(&self.host), sum(&self.dpu))
+    }
+
+    pub(super) fn stop(mut self) {
+        for g in self.dpu.iter_mut().chain(self.host.iter_mut()) {
+            let _ = g.stop(Duration::from_secs(5));
+        }
+        // The devices are preallocated: a sweep over placements must not keep them all.
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), "cannot remove: {e}");
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The DPU front end's end of a KV queue pair ([`DpuQueue`]): it names the host memory by
+//! region id and offset and moves bytes only with DMA operations; batches sent and their
+//! responses read back, and the faults that end a queue pair.
+
+use crate::queue::{align8, Geometry};
+use dds_dma::{DmaEngine, DmaError, DmaOp, LocalBuf, RegionId};
+use dds_kvmem::qp::{batch_header, Malformed, BATCH_HEADER};
+use std::collections::VecDeque;
+
+/// A complete response batch and the request batch it answers.
+pub type Answered<'a, W> = Option<(&'a [u8], Outstanding<W>)>;
+
+/// A request batch the DPU sent and has no response for yet.
+pub struct Outstanding<W> {
+    /// Batch number.
+    pub n: u64,
+    /// Requests in it.
+    pub count: u16,
+    /// Response bytes expected (a prediction).
+    pub expect: usize,
+    /// What each request's response goes to, in order.
+    pub waiters: Vec<W>,
+}
+
+/// State of the response read of the oldest outstanding batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadState {
+    Idle,
+    /// First read posted, of this many bytes.
+    Head(usize),
+    /// Second read posted: the rest of a batch of this many bytes.
+    Rest(usize),
+}
+
+/// The DPU front end's end of one queue pair: it names the host memory by region and offset
+/// and moves bytes only with DMA operations.
+pub struct DpuQueue<W> {
+    region: RegionId,
+    req_off: u64,
+    resp_off: u64,
+    slots: u64,
+    slot_bytes: usize,
+    batch_max: usize,
+    /// Local staging of each request slot (the DMA source while its write is in flight).
+    out: Vec<LocalBuf>,
+    /// Local target of response reads.
+    inb: LocalBuf,
+    sent: u64,
+    /// The batch being filled, and its waiters.
+    pub building: Vec<u8>,
+    building_count: u16,
+    building_expect: usize,
+    building_worst: usize,
+    building_waiters: Vec<W>,
+    outstanding: VecDeque<Outstanding<W>>,
+    read: ReadState,
+    writes_in_flight: u32,
+    /// Reads that found no new response.
+    pub empty_polls: u64,
+    /// Misses in a row for the oldest batch (backoff; re-polls read the header line only).
+    misses: u32,
+    not_before: std::time::Instant,
+}
+
+/// Requests a batch needs before it is sent while another batch of its queue is in flight.
+const MIN_OVERLAP: u16 = 32;
+
+/// DMA `user_data`: queue index in the low 32 bits, the kind above.
+const UD_WRITE: u64 = 1 << 32;
+const UD_READ: u64 = 2 << 32;
+
+impl<W> DpuQueue<W> {
+    /// Queue pair (c, w) of a region registered as `region`.
+    pub fn new(region: RegionId, g: &Geometry, c: u32, w: u32) -> DpuQueue<W> {
+        let off = g.pair_offset(c, w) as u64;
+        let ring = u64::from(g.slots) * u64::from(g.slot_bytes);
+        DpuQueue {
+            region,
+            req_off: off,
+            resp_off: off + ring,
+            slots: u64::from(g.slots),
+            slot_bytes: g.slot_bytes as usize,
+            batch_max: g.batch_max(),
+            out: (0..g.slots)
+                .map(|_| LocalBuf::new(g.slot_bytes as usize, 64))
+                .collect(),
+            inb: LocalBuf::new(g.slot_bytes as usize, 64),
+            sent: 0,
+            building: Vec::with_capacity(g.slot_bytes as usize),
+            building_count: 0,
+            building_expect: BATCH_HEADER,
+            building_worst: BATCH_HEADER,
+            building_waiters: Vec::new(),
+            outstanding: VecDeque::new(),
+            read: ReadState::Idle,
+            writes_in_flight: 0,
+            empty_polls: 0,
+            misses: 0,
+            not_before: std::time::Instant::now(),
+        }
+    }
+
+    /// Most batch bytes.
+    pub fn batch_max(&self) -> usize {
+        self.batch_max
+    }
+
+    /// Whether a request of `n` bytes whose response is at most `worst` bytes fits in the
+    /// batch being filled (both directions).
+    pub fn fits(&self, n: usize, worst: usize) -> bool {
+        let base = if self.building.is_empty() {
+            BATCH_HEADER
+        } else {
+            self.building.len()
+        };
+        base + n <= self.batch_max
+            && self.building_worst + worst <= self.batch_max
+            && self.building_count < u16::MAX
+    }
+
+    /// Whether a new batch can be sent now (a free slot).
+    pub fn can_send(&self) -> bool {
+        (self.outstanding.len() as u64) < self.slots && self.writes_in_flight == 0
+    }
+
+    /// Appends an encoded request (`record`, from [`dds_kvmem::qp::BatchWriter`]'s format)
+    /// with the response size it predicts and its waiter.
+    pub fn push(&mut self, record: &[u8], expect: usize, worst: usize, waiter: W) {
+        debug_assert!(self.fits(record.len(), worst));
+        if self.building.is_empty() {
+            self.building.extend_from_slice(&[0; BATCH_HEADER]);
+        }
+        self.building.extend_from_slice(record);
+        self.building_count += 1;
+        self.building_expect += expect;
+        self.building_worst += worst;
+        self.building_waiters.push(waiter);
+    }
+
+    /// Requests waiting in the batch being filled.
+    pub fn building_count(&self) -> u16 {
+        self.building_count
+    }
+
+    /// Batches sent and not answered.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Posts the batch being filled (one DMA write: batch, padding, trailer). Returns whether
+    /// an operation was posted.
+    ///
+    /// # Safety
+    /// The engine completes this queue's operations before the queue is dropped.
+    pub unsafe fn post_batch(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        index: u32,
+    ) -> Result<bool, DmaError> {
+        if self.building_count == 0 || !self.can_send() {
+            return Ok(false);
+        }
+        // While a batch is in flight, a small one waits to grow (it goes with the next
+        // response, or once it holds `MIN_OVERLAP` requests): fewer, fuller batches under load,
+        // and no wait at all when the queue is idle.
+        if !self.outstanding.is_empty() && self.building_count < MIN_OVERLAP {
+            return Ok(false);
+        }
+        let n = self.sent;
+        let seq = (n as u32).wrapping_add(1);
+        let len = self.building.len();
+        self.building[0..2].copy_from_slice(&self.building_count.to_le_bytes());
+        self.building[2..4].copy_from_slice(&(len as u16).to_le_bytes());
+        self.building[4..8].copy_from_slice(&seq.to_le_bytes());
+        let end = align8(len);
+        let slot = (n % self.slots) as usize;
+        let buf = &mut self.out[slot];
+        let dst = buf.as_mut_slice();
+        dst[..len].copy_from_slice(&self.building);
+        dst[len..end].fill(0);
+        dst[end..end + 8].copy_from_slice(&u64::from(seq).to_le_bytes());
+        let op = DmaOp::write(
+            self.region,
+            self.req_off + slot as u64 * self.slot_bytes as u64,
+            buf.as_ptr(),
+            (end + 8) as u32,
+            UD_WRITE | u64::from(index),
+        );
+        // SAFETY: the staging buffer stays untouched until the write completes (this slot
+        // is reused only after its response, which comes after the write).
+        unsafe { engine.post(op)? };
+        self.writes_in_flight += 1;
+        self.sent += 1;
+        self.outstanding.push_back(Outstanding {
+            n,
+            count: self.building_count,
+            expect: align8(self.building_expect),
+            waiters: std::mem::take(&mut self.building_waiters),
+        });
+        self.building.clear();
+        self.building_count = 0;
+        self.building_expect = BATCH_HEADER;
+        self.building_worst = BATCH_HEADER;
+        Ok(true)
+    }
+
+    /// Posts the read of the oldest outstanding response, if none is in flight.
+    ///
+    /// # Safety
+    /// As for [`post_batch`](Self::post_batch).
+    pub unsafe fn post_poll(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        index: u32,
+    ) -> Result<bool, DmaError> {
+        let Some(o) = self.outstanding.front() else {
+            return Ok(false);
+        };
+        if self.read != ReadState::Idle || self.writes_in_flight > 0 {
+            return Ok(false);
+        }
+        if self.misses > 0 && std::time::Instant::now() < self.not_before {
+            return Ok(false);
+        }
+        // The first read fetches the whole predicted batch; after a miss, only the header until
+        // it shows the batch.
+        let len = if self.misses == 0 {
+            o.expect
+        } else {
+            BATCH_HEADER
+        }
+        .min(self.slot_bytes);
+        let slot = o.n % self.slots;
+        let op = DmaOp::read(
+            self.region,
+            self.resp_off + slot * self.slot_bytes as u64,
+            self.inb.as_mut_ptr(),
+            len as u32,
+            UD_READ | u64::from(index),
+        );
+        // SAFETY: `inb` is ours until the read completes.
+        unsafe { engine.post(op)? };
+        self.read = ReadState::Head(len);
+        Ok(true)
+    }
+
+    /// Handles a completion of this queue (`user_data`'s kind bits). Returns the response
+    /// batch and its waiters when one is complete.
+    ///
+    /// # Safety
+    /// As for [`post_batch`](Self::post_batch).
+    pub unsafe fn complete(
+        &mut self,
+        engine: &mut dyn DmaEngine,
+        index: u32,
+        user_data: u64,
+    ) -> Result<Answered<'_, W>, QueueFault> {
+        if user_data & !0xFFFF_FFFF == UD_WRITE {
+            self.writes_in_flight = self.writes_in_flight.saturating_sub(1);
+            return Ok(None);
+        }
+        let o = self.outstanding.front().ok_or(QueueFault::Protocol(
+            "a response read completed with no batch outstanding",
+        ))?;
+        let want = (o.n as u32).wrapping_add(1);
+        match self.read {
+            ReadState::Idle => Err(QueueFault::Protocol("unexpected read completion")),
+            ReadState::Head(got) => {
+                let b = &self.inb.as_slice()[..got];
+                let seq = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+                if seq != want {
+                    self.read = ReadState::Idle;
+                    self.empty_polls += 1;
+                    self.misses += 1;
+                    // 1, 2, 4, 8 µs: the host serves a batch in a few microseconds.
+                    let wait = 1u64 << (self.misses - 1).min(3);
+                    self.not_before =
+                        std::time::Instant::now() + std::time::Duration::from_micros(wait);
+                    return Ok(None);
+                }
+                self.misses = 0;
+                let len = u16::from_le_bytes([b[2], b[3]]) as usize;
+                if len < BATCH_HEADER || align8(len) > self.slot_bytes {
+                    return Err(QueueFault::Malformed(Malformed(
+                        "response batch length out of range",
+                    )));
+                }
+                if len > got {
+                    let slot = o.n % self.slots;
+                    let op = DmaOp::read(
+                        self.region,
+                        self.resp_off + slot * self.slot_bytes as u64 + got as u64,
+                        // SAFETY: inside `inb` (len ≤ slot bytes).
+                        unsafe { self.inb.as_mut_ptr().add(got) },
+                        (len - got) as u32,
+                        UD_READ | u64::from(index),
+                    );
+                    // SAFETY: `inb` is ours until the read completes.
+                    unsafe { engine.post(op).map_err(QueueFault::Dma)? };
+                    self.read = ReadState::Rest(len);
+                    return Ok(None);
+                }
+                self.finish(len)
+            }
+            ReadState::Rest(len) => self.finish(len),
+        }
+    }
+
+    fn finish(&mut self, len: usize) -> Result<Answered<'_, W>, QueueFault> {
+        self.read = ReadState::Idle;
+        let o = self.outstanding.pop_front().expect("outstanding batch");
+        let b = &self.inb.as_slice()[..len];
+        let (count, blen, _) = batch_header(b).map_err(QueueFault::Malformed)?;
+        if count != o.count || blen != len {
+            return Err(QueueFault::Protocol(
+                "response count differs from the request's",
+            ));
+        }
+        Ok(Some((b, o)))
+    }
+
+    /// Drops every outstanding batch (the host is gone); returns their waiters.
+    pub fn abandon(&mut self) -> Vec<W> {
+        let mut w: Vec<W> = self.outstanding.drain(..).flat_map(|o| o.waiters).collect();
+        w.append(&mut self.building_waiters);
+        self.building.clear();
+        self.building_count = 0;
+        self.building_expect = BATCH_HEADER;
+        self.building_worst = BATCH_HEADER;
+        w
+    }
+}
+
+/// A queue pair that can no longer be used.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueFault {
+    /// The host wrote bytes that are not a valid batch.
+    #[error(transparent)]
+    Malformed(Malformed),
+    /// The host broke the queue protocol.
+    #[error("KV queue pair protocol violation: {0}")]
+    Protocol(&'static str),
+    /// The DMA engine failed.
+    #[error("DMA: {0}")]
+    Dma(DmaError),
+}
+
+/// Splits a DMA completion's `user_data` into the queue index.
+pub fn queue_of(user_data: u64) -> u32 {
+    user_data as u32
+}
