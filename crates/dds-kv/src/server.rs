@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
-use dds_server::{Budget, Completions, Config, ConnId, Service, Verdict};
+use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Verdict};
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
@@ -247,7 +247,7 @@ impl Service for KvService {
         id: ConnId,
         s: &mut KvSession,
         input: &[u8],
-        out: &mut Vec<u8>,
+        out: &mut Out<'_>,
     ) -> (usize, Verdict) {
         let mut at = 0;
         let mut argv = std::mem::take(&mut self.argv);
@@ -289,7 +289,7 @@ impl Service for KvService {
         (at, verdict)
     }
 
-    fn input_overflow(&mut self, out: &mut Vec<u8>) {
+    fn input_overflow(&mut self, out: &mut Out<'_>) {
         Reply::new(out).error("ERR Protocol error: query buffer limit exceeded");
     }
 

@@ -1,7 +1,9 @@
 //! One connection of the slab: its socket, the incomplete request it keeps, the replies it
 //! has not sent, and the memory they are charged.
 
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,6 +11,88 @@ use mio::net::TcpStream;
 
 use crate::budget::Budget;
 use crate::ConnId;
+
+/// Replies that wait behind a deferred one: a reserved slot (`ticket` ≠ 0) or replies written
+/// after it.
+pub(crate) struct Part {
+    pub(crate) ticket: u32,
+    pub(crate) filled: bool,
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// A reply slot reserved with [`Out::defer`], filled later through
+/// [`Completions::fill`](crate::Completions::fill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket(pub(crate) u32);
+
+impl Ticket {
+    /// The ticket as a number (to keep with the operation it waits for).
+    pub fn to_u32(self) -> u32 {
+        self.0
+    }
+    /// The ticket of [`Ticket::to_u32`].
+    pub fn from_u32(v: u32) -> Ticket {
+        Ticket(v)
+    }
+}
+
+/// Where a connection's replies go, in request order. It derefs to the byte buffer the next
+/// reply is appended to; [`Out::defer`] reserves a slot for a reply that comes later (the
+/// replies after it wait until it is filled).
+pub struct Out<'a> {
+    pub(crate) out: &'a mut Vec<u8>,
+    pub(crate) held: &'a mut VecDeque<Part>,
+    pub(crate) next_ticket: &'a mut u32,
+    pub(crate) spare: &'a mut Vec<Vec<u8>>,
+}
+
+impl Out<'_> {
+    /// Reserves the next reply's place; the reply is written when its operation completes.
+    pub fn defer(&mut self) -> Ticket {
+        *self.next_ticket = self.next_ticket.wrapping_add(1).max(1);
+        let t = *self.next_ticket;
+        let a = self.spare.pop().unwrap_or_default();
+        let b = self.spare.pop().unwrap_or_default();
+        self.held.push_back(Part {
+            ticket: t,
+            filled: false,
+            bytes: a,
+        });
+        self.held.push_back(Part {
+            ticket: 0,
+            filled: true,
+            bytes: b,
+        });
+        Ticket(t)
+    }
+
+    /// Reserved slots not filled yet.
+    pub fn deferred(&self) -> usize {
+        self.held
+            .iter()
+            .filter(|p| p.ticket != 0 && !p.filled)
+            .count()
+    }
+}
+
+impl Deref for Out<'_> {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        match self.held.back() {
+            Some(p) => &p.bytes,
+            None => self.out,
+        }
+    }
+}
+
+impl DerefMut for Out<'_> {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        match self.held.back_mut() {
+            Some(p) => &mut p.bytes,
+            None => self.out,
+        }
+    }
+}
 
 pub(crate) struct Conn<S> {
     pub(crate) id: ConnId,
@@ -19,6 +103,11 @@ pub(crate) struct Conn<S> {
     /// Replies not yet sent: `out[out_at..]`.
     pub(crate) out: Vec<u8>,
     pub(crate) out_at: usize,
+    /// Replies behind a deferred one, in order.
+    pub(crate) held: VecDeque<Part>,
+    pub(crate) next_ticket: u32,
+    /// Emptied buffers of parts, for the next ones.
+    pub(crate) spare: Vec<Vec<u8>>,
     /// Capacity charged to the budget.
     pub(crate) charged: usize,
     /// The socket may have bytes to read (edge-triggered: until a read would block).
@@ -59,6 +148,9 @@ impl<S> Conn<S> {
             input: Vec::new(),
             out: Vec::new(),
             out_at: 0,
+            held: VecDeque::new(),
+            next_ticket: 0,
+            spare: Vec::new(),
             charged: 0,
             readable: true,
             writable: true,
@@ -75,6 +167,31 @@ impl<S> Conn<S> {
 
     pub(crate) fn unsent(&self) -> usize {
         self.out.len() - self.out_at
+    }
+
+    /// The connection's reply sink.
+    pub(crate) fn sink(&mut self) -> Out<'_> {
+        Out {
+            out: &mut self.out,
+            held: &mut self.held,
+            next_ticket: &mut self.next_ticket,
+            spare: &mut self.spare,
+        }
+    }
+
+    /// Deferred replies not filled yet.
+    pub(crate) fn waiting(&self) -> bool {
+        self.held.iter().any(|p| p.ticket != 0 && !p.filled)
+    }
+
+    /// Moves the replies that no longer wait behind a deferred one to the output (a copy).
+    pub(crate) fn promote(&mut self) {
+        while self.held.front().is_some_and(|p| p.filled) {
+            let mut p = self.held.pop_front().expect("front");
+            self.out.extend_from_slice(&p.bytes);
+            p.bytes.clear();
+            self.spare.push(p.bytes);
+        }
     }
 
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> ReadOutcome {
@@ -106,6 +223,9 @@ impl<S> Conn<S> {
                 Err(_) => self.dead = true,
             }
         }
+        if self.held.is_empty() {
+            self.spare.retain(|b| b.capacity() <= keep);
+        }
         if self.out_at == self.out.len() {
             self.out_at = 0;
             if self.out.capacity() > keep {
@@ -122,7 +242,9 @@ impl<S> Conn<S> {
 
     /// Charges the buffers' capacity to `budget`; false when the budget cannot pay.
     pub(crate) fn charge(&mut self, budget: &Arc<Budget>) -> bool {
-        let cap = self.input.capacity() + self.out.capacity();
+        let held: usize = self.held.iter().map(|p| p.bytes.capacity()).sum();
+        let spare: usize = self.spare.iter().map(Vec::capacity).sum();
+        let cap = self.input.capacity() + self.out.capacity() + held + spare;
         if cap > self.charged {
             if !budget.take(cap - self.charged) {
                 return false;

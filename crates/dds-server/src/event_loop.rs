@@ -12,7 +12,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::budget::Budget;
-use crate::conn::{Conn, ReadOutcome};
+use crate::conn::{Conn, Out, ReadOutcome, Ticket};
 use crate::{Config, ConnId, Service, Verdict};
 
 const LISTENER: Token = Token(usize::MAX);
@@ -57,10 +57,9 @@ impl<S> Completions<'_, S> {
             .filter(|c| c.id == id && !c.dead)
     }
 
-    /// The session and the output of a connection, to write an operation's reply (in request
-    /// order: the pending request is the connection's oldest unanswered one); `None` when the
-    /// connection is gone.
-    pub fn reply(&mut self, id: ConnId) -> Option<(&mut S, &mut Vec<u8>)> {
+    /// The session and the reply sink of a connection, to write a pending request's reply
+    /// (it is the connection's oldest unanswered one); `None` when the connection is gone.
+    pub fn reply(&mut self, id: ConnId) -> Option<(&mut S, Out<'_>)> {
         let c = self
             .conns
             .get_mut(id.slot as usize)
@@ -70,7 +69,43 @@ impl<S> Completions<'_, S> {
             c.touched = true;
             self.touched.push(id.slot);
         }
-        Some((c.session.as_mut().expect("open session"), &mut c.out))
+        let Conn {
+            session,
+            out,
+            held,
+            next_ticket,
+            spare,
+            ..
+        } = c;
+        Some((
+            session.as_mut().expect("open session"),
+            Out {
+                out,
+                held,
+                next_ticket,
+                spare,
+            },
+        ))
+    }
+
+    /// The session and the buffer of the reply slot `ticket` reserved with [`Out::defer`];
+    /// `None` when the connection is gone (or the slot was filled).
+    pub fn fill(&mut self, id: ConnId, ticket: Ticket) -> Option<(&mut S, &mut Vec<u8>)> {
+        let c = self
+            .conns
+            .get_mut(id.slot as usize)
+            .and_then(Option::as_mut)
+            .filter(|c| c.id == id && !c.dead)?;
+        if !c.touched {
+            c.touched = true;
+            self.touched.push(id.slot);
+        }
+        let p = c
+            .held
+            .iter_mut()
+            .find(|p| p.ticket == ticket.0 && !p.filled)?;
+        p.filled = true;
+        Some((c.session.as_mut().expect("open session"), &mut p.bytes))
     }
 
     /// The connection's pending request is answered: offer it input again.
@@ -338,7 +373,13 @@ impl<S: Service> Server<S> {
         let session = c.session.as_mut().expect("open session");
         let (used, verdict) = match from_scratch {
             Some(bytes) => {
-                let (used, v) = service.on_input(c.id, session, bytes, &mut c.out);
+                let mut out = Out {
+                    out: &mut c.out,
+                    held: &mut c.held,
+                    next_ticket: &mut c.next_ticket,
+                    spare: &mut c.spare,
+                };
+                let (used, v) = service.on_input(c.id, session, bytes, &mut out);
                 assert!(
                     used <= bytes.len(),
                     "the service took more bytes than offered"
@@ -347,7 +388,13 @@ impl<S: Service> Server<S> {
                 (used, v)
             }
             None => {
-                let (used, v) = service.on_input(c.id, session, &c.input, &mut c.out);
+                let mut out = Out {
+                    out: &mut c.out,
+                    held: &mut c.held,
+                    next_ticket: &mut c.next_ticket,
+                    spare: &mut c.spare,
+                };
+                let (used, v) = service.on_input(c.id, session, &c.input, &mut out);
                 assert!(
                     used <= c.input.len(),
                     "the service took more bytes than offered"
@@ -391,7 +438,7 @@ impl<S: Service> Server<S> {
         let Some(c) = conns.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        let before = (c.out.len(), c.close_after);
+        let before = (c.out.len(), c.held.len(), c.close_after);
         if c.unoffered && !c.pending && !c.dead {
             Self::offer(service, c, None);
         }
@@ -421,7 +468,7 @@ impl<S: Service> Server<S> {
             if c.input.len() > cfg.input_limit && !c.pending && !c.close_after {
                 tracing::warn!(slot, bytes = c.input.len(), "input limit exceeded: closing");
                 counters.add(&counters.input_overflows, 1);
-                service.input_overflow(&mut c.out);
+                service.input_overflow(&mut c.sink());
                 c.input = Vec::new();
                 c.partial_since = None;
                 c.close_after = true;
@@ -432,7 +479,7 @@ impl<S: Service> Server<S> {
                 c.dead = true;
             }
         }
-        if ((c.out.len(), c.close_after) != before || c.dead) && !c.touched {
+        if ((c.out.len(), c.held.len(), c.close_after) != before || c.dead) && !c.touched {
             c.touched = true;
             touched.push(slot);
         }
@@ -458,11 +505,12 @@ impl<S: Service> Server<S> {
                 // the client sees its connection drop.
                 c.dead = true;
             }
+            c.promote();
             c.flush(self.cfg.output_keep);
             if c.unsent() > 0 {
                 c.last_active = Instant::now();
             }
-            let done = c.dead || (c.close_after && !c.pending && c.unsent() == 0);
+            let done = c.dead || (c.close_after && !c.pending && !c.waiting() && c.unsent() == 0);
             if done {
                 self.close(slot);
                 continue;
@@ -490,9 +538,10 @@ impl<S: Service> Server<S> {
             let frame_late = matches!((self.cfg.frame_deadline, c.partial_since),
                 (Some(d), Some(t)) if now.duration_since(t) > d);
             let idle = !c.pending
+                && !c.waiting()
                 && c.unsent() == 0
                 && matches!(self.cfg.idle_limit, Some(d) if now.duration_since(c.last_active) > d);
-            let drain_done = self.draining && !c.pending && c.unsent() == 0;
+            let drain_done = self.draining && !c.pending && !c.waiting() && c.unsent() == 0;
             if frame_late {
                 tracing::info!(slot, "incomplete request past its deadline: closing");
                 self.counters.add(&self.counters.frame_timeouts, 1);

@@ -14,11 +14,14 @@
 //!   [`Config::output_keep`] is released once it has been sent;
 //! - a deadline for incomplete requests and an idle limit, so that slow or half-sent requests
 //!   cannot hold a slot forever;
-//! - pending operations: a request that waits for storage makes [`Service::on_input`] return
-//!   [`Verdict::Pending`]; the connection is offered no more input (its replies stay in order)
-//!   while the loop serves the others, until the service completes the operation through
-//!   [`Completions`]. The service's completion source (an eventfd of the storage library)
-//!   wakes the loop like a socket;
+//! - pending operations, two ways: a request that waits for storage makes
+//!   [`Service::on_input`] return [`Verdict::Pending`] (the connection is offered no more
+//!   input until the service resumes it: for requests that must run in order), or reserves its
+//!   reply's place with [`Out::defer`] and lets the connection go on (independent requests:
+//!   many in flight per connection; later replies wait behind the reserved one). Either way
+//!   the loop serves the other connections meanwhile, and the service completes the operation
+//!   through [`Completions`]. The service's completion source (an eventfd of the storage
+//!   library) wakes the loop like a socket;
 //! - rounds: replies produced in a round leave after [`Service::end_round`] (group commit,
 //!   cache invalidations); when it fails, the round's connections are closed unanswered;
 //! - drain on stop: no new connections or requests, pending operations complete and replies
@@ -32,6 +35,7 @@ mod counters;
 mod event_loop;
 
 pub use budget::Budget;
+pub use conn::{Out, Ticket};
 pub use event_loop::{Completions, LoopCounters, LoopStats, Server};
 
 use std::os::fd::RawFd;
@@ -120,8 +124,9 @@ pub trait Service {
     /// A new connection.
     fn open(&mut self, id: ConnId) -> Self::Session;
 
-    /// Runs the complete requests at the start of `input`, appending their replies to `out`;
-    /// returns the bytes they took and what the connection does next. With
+    /// Runs the complete requests at the start of `input`, appending their replies to `out`
+    /// (or reserving their places with [`Out::defer`], to fill when their operations
+    /// complete); returns the bytes they took and what the connection does next. With
     /// [`Verdict::Pending`], the bytes not taken are offered again after the connection is
     /// resumed.
     fn on_input(
@@ -129,12 +134,12 @@ pub trait Service {
         id: ConnId,
         session: &mut Self::Session,
         input: &[u8],
-        out: &mut Vec<u8>,
+        out: &mut Out<'_>,
     ) -> (usize, Verdict);
 
     /// The reply to a connection whose incomplete request outgrew [`Config::input_limit`]
     /// (it is closed after it).
-    fn input_overflow(&mut self, out: &mut Vec<u8>);
+    fn input_overflow(&mut self, out: &mut Out<'_>);
 
     /// What a connection over [`Config::max_connections`] is told before it is closed.
     fn rejected(&self) -> &'static [u8];

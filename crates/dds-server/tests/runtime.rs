@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dds_server::{Budget, Completions, Config, ConnId, Server, Service, Verdict};
+use dds_server::{Budget, Completions, Config, ConnId, Out, Server, Service, Ticket, Verdict};
 
 #[derive(Default)]
 struct Lines {
     /// Pending operations: (connection, reply, rounds left).
     slow: VecDeque<(ConnId, Vec<u8>, u32)>,
+    /// Deferred replies, completed newest first: (connection, slot, reply).
+    late: Vec<(ConnId, Ticket, Vec<u8>)>,
     closed: usize,
     shut: bool,
 }
@@ -33,7 +35,7 @@ impl Service for Lines {
         id: ConnId,
         n: &mut u64,
         input: &[u8],
-        out: &mut Vec<u8>,
+        out: &mut Out<'_>,
     ) -> (usize, Verdict) {
         let mut at = 0;
         while let Some(nl) = input[at..].iter().position(|&b| b == b'\n') {
@@ -48,6 +50,11 @@ impl Service for Lines {
                 r.push(b'\n');
                 self.slow.push_back((id, r, 3));
                 return (at, Verdict::Pending);
+            } else if let Some(x) = line.strip_prefix(b"LATE ") {
+                let mut r = x.to_vec();
+                r.push(b'\n');
+                let t = out.defer();
+                self.late.push((id, t, r));
             } else if line == b"QUIT" {
                 out.extend_from_slice(b"BYE\n");
                 return (at, Verdict::Close);
@@ -58,7 +65,7 @@ impl Service for Lines {
         (at, Verdict::Continue)
     }
 
-    fn input_overflow(&mut self, out: &mut Vec<u8>) {
+    fn input_overflow(&mut self, out: &mut Out<'_>) {
         out.extend_from_slice(b"ERR line too long\n");
     }
 
@@ -73,15 +80,21 @@ impl Service for Lines {
                 self.slow.push_back((id, r, left - 1));
                 continue;
             }
-            if let Some((_, out)) = done.reply(id) {
+            if let Some((_, mut out)) = done.reply(id) {
                 out.extend_from_slice(&r);
             }
             done.resume(id);
         }
+        // Deferred replies complete out of order (newest first).
+        while let Some((id, t, r)) = self.late.pop() {
+            if let Some((_, b)) = done.fill(id, t) {
+                b.extend_from_slice(&r);
+            }
+        }
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        self.slow.is_empty()
+        self.slow.is_empty() && self.late.is_empty()
     }
 
     fn closed(&mut self, _id: ConnId, _n: u64) {
@@ -89,7 +102,7 @@ impl Service for Lines {
     }
 
     fn in_flight(&self) -> usize {
-        self.slow.len()
+        self.slow.len() + self.late.len()
     }
 
     fn shutdown(&mut self) {
@@ -147,6 +160,8 @@ fn replies_keep_request_order_across_pending_operations() {
         for j in 0..50 {
             if (i + j) % 3 == 0 {
                 req.extend(format!("SLOW {i}-{j}\n").bytes());
+            } else if (i + j) % 3 == 1 {
+                req.extend(format!("LATE {i}-{j}\n").bytes());
             } else {
                 req.extend(format!("ECHO {i}-{j}\n").bytes());
             }
