@@ -5,10 +5,8 @@
 //! `offload` holds the applications' offload apps (the DPU side of their protocols) and the
 //! registry that names them.
 
-pub mod backend;
 pub mod client;
 pub mod echo;
 pub mod offload;
 pub use dds_pagestore as pagestore;
-pub mod pattern;
 pub mod server;

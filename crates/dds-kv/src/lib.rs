@@ -11,7 +11,6 @@ pub mod engine;
 pub mod offload;
 pub mod record;
 pub mod server;
-pub mod storage;
 pub mod store;
 
 pub use engine::{Engine, MemEngine};
