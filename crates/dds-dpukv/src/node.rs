@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use dds_dma::{recv_with_fds, send_with_fds, CostModel};
+use dds_dma::CostModel;
 use dds_shm::SharedRegion;
+use dds_sys::{recv_with_fds, send_with_fds};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ClusterMap, Endpoint, SLOTS};

@@ -11,7 +11,7 @@ use crate::pool::BufPool;
 use crate::tx::{ObjectId, Transaction, TxOp, TxOpRef, MAX_NAME_LEN};
 use crate::{KvPairs, ObjStat, ObjectStore, StoreStats, BLOCK_SIZE};
 use crossbeam_channel::{Receiver, Sender};
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 use redb::{Database, ReadableTable, Table};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Bound;

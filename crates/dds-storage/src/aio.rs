@@ -114,7 +114,7 @@ impl FileSet {
 pub const BUF_ALIGN: usize = 4096;
 
 /// I/O buffers: the workspace's aligned buffer type, aligned to [`BUF_ALIGN`].
-pub use dds_dma::AlignedBuf;
+pub use dds_sys::AlignedBuf;
 
 /// An I/O buffer of at least `len` bytes, its length a multiple of [`BUF_ALIGN`].
 fn io_buffer(len: usize) -> AlignedBuf {
