@@ -6,7 +6,7 @@
 //! Each connection runs on its own thread with a non-blocking socket and `poll(2)`, writing and
 //! reading at the same time (never blocking on a write while responses wait). Responses must
 //! arrive in request order with the request's op; a violation stops that connection and is
-//! reported. With `verify`, the client first writes the [`crate::pattern`] over every file;
+//! reported. With `verify`, the client first writes the [`dds_storage::pattern`] over every file;
 //! then each connection reads and writes only its own slots (slot index modulo the connection
 //! count), every write carries the pattern with its first 8 bytes replaced by a stamp naming
 //! the write ([`stamped`]), and every read must return exactly what the last write the
@@ -28,7 +28,7 @@ use crate::pagestore::{
     parse_response_header, response_len, MessageBuilder, IO_BYTES_MAX, OP_READ, OP_WRITE,
     REQUESTS_PER_MSG_MAX, RESP_HEADER_BYTES,
 };
-use crate::pattern;
+use dds_storage::pattern;
 
 /// Client settings.
 #[derive(Clone, Debug)]

@@ -30,10 +30,12 @@ use dds_host::Status;
 use rustix::event::epoll;
 use serde::Serialize;
 
-use crate::backend::{AlignedBuf, BufPool, Completion, FileSet, Storage, SubmitError, WorkerIo};
 use crate::pagestore::{
     encode_response_header, message_len, request_at, response_bytes, Message, OP_READ, OP_WRITE,
     RESP_HEADER_BYTES,
+};
+use dds_storage::aio::{
+    AlignedBuf, AsyncStorage, BufPool, Completion, FileSet, SubmitError, WorkerIo,
 };
 
 mod stream;
@@ -127,7 +129,7 @@ pub struct Server {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
-    storage: Arc<dyn Storage>,
+    storage: Arc<dyn AsyncStorage>,
     stats: Arc<ServerStats>,
 }
 
@@ -140,7 +142,7 @@ const WAITING_MAX: usize = 512;
 const IN_SLACK: usize = 64 << 10;
 
 impl Server {
-    pub fn start(config: ServerConfig, storage: Arc<dyn Storage>) -> Result<Server> {
+    pub fn start(config: ServerConfig, storage: Arc<dyn AsyncStorage>) -> Result<Server> {
         let threads = config.threads.max(1);
         let listener = TcpListener::bind(config.listen)
             .with_context(|| format!("listen {}", config.listen))?;
@@ -198,7 +200,7 @@ impl Server {
         self.addr
     }
 
-    pub fn storage(&self) -> &Arc<dyn Storage> {
+    pub fn storage(&self) -> &Arc<dyn AsyncStorage> {
         &self.storage
     }
 

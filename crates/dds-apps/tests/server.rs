@@ -7,15 +7,15 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dds_apps::backend::{DdsStorage, Fill, OsStorage, Storage};
 use dds_apps::client::{self, ClientConfig};
 use dds_apps::pagestore::{
     parse_response_header, response_len, MessageBuilder, ResponseHeader, OP_READ, OP_WRITE,
 };
-use dds_apps::pattern;
 use dds_apps::server::{Server, ServerConfig};
 use dds_dpu::{Dpu, DpuConfig, DpuHandle, ExecMode};
 use dds_host::Status;
+use dds_storage::aio::{AsyncStorage, DdsAsyncStorage, Fill, OsAsyncStorage};
+use dds_storage::pattern;
 
 const FILE_SIZE: u64 = 2 << 20;
 
@@ -49,8 +49,8 @@ struct Fixture {
 impl Fixture {
     fn os(config: ServerConfig) -> Fixture {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let storage: Arc<dyn Storage> =
-            Arc::new(OsStorage::open(dir.path(), 2, FILE_SIZE, Fill::Pattern).unwrap());
+        let storage: Arc<dyn AsyncStorage> =
+            Arc::new(OsAsyncStorage::open(dir.path(), 2, FILE_SIZE, Fill::Pattern).unwrap());
         Fixture {
             server: Server::start(config, storage).unwrap(),
             _dir: Some(dir),
@@ -60,8 +60,8 @@ impl Fixture {
 
     fn dds(config: ServerConfig) -> Fixture {
         let dpu = start_dpu();
-        let storage: Arc<dyn Storage> = Arc::new(
-            DdsStorage::open(
+        let storage: Arc<dyn AsyncStorage> = Arc::new(
+            DdsAsyncStorage::open(
                 dpu.socket(),
                 "/pagestore",
                 2,
@@ -451,10 +451,10 @@ fn dds_backend_stays_bounded_with_a_client_that_never_reads() {
 #[test]
 fn dds_files_are_created_once_and_reopened() {
     let dpu = start_dpu();
-    let a = DdsStorage::open(dpu.socket(), "/ps", 3, 1 << 20, Fill::Pattern, 1).unwrap();
+    let a = DdsAsyncStorage::open(dpu.socket(), "/ps", 3, 1 << 20, Fill::Pattern, 1).unwrap();
     let ids = a.file_ids().to_vec();
     drop(a);
-    let b = DdsStorage::open(dpu.socket(), "/ps", 3, 1 << 20, Fill::None, 1).unwrap();
+    let b = DdsAsyncStorage::open(dpu.socket(), "/ps", 3, 1 << 20, Fill::None, 1).unwrap();
     assert_eq!(b.file_ids(), &ids[..]);
     assert_eq!(b.file_size(), 1 << 20);
 }
@@ -721,8 +721,8 @@ fn dds_backend_reconnects_after_the_dpu_restarts() {
         .expect("DPU starts")
     };
     let dpu = start();
-    let storage: Arc<dyn Storage> = Arc::new(
-        DdsStorage::open(dpu.socket(), "/pagestore", 1, FILE_SIZE, Fill::None, 2).unwrap(),
+    let storage: Arc<dyn AsyncStorage> = Arc::new(
+        DdsAsyncStorage::open(dpu.socket(), "/pagestore", 1, FILE_SIZE, Fill::None, 2).unwrap(),
     );
     let server = Server::start(small_config(), storage).unwrap();
     let f = server.storage().file_ids()[0];

@@ -18,7 +18,7 @@ use io_uring::{opcode, types, IoUring};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 
 use crate::workload::{WorkloadResult, WorkloadSpec};
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use dds_apps::backend::{open_storage, BackendSpec, Fill, OnDpuLoss};
 use dds_apps::client::{self, ClientConfig};
 use dds_apps::echo::{self, EchoConfig, EchoServer};
 use dds_apps::server::{Server, ServerConfig};
+use dds_storage::aio::{open_async_storage, BackendSpec, Fill, OnDpuLoss};
 
 use crate::util::parse_size;
 
@@ -216,7 +216,7 @@ fn run_pagestore(a: PagestoreArgs) -> Result<()> {
         FillArg::None => Fill::None,
     };
     let threads = a.threads.max(1);
-    let storage = open_storage(&spec, a.files, a.file_size, fill, threads)?;
+    let storage = open_async_storage(&spec, a.files, a.file_size, fill, threads)?;
     let server = Server::start(
         ServerConfig {
             listen: a.listen,

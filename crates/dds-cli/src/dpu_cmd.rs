@@ -158,7 +158,7 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
         max_message: size(a.offload_max_message, "--offload-max-message")?,
         max_response: size(a.offload_max_response, "--offload-max-response")?,
     };
-    let app = dds_apps::offload::registry().resolve(name, &opts)?;
+    let app = crate::offload_apps::registry().resolve(name, &opts)?;
     let contexts = a.offload_contexts.max(1);
     Ok(Some(dds_dpu::OffloadConfig {
         cache_items: a.cache_items,

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dds_kv::server::{Server, ServerConfig};
-use dds_kv::storage::{DdsStorage, OsStorage, Storage};
 use dds_kv::{Durability, Store, StoreConfig};
+use dds_storage::{DdsStorage, OsStorage, Storage};
 
 use crate::util::parse_size;
 

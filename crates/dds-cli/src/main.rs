@@ -11,6 +11,7 @@ mod dpukv_cmd;
 mod fs_cmd;
 mod fsck_cmd;
 mod kv_cmd;
+mod offload_apps;
 mod osd_cmd;
 mod pageserver_cmd;
 mod stats_cmd;
@@ -153,7 +154,7 @@ fn main() -> ExitCode {
 /// The command line, with the lists that come from registries filled in (the offload apps of
 /// `dds dpu --offload`).
 fn command() -> clap::Command {
-    let apps = dds_apps::offload::registry();
+    let apps = offload_apps::registry();
     let names: Vec<&str> = apps.names().map(|(n, _)| n).collect();
     let short = format!(
         "Offload engine and traffic director: {} (built in), or the path of an offload plugin \

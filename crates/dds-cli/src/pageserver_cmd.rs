@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use dds_kv::storage::{DdsStorage, OsStorage, Storage};
 use dds_pageserver::{PageServer, PageServerConfig};
+use dds_storage::{DdsStorage, OsStorage, Storage};
 
 use crate::util::parse_size;
 

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use dds_host::{Dds, Status};
 use serde_json::Value;
 
+/// The registry the binary builds (its source, compiled into this test).
+#[path = "../src/offload_apps.rs"]
+mod offload_apps;
+
 const DDS: &str = env!("CARGO_BIN_EXE_dds");
 
 struct Dpu {
@@ -240,10 +244,7 @@ fn help_describes_every_command_in_its_own_words() {
 fn offload_help_lists_the_registered_apps() {
     let out = Command::new(DDS).args(["dpu", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    let names: Vec<&str> = dds_apps::offload::registry()
-        .names()
-        .map(|(n, _)| n)
-        .collect();
+    let names: Vec<&str> = offload_apps::registry().names().map(|(n, _)| n).collect();
     assert!(names.len() >= 4, "{names:?}");
     assert!(
         help.contains(&format!(
@@ -252,7 +253,7 @@ fn offload_help_lists_the_registered_apps() {
         )),
         "{help}"
     );
-    for (name, about) in dds_apps::offload::registry().names() {
+    for (name, about) in offload_apps::registry().names() {
         assert!(
             help.contains(&format!("{name:<12} {about}")),
             "{name}: {help}"

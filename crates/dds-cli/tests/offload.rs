@@ -242,7 +242,7 @@ fn dpu_restart_under_the_director_keeps_acknowledged_writes() {
         let mut buf = vec![0u8; 1 << 20];
         dds.read_sync(f as u32, 0, &mut buf).unwrap();
         assert_eq!(
-            dds_apps::pattern::check(f as u32, 0, &buf),
+            dds_storage::pattern::check(f as u32, 0, &buf),
             None,
             "file {f} lost data"
         );

@@ -9,7 +9,7 @@
 //! # Model
 //! * The host creates a shared region (`dds_shm::SharedRegion`, a sealed `memfd` mapped
 //!   `MAP_SHARED`) and passes its file descriptor to the DPU process over the control socket
-//!   ([`send_with_fds`], [`recv_with_fds`]). The DPU hands it to its engine as a
+//!   (`dds_sys::send_with_fds`, `dds_sys::recv_with_fds`). The DPU hands it to its engine as a
 //!   [`RegionExport`] ([`DmaEngine::register_region`]) and from then on names it by the
 //!   [`Region`] it gets back: a [`RegionId`] and the region's length, the bounds of every
 //!   operation on it. This crate does not re-export the host's shared-memory type and the
@@ -62,14 +62,13 @@
 //! `poll` after their `submit`.
 
 mod emulated;
-mod fdpass;
-mod local;
 
 use std::os::fd::OwnedFd;
 
 pub use emulated::EmulatedDma;
-pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS};
-pub use local::{AlignedBuf, LocalBuf};
+
+/// DPU-local memory that DMA operations copy into or out of (`dds-sys`'s aligned buffer).
+pub type LocalBuf = dds_sys::AlignedBuf;
 
 /// A host memory region registered with a DMA engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -3,6 +3,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use dds_shm::SharedRegion;
+use dds_sys::{recv_with_fds, send_with_fds};
 use proptest::prelude::*;
 
 use super::*;

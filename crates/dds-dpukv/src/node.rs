@@ -11,7 +11,7 @@ use crate::queue::Geometry;
 use crate::Design;
 use anyhow::Context;
 use anyhow::{bail, Result};
-use dds_dma::{recv_with_fds, send_with_fds};
+use dds_sys::{recv_with_fds, send_with_fds};
 use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::os::fd::OwnedFd;

@@ -1,6 +1,6 @@
 //! Aligned heap buffers for O_DIRECT I/O.
 
-pub use dds_dma::AlignedBuf;
+pub use dds_sys::AlignedBuf;
 
 /// Rounds `v` down to a multiple of `a` (a > 0).
 #[inline]

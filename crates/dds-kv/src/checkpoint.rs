@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::storage::StoreFile;
+use dds_storage::StoreFile;
 
 const MAGIC: &[u8; 8] = b"DKVCKPT1";
 const SLOT: usize = 512;

@@ -12,7 +12,6 @@ pub mod fetch;
 pub mod offload;
 pub mod record;
 pub mod server;
-pub mod storage;
 pub mod store;
 
 pub use engine::{Engine, MemEngine};

@@ -9,7 +9,7 @@ use anyhow::{ensure, Context, Result};
 
 use crate::checkpoint::{Checkpoint, CheckpointFile};
 use crate::record::{self, Header, FLAG_SUPERSEDED, HEADER, KIND_TOMBSTONE, KIND_VALUE};
-use crate::storage::{Storage, StoreFile};
+use dds_storage::{Storage, StoreFile};
 
 /// What survives a restart (`docs/kv-service.md` §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

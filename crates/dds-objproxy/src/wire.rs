@@ -5,8 +5,8 @@ use std::io::{self, Read};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use dds_dma::{recv_with_fds, send_with_fds};
 use dds_objstore::StoreError;
+use dds_sys::{recv_with_fds, send_with_fds};
 
 /// Protocol version of ATTACH.
 pub const VERSION: u32 = 2;
@@ -52,7 +52,7 @@ pub const CTL_SLEEP: u64 = 32;
 pub const CTL_READ: usize = 40;
 /// Most channels of a session: the ATTACH reply carries the region and one doorbell per
 /// channel in one `SCM_RIGHTS` message.
-pub const MAX_CHANNELS: u32 = dds_dma::MAX_FDS as u32 - 1;
+pub const MAX_CHANNELS: u32 = dds_sys::MAX_FDS as u32 - 1;
 
 /// Reasons a host closes a channel.
 pub const REASON_HEADER: u64 = 1;

@@ -3,7 +3,7 @@
 
 use crate::error::StoreError;
 use crate::BLOCK_SIZE;
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 use io_uring::{opcode, types, IoUring};
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -3,7 +3,7 @@
 //! reused as they are (callers zero what they do not overwrite).
 
 use crate::BLOCK_SIZE;
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 use std::sync::Mutex;
 
 /// Size classes: powers of two from one block up.

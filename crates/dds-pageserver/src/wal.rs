@@ -2,7 +2,7 @@
 //! 4 KiB header that says where the log starts.
 
 use anyhow::{bail, Result};
-use dds_kv::storage::StoreFile;
+use dds_storage::StoreFile;
 
 use crate::proto::{self, Record};
 

@@ -315,7 +315,7 @@ pub fn send_frame<T: Serialize>(
     }
     // The descriptors go with the first byte only, so one byte carries them and the rest
     // follows as plain stream data.
-    dds_dma::send_with_fds(sock, &frame[..1], fds)?;
+    dds_sys::send_with_fds(sock, &frame[..1], fds)?;
     (&*sock).write_all(&frame[1..])?;
     Ok(())
 }
@@ -363,7 +363,7 @@ pub fn recv_frame_within(
     let mut len_bytes = [0u8; 4];
     let mut got = 0;
     while got < 4 {
-        let n = match dds_dma::recv_with_fds(sock, &mut len_bytes[got..], fds) {
+        let n = match dds_sys::recv_with_fds(sock, &mut len_bytes[got..], fds) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if timed_out(&e) && frame_timeout.is_some() => {

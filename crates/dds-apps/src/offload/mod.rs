@@ -1,54 +1,10 @@
 //! The application halves of the offload apps (the DPU runs them through the offload API,
 //! `dds-offload-api`): how each application's requests are framed, which of them the DPU may
-//! serve, and how cache-on-write learns where objects are. [`registry`] names them for
-//! `dds dpu --offload NAME`.
+//! serve, and how cache-on-write learns where objects are. The `dds` binary names them, with
+//! the other services' offload apps, for `dds dpu --offload NAME`.
 
 pub mod kv;
 pub mod pagestore;
 
-use std::sync::Arc;
-
-use dds_offload_api::{AppOptions, Registry};
-
 pub use kv::KvApp;
 pub use pagestore::{PagestoreApp, PagestoreConfig};
-
-/// The offload apps of the applications in this crate, by name.
-pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    r.register(
-        "pagestore",
-        "pagestore protocol (dds app pagestore): READs served on the DPU",
-        |o: &AppOptions| {
-            Arc::new(PagestoreApp::new(PagestoreConfig {
-                require_cached: !o.uncached,
-                ..PagestoreConfig::default()
-            }))
-        },
-    );
-    r.register(
-        "redis",
-        "Redis protocol of `dds kv`: GETs of records on storage served on the DPU",
-        |o: &AppOptions| {
-            let max = o
-                .max_message
-                .unwrap_or(dds_kv::offload::DEFAULT_MAX_MESSAGE);
-            let app = dds_kv::offload::RedisApp::new(max);
-            Arc::new(match o.max_response {
-                Some(r) => app.with_max_response(r),
-                None => app,
-            })
-        },
-    );
-    r.register(
-        "pageserver",
-        "GetPage@LSN of `dds pageserver`: page versions on storage served on the DPU",
-        |_| Arc::new(dds_pageserver::offload::PageServerApp),
-    );
-    r.register(
-        "kv",
-        "log-structured key-value protocol: GETs of cached keys served on the DPU",
-        |_| Arc::new(KvApp),
-    );
-    r
-}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::storage::OsStorage;
+use dds_storage::OsStorage;
 
 fn small(durability: Durability) -> StoreConfig {
     StoreConfig {

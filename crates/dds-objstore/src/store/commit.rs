@@ -14,7 +14,7 @@ use crate::meta::{
 use crate::tx::ObjectId;
 use crate::BLOCK_SIZE;
 use crossbeam_channel::Receiver;
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 use redb::{ReadableTable, Table};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;

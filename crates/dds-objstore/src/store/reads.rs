@@ -8,7 +8,7 @@ use crate::error::StoreError;
 use crate::meta::{obj_key, sub_key, sub_prefix_of_key, Blk, Onode, OBJECTS, OMAP, XATTRS};
 use crate::tx::{ObjectId, Transaction, TxOp, TxOpRef};
 use crate::{KvPairs, ObjStat, ObjectStore, StoreStats, BLOCK_SIZE};
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 use redb::ReadableTable;
 use std::ops::Bound;
 use std::sync::atomic::Ordering;

@@ -8,7 +8,7 @@ use crate::error::StoreError;
 use crate::pool::BufPool;
 use crate::tx::{ObjectId, Transaction, TxOp, TxOpRef};
 use crate::BLOCK_SIZE;
-use dds_dma::AlignedBuf;
+use dds_sys::AlignedBuf;
 use std::sync::atomic::Ordering;
 
 /// Data of one write, staged by the submitter in an aligned buffer laid out by logical block,

@@ -1,13 +1,13 @@
-//! Storage backends of the pagestore server.
+//! Files served to worker threads with asynchronous I/O: the backends of the pagestore server.
 //!
-//! - [`OsStorage`]: regular files in a directory, read and written with io_uring (one ring per
-//!   server worker thread). Requests whose offset, length and buffer are aligned to the file's
-//!   direct-I/O alignment go through an `O_DIRECT` descriptor; other requests go through a
-//!   second, buffered descriptor of the same file (still through io_uring). This is the paper's
-//!   baseline: the host application with kernel TCP and OS files.
-//! - [`DdsStorage`]: DDS files through the host library (`dds-host`), the file service running
-//!   in the DPU process. One notification group serves all workers; a completion thread
-//!   PollWaits on it and hands each completion to the worker that issued it.
+//! - [`OsAsyncStorage`]: regular files in a directory, read and written with io_uring (one ring
+//!   per server worker thread). Requests whose offset, length and buffer are aligned to the
+//!   file's direct-I/O alignment go through an `O_DIRECT` descriptor; other requests go through
+//!   a second, buffered descriptor of the same file (still through io_uring). This is the
+//!   paper's baseline: the host application with kernel TCP and OS files.
+//! - [`DdsAsyncStorage`]: DDS files through the host library (`dds-host`), the file service
+//!   running in the DPU process. One notification group serves all workers; a completion
+//!   thread PollWaits on it and hands each completion to the worker that issued it.
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -28,8 +28,8 @@ use crate::pattern;
 mod dds;
 mod os;
 
-pub use dds::{DdsStorage, OnDpuLoss, DDS_GROUP_SLOTS};
-pub use os::{Fill, OsStorage};
+pub use dds::{DdsAsyncStorage, OnDpuLoss, DDS_GROUP_SLOTS};
+pub use os::{Fill, OsAsyncStorage};
 
 /// A completed I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub trait WorkerIo: Send {
 }
 
 /// A storage backend: the files and a factory of per-worker I/O interfaces.
-pub trait Storage: Send + Sync {
+pub trait AsyncStorage: Send + Sync {
     fn name(&self) -> &'static str;
     /// File ids clients use, in file order (f0, f1, ...).
     fn file_ids(&self) -> &[u32];
@@ -114,7 +114,7 @@ impl FileSet {
 pub const BUF_ALIGN: usize = 4096;
 
 /// I/O buffers: the workspace's aligned buffer type, aligned to [`BUF_ALIGN`].
-pub use dds_dma::AlignedBuf;
+pub use dds_sys::AlignedBuf;
 
 /// An I/O buffer of at least `len` bytes, its length a multiple of [`BUF_ALIGN`].
 fn io_buffer(len: usize) -> AlignedBuf {
@@ -203,23 +203,23 @@ pub enum BackendSpec {
 }
 
 /// Opens the backend for `workers` worker threads.
-pub fn open_storage(
+pub fn open_async_storage(
     spec: &BackendSpec,
     files: usize,
     file_size: u64,
     fill: Fill,
     workers: usize,
-) -> Result<Arc<dyn Storage>> {
+) -> Result<Arc<dyn AsyncStorage>> {
     if files == 0 {
         bail!("at least one file");
     }
     Ok(match spec {
-        BackendSpec::Os { dir } => Arc::new(OsStorage::open(dir, files, file_size, fill)?),
+        BackendSpec::Os { dir } => Arc::new(OsAsyncStorage::open(dir, files, file_size, fill)?),
         BackendSpec::Dds {
             socket,
             dir,
             on_loss,
-        } => Arc::new(DdsStorage::open_with(
+        } => Arc::new(DdsAsyncStorage::open_with(
             socket, dir, files, file_size, fill, workers, *on_loss,
         )?),
     })

@@ -1,6 +1,23 @@
-//! Where the log and the checkpoint live: DDS files through the host library (the DPU's file
-//! service), or regular files (the host doing the same work, for comparison and for tests of
-//! the engine alone).
+//! The storage adapter of the DDS services: where a service's files live. Either DDS files
+//! through the host library (the DPU's file service), or regular files (the host doing the
+//! same work, for comparison and for tests of a service alone).
+//!
+//! Two interfaces over the same two places:
+//!
+//! - [`Storage`] / [`StoreFile`] ([`OsStorage`], [`DdsStorage`]): named files read and written
+//!   synchronously at byte offsets, plus the DPU cache hooks (expose, cache, invalidate). The
+//!   key-value service (`dds kv`: its log and checkpoint) and the page server
+//!   (`dds pageserver`: its log and pages) keep their data so.
+//! - [`aio`]: a fixed set of files `f0 .. fN-1` served to worker threads with asynchronous
+//!   I/O (submit, a completion eventfd, reap): [`aio::AsyncStorage`] with
+//!   [`aio::OsAsyncStorage`] (io_uring, O_DIRECT where aligned) and [`aio::DdsAsyncStorage`]
+//!   (one notification group, a completion thread, reconnection when the DPU comes back). The
+//!   pagestore server (`dds app pagestore`) serves its files so.
+//!
+//! [`pattern`] is the deterministic data those files are filled with and checked against.
+
+pub mod aio;
+pub mod pattern;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

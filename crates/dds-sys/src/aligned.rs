@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 ///
 /// DMA operations reach it through raw pointers ([`as_mut_ptr`](Self::as_mut_ptr)); while an
 /// operation that targets some bytes is in flight, no slice covering those bytes may be alive
-/// (the contract of [`DmaEngine::post`](crate::DmaEngine::post)).
+/// (the contract of `dds_dma::DmaEngine::post`).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -93,6 +93,3 @@ impl std::fmt::Debug for AlignedBuf {
             .finish()
     }
 }
-
-/// DPU-local memory that DMA operations copy into or out of (an [`AlignedBuf`]).
-pub type LocalBuf = AlignedBuf;

@@ -17,7 +17,7 @@ struct OsFile {
 }
 
 /// Regular files `f0..fN-1` in a directory.
-pub struct OsStorage {
+pub struct OsAsyncStorage {
     files: Vec<OsFile>,
     ids: Vec<u32>,
     file_size: u64,
@@ -39,9 +39,9 @@ fn dio_alignment(file: &File) -> u64 {
     4096
 }
 
-impl OsStorage {
+impl OsAsyncStorage {
     /// Opens (creating and sizing when needed) `dir/f0 .. dir/f{files-1}`.
-    pub fn open(dir: &Path, files: usize, file_size: u64, fill: Fill) -> Result<OsStorage> {
+    pub fn open(dir: &Path, files: usize, file_size: u64, fill: Fill) -> Result<OsAsyncStorage> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let mut out = Vec::with_capacity(files);
         let mut align = 512u64;
@@ -70,7 +70,7 @@ impl OsStorage {
             align = align.max(dio_alignment(&direct));
             out.push(OsFile { direct, buffered });
         }
-        Ok(OsStorage {
+        Ok(OsAsyncStorage {
             ids: (0..files as u32).collect(),
             files: out,
             file_size,
@@ -112,7 +112,7 @@ struct UringIo {
     queued: usize,
 }
 
-impl Storage for OsStorage {
+impl AsyncStorage for OsAsyncStorage {
     fn name(&self) -> &'static str {
         "os"
     }

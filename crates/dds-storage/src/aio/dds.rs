@@ -39,7 +39,7 @@ impl DdsShared {
 }
 
 /// DDS files `/pagestore/f0 .. f{N-1}` on a running DPU.
-pub struct DdsStorage {
+pub struct DdsAsyncStorage {
     shared: Arc<DdsShared>,
     ids: Vec<u32>,
     file_size: u64,
@@ -52,7 +52,7 @@ const TOKEN_BITS: u32 = 48;
 /// Outstanding operations of the server's notification group.
 pub const DDS_GROUP_SLOTS: u16 = 4096;
 
-impl DdsStorage {
+impl DdsAsyncStorage {
     /// Connects to the DPU at `socket`, creates or opens and sizes the files, and starts the
     /// completion thread for `workers` worker threads. A lost DPU is reconnected to.
     pub fn open(
@@ -62,7 +62,7 @@ impl DdsStorage {
         file_size: u64,
         fill: Fill,
         workers: usize,
-    ) -> Result<DdsStorage> {
+    ) -> Result<DdsAsyncStorage> {
         let on_loss = OnDpuLoss::Reconnect {
             give_up_after: None,
         };
@@ -78,7 +78,7 @@ impl DdsStorage {
         fill: Fill,
         workers: usize,
         on_loss: OnDpuLoss,
-    ) -> Result<DdsStorage> {
+    ) -> Result<DdsAsyncStorage> {
         let config = dds_host::Config {
             default_group: GroupConfig {
                 request_ring_bytes: 16 << 20,
@@ -147,7 +147,7 @@ impl DdsStorage {
         let poller = std::thread::Builder::new()
             .name("dds-completions".into())
             .spawn(move || poll_completions(&s))?;
-        Ok(DdsStorage {
+        Ok(DdsAsyncStorage {
             shared,
             ids,
             file_size,
@@ -282,9 +282,9 @@ fn poll_completions(s: &DdsShared) {
     }
 }
 
-impl Drop for DdsStorage {
+impl Drop for DdsAsyncStorage {
     fn drop(&mut self) {
-        Storage::shutdown(self);
+        AsyncStorage::shutdown(self);
     }
 }
 
@@ -294,7 +294,7 @@ struct DdsIo {
     inflight: usize,
 }
 
-impl Storage for DdsStorage {
+impl AsyncStorage for DdsAsyncStorage {
     fn name(&self) -> &'static str {
         "dds"
     }
