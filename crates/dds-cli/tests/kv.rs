@@ -623,3 +623,66 @@ print("ok")
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn an_expired_key_is_never_served_by_the_dpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "512M", "redis");
+    let (_kv, _) = start_kv_on(
+        &format!("127.0.0.1:{hport}"),
+        &[
+            "--socket",
+            socket.to_str().unwrap(),
+            "--memory",
+            "256K",
+            "--page-size",
+            "64K",
+            "--log-size",
+            "64M",
+            "--durability",
+            "fsync",
+        ],
+    );
+    let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
+    let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
+    let mut d = TcpStream::connect(via_dpu).unwrap();
+    let mut h = TcpStream::connect(direct).unwrap();
+    let (mut db, mut hb) = (Vec::new(), Vec::new());
+    // 200 keys without expiry, then enough others that they are on storage and cached.
+    for i in 0..1200 {
+        d.write_all(&cmd(&[b"SET", format!("key{i}").as_bytes(), &[b'v'; 300]]))
+            .unwrap();
+        assert_eq!(read_reply(&mut d, &mut db), b"+OK\r\n");
+    }
+    let before = offloaded(&socket);
+    for i in 0..200 {
+        d.write_all(&cmd(&[b"GET", format!("key{i}").as_bytes()]))
+            .unwrap();
+        assert_eq!(read_reply(&mut d, &mut db).len(), 300 + 8);
+    }
+    assert!(offloaded(&socket) - before > 100, "the DPU served the GETs");
+    // Expiries set through the director (even keys) and straight to the host (odd keys).
+    for i in 0..200 {
+        let (s, b) = if i % 2 == 0 {
+            (&mut d, &mut db)
+        } else {
+            (&mut h, &mut hb)
+        };
+        s.write_all(&cmd(&[b"PEXPIRE", format!("key{i}").as_bytes(), b"300"]))
+            .unwrap();
+        assert_eq!(read_reply(s, b), b":1\r\n");
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    for i in 0..200 {
+        d.write_all(&cmd(&[b"GET", format!("key{i}").as_bytes()]))
+            .unwrap();
+        assert_eq!(
+            read_reply(&mut d, &mut db),
+            b"$-1\r\n",
+            "key{i} after it expired"
+        );
+    }
+    // Keys that never expired are still served.
+    d.write_all(&cmd(&[b"GET", b"key500"])).unwrap();
+    assert_eq!(read_reply(&mut d, &mut db).len(), 300 + 8);
+}

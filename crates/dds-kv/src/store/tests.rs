@@ -248,3 +248,85 @@ fn set_conditions_expiry_and_integers_follow_redis() {
     assert_eq!(s.len(), 0);
     assert_eq!(get(&mut s, b"a"), None);
 }
+
+#[test]
+fn expired_records_are_garbage_for_compaction_and_stay_gone_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), small(Durability::Periodic));
+    // 40 keys of 3000 B that expire soon, 8 that never do; nobody reads the expiring ones.
+    let soon = now_ms() + 200;
+    for k in 0..40u32 {
+        s.set(
+            format!("e{k}").as_bytes(),
+            &[1; 3000],
+            SetCond::Always,
+            Expiry::At(soon),
+            None,
+        )
+        .unwrap();
+    }
+    for k in 0..8u32 {
+        s.set(
+            format!("p{k}").as_bytes(),
+            &[2; 3000],
+            SetCond::Always,
+            Expiry::None,
+            None,
+        )
+        .unwrap();
+    }
+    s.commit().unwrap();
+    assert_eq!(s.len(), 48, "expired keys count until they are found");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Enough writes to compact every page the expiring records were on.
+    let moves_before = s.stats().compaction_moves;
+    for round in 0..30u32 {
+        for k in 0..16u32 {
+            s.set(
+                format!("w{k}").as_bytes(),
+                &[round as u8; 2000],
+                SetCond::Always,
+                Expiry::None,
+                None,
+            )
+            .unwrap();
+        }
+        s.commit().unwrap();
+    }
+    assert!(s.stats().compactions > 8, "{:?}", s.stats());
+    // Compaction moved the 8 persistent keys (and rewritten ones), never the 40 expired.
+    let moved = s.stats().compaction_moves - moves_before;
+    assert!(
+        moved < 40 * 2,
+        "expired records were carried along: {moved} moves"
+    );
+    assert_eq!(
+        s.len(),
+        8 + 16,
+        "the expired keys left the index when compacted"
+    );
+    for k in 0..40u32 {
+        assert_eq!(get(&mut s, format!("e{k}").as_bytes()), None);
+    }
+    s.close().unwrap();
+    let mut s = open(dir.path(), small(Durability::Periodic));
+    assert_eq!(s.len(), 24);
+    for k in 0..8u32 {
+        assert_eq!(get(&mut s, format!("p{k}").as_bytes()), Some(vec![2; 3000]));
+    }
+    assert_eq!(get(&mut s, b"e0"), None);
+}
+
+#[test]
+fn the_empty_key_is_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), small(Durability::Periodic));
+    s.set(b"", b"empty", SetCond::Always, Expiry::None, None)
+        .unwrap();
+    assert_eq!(get(&mut s, b""), Some(b"empty".to_vec()));
+    s.close().unwrap();
+    let mut s = open(dir.path(), small(Durability::Periodic));
+    assert_eq!(get(&mut s, b""), Some(b"empty".to_vec()));
+    assert!(s.del(b"").unwrap());
+    assert_eq!(get(&mut s, b""), None);
+}
