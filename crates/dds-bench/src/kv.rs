@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
+use crate::device::DeviceReads;
 use crate::machine::{cost_model_text, Machine};
 use crate::placement::Placement;
 use crate::plot::{LineChart, Series};
@@ -167,8 +168,16 @@ struct Side {
     server: ChildGuard,
     socket: Option<PathBuf>,
     addr: SocketAddr,
-    _dir: tempfile::TempDir,
+    /// Holds the DPU's device file ([`DEVICE_FILE`]).
+    dir: tempfile::TempDir,
 }
+
+/// The device file [`spawn_dpu`] formats in its directory.
+pub(crate) const DEVICE_FILE: &str = "dev.img";
+
+/// The device reads of a GET of a record on storage: `dds kv` reads at most 256 bytes of a
+/// record, which the file service reads from the device as one aligned block of up to 4 KiB.
+const KV_IO_BYTES: u32 = 4096;
 
 /// `redis-server` on a free loopback port (no persistence, `dir` as its directory), on
 /// `cpus`, once it accepts connections.
@@ -215,7 +224,7 @@ pub(crate) fn spawn_dpu(
     extra: &[String],
     place: &Placement,
 ) -> Result<(ChildGuard, PathBuf)> {
-    let device = dir.join("dev.img");
+    let device = dir.join(DEVICE_FILE);
     let st = Command::new(exe)
         .args(["format", "--size", device_size, "--device"])
         .arg(&device)
@@ -271,7 +280,7 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
             server,
             socket: None,
             addr,
-            _dir: dir,
+            dir,
         });
     }
     let (director, host_port) = (free_port()?, free_port()?);
@@ -324,7 +333,7 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
         server,
         socket: Some(socket),
         addr,
-        _dir: dir,
+        dir,
     })
 }
 
@@ -476,6 +485,7 @@ pub fn run_kv(a: KvArgs, command: String) -> Result<Report> {
     let _pin = place.pin_host()?;
     let mut points: Vec<Point> = Vec::new();
     let mut rb: Vec<RbPoint> = Vec::new();
+    let mut device = None;
     for mode in [Mode::NoOffload, Mode::Offload, Mode::Redis, Mode::Inmemory] {
         eprintln!("dds bench kv: {} ...", mode.name());
         let mut side = start_side(mode, &a, &p, &place)?;
@@ -546,10 +556,25 @@ pub fn run_kv(a: KvArgs, command: String) -> Result<Report> {
         if let Some(mut d) = side.dpu.take() {
             let _ = d.stop(Duration::from_secs(5));
         }
+        if mode == Mode::NoOffload {
+            // The device file the service just ran on, alone (the DPU has stopped).
+            let dev = side.dir.path().join(DEVICE_FILE);
+            device = crate::device::measure_or_warn(&dev, KV_IO_BYTES, p.seconds);
+        }
     }
-    Ok(report(&a, &p, command, machine, &place, points, rb))
+    Ok(report(
+        &a,
+        &p,
+        command,
+        machine,
+        &place,
+        points,
+        rb,
+        device.as_ref(),
+    ))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn report(
     a: &KvArgs,
     p: &Plan,
@@ -558,6 +583,7 @@ fn report(
     place: &Placement,
     points: Vec<Point>,
     rb: Vec<RbPoint>,
+    device: Option<&DeviceReads>,
 ) -> Report {
     let cmax = *p.connections.iter().max().expect("connections");
     let at = |mode: &str, w: &str| {
@@ -591,14 +617,31 @@ fn report(
         (Some(o), Some(r)) => ratio(o.requests_per_sec, r.requests_per_sec),
         _ => f64::NAN,
     };
+    // Every mode's GETs/s as a fraction of the device's own random-read IOPS: uniform GETs at
+    // the largest connection count; `inmemory` has only its redis-benchmark run (-P 16).
+    let mut throughput: Vec<(&str, Option<f64>)> = [Mode::NoOffload, Mode::Offload, Mode::Redis]
+        .iter()
+        .map(|m| {
+            (
+                m.name(),
+                at(m.name(), "uniform-read").map(|x| x.ops_per_sec),
+            )
+        })
+        .collect();
+    throughput.push((
+        Mode::Inmemory.name(),
+        rbat("inmemory", 16).map(|x| x.requests_per_sec),
+    ));
+    let fractions = crate::device::fractions(device, &throughput, "get_over_device_read_iops");
     let targets = vec![
         Target::at_most("offload_host_cpu_per_get_over_no_offload", host_ratio, 0.02),
         Target::at_least("offload_over_no_offload_throughput", tput_ratio, 1.0),
         Target::at_least("get_over_redis_server", get_ratio, 0.5),
         Target::at_most("host_cpu_per_get_over_redis_server", cpu_ratio, 0.1),
         Target::at_least("inmemory_get_over_redis_server", inmem, 1.0),
+        Target::at_least("no_offload_get_over_device_read_iops", fractions[0].1, 0.5),
     ];
-    let summary = json!({
+    let mut summary = json!({
         "offload_host_cpu_per_get_over_no_offload": host_ratio,
         "offload_over_no_offload_throughput": tput_ratio,
         "get_over_redis_server": get_ratio,
@@ -606,8 +649,15 @@ fn report(
         "inmemory_get_over_redis_server": inmem,
         "offload_dpu_get_fraction": off.map(|o| o.dpu_get_fraction),
         "offload_dpu_cpu_us_per_get": off.map(|o| o.dpu_cpu_us_per_op),
+        "device_read_iops": device.map(|d| d.iops),
+        "device_read_io_bytes": device.map(|d| d.io_bytes),
+        "device_read_queue_depth": device.map(|d| d.threads * d.depth),
+        "device_read_data_bytes": device.map(|d| d.data_bytes),
         "targets": targets,
     });
+    for (k, r) in &fractions {
+        summary[k.as_str()] = json!(r);
+    }
     let mut t = Table::new(
         format!(
             "YCSB workloads at {cmax} connections (8-byte keys and values, {} records, \
@@ -658,6 +708,11 @@ fn report(
             format!("{:.0}%", 100.0 * x.dpu_get_fraction),
         ]);
     }
+    let t3 = crate::device::fraction_table(
+        device,
+        &throughput,
+        &format!("GETs/s: uniform at {cmax} connections, inmemory redis-benchmark -P 16"),
+    );
     let note = format!(
         "{} CPUs; DPU emulated: the dds dpu process on its own core",
         machine.nproc
@@ -738,7 +793,7 @@ fn report(
                 .chain(rb.iter().map(|x| json!(x)))
                 .collect(),
         ),
-        tables: vec![t, t2],
+        tables: vec![t, t2, t3],
         charts,
         panels: Vec::new(),
     }

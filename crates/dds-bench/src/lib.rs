@@ -8,6 +8,7 @@
 pub mod cache_table;
 pub mod child;
 pub mod cpu;
+pub mod device;
 pub mod dpu;
 pub mod dpukv;
 pub mod files;

@@ -29,7 +29,8 @@ use serde_json::{json, Value};
 
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
-use crate::kv::{free_port, spawn_dpu, taskset, wait_port};
+use crate::device::DeviceReads;
+use crate::kv::{free_port, spawn_dpu, taskset, wait_port, DEVICE_FILE};
 use crate::machine::{cost_model_text, Machine};
 use crate::placement::Placement;
 use crate::plot::{LineChart, Series};
@@ -209,7 +210,8 @@ struct Side {
     socket: PathBuf,
     addr: SocketAddr,
     host: SocketAddr,
-    _dir: tempfile::TempDir,
+    /// Holds the DPU's device file ([`DEVICE_FILE`]).
+    dir: tempfile::TempDir,
 }
 
 fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) -> Result<Side> {
@@ -266,7 +268,7 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
         socket,
         addr,
         host,
-        _dir: dir,
+        dir,
     })
 }
 
@@ -395,6 +397,7 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
     let place = Placement::plan(nproc, a.dpu_cpus.as_deref(), a.shared_cores)?;
     let _pin = place.pin_host()?;
     let mut points = Vec::new();
+    let mut device = None;
     for (offload, mode) in [(false, "no-offload"), (true, "offload")] {
         eprintln!("dds bench pageserver: {mode} ...");
         let side = start(offload, &a, pages, &place)?;
@@ -463,8 +466,21 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
         let mut side = side;
         let _ = side.server.stop(Duration::from_secs(10));
         let _ = side.dpu.stop(Duration::from_secs(5));
+        if !offload {
+            // The device file the service just ran on, alone (the DPU has stopped).
+            let dev = side.dir.path().join(DEVICE_FILE);
+            device = crate::device::measure_or_warn(&dev, PS as u32, secs);
+        }
     }
-    Ok(report(&a, pages, command, machine, &place, points))
+    Ok(report(
+        &a,
+        pages,
+        command,
+        machine,
+        &place,
+        points,
+        device.as_ref(),
+    ))
 }
 
 fn report(
@@ -474,6 +490,7 @@ fn report(
     machine: Machine,
     place: &Placement,
     points: Vec<Point>,
+    device: Option<&DeviceReads>,
 ) -> Report {
     fn of<'a>(points: &'a [Point], m: &'a str) -> impl Iterator<Item = &'a Point> + 'a {
         points.iter().filter(move |p| p.mode == m)
@@ -495,19 +512,37 @@ fn report(
         _ => f64::NAN,
     };
     let peak_ratio = ratio(peak("offload"), peak("no-offload"));
+    // Every mode's peak reads/s as a fraction of the device's own random 8 KiB reads.
+    let throughput: Vec<(&str, Option<f64>)> = ["no-offload", "offload"]
+        .into_iter()
+        .map(|m| (m, of(m).next().map(|_| peak(m))))
+        .collect();
+    let fractions = crate::device::fractions(device, &throughput, "peak_over_device_read_iops_8k");
     let targets = vec![
         Target::at_most("offload_host_cpu_per_read_over_no_offload", cpu_ratio, 0.02),
         Target::at_most("offload_p99_over_no_offload_p99", p99_ratio, 0.5),
         Target::at_least("offload_peak_over_no_offload_peak", peak_ratio, 1.5),
+        Target::at_least(
+            "no_offload_peak_over_device_read_iops_8k",
+            fractions[0].1,
+            0.5,
+        ),
     ];
-    let summary = json!({
+    let mut summary = json!({
         "offload_host_cpu_per_read_over_no_offload": cpu_ratio,
         "offload_p99_over_no_offload_p99": p99_ratio,
         "offload_peak_over_no_offload_peak": peak_ratio,
         "no_offload_peak_reads_per_sec": peak("no-offload"),
         "offload_peak_reads_per_sec": peak("offload"),
+        "device_read_iops_8k": device.map(|d| d.iops),
+        "device_read_queue_depth": device.map(|d| d.threads * d.depth),
+        "device_read_data_bytes": device.map(|d| d.data_bytes),
         "targets": targets,
     });
+    for (k, r) in &fractions {
+        summary[k.as_str()] = json!(r);
+    }
+    let t2 = crate::device::fraction_table(device, &throughput, "Peak page reads/s");
     let mut t = Table::new(
         format!(
             "GetPage over {pages} pages of 8 KiB (buffer pool 10%), log applied at {} records/s",
@@ -586,7 +621,7 @@ fn report(
         config: json!({"args": a, "placement": place, "pages": pages, "page_size": PS}),
         summary,
         points: Value::Array(points.iter().map(|p| json!(p)).collect()),
-        tables: vec![t],
+        tables: vec![t, t2],
         charts,
         panels: Vec::new(),
     }

@@ -52,6 +52,66 @@ pub fn prepare_file(path: &Path, bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// The `io_bytes`-aligned blocks of a file that random offsets are drawn from, uniformly.
+#[derive(Clone, Debug)]
+pub struct Blocks {
+    /// Per range: its first block and the blocks before it in the list.
+    ranges: Vec<(u64, u64)>,
+    total: u64,
+}
+
+impl Blocks {
+    /// Every block of the first `file_bytes` bytes.
+    pub fn whole(file_bytes: u64, io_bytes: u32) -> Blocks {
+        Blocks {
+            ranges: vec![(0, 0)],
+            total: file_bytes / u64::from(io_bytes.max(1)),
+        }
+    }
+
+    /// The blocks of `path` that hold data (`SEEK_DATA` / `SEEK_HOLE`: no holes, no
+    /// preallocated extents never written), so that every read reaches the device.
+    pub fn written(path: &Path, io_bytes: u32) -> Result<Blocks> {
+        let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
+        let len = file.metadata()?.len();
+        let io = u64::from(io_bytes.max(1));
+        let fd = file.as_raw_fd();
+        let (mut ranges, mut total, mut at) = (Vec::new(), 0u64, 0u64);
+        while at < len {
+            // SAFETY: lseek on an open descriptor.
+            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                break; // ENXIO: no data after `at`
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+            let (start, end) = (data as u64, if hole < 0 { len } else { hole as u64 });
+            let (first, last) = (start.div_ceil(io), end / io);
+            if last > first {
+                ranges.push((first, total));
+                total += last - first;
+            }
+            at = end.max(start + 1);
+        }
+        if total == 0 {
+            bail!("{} holds no written block of {io} bytes", path.display());
+        }
+        Ok(Blocks { ranges, total })
+    }
+
+    /// Blocks in all.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The byte offset of block `i` (0 ..`count()`) of the list.
+    fn offset(&self, i: u64, io_bytes: u32) -> u64 {
+        let r = self.ranges.partition_point(|&(_, before)| before <= i) - 1;
+        let (first, before) = self.ranges[r];
+        (first + i - before) * u64::from(io_bytes)
+    }
+}
+
 /// Runs `spec` (its `file` field is ignored) against `path` with io_uring and O_DIRECT.
 /// `progress` is called with the operations done so far.
 pub fn run(
@@ -59,8 +119,25 @@ pub fn run(
     spec: &WorkloadSpec,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<WorkloadResult> {
+    run_on(
+        path,
+        spec,
+        &Blocks::whole(spec.file_bytes, spec.io_bytes),
+        progress,
+    )
+}
+
+/// As [`run`], with offsets drawn from `blocks` (the file is opened read-only when the
+/// workload only reads).
+pub fn run_on(
+    path: &Path,
+    spec: &WorkloadSpec,
+    blocks: &Blocks,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<WorkloadResult> {
     if spec.io_bytes == 0
         || spec.file_bytes < spec.io_bytes as u64
+        || blocks.count() == 0
         || spec.threads == 0
         || spec.depth == 0
     {
@@ -68,7 +145,7 @@ pub fn run(
     }
     let file: File = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(spec.read_ratio < 1.0)
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .with_context(|| format!("open {} with O_DIRECT", path.display()))?;
@@ -85,7 +162,6 @@ pub fn run(
     let completed = AtomicU64::new(0);
     let barrier = Barrier::new(spec.threads);
     let epoch = Instant::now();
-    let blocks = spec.file_bytes / spec.io_bytes as u64;
     type ThreadResult = Result<(Histogram<u64>, u64, u64, u64)>;
     let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..spec.threads)
@@ -114,7 +190,8 @@ pub fn run(
                                 break;
                             }
                             let slot = free.pop().expect("non-empty");
-                            let offset = rng.gen_range(0..blocks) * spec.io_bytes as u64;
+                            let offset =
+                                blocks.offset(rng.gen_range(0..blocks.count()), spec.io_bytes);
                             let is_read = rng.gen_bool(spec.read_ratio);
                             let ptr = bufs[slot].as_mut_ptr();
                             let sqe = if is_read {
@@ -202,5 +279,27 @@ mod tests {
             Err(e) => eprintln!("io_uring baseline unavailable here: {e:#}"),
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn written_blocks_skip_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse.dat");
+        let f = File::create(&path).unwrap();
+        f.set_len(16 << 20).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[1u8; 8192], 4 << 20).unwrap();
+        f.write_all_at(&[1u8; 4096], 12 << 20).unwrap();
+        f.sync_all().unwrap();
+        let b = Blocks::written(&path, 4096).unwrap();
+        // File systems may report data at a coarser grain than written, never less.
+        assert!(b.count() >= 3, "{b:?}");
+        let offs: Vec<u64> = (0..b.count()).map(|i| b.offset(i, 4096)).collect();
+        assert!(offs.contains(&(4 << 20)) && offs.contains(&((4 << 20) + 4096)));
+        assert!(offs.contains(&(12 << 20)));
+        assert!(offs.windows(2).all(|w| w[0] < w[1]));
+        let whole = Blocks::whole(1 << 20, 4096);
+        assert_eq!(whole.count(), 256);
+        assert_eq!(whole.offset(255, 4096), 255 * 4096);
     }
 }

@@ -42,13 +42,18 @@ pub struct DpuArgs {
     /// Also serve processes whose primary group is this one (repeatable).
     #[arg(long = "allow-gid", value_name = "GID")]
     pub allow_gids: Vec<u32>,
-    /// Control connections open at once at most; further ones are closed at once.
+    /// Control connections open at once at most. When all are taken, a new one closes the
+    /// longest-waiting connection that holds no group or buffer (or is closed if none does).
     #[arg(long, default_value_t = 64)]
     pub max_control_connections: usize,
-    /// Seconds a control request may take to arrive once it began (a stalled client is
-    /// disconnected).
+    /// Seconds a control request may take to arrive once it began, and a reply to be taken
+    /// (a stalled client is disconnected).
     #[arg(long, default_value_t = 10.0)]
     pub control_frame_timeout: f64,
+    /// Seconds a control connection that holds no group and no registered buffer may wait
+    /// between requests before it is closed (hosts holding groups wait without limit).
+    #[arg(long, default_value_t = 30.0)]
+    pub control_idle_timeout: f64,
     /// Print the readiness line on stdout as JSON: {"socket", "device", "director", "pid"}.
     #[arg(long)]
     pub json: bool,
@@ -248,6 +253,10 @@ impl DpuArgs {
                 .ok()
                 .filter(|d| !d.is_zero())
                 .context("--control-frame-timeout must be a positive number of seconds")?,
+            control_idle_timeout: Duration::try_from_secs_f64(self.control_idle_timeout)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .context("--control-idle-timeout must be a positive number of seconds")?,
             ..DpuConfig::default()
         })
     }

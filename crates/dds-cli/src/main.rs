@@ -38,6 +38,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once per process: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the DPU daemon: the file service on a device, serving host libraries over a socket.
@@ -52,6 +54,12 @@ enum Cmd {
     /// Run a benchmark; writes JSON and plots under bench/results/.
     #[cfg(feature = "bench")]
     Bench(bench_cmd::BenchArgs),
+    /// Run the end-to-end demo (needs a `dds` built with the `bench` feature).
+    #[cfg(not(feature = "bench"))]
+    Demo(WithoutBench),
+    /// Run a benchmark (needs a `dds` built with the `bench` feature).
+    #[cfg(not(feature = "bench"))]
+    Bench(WithoutBench),
     /// Check a device's metadata without changing it (what the DPU would recover, or what
     /// is damaged).
     Fsck(fsck_cmd::FsckArgs),
@@ -128,6 +136,10 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench_cmd::run(a),
+        #[cfg(not(feature = "bench"))]
+        Cmd::Demo(_) => Err(without_bench("demo")),
+        #[cfg(not(feature = "bench"))]
+        Cmd::Bench(_) => Err(without_bench("bench")),
         Cmd::Stats(a) => stats_cmd::run(a),
         Cmd::Wait(a) => wait_cmd::run(a),
         Cmd::Fsck(a) => fsck_cmd::run(a),
@@ -149,6 +161,25 @@ fn main() -> ExitCode {
             ExitCode::from(util::exit_code(&e))
         }
     }
+}
+
+/// The arguments of `dds demo` and `dds bench` in a `dds` built without them: taken as they
+/// come, so that the error names the missing feature whatever was asked.
+#[cfg(not(feature = "bench"))]
+#[derive(clap::Args)]
+struct WithoutBench {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _args: Vec<String>,
+}
+
+/// Why `dds <command>` cannot run: the `bench` feature is not in this build.
+#[cfg(not(feature = "bench"))]
+fn without_bench(command: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "`dds {command}` needs the `bench` feature of dds-cli, which this dds was built without: \
+         build it with `cargo build --release -p dds-cli --features bench` (or install it with \
+         `cargo install --path crates/dds-cli --features bench`)"
+    )
 }
 
 /// The command line, with the lists that come from registries filled in (the offload apps of

@@ -1,6 +1,7 @@
 //! `dds bench objects` end to end, as small as it runs: one mixed placement (two host OSDs,
 //! two DPU OSDs), one object size, 1-second phases, with Flow-Adapt on and off (in the OSDs
 //! and on the DMA path alone); and bad options fail with a message.
+#![cfg(feature = "bench")]
 
 use std::process::Command;
 use std::time::{Duration, Instant};

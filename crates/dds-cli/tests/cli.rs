@@ -547,6 +547,25 @@ fn dpu_resource_profile_pins_and_limits_the_process() {
     );
 }
 
+#[cfg(not(feature = "bench"))]
+#[test]
+fn demo_and_bench_name_the_feature_they_need() {
+    for args in [
+        vec!["bench", "kv", "--quick"],
+        vec!["bench"],
+        vec!["demo", "--storage-only"],
+    ] {
+        let out = Command::new(DDS).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("`bench` feature") && err.contains("--features bench"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[cfg(feature = "bench")]
 #[test]
 fn demo_storage_path_runs_and_reports() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,6 +99,7 @@ fn pagestore_and_client_processes_with_verification() {
     assert!(ok, "server did not exit cleanly on SIGTERM");
 }
 
+#[cfg(feature = "bench")]
 #[test]
 fn bench_remote_quick_reports_modes_a_b_and_c() {
     let out_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -211,6 +212,7 @@ fn bench_remote_quick_reports_modes_a_b_and_c() {
     }
 }
 
+#[cfg(feature = "bench")]
 #[test]
 fn bench_echo_quick_reports_host_and_dpu_sides() {
     let out_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

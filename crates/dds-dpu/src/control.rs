@@ -1,10 +1,17 @@
 //! Control plane: the Unix socket listener and one thread per host connection.
+//!
+//! Slots are bounded (`max_control_connections`), but a connection that holds nothing (no
+//! notification group, no registered buffer) and waits for its next frame never keeps a newcomer
+//! out: when every slot is taken, the one of those that has waited longest is closed to make
+//! room. Such a connection is also closed after `control_idle_timeout` without a request; a
+//! frame that has begun must be complete within `control_frame_timeout`, and a reply taken by
+//! the client within the same time. A host holding groups keeps its connection, idle or not.
 
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -35,7 +42,21 @@ pub(crate) enum Command {
     },
 }
 
-type Connections = Arc<std::sync::Mutex<Vec<(u64, UnixStream)>>>;
+/// What the acceptor knows of one connection: enough to pick one to close when every slot is
+/// taken, and to hang up on it.
+struct ConnState {
+    sock: UnixStream,
+    /// Milliseconds since the listener's epoch at which the connection began waiting for its
+    /// next frame (plus 1); 0 while a request is being served.
+    waiting_since: AtomicU64,
+    /// Whether it completed a `hello`.
+    hello: AtomicBool,
+    /// Whether it holds notification groups or registered buffers: a host's lifeline, never
+    /// closed for idleness nor to make room.
+    holds: AtomicBool,
+}
+
+type Connections = Arc<std::sync::Mutex<Vec<(u64, Arc<ConnState>)>>>;
 
 /// Starts DPU daemons.
 pub struct Dpu;
@@ -194,6 +215,9 @@ struct Policy {
     allow_gids: Vec<u32>,
     max_connections: usize,
     frame_timeout: Duration,
+    idle_timeout: Duration,
+    /// Time origin of [`ConnState::waiting_since`].
+    epoch: std::time::Instant,
 }
 
 impl Policy {
@@ -205,7 +229,14 @@ impl Policy {
             allow_gids: c.allow_gids.clone(),
             max_connections: c.max_control_connections.max(1),
             frame_timeout: c.control_frame_timeout,
+            idle_timeout: c.control_idle_timeout,
+            epoch: std::time::Instant::now(),
         }
+    }
+
+    /// A [`ConnState::waiting_since`] stamp for now (never 0).
+    fn stamp(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
     }
 
     /// Whether the peer (uid, gid) may connect.
@@ -325,7 +356,7 @@ impl DpuHandle {
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
         {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+            let _ = c.sock.shutdown(std::net::Shutdown::Both);
         }
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -346,69 +377,14 @@ fn accept_loop(
     policy: Arc<Policy>,
 ) {
     let next_conn = AtomicU64::new(1);
-    let live = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((sock, _)) => {
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
-                match peer_credentials(&sock) {
-                    Ok((_, uid, gid)) if policy.admits(uid, gid) => {}
-                    Ok((pid, uid, gid)) => {
-                        tracing::warn!(
-                            conn,
-                            pid,
-                            uid,
-                            gid,
-                            "refused control connection: user not allowed (see --allow-uid, --allow-gid)"
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(conn, "refused control connection: peer credentials: {e}");
-                        continue;
-                    }
-                }
-                if live.load(Ordering::Acquire) >= policy.max_connections {
-                    tracing::warn!(
-                        conn,
-                        max = policy.max_connections,
-                        "refused control connection: too many open (see --max-control-connections)"
-                    );
-                    continue;
-                }
-                let tx = cmd_tx.clone();
-                let hello = hello.clone();
-                if let Ok(c) = sock.try_clone() {
-                    conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((conn, c));
-                }
-                let thread_conns = conns.clone();
-                live.fetch_add(1, Ordering::AcqRel);
-                let thread_live = live.clone();
-                let timeout = policy.frame_timeout;
-                let r = std::thread::Builder::new()
-                    .name(format!("dds-conn-{conn}"))
-                    .spawn(move || {
-                        serve_connection(conn, sock, tx, hello, timeout);
-                        thread_conns
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .retain(|(c, _)| *c != conn);
-                        thread_live.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if let Err(e) = r {
-                    live.fetch_sub(1, Ordering::AcqRel);
-                    conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|(c, _)| *c != conn);
-                    tracing::error!("cannot start connection thread: {e}");
-                }
+                admit(conn, sock, &cmd_tx, &hello, &conns, &policy);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                wait_readable(&listener, 50);
             }
             Err(e) => {
                 tracing::error!("accept: {e}");
@@ -418,19 +394,151 @@ fn accept_loop(
     }
 }
 
+/// Waits until `fd` is readable (or hung up), at most `timeout_ms` (negative: no limit).
+/// False when the time ran out.
+fn wait_readable(fd: &impl std::os::fd::AsRawFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        // An error other than EINTR: let the caller's read report it.
+        return r != 0;
+    }
+}
+
+/// Checks the peer of a new connection and gives it a slot and a thread, closing a waiting
+/// connection that holds nothing when every slot is taken.
+fn admit(
+    conn: u64,
+    sock: UnixStream,
+    cmd_tx: &CommandSender,
+    hello: &HelloInfo,
+    conns: &Connections,
+    policy: &Arc<Policy>,
+) {
+    match peer_credentials(&sock) {
+        Ok((_, uid, gid)) if policy.admits(uid, gid) => {}
+        Ok((pid, uid, gid)) => {
+            tracing::warn!(
+                conn,
+                pid,
+                uid,
+                gid,
+                "refused control connection: user not allowed (see --allow-uid, --allow-gid)"
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(conn, "refused control connection: peer credentials: {e}");
+            return;
+        }
+    }
+    let clone = match sock.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(conn, "refused control connection: {e}");
+            return;
+        }
+    };
+    let state = Arc::new(ConnState {
+        sock: clone,
+        waiting_since: AtomicU64::new(policy.stamp()),
+        hello: AtomicBool::new(false),
+        holds: AtomicBool::new(false),
+    });
+    {
+        let mut list = conns.lock().unwrap_or_else(|p| p.into_inner());
+        if list.len() >= policy.max_connections {
+            // The longest-waiting of the connections that hold nothing, those that never
+            // completed a hello first.
+            let victim = list
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, s))| !s.holds.load(Ordering::Acquire))
+                .filter_map(|(i, (_, s))| {
+                    let since = s.waiting_since.load(Ordering::Acquire);
+                    (since != 0).then(|| ((s.hello.load(Ordering::Acquire), since), i))
+                })
+                .min()
+                .map(|(_, i)| i);
+            let Some(i) = victim else {
+                tracing::warn!(
+                    conn,
+                    max = policy.max_connections,
+                    "refused control connection: too many open, all of them busy or holding groups (see --max-control-connections)"
+                );
+                return;
+            };
+            let (old, s) = list.swap_remove(i);
+            tracing::warn!(
+                conn = old,
+                max = policy.max_connections,
+                "closing a waiting control connection that holds nothing to make room for a new one"
+            );
+            let _ = s.sock.shutdown(std::net::Shutdown::Both);
+        }
+        list.push((conn, state.clone()));
+    }
+    let tx = cmd_tx.clone();
+    let hello = hello.clone();
+    let thread_conns = conns.clone();
+    let thread_policy = policy.clone();
+    let r = std::thread::Builder::new()
+        .name(format!("dds-conn-{conn}"))
+        .spawn(move || {
+            serve_connection(conn, sock, &state, tx, hello, &thread_policy);
+            thread_conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(c, _)| *c != conn);
+        });
+    if let Err(e) = r {
+        conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(c, _)| *c != conn);
+        tracing::error!("cannot start connection thread: {e}");
+    }
+}
+
 fn serve_connection(
     conn: u64,
     sock: UnixStream,
+    state: &ConnState,
     cmd_tx: CommandSender,
     hello: HelloInfo,
-    frame_timeout: Duration,
+    policy: &Policy,
 ) {
-    if let Err(e) = sock.set_nonblocking(false) {
+    let frame_timeout = policy.frame_timeout;
+    // A reply the client does not take within the frame deadline hangs up on it.
+    if let Err(e) = sock
+        .set_nonblocking(false)
+        .and_then(|()| sock.set_write_timeout(Some(frame_timeout)))
+    {
         tracing::warn!(conn, "socket mode: {e}");
         return;
     }
     tracing::debug!(conn, "host connected");
+    // Groups and buffers this connection holds, as its replies said.
+    let (mut groups, mut buffers) = (0u64, 0u64);
+    let idle_ms = i32::try_from(policy.idle_timeout.as_millis()).unwrap_or(i32::MAX);
     loop {
+        state.waiting_since.store(policy.stamp(), Ordering::Release);
+        if !state.holds.load(Ordering::Acquire) && !wait_readable(&sock, idle_ms) {
+            tracing::info!(
+                conn,
+                idle = ?policy.idle_timeout,
+                "closing control connection: idle and holding nothing (see --control-idle-timeout)"
+            );
+            break;
+        }
         let mut fds = Vec::new();
         let payload = match control::recv_frame_within(&sock, &mut fds, Some(frame_timeout)) {
             Ok(p) => p,
@@ -447,13 +555,26 @@ fn serve_connection(
                 break;
             }
         };
-        let reply = match control::decode::<Request>(&payload) {
+        state.waiting_since.store(0, Ordering::Release);
+        let request = control::decode::<Request>(&payload);
+        // How a successful reply changes what the connection holds.
+        let (dg, db): (i64, i64) = match &request {
+            Ok(Request::CreateGroup { .. }) => (1, 0),
+            Ok(Request::DeleteGroup { .. }) => (-1, 0),
+            Ok(Request::RegisterBuffer { .. }) => (0, 1),
+            Ok(Request::UnregisterBuffer { .. }) => (0, -1),
+            _ => (0, 0),
+        };
+        let reply = match request {
             Err(e) => Reply::err(Status::BadRequest, e.to_string()),
             Ok(Request::Hello { version }) if version != PROTOCOL_VERSION => Reply::err(
                 Status::Protocol,
                 format!("DPU speaks version {PROTOCOL_VERSION}, host {version}"),
             ),
-            Ok(Request::Hello { .. }) => Reply::ok(&hello),
+            Ok(Request::Hello { .. }) => {
+                state.hello.store(true, Ordering::Release);
+                Reply::ok(&hello)
+            }
             Ok(req) => {
                 let (tx, rx) = bounded(1);
                 if cmd_tx
@@ -473,6 +594,11 @@ fn serve_connection(
                 }
             }
         };
+        if matches!(reply, Reply::Ok(_)) {
+            groups = groups.saturating_add_signed(dg);
+            buffers = buffers.saturating_add_signed(db);
+            state.holds.store(groups + buffers > 0, Ordering::Release);
+        }
         if control::send_frame(&sock, &reply, &[]).is_err() {
             break;
         }

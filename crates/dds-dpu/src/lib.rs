@@ -57,11 +57,16 @@ pub struct DpuConfig {
     pub allow_uids: Vec<u32>,
     /// Groups (a peer's primary group) whose processes may use the control socket.
     pub allow_gids: Vec<u32>,
-    /// Control connections open at once at most; further ones are closed at once.
+    /// Control connections open at once at most. When all are taken, a newcomer closes the
+    /// longest-waiting connection that holds no group or buffer, or is closed itself if there
+    /// is none.
     pub max_control_connections: usize,
-    /// A control frame whose first byte arrived must be complete within this time, or the
-    /// connection is closed. Waiting between frames is not limited.
+    /// A control frame whose first byte arrived must be complete within this time, and a
+    /// reply taken by the client within this time, or the connection is closed.
     pub control_frame_timeout: Duration,
+    /// A control connection that holds no notification group and no registered buffer is
+    /// closed after this long without a request. Hosts holding groups wait without limit.
+    pub control_idle_timeout: Duration,
     /// Bytes of application buffers one control connection may register at most
     /// (`register_buffer`); more get `BufferLimit`.
     pub max_registered_bytes_per_conn: u64,
@@ -87,6 +92,7 @@ impl Default for DpuConfig {
             allow_gids: Vec::new(),
             max_control_connections: 64,
             control_frame_timeout: Duration::from_secs(10),
+            control_idle_timeout: Duration::from_secs(30),
             max_registered_bytes_per_conn: 1 << 30,
         }
     }

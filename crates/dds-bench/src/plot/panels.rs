@@ -57,6 +57,7 @@ pub struct Figure {
 /// Draws the charts side by side into one PNG. Lines follow x order; a y axis whose values
 /// span two decades or more is logarithmic.
 pub fn draw(path: &Path, charts: &[Chart]) -> Result<()> {
+    super::register_font()?;
     let w = 640 * charts.len().max(1) as u32;
     let root = BitMapBackend::new(path, (w, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
