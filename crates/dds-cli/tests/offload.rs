@@ -135,16 +135,13 @@ fn stop_dpu(mut dpu: Proc) -> (u64, u64) {
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
+    // The director's counters line: `name value, name value, ...`.
     let stat = |name: &str| -> u64 {
-        let at = err
-            .find(&format!("{name}: "))
-            .unwrap_or_else(|| panic!("no {name} in {err}"));
-        err[at + name.len() + 2..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        err.split(|c: char| c == ',' || c == '\n')
+            .filter_map(|pair| pair.trim().rsplit_once(' '))
+            .find(|(k, _)| k.rsplit(' ').next() == Some(name))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {err}"))
     };
     (stat("offloaded"), stat("forwarded"))
 }
