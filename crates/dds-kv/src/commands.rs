@@ -251,7 +251,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             }
             "setex" | "psetex" => {
                 let unit = if name == "setex" { 1000 } else { 1 };
-                let at = match set_expire_ms(argv[2], unit, true, &name) {
+                let at = match set_expire_ms(argv[2], unit, true, name) {
                     Ok(at) => at,
                     Err(e) => {
                         r.error(&e);
@@ -261,7 +261,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 store.set(argv[1], argv[3], SetCond::Always, Expiry::At(at), None)?;
                 r.ok();
             }
-            "expire" | "pexpire" | "expireat" | "pexpireat" => expire(store, &mut r, &name, argv)?,
+            "expire" | "pexpire" | "expireat" | "pexpireat" => expire(store, &mut r, name, argv)?,
             "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
                 let ms = name.starts_with('p');
                 let abs = name.ends_with("time");

@@ -171,7 +171,10 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
     MEASURING.store(true, Ordering::Relaxed);
     round_trip(&mut s, &batch, n);
     MEASURING.store(false, Ordering::Relaxed);
-    assert!(ALLOCS.swap(0, Ordering::Relaxed) > 0, "the first round allocated nothing?");
+    assert!(
+        ALLOCS.swap(0, Ordering::Relaxed) > 0,
+        "the first round allocated nothing?"
+    );
     for _ in 0..5 {
         round_trip(&mut s, &batch, n);
     }
