@@ -22,7 +22,7 @@ const SWEEP: Duration = Duration::from_millis(50);
 
 crate::counters! {
     /// What an event loop did.
-    pub struct LoopCounters => LoopStats {
+    pub struct LoopCounters => pub struct LoopStats {
         /// Connections accepted.
         accepted,
         /// Connections refused (the slab was full).
