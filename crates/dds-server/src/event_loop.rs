@@ -159,8 +159,30 @@ impl<S: Service> Server<S> {
         budget: Arc<Budget>,
         service: S,
     ) -> io::Result<Self> {
+        Self::serve_on(TcpListener::bind(addr)?, cfg, budget, service)
+    }
+
+    /// Serves a socket already bound and listening (made non-blocking here): for options
+    /// [`Server::bind`] does not set, e.g. `SO_REUSEPORT`, with which each loop thread of an
+    /// endpoint has a socket of its own on one port and the kernel spreads connections over
+    /// them.
+    pub fn from_listener(
+        listener: std::net::TcpListener,
+        cfg: Config,
+        budget: Arc<Budget>,
+        service: S,
+    ) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        Self::serve_on(TcpListener::from_std(listener), cfg, budget, service)
+    }
+
+    fn serve_on(
+        mut listener: TcpListener,
+        cfg: Config,
+        budget: Arc<Budget>,
+        service: S,
+    ) -> io::Result<Self> {
         let poll = Poll::new()?;
-        let mut listener = TcpListener::bind(addr)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         if let Some(fd) = service.wake_fd() {
