@@ -13,7 +13,7 @@
 //! request order. What must stay ordered does: AppendWal ranges are taken in order and
 //! acknowledged after their commit, the replay applies records in LSN order, and a GetPage
 //! batch that needs the log applied further holds its connection until the replay gets there
-//! (or `lsn_wait` passes).
+//! (or `lsn_wait` passes). `docs/pageserver-protocol.md` §7.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
