@@ -841,12 +841,8 @@ impl Service for PageService {
         if busy {
             return false;
         }
-        if !self.reads.prepare_sleep() {
-            // The loop does not sleep, and calls no end_sleep.
-            self.reads.end_sleep();
-            return false;
-        }
-        true
+        // False: completions wait; the loop does not sleep (and calls no end_sleep).
+        self.reads.prepare_sleep()
     }
 
     fn end_sleep(&mut self) {

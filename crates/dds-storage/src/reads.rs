@@ -51,7 +51,7 @@ pub trait FileReads: Send {
     /// Before the loop sleeps: false when completions already wait (do not sleep).
     fn prepare_sleep(&self) -> bool;
 
-    /// After the loop woke (slept or not).
+    /// After a [`FileReads::prepare_sleep`] that returned true, once the loop woke.
     fn end_sleep(&self);
 
     /// Largest read.
