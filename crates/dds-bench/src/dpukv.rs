@@ -51,6 +51,10 @@ pub struct DpuKvArgs {
     /// Commands in flight per connection at the saturating points.
     #[arg(long, default_value_t = 16)]
     pub depth: usize,
+    /// Threads of the load generator (each drives its share of the connections from one event
+    /// loop).
+    #[arg(long, default_value_t = 1)]
+    pub load_threads: usize,
     /// DPU communication cores to scale over (each ≤ the DPU's CPUs; default 1,2,4 capped).
     #[arg(long, value_delimiter = ',')]
     pub comm_cores: Vec<u32>,
@@ -77,6 +81,7 @@ struct Plan {
     seconds: f64,
     connections: Vec<usize>,
     depth: usize,
+    load_threads: usize,
     comm: Vec<u32>,
 }
 
@@ -103,6 +108,7 @@ fn plan(a: &DpuKvArgs, dpu_cores: usize) -> Plan {
             a.connections.clone()
         },
         depth: a.depth.max(1),
+        load_threads: a.load_threads.max(1),
         comm,
     }
 }
@@ -257,24 +263,24 @@ struct LoadOut {
 /// sent to the endpoint its design routes it to.
 fn load(
     side: &Side,
-    keys: u64,
+    p: &Plan,
     dist: Dist,
     read_fraction: f64,
     conns: usize,
     depth: usize,
-    seconds: f64,
 ) -> Result<LoadOut> {
     let n = side.endpoints.len();
     let design = side.design;
     let spec = LoadSpec {
         addr: side.endpoints[0],
-        keys,
+        keys: p.keys,
         dist,
         read_fraction,
         connections: conns,
         depth,
-        seconds,
+        seconds: p.seconds,
         seed: 3,
+        threads: p.load_threads,
     };
     let r = run_routed(&spec, &side.endpoints, &|k, c| route(design, k, c, n))?;
     Ok(LoadOut {
@@ -427,7 +433,7 @@ fn measure(
 ) -> Result<Point> {
     let b = snap(side);
     let t = Instant::now();
-    let r = load(side, p.keys, dist, rf, conns, depth, p.seconds)?;
+    let r = load(side, p, dist, rf, conns, depth)?;
     let wall = t.elapsed().as_secs_f64();
     let a = snap(side);
     if r.wrong > 0 {

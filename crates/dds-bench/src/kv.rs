@@ -60,6 +60,10 @@ pub struct KvArgs {
     /// Commands in flight per connection.
     #[arg(long, default_value_t = 1)]
     pub depth: usize,
+    /// Threads of the load generator (each drives its share of the connections from one event
+    /// loop).
+    #[arg(long, default_value_t = 1)]
+    pub load_threads: usize,
     /// redis-benchmark requests per run (default 200K; quick 50K).
     #[arg(long)]
     pub requests: Option<u64>,
@@ -512,6 +516,7 @@ pub fn run_kv(a: KvArgs, command: String) -> Result<Report> {
                         depth: p.depth,
                         seconds: p.seconds,
                         seed: 7,
+                        threads: a.load_threads,
                     })?;
                     let after = snap(&side);
                     let ops = r.ops.max(1) as f64;
