@@ -159,8 +159,29 @@ impl<S: Service> Server<S> {
         budget: Arc<Budget>,
         service: S,
     ) -> io::Result<Self> {
+        Self::with_listener(TcpListener::bind(addr)?, cfg, budget, service)
+    }
+
+    /// Serves a listener bound by the caller (made non-blocking here): e.g. one socket shared
+    /// by the loops of several threads, each with its own descriptor of it (`try_clone`), so
+    /// that whichever loop is free accepts the next connection.
+    pub fn from_listener(
+        listener: std::net::TcpListener,
+        cfg: Config,
+        budget: Arc<Budget>,
+        service: S,
+    ) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        Self::with_listener(TcpListener::from_std(listener), cfg, budget, service)
+    }
+
+    fn with_listener(
+        mut listener: TcpListener,
+        cfg: Config,
+        budget: Arc<Budget>,
+        service: S,
+    ) -> io::Result<Self> {
         let poll = Poll::new()?;
-        let mut listener = TcpListener::bind(addr)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         if let Some(fd) = service.wake_fd() {
