@@ -86,7 +86,9 @@ impl PagestoreService {
                 s.cur = None;
                 continue;
             }
-            let msg = &avail[..cur.len];
+            let Some(msg) = avail.get(..cur.len) else {
+                return self.malformed(format_args!("message cut short"), s, input);
+            };
             let req = match request_at(msg, cur.at) {
                 Ok(r) => r,
                 Err(e) => return self.malformed(format_args!("malformed request: {e}"), s, input),
