@@ -510,12 +510,15 @@ impl Service for PagestoreService {
         for id in self.refuse.drain(..) {
             done.close(id);
         }
-        let mut completions = std::mem::take(&mut self.completions);
-        self.io.reap(&mut completions);
-        for c in completions.drain(..) {
-            self.finish(done, c.token as u32, c.status, c.bytes);
+        // Called on every wake-up: the backend is asked only when it has something.
+        if self.io.ready() {
+            let mut completions = std::mem::take(&mut self.completions);
+            self.io.reap(&mut completions);
+            for c in completions.drain(..) {
+                self.finish(done, c.token as u32, c.status, c.bytes);
+            }
+            self.completions = completions;
         }
-        self.completions = completions;
         self.retry_waiting(done);
         if self.waiting.len() < WAITING_MAX && !self.stalled.is_empty() {
             let mut stalled = std::mem::take(&mut self.stalled);
