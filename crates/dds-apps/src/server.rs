@@ -6,8 +6,9 @@
 //! interface, whose completion descriptor is the loop's wake-up source. A loop reads and
 //! validates whole messages and issues every request to the backend at once (many in flight):
 //! each request reserves its response's place in the connection's output (`Out::defer`) and
-//! becomes a pending operation, filled when its completion arrives; the runtime sends the
-//! responses in request order. Requests run concurrently, also within one connection: only
+//! becomes a pending operation; completions fill the places in request order (an op that
+//! finished early keeps its buffer until the ones before it are answered), so each response is
+//! written straight into the output, and the runtime sends them in request order. Requests run concurrently, also within one connection: only
 //! their responses are ordered, so a read racing an in-flight write of the same range may see
 //! either content (a client wanting read-after-write waits for the write's response), except
 //! that a request overlapping an unfinished write of its own connection (or a write
@@ -251,8 +252,11 @@ struct Op {
     /// Bytes requested (read) or carried (write).
     len: u32,
     buf: Option<AlignedBuf>,
-    /// Completed (its response is written).
+    /// Completed (its response waits for the ones before it, or is written).
     done: bool,
+    status: u16,
+    /// Bytes read or written.
+    bytes: u32,
 }
 
 impl Op {
@@ -384,7 +388,9 @@ impl PagestoreService {
         }
     }
 
-    /// An op finished: its response fills its slot, and the connection's queue moves on.
+    /// An op finished. Responses fill their slots in request order (each straight into the
+    /// connection's output): the finished ops at the head of the connection's queue are
+    /// answered, and a later one waits, holding its buffer, for the ones before it.
     fn finish(
         &mut self,
         done: &mut Completions<'_, PagestoreSession>,
@@ -401,42 +407,48 @@ impl PagestoreService {
             return;
         };
         op.done = true;
-        let bytes = bytes.min(op.len);
-        let buf = op.buf.take();
-        let (kind, req_id, ticket) = (op.op, op.req_id, op.ticket);
-        let Some((s, out)) = done.fill(id, ticket) else {
-            if let Some(b) = buf {
-                self.pool.put(b);
-            }
-            self.free_op(oi);
-            return;
-        };
-        let data = buf.as_ref().map_or(&[][..], |b| b.as_slice());
-        write_response(out, status, kind, req_id, bytes, data);
-        if let Some(b) = buf {
-            self.pool.put(b);
-        }
-        self.count_response(status);
-        // Answered in order: the queue's done head leaves it.
-        while let Some(&front) = s.queue.front() {
-            let Some(o) = self.ops.get(front as usize).and_then(Option::as_ref) else {
+        op.status = status;
+        op.bytes = bytes.min(op.len);
+        loop {
+            let Some((s, _)) = done.reply(id) else {
+                return;
+            };
+            let Some(&front) = s.queue.front() else {
+                break;
+            };
+            let Some(o) = self.ops.get_mut(front as usize).and_then(Option::as_mut) else {
                 s.queue.pop_front();
                 continue;
             };
             if !o.done {
                 break;
             }
-            s.reserved -= o.reserve();
-            s.queue.pop_front();
-            if let Some(o) = self.ops.get_mut(front as usize).and_then(Option::take) {
-                if let Some(b) = o.buf {
-                    self.pool.put(b);
+            let buf = o.buf.take();
+            let (kind, req_id, ticket, status, bytes) =
+                (o.op, o.req_id, o.ticket, o.status, o.bytes);
+            let reserved = o.reserve();
+            let s = match done.fill(id, ticket) {
+                Some((s, out)) => {
+                    let data = buf.as_ref().map_or(&[][..], |b| b.as_slice());
+                    write_response(out, status, kind, req_id, bytes, data);
+                    Some(s)
                 }
-                self.free_ops.push(front);
+                None => done.reply(id).map(|(s, _)| s),
+            };
+            if let Some(s) = s {
+                s.queue.pop_front();
+                s.reserved = s.reserved.saturating_sub(reserved);
             }
+            if let Some(b) = buf {
+                self.pool.put(b);
+            }
+            self.count_response(status);
+            self.free_op(front);
         }
-        if std::mem::take(&mut s.stalled) {
-            done.resume(id);
+        if let Some((s, _)) = done.reply(id) {
+            if std::mem::take(&mut s.stalled) {
+                done.resume(id);
+            }
         }
     }
 

@@ -89,7 +89,9 @@ impl<S> Completions<'_, S> {
     }
 
     /// The session and the buffer of the reply slot `ticket` reserved with [`Out::defer`];
-    /// `None` when the connection is gone (or the slot was filled).
+    /// `None` when the connection is gone (or the slot was filled). A slot that no earlier
+    /// reply waits before (slots filled in request order) is the output itself: its reply is
+    /// written there, without a second copy.
     pub fn fill(&mut self, id: ConnId, ticket: Ticket) -> Option<(&mut S, &mut Vec<u8>)> {
         let c = self
             .conns
@@ -99,6 +101,15 @@ impl<S> Completions<'_, S> {
         if !c.touched {
             c.touched = true;
             self.touched.push(id.slot);
+        }
+        c.promote();
+        if c.held
+            .front()
+            .is_some_and(|p| p.ticket == ticket.0 && !p.filled)
+        {
+            let p = c.held.pop_front().expect("front");
+            c.spare.push(p.bytes);
+            return Some((c.session.as_mut().expect("open session"), &mut c.out));
         }
         let p = c
             .held

@@ -139,6 +139,8 @@ impl PagestoreService {
                 len: req.len,
                 buf: Some(buf),
                 done: false,
+                status: 0,
+                bytes: 0,
             });
             let issued = if self.waiting.is_empty() {
                 self.submit(oi)
