@@ -76,7 +76,7 @@ impl Default for ServerConfig {
 
 dds_server::counters! {
     /// What the pagestore service did, all threads together.
-    pub struct ServiceCounters => ServiceStats {
+    pub struct ServiceCounters => pub struct ServiceStats {
         /// Connections closed for breaking the protocol (or closing inside a message).
         closed_malformed,
         /// Requests answered.

@@ -62,6 +62,8 @@ pub struct PageServerArgs {
 }
 
 pub fn run(a: PageServerArgs) -> Result<()> {
+    // On DDS files, page reads go through the host library's asynchronous API.
+    let mut dds_conn = None;
     let storage: Box<dyn Storage> = match a.storage {
         StorageArg::Dds => {
             let dds = dds_host::Dds::connect(&a.socket).with_context(|| {
@@ -70,7 +72,9 @@ pub fn run(a: PageServerArgs) -> Result<()> {
                     a.socket.display()
                 )
             })?;
-            Box::new(DdsStorage::new(Arc::new(dds), &a.dds_dir)?)
+            let dds = Arc::new(dds);
+            dds_conn = Some(dds.clone());
+            Box::new(DdsStorage::new(dds, &a.dds_dir)?)
         }
         StorageArg::File => {
             let Some(dir) = a.dir.as_ref() else {
@@ -80,7 +84,7 @@ pub fn run(a: PageServerArgs) -> Result<()> {
         }
     };
     let describe = storage.describe();
-    let server = PageServer::open(
+    let server = PageServer::open_with_dds(
         PageServerConfig {
             listen: a.listen,
             page_size: usize::try_from(a.page_size).context("--page-size")?,
@@ -93,6 +97,7 @@ pub fn run(a: PageServerArgs) -> Result<()> {
             input_memory: usize::try_from(a.input_memory).context("--input-memory")?,
         },
         storage,
+        dds_conn,
     )
     .context("open the page server")?;
     let stop = Arc::new(AtomicBool::new(false));

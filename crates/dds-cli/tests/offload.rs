@@ -137,7 +137,7 @@ fn stop_dpu(mut dpu: Proc) -> (u64, u64) {
         .unwrap();
     // The director's counters line: `name value, name value, ...`.
     let stat = |name: &str| -> u64 {
-        err.split(|c: char| c == ',' || c == '\n')
+        err.split([',', '\n'])
             .filter_map(|pair| pair.trim().rsplit_once(' '))
             .find(|(k, _)| k.rsplit(' ').next() == Some(name))
             .and_then(|(_, v)| v.parse().ok())

@@ -50,7 +50,7 @@ pub struct StatsSource {
 impl StatsSource {
     /// Current counters.
     pub fn stats(&self) -> DirectorStats {
-        self.stats.snapshot(&self.budget)
+        self.stats.snapshot_with(&self.budget)
     }
 
     /// Whether the director still runs.
@@ -76,7 +76,7 @@ impl DirectorHandle {
 
     /// Current counters.
     pub fn stats(&self) -> DirectorStats {
-        self.stats.snapshot(&self.budget)
+        self.stats.snapshot_with(&self.budget)
     }
 
     /// Stops the threads: connections are closed, outstanding reads are awaited (up to 5 s;

@@ -301,15 +301,19 @@ impl Group {
     }
 
     /// Before an event loop sleeps on [`Group::wake_fd`]: announces the sleeper in the ring's
-    /// `Waiters` word and re-checks the ring. False when completions are already waiting (do
-    /// not sleep). Either way, call [`Group::end_sleep`] after.
+    /// `Waiters` word and re-checks the ring. False when completions are already waiting: the
+    /// announcement is withdrawn at once (do not sleep, and do not call [`Group::end_sleep`]).
     pub fn prepare_sleep(&self) -> bool {
         let empty = self.inner.consumer.announce_sleep();
-        empty && self.inner.ready.is_empty()
+        if empty && self.inner.ready.is_empty() {
+            return true;
+        }
+        self.inner.consumer.end_sleep();
+        false
     }
 
-    /// After [`Group::prepare_sleep`] (slept or not): withdraws the sleeper and clears the
-    /// descriptor's signal.
+    /// After a [`Group::prepare_sleep`] that returned true (slept or not): withdraws the
+    /// sleeper and clears the descriptor's signal.
     pub fn end_sleep(&self) {
         self.inner.consumer.end_sleep();
         let mut v = [0u8; 8];

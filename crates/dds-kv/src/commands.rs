@@ -99,6 +99,15 @@ const TABLE: &[(&str, i32)] = &[
     ("dds.mgetpart", -2),
 ];
 
+/// The name in `names` that `arg` spells in any case ("" when none does), without a copy.
+fn option(arg: &[u8], names: &[&'static str]) -> &'static str {
+    names
+        .iter()
+        .find(|n| arg.eq_ignore_ascii_case(n.as_bytes()))
+        .copied()
+        .unwrap_or("")
+}
+
 /// Calls `f` with every key whose current record the command reads (a key on storage is
 /// fetched before the command runs, so that it does not wait for storage inside the loop).
 /// Commands that only write (SET without options, MSET, SETEX) read nothing.
@@ -175,8 +184,11 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
     let Some(first) = argv.first() else {
         return After::Continue;
     };
-    let name = lower(first);
-    let Some(&(_, arity)) = TABLE.iter().find(|(n, _)| *n == name) else {
+    // The table's own name: looked up without a lower-cased copy of the argument.
+    let Some(&(name, arity)) = TABLE
+        .iter()
+        .find(|(n, _)| first.eq_ignore_ascii_case(n.as_bytes()))
+    else {
         if ctx.password.is_some() && !ctx.session.authed {
             r.error("NOAUTH Authentication required.");
             return After::Continue;
@@ -211,16 +223,13 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
         ));
         return After::Continue;
     }
-    if ctx.password.is_some()
-        && !ctx.session.authed
-        && !matches!(name.as_str(), "auth" | "hello" | "quit")
-    {
+    if ctx.password.is_some() && !ctx.session.authed && !matches!(name, "auth" | "hello" | "quit") {
         r.error("NOAUTH Authentication required.");
         return After::Continue;
     }
     let store = &mut *ctx.store;
     let res: Result<(), StoreError> = (|| {
-        match name.as_str() {
+        match name {
             "ping" => match argv.len() {
                 1 => r.simple("PONG"),
                 2 => r.bulk(argv[1]),
@@ -242,7 +251,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             }
             "setex" | "psetex" => {
                 let unit = if name == "setex" { 1000 } else { 1 };
-                let at = match set_expire_ms(argv[2], unit, true, &name) {
+                let at = match set_expire_ms(argv[2], unit, true, name) {
                     Ok(at) => at,
                     Err(e) => {
                         r.error(&e);
@@ -252,7 +261,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 store.set(argv[1], argv[3], SetCond::Always, Expiry::At(at), None)?;
                 r.ok();
             }
-            "expire" | "pexpire" | "expireat" | "pexpireat" => expire(store, &mut r, &name, argv)?,
+            "expire" | "pexpire" | "expireat" | "pexpireat" => expire(store, &mut r, name, argv)?,
             "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
                 let ms = name.starts_with('p');
                 let abs = name.ends_with("time");
@@ -349,7 +358,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 }
             }
             "incr" | "decr" | "incrby" | "decrby" => {
-                let by = match name.as_str() {
+                let by = match name {
                     "incr" => 1,
                     "decr" => -1,
                     _ => match int_arg(argv[2]) {
@@ -463,23 +472,20 @@ fn set(store: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Result<(), 
     let mut exp: Option<(&str, &[u8])> = None;
     let mut i = 3;
     while i < argv.len() {
-        let o = lower(argv[i]);
+        let o = option(
+            argv[i],
+            &["nx", "xx", "get", "keepttl", "ex", "px", "exat", "pxat"],
+        );
         let next = argv.get(i + 1).copied();
-        match o.as_str() {
+        match o {
             "nx" if !xx => nx = true,
             "xx" if !nx => xx = true,
             "get" => get = true,
             "keepttl" if exp.is_none() => keepttl = true,
             "ex" | "px" | "exat" | "pxat"
-                if !keepttl && next.is_some() && exp.is_none_or(|(k, _)| k == o.as_str()) =>
+                if !keepttl && next.is_some() && exp.is_none_or(|(k, _)| k == o) =>
             {
-                let kind = match o.as_str() {
-                    "ex" => "ex",
-                    "px" => "px",
-                    "exat" => "exat",
-                    _ => "pxat",
-                };
-                exp = Some((kind, next.expect("checked")));
+                exp = Some((o, next.expect("checked")));
                 i += 1;
             }
             _ => {
@@ -538,7 +544,7 @@ fn expire(
 ) -> Result<(), StoreError> {
     let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
     for a in &argv[3..] {
-        match lower(a).as_str() {
+        match option(a, &["nx", "xx", "gt", "lt"]) {
             "nx" => nx = true,
             "xx" => xx = true,
             "gt" => gt = true,

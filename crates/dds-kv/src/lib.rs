@@ -8,7 +8,6 @@
 pub mod checkpoint;
 pub mod commands;
 pub mod engine;
-pub mod fetch;
 pub mod offload;
 pub mod record;
 pub mod server;

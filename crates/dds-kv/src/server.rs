@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
 use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Verdict};
+use dds_storage::reads::{FileReads, ReadDone};
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
-use crate::fetch::Fetcher;
 use crate::record;
 use crate::store::{Durability, Fetched};
 
@@ -92,12 +92,12 @@ pub struct KvService {
     password: Option<String>,
     argv: Argv,
     spare: Vec<&'static [u8]>,
-    fetcher: Option<Box<dyn Fetcher>>,
+    fetcher: Option<Box<dyn FileReads>>,
     reads: Vec<Read>,
     free_reads: Vec<u32>,
     /// Buffers of finished reads, for the next ones.
     bufs: Vec<Vec<u8>>,
-    completions: Vec<(u64, Option<u32>)>,
+    completions: Vec<ReadDone>,
     sync_interval: Duration,
     next_sync: Instant,
 }
@@ -149,7 +149,7 @@ impl KvService {
                 true
             }
             Err(e) => {
-                tracing::warn!(error = %e, "read ahead not issued: the command will wait");
+                tracing::debug!(?e, "read ahead not issued: the command will wait");
                 let b = std::mem::take(&mut r.buf);
                 self.free_reads.push(slot);
                 self.give_buf(b);
@@ -418,7 +418,7 @@ impl Server {
         cfg: ServerConfig,
         store: Box<dyn Engine>,
         storage: String,
-        fetcher: Option<Box<dyn Fetcher>>,
+        fetcher: Option<Box<dyn FileReads>>,
     ) -> Result<Server> {
         let (max_key, max_value) = store.limits();
         let limits = Limits {

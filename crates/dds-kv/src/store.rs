@@ -205,6 +205,25 @@ pub struct Fetched {
     pub bytes: Vec<u8>,
 }
 
+/// `n` in decimal, written at the end of `buf` (no allocation); the digits written.
+fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    let mut m = n.unsigned_abs();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (m % 10) as u8;
+        m /= 10;
+        if m == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -736,17 +755,21 @@ impl Store {
             None => (0i64, 0u64),
             Some(f) => {
                 let v = &self.scratch[f.hdr.value_range()];
+                let mut canon = [0u8; 20];
                 let n = std::str::from_utf8(v)
                     .ok()
                     .filter(|s| !s.is_empty() && s.len() <= 20 && !s.starts_with('+'))
                     .and_then(|s| s.parse::<i64>().ok())
-                    .filter(|n| n.to_string().as_bytes() == v)
+                    .filter(|&n| decimal(n, &mut canon) == v)
                     .ok_or(StoreError::NotInteger)?;
                 (n, f.hdr.expire_ms)
             }
         };
         let new = cur.checked_add(by).ok_or(StoreError::Overflow)?;
-        self.upsert(key, new.to_string().as_bytes(), expire)?;
+        let mut digits = [0u8; 20];
+        let text = decimal(new, &mut digits);
+        let text_len = text.len();
+        self.upsert(key, &digits[20 - text_len..], expire)?;
         Ok(new)
     }
 

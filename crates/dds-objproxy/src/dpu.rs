@@ -75,39 +75,34 @@ impl std::fmt::Debug for ProxyOptions {
     }
 }
 
-/// Counters of the DPU side.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProxyStats {
-    pub dma_writes: u64,
-    pub dma_reads: u64,
-    pub bytes_written: u64,
-    pub bytes_read: u64,
-    pub batches: u64,
-    pub chunks: u64,
-    pub txs: u64,
-    pub reads: u64,
-    pub retransmits: u64,
-    pub rpcs: u64,
-    /// Doorbells rung for a parked host worker.
-    pub doorbells: u64,
-    /// Read requests posted while another read of their channel was outstanding.
-    pub reads_overlapped: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    dma_writes: AtomicU64,
-    dma_reads: AtomicU64,
-    bytes_written: AtomicU64,
-    bytes_read: AtomicU64,
-    batches: AtomicU64,
-    chunks: AtomicU64,
-    txs: AtomicU64,
-    reads: AtomicU64,
-    retransmits: AtomicU64,
-    rpcs: AtomicU64,
-    doorbells: AtomicU64,
-    reads_overlapped: AtomicU64,
+dds_server::counters! {
+    /// Counters of the DPU side.
+    struct Counters => pub struct ProxyStats {
+        /// DMA writes into host memory.
+        dma_writes,
+        /// DMA reads of host memory.
+        dma_reads,
+        /// Bytes moved to the host by DMA.
+        bytes_written,
+        /// Bytes moved from the host by DMA.
+        bytes_read,
+        /// Batches of small transactions sent.
+        batches,
+        /// Chunks of large transactions sent.
+        chunks,
+        /// Transactions submitted.
+        txs,
+        /// Reads served.
+        reads,
+        /// Transfers sent again after their channel was reset.
+        retransmits,
+        /// Metadata requests sent over the RPC socket.
+        rpcs,
+        /// Doorbells rung for a parked host worker.
+        doorbells,
+        /// Read requests posted while another read of their channel was outstanding.
+        reads_overlapped,
+    }
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -152,22 +147,7 @@ fn thread_ordinal() -> usize {
 impl ProxyObjectStore {
     /// Counters so far.
     pub fn stats(&self) -> ProxyStats {
-        let c = &self.sh.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ProxyStats {
-            dma_writes: g(&c.dma_writes),
-            dma_reads: g(&c.dma_reads),
-            bytes_written: g(&c.bytes_written),
-            bytes_read: g(&c.bytes_read),
-            batches: g(&c.batches),
-            chunks: g(&c.chunks),
-            txs: g(&c.txs),
-            reads: g(&c.reads),
-            retransmits: g(&c.retransmits),
-            doorbells: g(&c.doorbells),
-            reads_overlapped: g(&c.reads_overlapped),
-            rpcs: g(&c.rpcs),
-        }
+        self.sh.counters.snapshot()
     }
 
     /// The options in force.

@@ -48,46 +48,37 @@ impl Default for HostOptions {
     }
 }
 
-/// Counters of the host side.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HostStats {
-    pub sessions: u64,
-    /// Write-lane transfers taken (batches and chunks).
-    pub transfers: u64,
-    pub batches: u64,
-    pub chunks: u64,
-    /// Transactions handed to the store.
-    pub txs_applied: u64,
-    /// Transactions received again and not applied again.
-    pub txs_duplicate: u64,
-    pub reads: u64,
-    pub rpcs: u64,
-    /// Channels closed for bad input.
-    pub channel_errors: u64,
-    /// Chunked transactions dropped incomplete (their DPU went away).
-    pub partial_dropped: u64,
-    /// Times a channel worker parked on its doorbell.
-    pub parks: u64,
-    /// Parks ended by the doorbell (the others by the timeout or by work found on the last
-    /// look before blocking).
-    pub rung: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    sessions: AtomicU64,
-    transfers: AtomicU64,
-    batches: AtomicU64,
-    chunks: AtomicU64,
-    txs_applied: AtomicU64,
-    txs_duplicate: AtomicU64,
-    reads: AtomicU64,
-    rpcs: AtomicU64,
-    channel_errors: AtomicU64,
-    partial_dropped: AtomicU64,
-    parks: AtomicU64,
-    rung: AtomicU64,
-    live_sessions: AtomicU64,
+dds_server::counters! {
+    /// Counters of the host side.
+    struct Counters => pub struct HostStats {
+        /// DPU sessions attached so far.
+        sessions,
+        /// Write-lane transfers taken (batches and chunks).
+        transfers,
+        /// Batches of small transactions taken.
+        batches,
+        /// Chunks of large transactions taken.
+        chunks,
+        /// Transactions handed to the store.
+        txs_applied,
+        /// Transactions received again and not applied again.
+        txs_duplicate,
+        /// Reads served.
+        reads,
+        /// Metadata requests served over the RPC socket.
+        rpcs,
+        /// Channels closed for bad input.
+        channel_errors,
+        /// Chunked transactions dropped incomplete (their DPU went away).
+        partial_dropped,
+        /// Times a channel worker parked on its doorbell.
+        parks,
+        /// Parks ended by the doorbell (the others by the timeout or by work found on the last
+        /// look before blocking).
+        rung,
+        /// Sessions attached now.
+        live_sessions,
+    }
 }
 
 fn inc(c: &AtomicU64) {
@@ -135,22 +126,7 @@ impl HostProxy {
 impl HostProxyHandle {
     /// Counters so far.
     pub fn stats(&self) -> HostStats {
-        let c = &self.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        HostStats {
-            sessions: g(&c.sessions),
-            transfers: g(&c.transfers),
-            batches: g(&c.batches),
-            chunks: g(&c.chunks),
-            txs_applied: g(&c.txs_applied),
-            txs_duplicate: g(&c.txs_duplicate),
-            reads: g(&c.reads),
-            rpcs: g(&c.rpcs),
-            channel_errors: g(&c.channel_errors),
-            partial_dropped: g(&c.partial_dropped),
-            parks: g(&c.parks),
-            rung: g(&c.rung),
-        }
+        self.counters.snapshot()
     }
 
     /// Sessions currently attached.

@@ -22,7 +22,7 @@ const SWEEP: Duration = Duration::from_millis(50);
 
 crate::counters! {
     /// What an event loop did.
-    pub struct LoopCounters => LoopStats {
+    pub struct LoopCounters => pub struct LoopStats {
         /// Connections accepted.
         accepted,
         /// Connections refused (the slab was full).
@@ -170,12 +170,14 @@ impl<S: Service> Server<S> {
         budget: Arc<Budget>,
         service: S,
     ) -> io::Result<Self> {
-        Self::with_listener(TcpListener::bind(addr)?, cfg, budget, service)
+        Self::serve_on(TcpListener::bind(addr)?, cfg, budget, service)
     }
 
-    /// Serves a listener bound by the caller (made non-blocking here): e.g. one socket shared
-    /// by the loops of several threads, each with its own descriptor of it (`try_clone`), so
-    /// that whichever loop is free accepts the next connection.
+    /// Serves a socket already bound and listening (made non-blocking here): for options
+    /// [`Server::bind`] does not set, e.g. `SO_REUSEPORT`, with which each loop thread of an
+    /// endpoint has a socket of its own on one port and the kernel spreads connections over
+    /// them; or one socket shared by the loops of several threads (a `try_clone` each),
+    /// whichever loop is free accepting the next connection.
     pub fn from_listener(
         listener: std::net::TcpListener,
         cfg: Config,
@@ -183,10 +185,10 @@ impl<S: Service> Server<S> {
         service: S,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
-        Self::with_listener(TcpListener::from_std(listener), cfg, budget, service)
+        Self::serve_on(TcpListener::from_std(listener), cfg, budget, service)
     }
 
-    fn with_listener(
+    fn serve_on(
         mut listener: TcpListener,
         cfg: Config,
         budget: Arc<Budget>,

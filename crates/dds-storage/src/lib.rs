@@ -13,11 +13,15 @@
 //!   [`aio::OsAsyncStorage`] (io_uring, O_DIRECT where aligned) and [`aio::DdsAsyncStorage`]
 //!   (one notification group, a completion thread, reconnection when the DPU comes back). The
 //!   pagestore server (`dds app pagestore`) serves its files so.
+//! - [`reads`]: asynchronous reads of one file for an event-loop thread ([`reads::DdsReads`]
+//!   through the host library's asynchronous API, [`reads::SyncReads`] for any [`StoreFile`]);
+//!   the page server (`dds pageserver`) reads its pages so.
 //!
 //! [`pattern`] is the deterministic data those files are filled with and checked against.
 
 pub mod aio;
 pub mod pattern;
+pub mod reads;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -36,7 +36,7 @@ pub fn format_device(dir: &Path, size: &str) -> PathBuf {
 
 /// Waits until something accepts on `socket`.
 pub fn wait_for_socket(socket: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while std::os::unix::net::UnixStream::connect(socket).is_err() {
         assert!(
             Instant::now() < deadline,

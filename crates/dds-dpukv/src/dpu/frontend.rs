@@ -4,9 +4,16 @@
 //! over KV queue pairs, or to a DPU-resident store) and on host cores (requests go to the
 //! store in-process).
 //!
-//! Here: the front end's configuration, counters and state, its event loop ([`Frontend::run`])
-//! and the KV queue pairs it drives. `connections` holds the client side (accept, parse,
-//! replies in order, output), `commands` the dispatch and the commands answered here, and
+//! Each front-end thread is an event loop of the server runtime (`dds_server::Server`,
+//! `docs/server-runtime.md`), which owns the sockets, buffers and limits; the front end is its
+//! service. A data command forwarded over the KV queue pairs is a pending operation: its reply's
+//! place is reserved in the connection's output and the connection goes on (many commands of
+//! one client in flight, replies in request order); the place is filled when the queue pair's
+//! response arrives.
+//!
+//! Here: the front end's configuration, counters and state, and the KV queue pairs it drives.
+//! `connections` holds the service (sessions, parsing, completions, the loop's cadence) and
+//! the `SO_REUSEPORT` listener, `commands` the dispatch and the commands answered here, and
 //! `requests` the data commands' KV requests and the delivery of their responses.
 
 mod commands;
@@ -19,15 +26,11 @@ use crate::store::SharedStore;
 use anyhow::{Context, Result};
 pub use connections::reuseport_listener;
 use dds_dma::{DmaCompletion, DmaEngine, EmulatedDma, RegionExport};
-use dds_resp::session::Session;
 use dds_resp::{Argv, Limits};
-use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
-use std::collections::VecDeque;
-use std::io::ErrorKind;
+use dds_server::{Budget, Config, ConnId, LoopCounters};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Longest key (a KV request record's key length is one byte).
@@ -58,6 +61,21 @@ pub struct FrontStats {
     pub connections: AtomicU64,
     /// Clients connected now.
     pub clients: AtomicU64,
+    /// The event loops of the endpoint (their connections refused for a full slab count as
+    /// received in `INFO`).
+    loops: Mutex<Vec<Arc<LoopCounters>>>,
+}
+
+impl FrontStats {
+    /// Connections received: accepted, and refused because a loop was full.
+    fn received(&self) -> u64 {
+        let refused: u64 = self
+            .loops
+            .lock()
+            .map(|l| l.iter().map(|c| c.rejected.load(Ordering::Relaxed)).sum())
+            .unwrap_or(0);
+        self.connections.load(Ordering::Relaxed) + refused
+    }
 }
 
 /// Where a front end's KV requests go.
@@ -112,16 +130,31 @@ impl Queues {
             .iter()
             .any(|q| q.outstanding() > 0 || q.building_count() > 0)
     }
+
+    /// Batches sent and not answered, and requests waiting to be sent.
+    fn in_flight(&self) -> usize {
+        self.queues
+            .iter()
+            .map(|q| q.outstanding() + usize::from(q.building_count()))
+            .sum()
+    }
 }
 
-/// Where one KV response goes.
+/// Where one KV response goes: the reply slot reserved for its command, and for a command of
+/// several keys the state that gathers their responses.
 #[derive(Clone, Copy, Debug)]
 pub struct Waiter {
-    conn: u32,
-    gen: u32,
-    no: u64,
+    conn: ConnId,
+    ticket: u32,
+    kind: Kind,
+    resp3: bool,
+    /// Index of the gathering state in `FrontState::waits`, or [`SINGLE`].
+    wait: u32,
     sub: u32,
 }
+
+/// A [`Waiter`] of a one-key command, rendered straight from its response.
+const SINGLE: u32 = u32::MAX;
 
 /// Settings of a front end.
 #[derive(Clone)]
@@ -136,7 +169,12 @@ pub struct FrontConfig {
     pub max_pending: usize,
     /// Largest value (SET).
     pub max_value: usize,
+    /// Memory of every connection buffer of the endpoint's front-end threads together.
+    pub budget: Arc<Budget>,
 }
+
+/// Connection-buffer memory of an endpoint's front ends (`FrontConfig::budget`).
+pub const MEMORY_BUDGET: usize = 1 << 30;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -149,53 +187,60 @@ enum Kind {
     MSet,
 }
 
+/// The responses of a command of several keys, gathered until the last one is in.
+#[derive(Default)]
 struct Wait {
-    kind: Kind,
     left: u32,
     sum: i64,
     items: Vec<Option<Vec<u8>>>,
-    err: Option<String>,
+    err: Option<&'static str>,
 }
 
-enum Entry {
-    Ready(Vec<u8>),
-    Wait(Wait),
+/// A reply finished while its connection could not be reached (a request waited for room
+/// in a queue pair): filled in at the next completion pass.
+struct Staged {
+    conn: ConnId,
+    ticket: u32,
+    bytes: Vec<u8>,
 }
 
-struct Conn {
-    stream: TcpStream,
-    gen: u32,
-    input: Vec<u8>,
-    out: Vec<u8>,
-    out_at: usize,
-    pending: VecDeque<Entry>,
-    /// Request number of `pending[0]`.
-    head: u64,
-    session: Session,
-    close_after: bool,
-    dead: bool,
+/// A connection's state.
+pub struct FrontSession {
+    session: dds_resp::session::Session,
+    /// Reply slots reserved and not filled yet.
+    waiting: u32,
+    /// Replies written behind them.
+    behind: u32,
+    /// Offered no input (at the pending limit) until the replies drain to half of it.
     paused: bool,
-    /// `input` holds commands not run yet because `max_pending` replies were pending: run
-    /// them before reading again (their bytes already left the socket).
-    backlog: bool,
 }
 
-const LISTENER: Token = Token(usize::MAX);
-const SCRATCH: usize = 64 << 10;
+/// Spin (poll without sleeping) this long after the last work: the next request of a client
+/// that just got its reply is usually on its way.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// A front end's service state (everything but the loop's stop flags).
+pub(crate) struct FrontState {
+    cfg: FrontConfig,
+    backend: Backend,
+    limits: Limits,
+    stats: Arc<FrontStats>,
+    record: Vec<u8>,
+    argv: Argv,
+    spare: Vec<&'static [u8]>,
+    waits: Vec<Wait>,
+    free_waits: Vec<u32>,
+    staged: Vec<Staged>,
+    bufs: Vec<Vec<u8>>,
+    next_id: u64,
+    last_work: Instant,
+    fault: Option<anyhow::Error>,
+}
 
 /// One front-end thread.
 pub struct Frontend {
-    cfg: FrontConfig,
-    listener: TcpListener,
-    poll: Poll,
-    backend: Backend,
-    conns: Vec<Option<Conn>>,
-    free: Vec<usize>,
-    next_gen: u32,
-    limits: Limits,
-    stats: Arc<FrontStats>,
-    touched: Vec<usize>,
-    record: Vec<u8>,
+    listener: std::net::TcpListener,
+    state: FrontState,
 }
 
 impl Frontend {
@@ -207,90 +252,56 @@ impl Frontend {
         stats: Arc<FrontStats>,
     ) -> Result<Frontend> {
         listener.set_nonblocking(true)?;
-        let mut listener = TcpListener::from_std(listener);
-        let poll = Poll::new()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
         Ok(Frontend {
-            limits: Limits {
-                max_bulk: cfg.max_value.max(MAX_KEY) + 1024,
-                ..Limits::default()
-            },
-            cfg,
             listener,
-            poll,
-            backend,
-            conns: Vec::new(),
-            free: Vec::new(),
-            next_gen: 1,
-            stats,
-            touched: Vec::new(),
-            record: Vec::with_capacity(1024),
+            state: FrontState {
+                limits: Limits {
+                    max_bulk: cfg.max_value.max(MAX_KEY) + 1024,
+                    ..Limits::default()
+                },
+                cfg,
+                backend,
+                stats,
+                record: Vec::with_capacity(1024),
+                argv: Argv::new(),
+                spare: Vec::new(),
+                waits: Vec::new(),
+                free_waits: Vec::new(),
+                staged: Vec::new(),
+                bufs: Vec::new(),
+                next_id: 1,
+                last_work: Instant::now(),
+                fault: None,
+            },
         })
     }
 
     /// Serves until `stop` is set or the backend fails (the host is gone, or broke the
-    /// queue protocol); closes every client connection on the way out.
-    pub fn run(mut self, stop: &AtomicBool) -> Result<()> {
-        let mut events = Events::with_capacity(1024);
-        let mut scratch = vec![0u8; SCRATCH];
-        let mut argv = Argv::new();
-        let mut idle_since = Instant::now();
-        let result = loop {
-            if stop.load(Ordering::Relaxed) {
-                break Ok(());
-            }
-            let busy = matches!(&self.backend, Backend::Queues(q) if q.busy());
-            // Spin while work is in flight or arrived lately; park in epoll after 200 µs idle.
-            let timeout = if busy || idle_since.elapsed() < Duration::from_micros(200) {
-                Some(Duration::ZERO)
-            } else {
-                Some(Duration::from_millis(50))
-            };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                break Err(e).context("poll");
-            }
-            let mut work = busy;
-            for ev in events.iter() {
-                work = true;
-                if ev.token() == LISTENER {
-                    self.accept();
-                    continue;
-                }
-                self.serve(ev.token().0, &mut scratch, &mut argv);
-            }
-            for i in 0..self.conns.len() {
-                let resume = self.conns[i]
-                    .as_ref()
-                    .is_some_and(|c| c.paused && c.pending.len() < self.cfg.max_pending / 2);
-                if resume {
-                    self.serve(i, &mut scratch, &mut argv);
-                }
-            }
-            if let Err(e) = self.pump() {
-                break Err(e);
-            }
-            let mut touched = std::mem::take(&mut self.touched);
-            touched.sort_unstable();
-            touched.dedup();
-            for &i in &touched {
-                self.flush_out(i);
-            }
-            touched.clear();
-            self.touched = touched;
-            if work {
-                idle_since = Instant::now();
-            }
+    /// queue protocol); the replies of the requests in flight go out if they come within a
+    /// second, then every client connection is closed.
+    pub fn run(self, stop: &AtomicBool) -> Result<()> {
+        let halt = AtomicBool::new(false);
+        let rt = Config {
+            max_connections: self.state.cfg.max_clients,
+            input_limit: self.state.cfg.query_buffer_limit,
+            tick: Duration::from_millis(50),
+            drain: Duration::from_secs(1),
+            ..Config::default()
         };
-        for i in 0..self.conns.len() {
-            if let Some(mut c) = self.conns[i].take() {
-                let _ = self.poll.registry().deregister(&mut c.stream);
-            }
+        let budget = self.state.cfg.budget.clone();
+        let stats = self.state.stats.clone();
+        let service = connections::FrontService {
+            st: self.state,
+            stop,
+            halt: &halt,
+        };
+        let server = dds_server::Server::from_listener(self.listener, rt, budget, service)
+            .context("front-end event loop")?;
+        if let Ok(mut l) = stats.loops.lock() {
+            l.push(server.counters());
         }
-        if let Backend::Queues(q) = &mut self.backend {
+        let mut st = server.run(&halt).st;
+        if let Backend::Queues(q) = &mut st.backend {
             // Outstanding DMA targets local buffers of the queues: let it finish first.
             let deadline = Instant::now() + Duration::from_secs(1);
             while q.engine.outstanding() > 0 && Instant::now() < deadline {
@@ -303,6 +314,9 @@ impl Frontend {
                 queue.abandon();
             }
         }
-        result
+        match st.fault.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }

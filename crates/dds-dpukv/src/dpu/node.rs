@@ -137,6 +137,7 @@ fn serve_host(
         query_buffer_limit: 64 << 20,
         max_pending: 4096,
         max_value,
+        budget: dds_server::Budget::new(crate::frontend::MEMORY_BUDGET),
     };
     let halt = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(FrontStats::default());

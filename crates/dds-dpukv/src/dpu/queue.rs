@@ -52,6 +52,8 @@ pub struct DpuQueue<W> {
     building_expect: usize,
     building_worst: usize,
     building_waiters: Vec<W>,
+    /// Emptied waiter lists of answered batches, for the next ones.
+    spare_waiters: Vec<Vec<W>>,
     outstanding: VecDeque<Outstanding<W>>,
     read: ReadState,
     writes_in_flight: u32,
@@ -91,6 +93,7 @@ impl<W> DpuQueue<W> {
             building_expect: BATCH_HEADER,
             building_worst: BATCH_HEADER,
             building_waiters: Vec::new(),
+            spare_waiters: Vec::new(),
             outstanding: VecDeque::new(),
             read: ReadState::Idle,
             writes_in_flight: 0,
@@ -195,7 +198,10 @@ impl<W> DpuQueue<W> {
             n,
             count: self.building_count,
             expect: align8(self.building_expect),
-            waiters: std::mem::take(&mut self.building_waiters),
+            waiters: std::mem::replace(
+                &mut self.building_waiters,
+                self.spare_waiters.pop().unwrap_or_default(),
+            ),
         });
         self.building.clear();
         self.building_count = 0;
@@ -317,6 +323,14 @@ impl<W> DpuQueue<W> {
             ));
         }
         Ok(Some((b, o)))
+    }
+
+    /// Takes back the waiter list of an answered batch (its memory serves a later batch).
+    pub fn recycle(&mut self, mut waiters: Vec<W>) {
+        waiters.clear();
+        if self.spare_waiters.len() <= self.slots as usize {
+            self.spare_waiters.push(waiters);
+        }
     }
 
     /// Drops every outstanding batch (the host is gone); returns their waiters.

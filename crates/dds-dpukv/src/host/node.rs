@@ -111,6 +111,7 @@ pub fn run_host(
         host_endpoints.push(Endpoint::new(addr, "host", slots));
     }
     let fstats = Arc::new(FrontStats::default());
+    let budget = dds_server::Budget::new(crate::frontend::MEMORY_BUDGET);
     let halt = Arc::new(AtomicBool::new(false));
     let cluster_for = |dpu: &[Endpoint]| {
         let mut endpoints = dpu.to_vec();
@@ -143,6 +144,7 @@ pub fn run_host(
                     query_buffer_limit: 64 << 20,
                     max_pending: 4096,
                     max_value: cfg.max_value as usize,
+                    budget: budget.clone(),
                 },
                 fstats.clone(),
             )?;

@@ -2,18 +2,32 @@
 //! `CLIENT`, `CONFIG`, `COMMAND`, `CLUSTER`, `INFO`, ...): the command table clients route by and
 //! Redis's reply to an unknown command. Data commands go on to the requests path.
 
-use super::connections::ready;
-use super::{Backend, Frontend};
+use super::{Backend, FrontSession, FrontState};
 use dds_resp::session::{client, hello, int_arg, lower};
 use dds_resp::Reply;
+use dds_server::{ConnId, Out};
 use std::sync::atomic::Ordering;
 
-impl Frontend {
-    /// Runs one command of connection `i`.
-    pub(super) fn command(&mut self, i: usize, argv: &[&[u8]], used: usize) {
+impl FrontState {
+    /// Runs one command of connection `id`; true when the connection closes after it.
+    pub(super) fn command(
+        &mut self,
+        id: ConnId,
+        s: &mut FrontSession,
+        argv: &[&[u8]],
+        used: usize,
+        out: &mut Out<'_>,
+    ) -> bool {
         self.stats.commands.fetch_add(1, Ordering::Relaxed);
-        let name = lower(argv[0]);
-        let arity: i32 = match name.as_str() {
+        let Some(name) = COMMANDS
+            .iter()
+            .map(|c| c.0)
+            .find(|n| n.as_bytes().eq_ignore_ascii_case(argv[0]))
+        else {
+            Reply::new(out).error(&unknown_command(argv));
+            return false;
+        };
+        let arity: i32 = match name {
             "get" | "incr" | "decr" => 2,
             "set" | "incrby" | "decrby" => 3,
             "del" | "unlink" | "exists" | "mget" => -2,
@@ -22,46 +36,52 @@ impl Frontend {
             "dbsize" => 1,
             "echo" | "select" => 2,
             "client" | "cluster" | "config" => -2,
-            _ => {
-                let c = self.conns[i].as_mut().expect("live");
-                let mut out = Vec::new();
-                Reply::new(&mut out).error(&unknown_command(argv));
-                ready(c, out);
-                return;
-            }
+            _ => unreachable!("every command of the table has an arity"),
         };
         let n = argv.len() as i32;
         if (arity > 0 && n != arity) || (arity < 0 && n < -arity) || (name == "mset" && n % 2 == 0)
         {
-            let c = self.conns[i].as_mut().expect("live");
-            let mut out = Vec::new();
-            Reply::new(&mut out).error(&format!(
+            Reply::new(out).error(&format!(
                 "ERR wrong number of arguments for '{name}' command"
             ));
-            ready(c, out);
-            return;
+            return false;
         }
-        let c = self.conns[i].as_mut().expect("live");
-        let resp3 = c.session.resp3;
-        let mut out = Vec::new();
-        let mut r = Reply::with_protocol(&mut out, resp3);
-        match name.as_str() {
+        if matches!(
+            name,
+            "get"
+                | "set"
+                | "del"
+                | "unlink"
+                | "exists"
+                | "incr"
+                | "decr"
+                | "incrby"
+                | "decrby"
+                | "mget"
+                | "mset"
+        ) {
+            self.data(id, s, name, argv, used, out);
+            return false;
+        }
+        let mut close = false;
+        let mut r = Reply::with_protocol(out, s.session.resp3);
+        match name {
             "ping" if argv.len() == 1 => r.simple("PONG"),
             "ping" if argv.len() == 2 => r.bulk(argv[1]),
             "ping" => r.error("ERR wrong number of arguments for 'ping' command"),
             "echo" => r.bulk(argv[1]),
             "quit" => {
                 r.ok();
-                c.close_after = true;
+                close = true;
             }
-            "hello" => hello(&mut c.session, None, &mut r, argv),
-            "client" => client(&mut c.session, &mut r, argv),
+            "hello" => hello(&mut s.session, None, &mut r, argv),
+            "client" => client(&mut s.session, &mut r, argv),
             "select" => match int_arg(argv[1]) {
                 Some(0) => r.ok(),
                 Some(_) => r.error("ERR DB index is out of range"),
                 None => r.error("ERR value is not an integer or out of range"),
             },
-            "config" if lower(argv[1]) == "get" => r.array(0),
+            "config" if argv[1].eq_ignore_ascii_case(b"get") => r.array(0),
             "config" => r.error("ERR CONFIG is not supported by dds dpukv"),
             "command" => command(&mut r, argv),
             "cluster" => self.cfg.cluster.command(&mut r, argv),
@@ -77,7 +97,7 @@ impl Frontend {
                     role = me.role,
                     port = me.addr.port(),
                     cl = s.clients.load(Ordering::Relaxed),
-                    conns = s.connections.load(Ordering::Relaxed),
+                    conns = s.received(),
                     cmds = s.commands.load(Ordering::Relaxed),
                     req = s.kv_requests.load(Ordering::Relaxed),
                     raw = s.raw_bytes.load(Ordering::Relaxed),
@@ -94,12 +114,9 @@ impl Frontend {
                     r.error("ERR DBSIZE is answered by the host's endpoints in this design")
                 }
             },
-            _ => {
-                self.data(i, &name, argv, used);
-                return;
-            }
+            _ => unreachable!("data commands are dispatched above"),
         }
-        ready(c, out);
+        close
     }
 }
 

@@ -1,231 +1,222 @@
-//! Client connections: accepting them, reading and parsing their RESP commands, keeping each
-//! connection's replies in request order (finished replies move to the output as the ones before
-//! them finish), writing them out, and the `SO_REUSEPORT` listener of an endpoint.
+//! The front end as a service of the server runtime: client sessions, parsing their RESP
+//! commands (up to the pending limit), completing the replies whose KV responses arrived, the
+//! loop's cadence while requests are in flight, and the `SO_REUSEPORT` listener of an
+//! endpoint.
 
-use super::{Conn, Entry, Frontend};
+use super::requests::{pump, send_batches, Sink};
+use super::{Backend, FrontSession, FrontState, SPIN};
 use anyhow::{Context, Result};
 use dds_resp::session::Session;
-use dds_resp::{parse_command, reuse, Argv, Reply};
-use mio::{Interest, Token};
-use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use dds_resp::{parse_command, reuse, Reply};
+use dds_server::{Completions, ConnId, Out, Service, Ticket, Verdict};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
-impl Frontend {
-    pub(super) fn accept(&mut self) {
-        loop {
-            let (mut stream, _) = match self.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    return;
-                }
-            };
-            self.stats.connections.fetch_add(1, Ordering::Relaxed);
-            let live = self.conns.len() - self.free.len();
-            if live >= self.cfg.max_clients {
-                let _ = stream.write(b"-ERR max number of clients reached\r\n");
-                continue;
-            }
-            let _ = stream.set_nodelay(true);
-            let i = self.free.pop().unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
-            if self
-                .poll
-                .registry()
-                .register(
-                    &mut stream,
-                    Token(i),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .is_err()
-            {
-                self.free.push(i);
-                continue;
-            }
-            let gen = self.next_gen;
-            self.next_gen = self.next_gen.wrapping_add(1);
-            self.conns[i] = Some(Conn {
-                stream,
-                gen,
-                input: Vec::new(),
-                out: Vec::new(),
-                out_at: 0,
-                pending: VecDeque::new(),
-                head: 0,
-                session: Session {
-                    id: u64::from(gen),
-                    authed: true,
-                    name: None,
-                    resp3: false,
-                },
-                close_after: false,
-                dead: false,
-                paused: false,
-                backlog: false,
-            });
-            self.stats.clients.fetch_add(1, Ordering::Relaxed);
+/// A front-end thread's service: its state, the endpoint's stop flag and the loop's own (set
+/// on a stop or when the backend fails).
+pub(crate) struct FrontService<'a> {
+    pub(crate) st: FrontState,
+    pub(crate) stop: &'a AtomicBool,
+    pub(crate) halt: &'a AtomicBool,
+}
+
+impl FrontService<'_> {
+    fn watch(&mut self) {
+        if self.stop.load(Ordering::Relaxed) || self.st.fault.is_some() {
+            self.halt.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl FrontState {
+    /// The backend failed: the front end stops (its clients lose their connections).
+    pub(super) fn failed(&mut self, e: anyhow::Error) {
+        if self.fault.is_none() {
+            tracing::error!(error = %e, "KV queue pair failed: the front end stops");
+            self.fault = Some(e);
         }
     }
 
-    /// Reads what connection `i` has and runs its complete commands.
-    pub(super) fn serve(&mut self, i: usize, scratch: &mut [u8], argv: &mut Argv) {
-        self.touched.push(i);
-        loop {
-            let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
-                return;
-            };
-            c.paused = false;
-            if c.dead || c.close_after {
-                return;
+    /// Replies pending on a connection (reserved ones and those written behind them).
+    fn pending(s: &FrontSession) -> usize {
+        (s.waiting + s.behind) as usize
+    }
+}
+
+impl Service for FrontService<'_> {
+    type Session = FrontSession;
+
+    fn open(&mut self, _id: ConnId) -> FrontSession {
+        let st = &mut self.st;
+        st.stats.connections.fetch_add(1, Ordering::Relaxed);
+        st.stats.clients.fetch_add(1, Ordering::Relaxed);
+        let id = st.next_id;
+        st.next_id += 1;
+        FrontSession {
+            session: Session {
+                id,
+                authed: true,
+                name: None,
+                resp3: false,
+            },
+            waiting: 0,
+            behind: 0,
+            paused: false,
+        }
+    }
+
+    fn on_input(
+        &mut self,
+        id: ConnId,
+        s: &mut FrontSession,
+        input: &[u8],
+        out: &mut Out<'_>,
+    ) -> (usize, Verdict) {
+        let st = &mut self.st;
+        st.last_work = Instant::now();
+        let mut at = 0;
+        let mut argv = std::mem::take(&mut st.argv);
+        let mut spare = std::mem::take(&mut st.spare);
+        let verdict = loop {
+            if FrontState::pending(s) >= st.cfg.max_pending {
+                // Read no more from this client until its replies drain; what it sent
+                // already runs then.
+                s.paused = true;
+                break Verdict::Pending;
             }
-            if c.pending.len() >= self.cfg.max_pending {
-                c.paused = true;
-                return;
-            }
-            let n = if std::mem::take(&mut c.backlog) {
-                0
-            } else {
-                match c.stream.read(scratch) {
-                    Ok(0) => {
-                        c.dead = true;
-                        return;
-                    }
-                    Ok(n) => n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(_) => {
-                        c.dead = true;
-                        return;
-                    }
-                }
-            };
-            let mut input = std::mem::take(&mut c.input);
-            let from_input = !input.is_empty();
-            if from_input {
-                input.extend_from_slice(&scratch[..n]);
-            }
-            let buf: &[u8] = if from_input { &input } else { &scratch[..n] };
-            let mut at = 0;
-            let mut spare: Vec<&[u8]> = Vec::new();
-            let mut full = false;
-            loop {
-                let c = self.conns[i].as_mut().expect("live");
-                if c.close_after {
-                    break;
-                }
-                if c.pending.len() >= self.cfg.max_pending {
-                    full = true;
-                    break;
-                }
-                match parse_command(&buf[at..], &self.limits, argv) {
-                    Ok(Some(used)) => {
-                        let mut args = reuse(std::mem::take(&mut spare));
-                        args.extend(argv.iter(&buf[at..]));
-                        at += used;
-                        if !args.is_empty() {
-                            self.command(i, &args, used);
+            match parse_command(&input[at..], &st.limits, &mut argv) {
+                Ok(Some(used)) => {
+                    let mut args = reuse(spare);
+                    args.extend(argv.iter(&input[at..]));
+                    at += used;
+                    let mut close = false;
+                    if !args.is_empty() {
+                        let waiting = s.waiting;
+                        close = st.command(id, s, &args, used, out);
+                        if s.waiting == waiting && s.waiting > 0 {
+                            s.behind += 1;
                         }
-                        spare = reuse(args);
                     }
-                    Ok(None) => break,
-                    Err(e) => {
-                        let c = self.conns[i].as_mut().expect("live");
-                        self.stats.commands.fetch_add(1, Ordering::Relaxed);
-                        let mut out = Vec::new();
-                        Reply::new(&mut out).error(&e.reply_text());
-                        ready(c, out);
-                        c.close_after = true;
-                        break;
+                    spare = reuse(args);
+                    if close {
+                        break Verdict::Close;
                     }
                 }
+                Ok(None) => break Verdict::Continue,
+                Err(e) => {
+                    st.stats.commands.fetch_add(1, Ordering::Relaxed);
+                    Reply::new(out).error(&e.reply_text());
+                    at = input.len();
+                    break Verdict::Close;
+                }
             }
-            let c = self.conns[i].as_mut().expect("live");
-            if from_input {
-                input.drain(..at);
-            } else if at < n {
-                input.extend_from_slice(&scratch[at..n]);
-            }
-            c.backlog = full && !input.is_empty();
-            if input.len() > self.cfg.query_buffer_limit {
-                let mut out = Vec::new();
-                Reply::new(&mut out).error("ERR Protocol error: query buffer limit exceeded");
-                ready(c, out);
-                input = Vec::new();
-                c.close_after = true;
-            }
-            c.input = if input.is_empty() { Vec::new() } else { input };
-        }
-    }
-}
-
-impl Frontend {
-    /// Sends pending replies; closes connections that are done.
-    pub(super) fn flush_out(&mut self, i: usize) {
-        let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) else {
-            return;
         };
-        while !c.dead && c.out_at < c.out.len() {
-            match c.stream.write(&c.out[c.out_at..]) {
-                Ok(0) => c.dead = true,
-                Ok(n) => c.out_at += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => c.dead = true,
-            }
-        }
-        if c.out_at == c.out.len() {
-            c.out.clear();
-            c.out_at = 0;
-            if c.out.capacity() > 1 << 20 {
-                c.out = Vec::new();
-            }
-        }
-        let done = c.dead || (c.close_after && c.out.is_empty() && c.pending.is_empty());
-        if done {
-            let mut c = self.conns[i].take().expect("live");
-            let _ = self.poll.registry().deregister(&mut c.stream);
-            self.free.push(i);
-            self.stats.clients.fetch_sub(1, Ordering::Relaxed);
-        }
+        st.argv = argv;
+        st.spare = reuse(spare);
+        (at, verdict)
     }
-}
 
-/// Appends a finished reply to a connection, in its order.
-pub(super) fn ready(c: &mut Conn, bytes: Vec<u8>) {
-    if c.pending.is_empty() {
-        c.out.extend_from_slice(&bytes);
-        c.head += 1;
-    } else {
-        c.pending.push_back(Entry::Ready(bytes));
+    fn input_overflow(&mut self, out: &mut Out<'_>) {
+        Reply::new(out).error("ERR Protocol error: query buffer limit exceeded");
     }
-}
 
-/// Moves finished replies at the head of the connection's queue to its output.
-pub(super) fn drain(c: &mut Conn) {
-    while let Some(Entry::Ready(_)) = c.pending.front() {
-        if let Some(Entry::Ready(b)) = c.pending.pop_front() {
-            c.out.extend_from_slice(&b);
-        }
-        c.head += 1;
+    fn rejected(&self) -> &'static [u8] {
+        b"-ERR max number of clients reached\r\n"
     }
-    if let Some(Entry::Wait(w)) = c.pending.front() {
-        if w.left > 0 {
+
+    fn complete(&mut self, done: &mut Completions<'_, FrontSession>) {
+        self.watch();
+        let st = &mut self.st;
+        let max_pending = st.cfg.max_pending;
+        let mut staged = std::mem::take(&mut st.staged);
+        for mut x in staged.drain(..) {
+            if let Some((s, buf)) = done.fill(x.conn, Ticket::from_u32(x.ticket)) {
+                buf.extend_from_slice(&x.bytes);
+                if filled(s, max_pending) {
+                    done.resume(x.conn);
+                }
+            }
+            x.bytes.clear();
+            st.bufs.push(x.bytes);
+        }
+        st.staged = staged;
+        if st.fault.is_some() {
             return;
         }
-        // An error collected with nothing left to wait for.
-        let Some(Entry::Wait(w)) = c.pending.pop_front() else {
-            unreachable!()
+        let FrontState {
+            backend,
+            stats,
+            waits,
+            free_waits,
+            ..
+        } = st;
+        let Backend::Queues(q) = backend else {
+            return;
         };
-        let mut r = Reply::with_protocol(&mut c.out, c.session.resp3);
-        r.error(w.err.as_deref().unwrap_or("ERR internal: no reply"));
-        c.head += 1;
-        drain(c);
+        let mut sink = Sink::Done { done, max_pending };
+        let r = send_batches(q, stats)
+            .and_then(|()| pump(q, stats, waits, free_waits, &mut sink))
+            .map(|got| {
+                if got {
+                    st.last_work = Instant::now();
+                }
+            });
+        if let Err(e) = r {
+            st.failed(e.into());
+            self.watch();
+        }
     }
+
+    fn end_round(&mut self) -> bool {
+        // The round's requests leave now rather than at the next pass.
+        if let Backend::Queues(q) = &mut self.st.backend {
+            if self.st.fault.is_none() {
+                if let Err(e) = send_batches(q, &self.st.stats) {
+                    self.st.failed(e.into());
+                }
+            }
+        }
+        true
+    }
+
+    fn tick(&mut self) {
+        self.watch();
+    }
+
+    fn closed(&mut self, _id: ConnId, _s: FrontSession) {
+        self.st.stats.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        // Responses are found by polling the queue pairs (DMA reads of host memory): no
+        // descriptor signals them. Poll without sleeping while requests are in flight, and
+        // for a moment after the last work.
+        let st = &self.st;
+        let busy = matches!(&st.backend, Backend::Queues(q) if q.busy()) && st.fault.is_none();
+        !busy && st.staged.is_empty() && st.last_work.elapsed() >= SPIN
+    }
+
+    fn in_flight(&self) -> usize {
+        match &self.st.backend {
+            Backend::Queues(q) if self.st.fault.is_none() => q.in_flight(),
+            _ => 0,
+        }
+    }
+}
+
+/// A reserved reply of the connection was filled: true when the connection, paused at the
+/// pending limit, may be read again.
+pub(super) fn filled(s: &mut FrontSession, max_pending: usize) -> bool {
+    s.waiting = s.waiting.saturating_sub(1);
+    if s.waiting == 0 {
+        s.behind = 0;
+    }
+    if s.paused && FrontState::pending(s) < max_pending / 2 {
+        s.paused = false;
+        return true;
+    }
+    false
 }
 
 /// A `SO_REUSEPORT` listener: every front-end thread of an endpoint binds one and the kernel

@@ -1,26 +1,36 @@
 //! Data commands as KV requests: checked, routed, encoded and batched onto the KV queue pairs
 //! (or run on an in-process store), batches posted and response reads polled, and each KV
-//! response delivered to its command, whose reply is rendered once all of its responses are in.
+//! response delivered to its command, whose reply is rendered once all of its responses are in
+//! (into the place reserved for it in the connection's output).
 
-use super::connections::{drain, ready};
+use super::connections::filled;
 use super::{
-    Backend, Conn, Entry, FrontStats, Frontend, Kind, Queues, Wait, Waiter, INT_TEXT_MAX, MAX_KEY,
+    Backend, FrontSession, FrontState, FrontStats, Kind, Queues, Staged, Wait, Waiter,
+    INT_TEXT_MAX, MAX_KEY, SINGLE,
 };
 use crate::cluster::Route;
 use crate::queue::{queue_of, DpuQueue, QueueFault};
-use anyhow::Result;
 use dds_dma::DmaEngine;
 use dds_kvmem::qp::{request_len, Op, Request, Response, Status, BATCH_HEADER};
 use dds_kvmem::{key_hash, partition_of, qp};
 use dds_resp::session::int_arg;
 use dds_resp::Reply;
+use dds_server::{Completions, ConnId, Out, Ticket};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-impl Frontend {
+impl FrontState {
     /// A data command: checks, routes, and makes its KV requests.
-    pub(super) fn data(&mut self, i: usize, name: &str, argv: &[&[u8]], used: usize) {
-        let (kind, keys_step) = match name {
+    pub(super) fn data(
+        &mut self,
+        id: ConnId,
+        s: &mut FrontSession,
+        name: &str,
+        argv: &[&[u8]],
+        used: usize,
+        out: &mut Out<'_>,
+    ) {
+        let (kind, step) = match name {
             "get" => (Kind::Get, 1),
             "set" => (Kind::Set, 2),
             "del" | "unlink" => (Kind::Del, 1),
@@ -30,29 +40,22 @@ impl Frontend {
             "mset" => (Kind::MSet, 2),
             _ => unreachable!("data commands only"),
         };
-        let keys: Vec<&[u8]> = match kind {
-            Kind::Get | Kind::Set | Kind::Incr => vec![argv[1]],
-            _ => argv[1..].iter().step_by(keys_step).copied().collect(),
+        let nkeys = match kind {
+            Kind::Get | Kind::Set | Kind::Incr => 1,
+            _ => (argv.len() - 1).div_ceil(step),
         };
-        let err = |this: &mut Self, text: &str| {
-            let c = this.conns[i].as_mut().expect("live");
-            let mut out = Vec::new();
-            Reply::new(&mut out).error(text);
-            ready(c, out);
-        };
-        match self.cfg.cluster.route(keys.iter().copied()) {
+        let keys = || argv[1..].iter().step_by(step).take(nkeys).copied();
+        let err = |out: &mut Out<'_>, text: &str| Reply::new(out).error(text);
+        match self.cfg.cluster.route(keys()) {
             Route::Here => {}
-            Route::Moved(slot, addr) => return err(self, &format!("MOVED {slot} {addr}")),
+            Route::Moved(slot, addr) => return err(out, &format!("MOVED {slot} {addr}")),
             Route::CrossSlot => {
-                return err(
-                    self,
-                    "CROSSSLOT Keys in request don't hash to the same slot",
-                )
+                return err(out, "CROSSSLOT Keys in request don't hash to the same slot")
             }
         }
-        if keys.iter().any(|k| k.is_empty() || k.len() > MAX_KEY) {
+        if keys().any(|k| k.is_empty() || k.len() > MAX_KEY) {
             return err(
-                self,
+                out,
                 &format!("ERR keys of 1 to {MAX_KEY} bytes only in the in-memory store"),
             );
         }
@@ -60,10 +63,10 @@ impl Frontend {
             "incr" => Some(1),
             "decr" => Some(-1),
             "incrby" | "decrby" => match int_arg(argv[2]) {
-                None => return err(self, "ERR value is not an integer or out of range"),
+                None => return err(out, "ERR value is not an integer or out of range"),
                 Some(v) if name == "decrby" => match v.checked_neg() {
                     Some(v) => Some(v),
-                    None => return err(self, "ERR decrement would overflow"),
+                    None => return err(out, "ERR decrement would overflow"),
                 },
                 Some(v) => Some(v),
             },
@@ -76,7 +79,7 @@ impl Frontend {
                 .any(|v| v.len() > self.cfg.max_value)
         {
             return err(
-                self,
+                out,
                 &format!(
                     "ERR value too large (limit {} bytes, --max-value)",
                     self.cfg.max_value
@@ -95,7 +98,7 @@ impl Frontend {
             // A request travels in one batch: one that no slot can carry is refused here
             // (it would otherwise wait for room that never comes).
             let batch_max = q.queues.first().map_or(0, DpuQueue::batch_max);
-            let too_big = keys.iter().enumerate().any(|(sub, key)| {
+            let too_big = keys().enumerate().any(|(sub, key)| {
                 BATCH_HEADER
                     + request_len(&Request {
                         key,
@@ -105,56 +108,83 @@ impl Frontend {
             });
             if too_big {
                 return err(
-                    self,
+                    out,
                     &format!(
                         "ERR key and value too large for a KV queue slot ({batch_max} bytes, --slot-bytes)"
                     ),
                 );
             }
         }
-        let c = self.conns[i].as_mut().expect("live");
-        let no = c.head + c.pending.len() as u64;
-        c.pending.push_back(Entry::Wait(Wait {
-            kind,
-            left: keys.len() as u32,
-            sum: 0,
-            items: if kind == Kind::MGet {
-                vec![None; keys.len()]
-            } else {
-                Vec::new()
-            },
-            err: None,
-        }));
-        let gen = c.gen;
         self.stats
             .kv_requests
-            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+            .fetch_add(nkeys as u64, Ordering::Relaxed);
         self.stats
             .raw_bytes
             .fetch_add(used as u64, Ordering::Relaxed);
-        for (sub, key) in keys.iter().enumerate() {
+        let wait = match kind {
+            Kind::Get | Kind::Set | Kind::Incr => SINGLE,
+            _ => {
+                let i = match self.free_waits.pop() {
+                    Some(i) => i as usize,
+                    None => {
+                        self.waits.push(Wait::default());
+                        self.waits.len() - 1
+                    }
+                };
+                let w = &mut self.waits[i];
+                w.left = nkeys as u32;
+                w.sum = 0;
+                w.err = None;
+                w.items.clear();
+                if kind == Kind::MGet {
+                    w.items.resize(nkeys, None);
+                }
+                i as u32
+            }
+        };
+        let ticket = match self.backend {
+            Backend::Queues(_) => {
+                s.waiting += 1;
+                out.defer().to_u32()
+            }
+            Backend::Local(_) => 0,
+        };
+        for (sub, key) in keys().enumerate() {
             let req = Request {
                 key,
                 op: op_of(sub),
             };
             let w = Waiter {
-                conn: i as u32,
-                gen,
-                no,
+                conn: id,
+                ticket,
+                kind,
+                resp3: s.session.resp3,
+                wait,
                 sub: sub as u32,
             };
-            self.request(&req, w);
+            self.request(&req, w, out);
         }
     }
 
     /// Hands one KV request to the backend.
-    fn request(&mut self, req: &Request<'_>, w: Waiter) {
-        match &mut self.backend {
+    fn request(&mut self, req: &Request<'_>, w: Waiter, out: &mut Out<'_>) {
+        let FrontState {
+            backend,
+            stats,
+            waits,
+            free_waits,
+            staged,
+            bufs,
+            record,
+            fault,
+            ..
+        } = self;
+        match backend {
             Backend::Local(store) => {
-                let store = store.clone();
                 let mut p = store.lock(req.key);
+                let mut sink = Sink::Direct { out };
                 qp::execute(&mut p, req, |resp| {
-                    deliver(&mut self.conns, &self.stats, &mut self.touched, w, resp)
+                    deliver(waits, free_waits, stats, &mut sink, w, resp)
                 });
             }
             Backend::Queues(q) => {
@@ -170,47 +200,94 @@ impl Frontend {
                     Op::Get => 2 + q.value_mean as usize,
                     _ => worst,
                 };
-                self.record.clear();
-                encode_request(&mut self.record, req);
+                record.clear();
+                encode_request(record, req);
                 let queue = &mut q.queues[worker];
-                if !queue.fits(self.record.len(), worst) {
-                    if let Err(e) = send_batches(q, &self.stats) {
+                if !queue.fits(record.len(), worst) {
+                    if let Err(e) = send_batches(q, stats) {
                         tracing::error!(error = %e, "sending a KV batch failed");
                     }
                 }
-                let queue = &mut q.queues[worker];
-                if !queue.fits(self.record.len(), worst) {
+                let mut sink = Sink::Stage { staged, bufs };
+                if !q.queues[worker].fits(record.len(), worst) {
                     // Every slot is in flight: wait for a response (bounded by the host).
+                    // Replies finished meanwhile are staged for the next completion pass.
                     let deadline = Instant::now() + Duration::from_secs(5);
-                    while !q.queues[worker].fits(self.record.len(), worst)
-                        && Instant::now() < deadline
-                    {
-                        if pump_queues(q, &mut self.conns, &self.stats, &mut self.touched).is_err()
-                        {
+                    while !q.queues[worker].fits(record.len(), worst) && Instant::now() < deadline {
+                        if let Err(e) = pump(q, stats, waits, free_waits, &mut sink) {
+                            if fault.is_none() {
+                                *fault = Some(e.into());
+                            }
                             break;
                         }
-                        let _ = send_batches(q, &self.stats);
+                        let _ = send_batches(q, stats);
                     }
                 }
                 let queue = &mut q.queues[worker];
-                if queue.fits(self.record.len(), worst) {
-                    queue.push(&self.record, expect, worst, w);
+                if queue.fits(record.len(), worst) {
+                    queue.push(record, expect, worst, w);
                 } else {
-                    let text = "ERR the host's KV workers do not answer".to_string();
-                    fail(&mut self.conns, &mut self.touched, w, text);
+                    let text = "ERR the host's KV workers do not answer";
+                    fail(waits, free_waits, stats, &mut sink, w, text);
                 }
             }
         }
     }
+}
 
-    /// Sends what is batched and takes the responses that arrived.
-    pub(super) fn pump(&mut self) -> Result<()> {
-        let Backend::Queues(q) = &mut self.backend else {
-            return Ok(());
+/// Where the reply of a KV request's command goes.
+pub(super) enum Sink<'a, 'b> {
+    /// The connection's output (the store is in-process: the reply is ready at once).
+    Direct { out: &'a mut Out<'b> },
+    /// The place reserved for it (its response arrived).
+    Done {
+        done: &'a mut Completions<'b, FrontSession>,
+        max_pending: usize,
+    },
+    /// A buffer, filled into the reserved place at the next completion pass (the response
+    /// arrived while a request of another command waited for room).
+    Stage {
+        staged: &'a mut Vec<Staged>,
+        bufs: &'a mut Vec<Vec<u8>>,
+    },
+}
+
+impl Sink<'_, '_> {
+    /// Renders `w`'s command's reply with `render`.
+    fn reply(&mut self, stats: &FrontStats, w: &Waiter, render: impl FnOnce(&mut Reply<'_>)) {
+        let put = |buf: &mut Vec<u8>| {
+            let before = buf.len();
+            render(&mut Reply::with_protocol(buf, w.resp3));
+            stats
+                .raw_bytes
+                .fetch_add((buf.len() - before) as u64, Ordering::Relaxed);
         };
-        send_batches(q, &self.stats)?;
-        pump_queues(q, &mut self.conns, &self.stats, &mut self.touched)?;
-        Ok(())
+        match self {
+            Sink::Direct { out } => put(out),
+            Sink::Done {
+                done, max_pending, ..
+            } => {
+                let resume = match done.fill(w.conn, Ticket::from_u32(w.ticket)) {
+                    Some((s, buf)) => {
+                        put(buf);
+                        filled(s, *max_pending)
+                    }
+                    None => false,
+                };
+                if resume {
+                    done.resume(w.conn);
+                }
+            }
+            Sink::Stage { staged, bufs } => {
+                let mut bytes = bufs.pop().unwrap_or_default();
+                put(&mut bytes);
+                staged.push(Staged {
+                    conn: w.conn,
+                    ticket: w.ticket,
+                    bytes,
+                });
+            }
+        }
     }
 }
 
@@ -226,7 +303,10 @@ fn encode_request(out: &mut Vec<u8>, r: &Request<'_>) {
 }
 
 /// Posts the batches that are ready and the response reads that are due, in one doorbell.
-fn send_batches(q: &mut Queues, stats: &FrontStats) -> std::result::Result<(), QueueFault> {
+pub(super) fn send_batches(
+    q: &mut Queues,
+    stats: &FrontStats,
+) -> std::result::Result<(), QueueFault> {
     let mut posted = 0;
     for (i, queue) in q.queues.iter_mut().enumerate() {
         // SAFETY: the engine completes every operation before the queues are dropped
@@ -253,13 +333,15 @@ fn send_batches(q: &mut Queues, stats: &FrontStats) -> std::result::Result<(), Q
     Ok(())
 }
 
-/// Takes DMA completions; delivers the responses of complete batches.
-fn pump_queues(
+/// Takes DMA completions; delivers the responses of complete batches. True when something
+/// completed.
+pub(super) fn pump(
     q: &mut Queues,
-    conns: &mut [Option<Conn>],
     stats: &FrontStats,
-    touched: &mut Vec<usize>,
-) -> std::result::Result<(), QueueFault> {
+    waits: &mut [Wait],
+    free_waits: &mut Vec<u32>,
+    sink: &mut Sink<'_, '_>,
+) -> std::result::Result<bool, QueueFault> {
     let n = q.engine.poll(&mut q.completions);
     let mut more = false;
     for k in 0..n {
@@ -278,14 +360,15 @@ fn pump_queues(
         };
         let mut values = 0usize;
         let mut gets = 0usize;
-        for (resp, w) in qp::responses(batch).zip(o.waiters) {
+        for (resp, &w) in qp::responses(batch).zip(&o.waiters) {
             let resp = resp.map_err(QueueFault::Malformed)?;
             if let Response::Value(v) = resp {
                 values += v.len();
                 gets += 1;
             }
-            deliver(conns, stats, touched, w, resp);
+            deliver(waits, free_waits, stats, sink, w, resp);
         }
+        q.queues[idx].recycle(o.waiters);
         if let Some(mean) = values.checked_div(gets) {
             q.value_mean = 0.9 * q.value_mean + 0.1 * mean as f64;
         }
@@ -314,22 +397,7 @@ fn pump_queues(
             .sum();
         stats.empty_polls.fetch_add(empty, Ordering::Relaxed);
     }
-    Ok(())
-}
-
-fn fail(conns: &mut [Option<Conn>], touched: &mut Vec<usize>, w: Waiter, text: String) {
-    let Some(c) = conns.get_mut(w.conn as usize).and_then(Option::as_mut) else {
-        return;
-    };
-    if c.gen != w.gen || w.no < c.head {
-        return;
-    }
-    if let Some(Entry::Wait(wait)) = c.pending.get_mut((w.no - c.head) as usize) {
-        wait.err.get_or_insert(text);
-        wait.left = wait.left.saturating_sub(1);
-    }
-    touched.push(w.conn as usize);
-    drain(c);
+    Ok(more)
 }
 
 fn error_text(st: Status) -> &'static str {
@@ -360,95 +428,88 @@ fn render_single(kind: Kind, resp: &Response<'_>, r: &mut Reply<'_>) {
 
 /// Gives one KV response to its command.
 fn deliver(
-    conns: &mut [Option<Conn>],
+    waits: &mut [Wait],
+    free_waits: &mut Vec<u32>,
     stats: &FrontStats,
-    touched: &mut Vec<usize>,
+    sink: &mut Sink<'_, '_>,
     w: Waiter,
     resp: Response<'_>,
 ) {
-    let Some(c) = conns.get_mut(w.conn as usize).and_then(Option::as_mut) else {
-        return;
-    };
-    if c.gen != w.gen || w.no < c.head {
-        return;
-    }
-    touched.push(w.conn as usize);
-    let idx = (w.no - c.head) as usize;
-    let Some(Entry::Wait(wait)) = c.pending.get_mut(idx) else {
-        return;
-    };
-    let resp3 = c.session.resp3;
-    if idx == 0
-        && wait.left == 1
-        && wait.err.is_none()
-        && !matches!(
-            wait.kind,
-            Kind::MGet | Kind::MSet | Kind::Del | Kind::Exists
-        )
-    {
-        // The common case: the oldest command, answered by one response.
-        let before = c.out.len();
-        render_single(
-            wait.kind,
-            &resp,
-            &mut Reply::with_protocol(&mut c.out, resp3),
-        );
-        stats
-            .raw_bytes
-            .fetch_add((c.out.len() - before) as u64, Ordering::Relaxed);
-        c.pending.pop_front();
-        c.head += 1;
-        drain(c);
+    if w.wait == SINGLE {
+        // The common case: a command answered by one response, rendered from it.
+        sink.reply(stats, &w, |r| render_single(w.kind, &resp, r));
         return;
     }
+    let Some(wait) = waits.get_mut(w.wait as usize) else {
+        return;
+    };
     match resp {
         Response::Status(st @ (Status::NotInteger | Status::Overflow | Status::OutOfMemory)) => {
-            wait.err.get_or_insert_with(|| error_text(st).to_string());
+            wait.err.get_or_insert(error_text(st));
         }
-        Response::Status(Status::Ok) if matches!(wait.kind, Kind::Del | Kind::Exists) => {
-            wait.sum += 1
-        }
+        Response::Status(Status::Ok) if matches!(w.kind, Kind::Del | Kind::Exists) => wait.sum += 1,
         Response::Value(v) => {
-            if wait.kind == Kind::MGet {
-                if let Some(slot) = wait.items.get_mut(w.sub as usize) {
-                    *slot = Some(v.to_vec());
-                }
-            } else {
-                wait.items = vec![Some(v.to_vec())];
+            if let Some(slot) = wait.items.get_mut(w.sub as usize) {
+                *slot = Some(v.to_vec());
             }
         }
         Response::Int(n) => wait.sum = n,
         Response::Status(_) => {}
     }
+    gathered(waits, free_waits, stats, sink, w);
+}
+
+/// One response of a command of several keys is in: renders its reply after the last one.
+fn gathered(
+    waits: &mut [Wait],
+    free_waits: &mut Vec<u32>,
+    stats: &FrontStats,
+    sink: &mut Sink<'_, '_>,
+    w: Waiter,
+) {
+    let Some(wait) = waits.get_mut(w.wait as usize) else {
+        return;
+    };
     wait.left = wait.left.saturating_sub(1);
-    if wait.left == 0 {
-        let mut out = Vec::new();
-        let mut r = Reply::with_protocol(&mut out, resp3);
-        match &wait.err {
-            Some(e) => r.error(e),
-            None => match wait.kind {
-                Kind::Get => match wait.items.first() {
-                    Some(Some(v)) => r.bulk(v),
-                    _ => r.null(),
-                },
-                Kind::Set | Kind::MSet => r.ok(),
-                Kind::Del | Kind::Exists => r.int(wait.sum),
-                Kind::Incr => r.int(wait.sum),
-                Kind::MGet => {
-                    r.array(wait.items.len());
-                    for it in &wait.items {
-                        match it {
-                            Some(v) => r.bulk(v),
-                            None => r.null(),
-                        }
+    if wait.left > 0 {
+        return;
+    }
+    sink.reply(stats, &w, |r| match wait.err {
+        Some(e) => r.error(e),
+        None => match w.kind {
+            Kind::Del | Kind::Exists => r.int(wait.sum),
+            Kind::MSet => r.ok(),
+            Kind::MGet => {
+                r.array(wait.items.len());
+                for it in &wait.items {
+                    match it {
+                        Some(v) => r.bulk(v),
+                        None => r.null(),
                     }
                 }
-            },
-        }
-        stats
-            .raw_bytes
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
-        c.pending[idx] = Entry::Ready(out);
+            }
+            Kind::Get | Kind::Set | Kind::Incr => r.error("ERR internal: unexpected response"),
+        },
+    });
+    wait.items.clear();
+    free_waits.push(w.wait);
+}
+
+/// A KV request that got no response: its command answers `text`.
+fn fail(
+    waits: &mut [Wait],
+    free_waits: &mut Vec<u32>,
+    stats: &FrontStats,
+    sink: &mut Sink<'_, '_>,
+    w: Waiter,
+    text: &'static str,
+) {
+    if w.wait == SINGLE {
+        sink.reply(stats, &w, |r| r.error(text));
+        return;
     }
-    drain(c);
+    if let Some(wait) = waits.get_mut(w.wait as usize) {
+        wait.err.get_or_insert(text);
+    }
+    gathered(waits, free_waits, stats, sink, w);
 }

@@ -1,0 +1,194 @@
+//! The request path of `dds kv` allocates nothing in steady state: after a warm-up, GET, SET,
+//! MGET, INCR, EXISTS and pipelines of them over a real socket do not touch the heap on the
+//! server's thread (a counting global allocator counts that thread's allocations only).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dds_kv::server::{Server, ServerConfig};
+use dds_kv::{Durability, Store, StoreConfig};
+use dds_storage::OsStorage;
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static MEASURING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static SERVER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+fn counted() -> bool {
+    MEASURING.load(Ordering::Relaxed) && SERVER_THREAD.with(|c| c.get())
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if counted() {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if counted() {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn cmd(words: &[&[u8]]) -> Vec<u8> {
+    let mut b = format!("*{}\r\n", words.len()).into_bytes();
+    for w in words {
+        b.extend(format!("${}\r\n", w.len()).bytes());
+        b.extend_from_slice(w);
+        b.extend_from_slice(b"\r\n");
+    }
+    b
+}
+
+/// Sends `batch` and reads until the reply bytes end with `last`.
+fn round_trip(s: &mut TcpStream, batch: &[u8], replies: usize) {
+    s.write_all(batch).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    // Each reply of this workload is one line or a bulk string: count CRLF-terminated
+    // frames loosely by reading until `replies` frame starts have arrived and the stream
+    // pauses.
+    let mut frames = 0;
+    while frames < replies {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "server closed");
+        got.extend_from_slice(&buf[..n]);
+        frames = count_frames(&got);
+    }
+}
+
+/// Top-level replies in `b` (simple, integer, bulk and array-of-bulk replies).
+fn count_frames(b: &[u8]) -> usize {
+    let mut at = 0;
+    let mut n = 0;
+    let line = |at: usize| {
+        b[at..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|p| at + p)
+    };
+    while at < b.len() {
+        let Some(e) = line(at) else { break };
+        match b[at] {
+            b'$' => {
+                let len: i64 = std::str::from_utf8(&b[at + 1..e]).unwrap().parse().unwrap();
+                at = e + 2 + if len >= 0 { len as usize + 2 } else { 0 };
+            }
+            b'*' => {
+                let k: usize = std::str::from_utf8(&b[at + 1..e]).unwrap().parse().unwrap();
+                at = e + 2;
+                for _ in 0..k {
+                    let Some(e2) = line(at) else { return n };
+                    let len: i64 = std::str::from_utf8(&b[at + 1..e2])
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    at = e2 + 2 + if len >= 0 { len as usize + 2 } else { 0 };
+                }
+            }
+            _ => at = e + 2,
+        }
+        if at > b.len() {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn steady_state_requests_allocate_nothing_on_the_server_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        Box::new(OsStorage::new(dir.path()).unwrap()),
+        StoreConfig {
+            page_size: 1 << 20,
+            memory: 8 << 20,
+            log_size: 64 << 20,
+            max_key: 64,
+            max_value: 4096,
+            durability: Durability::None,
+            offload: false,
+        },
+    )
+    .unwrap();
+    let server = Server::bind(
+        ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..ServerConfig::default()
+        },
+        Box::new(store),
+        "files".into(),
+        None,
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let t = std::thread::spawn(move || {
+        SERVER_THREAD.with(|c| c.set(true));
+        server.run(&s2).unwrap();
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let keys: Vec<Vec<u8>> = (0..64).map(|i| format!("key{i}").into_bytes()).collect();
+    let mut batch = Vec::new();
+    let mut n = 0;
+    for k in &keys {
+        batch.extend(cmd(&[b"SET", k, &[b'v'; 100]]));
+        batch.extend(cmd(&[b"GET", k]));
+        batch.extend(cmd(&[b"EXISTS", k, b"nope"]));
+        n += 3;
+    }
+    batch.extend(cmd(&[b"SET", b"counter", b"1"]));
+    batch.extend(cmd(&[b"INCR", b"counter"]));
+    batch.extend(cmd(&[b"INCRBY", b"counter", b"-7"]));
+    let refs: Vec<&[u8]> = std::iter::once(&b"MGET"[..])
+        .chain(keys.iter().take(10).map(|k| &k[..]))
+        .collect();
+    batch.extend(cmd(&refs));
+    n += 4;
+    // Warm-up: buffers, the index and the reply buffer reach their sizes. The first round
+    // allocates (new keys): the counter does see the server's thread.
+    MEASURING.store(true, Ordering::Relaxed);
+    round_trip(&mut s, &batch, n);
+    MEASURING.store(false, Ordering::Relaxed);
+    assert!(
+        ALLOCS.swap(0, Ordering::Relaxed) > 0,
+        "the first round allocated nothing?"
+    );
+    for _ in 0..5 {
+        round_trip(&mut s, &batch, n);
+    }
+    MEASURING.store(true, Ordering::Relaxed);
+    for _ in 0..50 {
+        round_trip(&mut s, &batch, n);
+    }
+    MEASURING.store(false, Ordering::Relaxed);
+    let allocs = ALLOCS.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    drop(s);
+    t.join().unwrap();
+    assert_eq!(
+        allocs, 0,
+        "allocations on the server thread in steady state"
+    );
+}
