@@ -288,6 +288,8 @@ pub struct PagestoreSession {
     queue: VecDeque<u32>,
     /// Response bytes reserved by `queue`.
     reserved: usize,
+    /// Writes in `queue` not finished (a read can conflict only with one of them).
+    writes: u32,
     /// The message being issued (at the start of the input).
     cur: Option<Cursor>,
     /// Stopped at a per-connection bound or a conflict: resumed by its next completion.
@@ -409,6 +411,11 @@ impl PagestoreService {
         op.done = true;
         op.status = status;
         op.bytes = bytes.min(op.len);
+        if op.op == crate::pagestore::OP_WRITE {
+            if let Some((s, _)) = done.reply(id) {
+                s.writes = s.writes.saturating_sub(1);
+            }
+        }
         loop {
             let Some((s, _)) = done.reply(id) else {
                 return;
@@ -490,6 +497,7 @@ impl Service for PagestoreService {
         PagestoreSession {
             queue: VecDeque::new(),
             reserved: 0,
+            writes: 0,
             cur: None,
             stalled: false,
             backend_stall: false,

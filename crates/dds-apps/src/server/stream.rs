@@ -165,12 +165,18 @@ impl PagestoreService {
             }
             s.queue.push_back(oi);
             s.reserved += need;
+            if req.op == OP_WRITE {
+                s.writes += 1;
+            }
         }
     }
 
     /// Whether a request overlaps an unfinished one of the connection, one of them a write
     /// (it then waits for that one: per-connection order for conflicting requests).
     fn conflicts(&self, s: &PagestoreSession, op: u8, file: u32, offset: u64, len: u32) -> bool {
+        if op != OP_WRITE && s.writes == 0 {
+            return false;
+        }
         s.queue.iter().any(|&oi| {
             self.ops
                 .get(oi as usize)
