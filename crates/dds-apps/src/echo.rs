@@ -2,80 +2,94 @@
 //! byte back on the same connection, and a client that measures messages per second and
 //! round-trip latency. The client stamps each message's first 8 bytes with its send time.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Verdict};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::client::now_ns;
 
-/// Open echo connections at most (one thread each).
+/// Open echo connections at most.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Echoed bytes waiting for a client above which its connection is not read.
+const OUTPUT_PAUSE: usize = 1 << 20;
+/// Bytes all echo connections' buffers may hold together.
+const MEMORY_BUDGET: usize = 512 << 20;
 
-/// A running echo server: one thread per connection, blocking sockets.
+/// The echo protocol: every byte that arrives is a complete request, and its reply.
+pub struct EchoService {
+    connections: Arc<AtomicU64>,
+}
+
+impl Service for EchoService {
+    type Session = ();
+
+    fn open(&mut self, _id: ConnId) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn on_input(
+        &mut self,
+        _id: ConnId,
+        _session: &mut (),
+        input: &[u8],
+        out: &mut Out<'_>,
+    ) -> (usize, Verdict) {
+        out.extend_from_slice(input);
+        (input.len(), Verdict::Continue)
+    }
+
+    fn input_overflow(&mut self, _out: &mut Out<'_>) {}
+
+    fn rejected(&self) -> &'static [u8] {
+        b""
+    }
+
+    fn complete(&mut self, _done: &mut Completions<'_, ()>) {}
+}
+
+/// A running echo server: one event loop on the server runtime (`dds-server`).
 pub struct EchoServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    accept: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<()>>,
+    /// Connections accepted.
     pub connections: Arc<AtomicU64>,
 }
 
 impl EchoServer {
     pub fn start(listen: SocketAddr) -> Result<EchoServer> {
-        let listener = TcpListener::bind(listen).with_context(|| format!("listen {listen}"))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(AtomicU64::new(0));
-        let (s2, c2) = (stop.clone(), connections.clone());
-        let open = Arc::new(AtomicUsize::new(0));
-        let accept = std::thread::Builder::new()
-            .name("echo-accept".into())
+        let service = EchoService {
+            connections: connections.clone(),
+        };
+        let cfg = Config {
+            max_connections: MAX_CONNECTIONS,
+            output_pause: OUTPUT_PAUSE,
+            drain: Duration::from_millis(500),
+            ..Config::default()
+        };
+        let server = dds_server::Server::bind(listen, cfg, Budget::new(MEMORY_BUDGET), service)
+            .with_context(|| format!("listen {listen}"))?;
+        let addr = server.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("echo".into())
             .spawn(move || {
-                while !s2.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((s, peer)) => {
-                            if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-                                tracing::warn!(%peer, "too many echo connections: refused");
-                                continue;
-                            }
-                            c2.fetch_add(1, Ordering::Relaxed);
-                            open.fetch_add(1, Ordering::AcqRel);
-                            let stop = s2.clone();
-                            let open2 = open.clone();
-                            let spawned = std::thread::Builder::new()
-                                .name("echo-conn".into())
-                                .spawn(move || {
-                                    if let Err(e) = echo_connection(s, &stop) {
-                                        tracing::debug!(%peer, error = %e, "echo connection ended");
-                                    }
-                                    open2.fetch_sub(1, Ordering::AcqRel);
-                                });
-                            if spawned.is_err() {
-                                open.fetch_sub(1, Ordering::AcqRel);
-                                tracing::warn!(%peer, "cannot start an echo thread");
-                            }
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(5))
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
-                    }
-                }
+                server.run(&s2);
             })?;
         Ok(EchoServer {
             addr,
             stop,
-            accept: Some(accept),
+            thread: Some(thread),
             connections,
         })
     }
@@ -88,26 +102,10 @@ impl EchoServer {
 impl Drop for EchoServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.accept.take() {
+        if let Some(h) = self.thread.take() {
             let _ = h.join();
         }
     }
-}
-
-fn echo_connection(mut s: TcpStream, stop: &AtomicBool) -> std::io::Result<()> {
-    s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_millis(200)))?;
-    let mut buf = vec![0u8; 64 << 10];
-    while !stop.load(Ordering::Acquire) {
-        match s.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => s.write_all(&buf[..n])?,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Echo client settings.

@@ -1,39 +1,42 @@
-//! The pagestore server: the host application of the paper's remote storage benchmark (§8.1).
+//! The pagestore server: the host application of the paper's remote storage benchmark (§8.1),
+//! a service on the server runtime (`dds-server`, `docs/server-runtime.md`).
 //!
-//! An acceptor thread hands connections round-robin to `threads` worker threads. Each worker
-//! runs an edge-triggered epoll loop over its connections and its backend's completion
-//! descriptor: it reads and validates whole messages, issues every request to the backend at
-//! once (many in flight), and writes the responses back in request order as the head of each
-//! connection's queue completes. Requests run concurrently, also within one connection: only
+//! `threads` event loops (one thread each) share one listening socket, whichever loop is free
+//! accepting the next connection, and one memory budget. Each loop owns its backend's I/O
+//! interface, whose completion descriptor is the loop's wake-up source. A loop reads and
+//! validates whole messages and issues every request to the backend at once (many in flight):
+//! each request reserves its response's place in the connection's output (`Out::defer`) and
+//! becomes a pending operation; completions fill the places in request order (an op that
+//! finished early keeps its buffer until the ones before it are answered), so each response is
+//! written straight into the output, and the runtime sends them in request order. Requests run concurrently, also within one connection: only
 //! their responses are ordered, so a read racing an in-flight write of the same range may see
-//! either content (a client wanting read-after-write waits for the write's response).
+//! either content (a client wanting read-after-write waits for the write's response), except
+//! that a request overlapping an unfinished write of its own connection (or a write
+//! overlapping an unfinished request) waits for it.
 //!
-//! Bounds per connection: at most `conn_max_ops` requests issued and not yet answered, at most
-//! `conn_max_bytes` response bytes issued or buffered (one request is always allowed), and an
-//! input buffer of one message (≤ 16 MiB) plus 64 KiB. When a bound is reached the worker stops
-//! reading that socket, so TCP flow control pushes back on the client while the worker keeps
-//! serving its other connections. A malformed message closes only its connection, with the
-//! reason logged.
+//! Bounds per connection: at most `conn_max_ops` requests issued and not yet answered in
+//! order, at most `conn_max_bytes` response bytes reserved by them (one request is always
+//! allowed) and at most `conn_max_bytes` response bytes waiting for the client, and input of
+//! one message (≤ 16 MiB) plus 64 KiB. When a bound is reached the loop stops reading that
+//! socket, so TCP flow control pushes back on the client while the loop keeps serving its
+//! other connections. Connections' buffers are charged to `input_memory_bytes`; a connection
+//! the budget cannot pay for is closed. A malformed message closes only its connection (after
+//! the responses to the requests before it), with the reason logged; so does a connection that
+//! closes inside a message.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use crossbeam_queue::ArrayQueue;
-use dds_host::Status;
-use rustix::event::epoll;
+use dds_server::{Budget, Completions, Config, ConnId, LoopCounters, Out, Service, Ticket};
 use serde::Serialize;
 
-use crate::pagestore::{
-    encode_response_header, message_len, request_at, response_bytes, Message, OP_READ, OP_WRITE,
-    RESP_HEADER_BYTES,
-};
+use crate::pagestore::{encode_response_header, response_bytes, OP_READ, RESP_HEADER_BYTES};
 use dds_storage::aio::{
     AlignedBuf, AsyncStorage, BufPool, Completion, FileSet, SubmitError, WorkerIo,
 };
@@ -44,15 +47,16 @@ mod stream;
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
-    /// Worker threads (each with its own epoll loop and backend queue).
+    /// Worker threads (each with its own event loop and backend queue).
     pub threads: usize,
-    /// Response bytes issued or waiting to be sent, per connection.
+    /// Response bytes issued and not yet answered in order, per connection; and response
+    /// bytes waiting for the client above which the connection is not read.
     pub conn_max_bytes: usize,
     /// Requests issued and not yet answered, per connection.
     pub conn_max_ops: usize,
-    /// Open connections at most; more are closed at accept (with a log line).
+    /// Open connections at most (all threads); more are closed at accept (with a log line).
     pub max_connections: usize,
-    /// Bytes all connections' input buffers may hold together (they grow with the bytes that
+    /// Bytes all connections' buffers may hold together (they grow with the bytes that
     /// arrive); a connection that needs more than is left is closed.
     pub input_memory_bytes: usize,
 }
@@ -70,58 +74,32 @@ impl Default for ServerConfig {
     }
 }
 
-/// Counters of a running server.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    pub connections: AtomicU64,
-    pub closed: AtomicU64,
-    pub closed_malformed: AtomicU64,
-    pub requests: AtomicU64,
-    pub errors: AtomicU64,
-    /// Connections closed because the input memory budget was exhausted.
-    pub closed_memory: AtomicU64,
-    /// Bytes of input buffers held now (against `ServerConfig::input_memory_bytes`).
-    pub input_bytes: AtomicU64,
+dds_server::counters! {
+    /// What the pagestore service did, all threads together.
+    pub struct ServiceCounters => pub struct ServiceStats {
+        /// Connections closed for breaking the protocol (or closing inside a message).
+        closed_malformed,
+        /// Requests answered.
+        requests,
+        /// Requests answered with an error status.
+        errors,
+    }
 }
 
-/// A snapshot of [`ServerStats`].
+/// A snapshot of a running server's counters.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct StatsSnapshot {
+    /// Connections accepted (refused ones included).
     pub connections: u64,
+    /// Connections closed (refused ones included).
     pub closed: u64,
     pub closed_malformed: u64,
     pub requests: u64,
     pub errors: u64,
+    /// Connections closed because the memory budget was exhausted.
     pub closed_memory: u64,
+    /// Bytes of connection buffers held now (against `ServerConfig::input_memory_bytes`).
     pub input_bytes: u64,
-}
-
-impl ServerStats {
-    /// Takes `n` bytes of input memory within `limit`; false (nothing taken) past it.
-    fn take_input(&self, n: usize, limit: usize) -> bool {
-        let (n, limit) = (n as u64, limit as u64);
-        self.input_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
-                used.checked_add(n).filter(|&x| x <= limit)
-            })
-            .is_ok()
-    }
-
-    fn give_input(&self, n: usize) {
-        self.input_bytes.fetch_sub(n as u64, Ordering::AcqRel);
-    }
-
-    pub fn snapshot(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            connections: self.connections.load(Ordering::Relaxed),
-            closed: self.closed.load(Ordering::Relaxed),
-            closed_malformed: self.closed_malformed.load(Ordering::Relaxed),
-            requests: self.requests.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
-            closed_memory: self.closed_memory.load(Ordering::Relaxed),
-            input_bytes: self.input_bytes.load(Ordering::Relaxed),
-        }
-    }
 }
 
 /// A running server; stopped by [`Server::shutdown`] or on drop.
@@ -130,69 +108,88 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     storage: Arc<dyn AsyncStorage>,
-    stats: Arc<ServerStats>,
+    counters: Arc<ServiceCounters>,
+    loops: Vec<Arc<LoopCounters>>,
+    budget: Arc<Budget>,
 }
 
-/// Epoll data of the wake eventfd and of the backend's completion descriptor.
-const WAKE: u64 = u64::MAX;
-const IO: u64 = u64::MAX - 1;
 /// Ops the backend refused for now (Busy) at most before connections stop parsing.
 const WAITING_MAX: usize = 512;
-/// Input buffer slack beyond one message.
+/// Input beyond one message.
 const IN_SLACK: usize = 64 << 10;
+/// Completions one reap can return at most (the DDS group's slots; an io_uring's completion
+/// queue is smaller).
+const REAP_MAX: usize = dds_storage::aio::DDS_GROUP_SLOTS as usize;
+/// Longest wait for I/O still in flight when a loop stops.
+const IO_DRAIN: Duration = Duration::from_secs(10);
 
 impl Server {
     pub fn start(config: ServerConfig, storage: Arc<dyn AsyncStorage>) -> Result<Server> {
         let threads = config.threads.max(1);
         let listener = TcpListener::bind(config.listen)
             .with_context(|| format!("listen {}", config.listen))?;
-        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(ServerStats::default());
+        let counters = Arc::new(ServiceCounters::default());
+        let budget = Budget::new(config.input_memory_bytes);
+        let open = Arc::new(AtomicUsize::new(0));
         let files = Arc::new(FileSet::new(storage.file_ids(), storage.file_size()));
-        let mut handles = Vec::new();
-        let mut inboxes = Vec::new();
+        let rt = Config {
+            // Each loop may hold every connection; the limit holds across loops (`open`).
+            max_connections: config.max_connections.max(1) + 16,
+            input_limit: crate::pagestore::MSG_BYTES_MAX + IN_SLACK,
+            output_pause: config.conn_max_bytes.max(1),
+            drain: Duration::from_secs(2),
+            ..Config::default()
+        };
+        let mut loops = Vec::new();
+        let mut servers = Vec::new();
         for i in 0..threads {
-            let io = storage.worker(i)?;
-            let inbox = Arc::new(Inbox {
-                queue: ArrayQueue::new(1024),
-                wake: rustix::event::eventfd(
-                    0,
-                    rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-                )?,
-            });
-            let mut w = Worker::new(
-                i,
-                io,
-                inbox.clone(),
-                files.clone(),
-                config.clone(),
-                stats.clone(),
-                stop.clone(),
-            )?;
-            inboxes.push(inbox);
+            let service = PagestoreService {
+                io: storage.worker(i)?,
+                ops: Vec::new(),
+                free_ops: Vec::new(),
+                waiting: VecDeque::new(),
+                stalled: Vec::new(),
+                // As many as the backend can complete at once: reaping never grows it.
+                completions: Vec::with_capacity(REAP_MAX),
+                pool: BufPool::new(256),
+                files: files.clone(),
+                cfg: config.clone(),
+                counters: counters.clone(),
+                open: open.clone(),
+                refuse: Vec::new(),
+            };
+            let server = dds_server::Server::from_listener(
+                listener.try_clone()?,
+                rt.clone(),
+                budget.clone(),
+                service,
+            )
+            .context("event loop")?;
+            loops.push(server.counters());
+            servers.push(server);
+        }
+        drop(listener);
+        let mut handles = Vec::new();
+        for (i, server) in servers.into_iter().enumerate() {
+            let stop = stop.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("pagestore-{i}"))
-                    .spawn(move || w.run())?,
+                    .spawn(move || {
+                        server.run(&stop);
+                    })?,
             );
         }
-        let stop2 = stop.clone();
-        let stats2 = stats.clone();
-        handles.push(
-            std::thread::Builder::new()
-                .name("pagestore-accept".into())
-                .spawn(move || {
-                    accept_loop(listener, inboxes, &stop2, &stats2, config.max_connections)
-                })?,
-        );
         Ok(Server {
             addr,
             stop,
             threads: handles,
             storage,
-            stats,
+            counters,
+            loops,
+            budget,
         })
     }
 
@@ -205,10 +202,24 @@ impl Server {
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats.snapshot()
+        let s = self.counters.snapshot();
+        let mut snap = StatsSnapshot {
+            closed_malformed: s.closed_malformed,
+            requests: s.requests,
+            errors: s.errors,
+            input_bytes: self.budget.used() as u64,
+            ..StatsSnapshot::default()
+        };
+        for l in &self.loops {
+            let l = l.snapshot();
+            snap.connections += l.accepted + l.rejected;
+            snap.closed += l.closed + l.rejected;
+            snap.closed_memory += l.out_of_memory;
+        }
+        snap
     }
 
-    /// Stops accepting, waits for in-flight I/O, and stops the workers.
+    /// Stops accepting, answers what is in flight (briefly), and stops the workers.
     pub fn shutdown(mut self) {
         self.stop_threads();
     }
@@ -228,66 +239,12 @@ impl Drop for Server {
     }
 }
 
-struct Inbox {
-    queue: ArrayQueue<(TcpStream, SocketAddr)>,
-    wake: OwnedFd,
-}
-
-fn accept_loop(
-    listener: TcpListener,
-    inboxes: Vec<Arc<Inbox>>,
-    stop: &AtomicBool,
-    stats: &ServerStats,
-    max_connections: usize,
-) {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut next = 0usize;
-    let timeout = Timespec {
-        tv_sec: 0,
-        tv_nsec: 100_000_000,
-    };
-    while !stop.load(Ordering::Acquire) {
-        let mut fds = [PollFd::new(&listener, PollFlags::IN)];
-        if poll(&mut fds, Some(&timeout)).unwrap_or(0) == 0 {
-            continue;
-        }
-        loop {
-            match listener.accept() {
-                Ok((s, peer)) => {
-                    let open = stats.connections.load(Ordering::Relaxed)
-                        - stats.closed.load(Ordering::Relaxed);
-                    stats.connections.fetch_add(1, Ordering::Relaxed);
-                    if open >= max_connections as u64 {
-                        tracing::warn!(%peer, open, "too many connections: connection refused");
-                        stats.closed.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let inbox = &inboxes[next % inboxes.len()];
-                    next = next.wrapping_add(1);
-                    if inbox.queue.push((s, peer)).is_err() {
-                        tracing::warn!(%peer, "worker inbox full: connection refused");
-                        stats.closed.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let _ = rustix::io::write(&inbox.wake, &1u64.to_ne_bytes());
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // E.g. EMFILE: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    std::thread::sleep(Duration::from_millis(10));
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// One request being served.
+/// One request in flight (or waiting for the backend).
 struct Op {
-    /// Index of the owning connection; `None` once the connection closed.
-    conn: Option<usize>,
+    /// The owning connection; `None` once it closed.
+    conn: Option<ConnId>,
+    /// Where its response goes.
+    ticket: Ticket,
     op: u8,
     req_id: u64,
     file: u32,
@@ -295,22 +252,29 @@ struct Op {
     /// Bytes requested (read) or carried (write).
     len: u32,
     buf: Option<AlignedBuf>,
+    /// Completed (its response waits for the ones before it, or is written).
     done: bool,
     status: u16,
+    /// Bytes read or written.
     bytes: u32,
 }
 
 impl Op {
     fn reserve(&self) -> usize {
-        if self.op == OP_READ {
-            response_bytes(self.len)
-        } else {
-            RESP_HEADER_BYTES
-        }
+        reserve(self.op, self.len)
     }
 }
 
-/// Where the worker is inside the current message.
+/// Response bytes a request reserves.
+fn reserve(op: u8, len: u32) -> usize {
+    if op == OP_READ {
+        response_bytes(len)
+    } else {
+        RESP_HEADER_BYTES
+    }
+}
+
+/// Where a connection is inside the message at the start of its input.
 #[derive(Clone, Copy, Debug)]
 struct Cursor {
     len: usize,
@@ -318,187 +282,331 @@ struct Cursor {
     left: usize,
 }
 
-struct Conn {
-    stream: TcpStream,
-    peer: SocketAddr,
-    inbuf: Vec<u8>,
-    in_start: usize,
-    in_end: usize,
-    out: Vec<u8>,
-    out_sent: usize,
-    pending: VecDeque<usize>,
-    /// Response bytes reserved by `pending`.
-    pending_bytes: usize,
+/// A connection of the pagestore service.
+pub struct PagestoreSession {
+    /// Deferred requests not yet answered in order (ops, oldest first).
+    queue: VecDeque<u32>,
+    /// Response bytes reserved by `queue`.
+    reserved: usize,
+    /// Writes in `queue` not finished (a read can conflict only with one of them).
+    writes: u32,
+    /// The message being issued (at the start of the input).
     cur: Option<Cursor>,
-    readable: bool,
-    writable: bool,
-    eof: bool,
-    dirty: bool,
+    /// Stopped at a per-connection bound or a conflict: resumed by its next completion.
+    stalled: bool,
+    /// Stopped because too many ops wait for the backend: in the service's `stalled` list.
+    backend_stall: bool,
+    /// Bytes of an incomplete message left in the input.
+    partial: usize,
+    /// Over the connection limit: closed at once.
+    refused: bool,
 }
 
-impl Conn {
-    fn unsent(&self) -> usize {
-        self.out.len() - self.out_sent
-    }
-}
-
-enum Close {
-    /// Orderly end of the stream, or a socket error.
-    Normal(String),
-    /// The client broke the protocol.
-    Malformed(String),
-}
-
-struct Worker {
-    index: usize,
-    epoll: OwnedFd,
-    inbox: Arc<Inbox>,
+/// The pagestore protocol over one backend I/O interface: the service of one event loop.
+pub struct PagestoreService {
     io: Box<dyn WorkerIo>,
-    conns: Vec<Option<Conn>>,
-    free_conns: Vec<usize>,
     ops: Vec<Option<Op>>,
-    free_ops: Vec<usize>,
-    waiting: VecDeque<usize>,
+    free_ops: Vec<u32>,
+    /// Ops the backend refused for now, in order.
+    waiting: VecDeque<u32>,
     /// Connections that stopped parsing because `waiting` was full.
-    stalled: Vec<usize>,
-    dirty: Vec<usize>,
+    stalled: Vec<ConnId>,
     completions: Vec<Completion>,
     pool: BufPool,
     files: Arc<FileSet>,
     cfg: ServerConfig,
-    stats: Arc<ServerStats>,
-    stop: Arc<AtomicBool>,
+    counters: Arc<ServiceCounters>,
+    /// Connections open on every loop.
+    open: Arc<AtomicUsize>,
+    /// New connections over the limit, closed at the next completion pass.
+    refuse: Vec<ConnId>,
 }
 
-impl Worker {
-    fn new(
-        index: usize,
-        io: Box<dyn WorkerIo>,
-        inbox: Arc<Inbox>,
-        files: Arc<FileSet>,
-        cfg: ServerConfig,
-        stats: Arc<ServerStats>,
-        stop: Arc<AtomicBool>,
-    ) -> Result<Worker> {
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        epoll::add(
-            &ep,
-            &inbox.wake,
-            epoll::EventData::new_u64(WAKE),
-            epoll::EventFlags::IN,
-        )?;
-        epoll::add(
-            &ep,
-            io.event_fd(),
-            epoll::EventData::new_u64(IO),
-            epoll::EventFlags::IN,
-        )?;
-        Ok(Worker {
-            index,
-            epoll: ep,
-            inbox,
-            io,
-            conns: Vec::new(),
-            free_conns: Vec::new(),
-            ops: Vec::new(),
-            free_ops: Vec::new(),
-            waiting: VecDeque::new(),
-            stalled: Vec::new(),
-            dirty: Vec::new(),
-            completions: Vec::new(),
-            pool: BufPool::new(256),
-            files,
-            cfg,
-            stats,
-            stop,
-        })
+/// Appends a response to `out`: the header, then a read's data padded to 8 bytes.
+fn write_response(out: &mut Vec<u8>, status: u16, op: u8, req_id: u64, bytes: u32, data: &[u8]) {
+    let ok = status == 0;
+    let len = if ok { bytes } else { 0 };
+    let mut h = [0u8; RESP_HEADER_BYTES];
+    encode_response_header(&mut h, status, op, req_id, len);
+    out.extend_from_slice(&h);
+    if ok && op == OP_READ && bytes > 0 {
+        let n = (bytes as usize).min(data.len());
+        out.extend_from_slice(&data[..n]);
+        let padded = response_bytes(bytes) - RESP_HEADER_BYTES;
+        out.resize(out.len() + padded - n, 0);
+    }
+}
+
+impl PagestoreService {
+    fn count_response(&self, status: u16) {
+        self.counters.add(&self.counters.requests, 1);
+        if status != 0 {
+            self.counters.add(&self.counters.errors, 1);
+        }
     }
 
-    fn run(&mut self) {
-        let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
-        while !self.stop.load(Ordering::Acquire) {
-            let busy = !self.waiting.is_empty() || !self.dirty.is_empty();
-            let timeout = rustix::event::Timespec {
-                tv_sec: 0,
-                tv_nsec: if busy { 200_000 } else { 100_000_000 },
+    fn new_op(&mut self, op: Op) -> u32 {
+        match self.free_ops.pop() {
+            Some(i) => {
+                self.ops[i as usize] = Some(op);
+                i
+            }
+            None => {
+                self.ops.push(Some(op));
+                (self.ops.len() - 1) as u32
+            }
+        }
+    }
+
+    fn free_op(&mut self, oi: u32) {
+        if let Some(op) = self.ops.get_mut(oi as usize).and_then(Option::take) {
+            if let Some(b) = op.buf {
+                self.pool.put(b);
+            }
+            self.free_ops.push(oi);
+        }
+    }
+
+    /// Hands an op to the backend.
+    fn submit(&mut self, oi: u32) -> Result<(), SubmitError> {
+        let Some(op) = self.ops.get_mut(oi as usize).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let Some(buf) = op.buf.as_mut() else {
+            return Ok(());
+        };
+        let ptr = buf.as_mut_ptr();
+        // SAFETY: the buffer is owned by the op, which is freed only after its completion
+        // (or, at shutdown, leaked while I/O is still in flight).
+        unsafe {
+            self.io.submit(
+                op.op == crate::pagestore::OP_WRITE,
+                op.file,
+                op.offset,
+                ptr,
+                op.len,
+                u64::from(oi),
+            )
+        }
+    }
+
+    /// An op finished. Responses fill their slots in request order (each straight into the
+    /// connection's output): the finished ops at the head of the connection's queue are
+    /// answered, and a later one waits, holding its buffer, for the ones before it.
+    fn finish(
+        &mut self,
+        done: &mut Completions<'_, PagestoreSession>,
+        oi: u32,
+        status: u16,
+        bytes: u32,
+    ) {
+        let Some(op) = self.ops.get_mut(oi as usize).and_then(Option::as_mut) else {
+            tracing::error!(token = oi, "completion for an unknown operation");
+            return;
+        };
+        let Some(id) = op.conn else {
+            self.free_op(oi);
+            return;
+        };
+        op.done = true;
+        op.status = status;
+        op.bytes = bytes.min(op.len);
+        if op.op == crate::pagestore::OP_WRITE {
+            if let Some((s, _)) = done.reply(id) {
+                s.writes = s.writes.saturating_sub(1);
+            }
+        }
+        loop {
+            let Some((s, _)) = done.reply(id) else {
+                return;
             };
-            events.clear();
-            match epoll::wait(
-                &self.epoll,
-                rustix::buffer::spare_capacity(&mut events),
-                Some(&timeout),
-            ) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, worker = self.index, "epoll_wait failed");
-                    std::thread::sleep(Duration::from_millis(10));
+            let Some(&front) = s.queue.front() else {
+                break;
+            };
+            let Some(o) = self.ops.get_mut(front as usize).and_then(Option::as_mut) else {
+                s.queue.pop_front();
+                continue;
+            };
+            if !o.done {
+                break;
+            }
+            let buf = o.buf.take();
+            let (kind, req_id, ticket, status, bytes) =
+                (o.op, o.req_id, o.ticket, o.status, o.bytes);
+            let reserved = o.reserve();
+            let s = match done.fill(id, ticket) {
+                Some((s, out)) => {
+                    let data = buf.as_ref().map_or(&[][..], |b| b.as_slice());
+                    write_response(out, status, kind, req_id, bytes, data);
+                    Some(s)
                 }
+                None => done.reply(id).map(|(s, _)| s),
+            };
+            if let Some(s) = s {
+                s.queue.pop_front();
+                s.reserved = s.reserved.saturating_sub(reserved);
             }
-            let mut accept = false;
-            let mut completions = false;
-            for ev in &events {
-                let data = ev.data.u64();
-                let flags = ev.flags;
-                match data {
-                    WAKE => accept = true,
-                    IO => completions = true,
-                    idx => {
-                        if let Some(Some(c)) = self.conns.get_mut(idx as usize) {
-                            use epoll::EventFlags as F;
-                            if flags.intersects(F::IN | F::HUP | F::RDHUP | F::ERR) {
-                                c.readable = true;
-                            }
-                            if flags.intersects(F::OUT | F::HUP | F::ERR) {
-                                c.writable = true;
-                            }
-                            mark_dirty(&mut self.dirty, c, idx as usize);
-                        }
-                    }
-                }
+            if let Some(b) = buf {
+                self.pool.put(b);
             }
-            if completions {
-                self.reap();
-            }
-            self.retry_waiting();
-            if self.waiting.len() < WAITING_MAX {
-                for ci in std::mem::take(&mut self.stalled) {
-                    if let Some(Some(c)) = self.conns.get_mut(ci) {
-                        mark_dirty(&mut self.dirty, c, ci);
-                    }
-                }
-            }
-            let dirty = std::mem::take(&mut self.dirty);
-            for &ci in &dirty {
-                if let Some(Some(c)) = self.conns.get_mut(ci) {
-                    c.dirty = false;
-                    self.progress(ci);
-                }
-            }
-            let mut recycled = dirty;
-            recycled.clear();
-            if self.dirty.is_empty() {
-                self.dirty = recycled;
-            }
-            self.io.commit();
-            if accept {
-                self.accept();
+            self.count_response(status);
+            self.free_op(front);
+        }
+        if let Some((s, _)) = done.reply(id) {
+            if std::mem::take(&mut s.stalled) {
+                done.resume(id);
             }
         }
-        self.drain_on_stop();
     }
 
-    /// At shutdown: waits (bounded) for in-flight I/O, whose buffers the backend still uses.
-    fn drain_on_stop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for ci in 0..self.conns.len() {
-            if self.conns[ci].is_some() {
-                self.close(ci, Close::Normal("server stopping".into()));
+    fn retry_waiting(&mut self, done: &mut Completions<'_, PagestoreSession>) {
+        while let Some(&oi) = self.waiting.front() {
+            let Some(op) = self.ops.get(oi as usize).and_then(Option::as_ref) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            if op.conn.is_none() {
+                self.waiting.pop_front();
+                self.free_op(oi);
+                continue;
+            }
+            match self.submit(oi) {
+                Err(SubmitError::Busy) => return,
+                Err(SubmitError::Failed(status)) => {
+                    self.waiting.pop_front();
+                    self.finish(done, oi, status, 0);
+                }
+                Ok(()) => {
+                    self.waiting.pop_front();
+                }
             }
         }
+    }
+}
+
+impl Service for PagestoreService {
+    type Session = PagestoreSession;
+
+    fn open(&mut self, id: ConnId) -> PagestoreSession {
+        let before = self.open.fetch_add(1, Ordering::AcqRel);
+        let refused = before >= self.cfg.max_connections;
+        if refused {
+            tracing::warn!(open = before, "too many connections: connection refused");
+            self.refuse.push(id);
+        }
+        PagestoreSession {
+            queue: VecDeque::new(),
+            reserved: 0,
+            writes: 0,
+            cur: None,
+            stalled: false,
+            backend_stall: false,
+            partial: 0,
+            refused,
+        }
+    }
+
+    fn on_input(
+        &mut self,
+        id: ConnId,
+        s: &mut PagestoreSession,
+        input: &[u8],
+        out: &mut Out<'_>,
+    ) -> (usize, dds_server::Verdict) {
+        self.issue(id, s, input, out)
+    }
+
+    fn input_overflow(&mut self, _out: &mut Out<'_>) {
+        // Not reached: a message's header bounds it, and input is read only while no
+        // message waits. The connection is closed without a response.
+        self.counters.add(&self.counters.closed_malformed, 1);
+    }
+
+    fn rejected(&self) -> &'static [u8] {
+        b""
+    }
+
+    fn complete(&mut self, done: &mut Completions<'_, PagestoreSession>) {
+        for id in self.refuse.drain(..) {
+            done.close(id);
+        }
+        // Called on every wake-up: the backend is asked only when it has something.
+        if self.io.ready() {
+            let mut completions = std::mem::take(&mut self.completions);
+            self.io.reap(&mut completions);
+            for c in completions.drain(..) {
+                self.finish(done, c.token as u32, c.status, c.bytes);
+            }
+            self.completions = completions;
+        }
+        self.retry_waiting(done);
+        if self.waiting.len() < WAITING_MAX && !self.stalled.is_empty() {
+            let mut stalled = std::mem::take(&mut self.stalled);
+            for id in stalled.drain(..) {
+                if let Some((s, _)) = done.reply(id) {
+                    s.backend_stall = false;
+                    s.stalled = false;
+                }
+                done.resume(id);
+            }
+            self.stalled = stalled;
+        }
+        self.io.commit();
+    }
+
+    fn end_round(&mut self) -> bool {
+        self.io.commit();
+        true
+    }
+
+    fn closed(&mut self, _id: ConnId, s: PagestoreSession) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        if s.partial > 0 && !s.refused {
+            self.counters.add(&self.counters.closed_malformed, 1);
+            tracing::warn!(
+                bytes = s.partial,
+                "closing connection: protocol violation: stream ended inside a message"
+            );
+        }
+        for oi in s.queue {
+            let Some(op) = self.ops.get_mut(oi as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            op.conn = None;
+            // Done ops can go now; in-flight ones are freed by their completion, waiting
+            // ones by `retry_waiting`.
+            if op.done {
+                self.free_op(oi);
+            }
+        }
+    }
+
+    fn wake_fd(&self) -> Option<RawFd> {
+        Some(self.io.event_fd().as_raw_fd())
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.io.commit();
+        // Ops refused for now with none of ours in flight: no completion will wake the
+        // loop, so it retries without sleeping.
+        self.waiting.is_empty() || self.io.inflight() > 0
+    }
+
+    fn in_flight(&self) -> usize {
+        self.io.inflight()
+    }
+
+    fn shutdown(&mut self) {
+        // The backend still owns the buffers of I/O in flight: wait (bounded) for it.
+        let deadline = Instant::now() + IO_DRAIN;
         self.waiting.clear();
+        let mut completions = std::mem::take(&mut self.completions);
         while self.io.inflight() > 0 && Instant::now() < deadline {
             self.io.commit();
-            self.reap();
+            self.io.reap(&mut completions);
+            for c in completions.drain(..) {
+                self.free_op(c.token as u32);
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
         if self.io.inflight() > 0 {
@@ -513,207 +621,5 @@ impl Worker {
                 }
             }
         }
-    }
-
-    fn accept(&mut self) {
-        let mut v = [0u8; 8];
-        let _ = rustix::io::read(&self.inbox.wake, &mut v);
-        while let Some((stream, peer)) = self.inbox.queue.pop() {
-            if let Err(e) = stream.set_nonblocking(true) {
-                tracing::warn!(%peer, error = %e, "cannot make the socket non-blocking");
-                continue;
-            }
-            let _ = stream.set_nodelay(true);
-            if !self.stats.take_input(IN_SLACK, self.cfg.input_memory_bytes) {
-                tracing::warn!(%peer, "input memory budget exhausted: closing new connection");
-                self.stats.closed_memory.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            let ci = match self.free_conns.pop() {
-                Some(i) => i,
-                None => {
-                    self.conns.push(None);
-                    self.conns.len() - 1
-                }
-            };
-            use epoll::EventFlags as F;
-            if let Err(e) = epoll::add(
-                &self.epoll,
-                &stream,
-                epoll::EventData::new_u64(ci as u64),
-                F::IN | F::OUT | F::RDHUP | F::ET,
-            ) {
-                tracing::warn!(%peer, error = %e, "epoll_ctl add failed");
-                self.free_conns.push(ci);
-                self.stats.give_input(IN_SLACK);
-                continue;
-            }
-            tracing::debug!(%peer, worker = self.index, "connection accepted");
-            let mut c = Conn {
-                stream,
-                peer,
-                inbuf: vec![0u8; IN_SLACK],
-                in_start: 0,
-                in_end: 0,
-                out: Vec::with_capacity(64 << 10),
-                out_sent: 0,
-                pending: VecDeque::new(),
-                pending_bytes: 0,
-                cur: None,
-                readable: true,
-                writable: true,
-                eof: false,
-                dirty: false,
-            };
-            mark_dirty(&mut self.dirty, &mut c, ci);
-            self.conns[ci] = Some(c);
-        }
-    }
-
-    fn reap(&mut self) {
-        let mut done = std::mem::take(&mut self.completions);
-        self.io.reap(&mut done);
-        for c in done.drain(..) {
-            self.complete(c.token as usize, c.status, c.bytes);
-        }
-        self.completions = done;
-    }
-
-    fn complete(&mut self, oi: usize, status: u16, bytes: u32) {
-        let Some(Some(op)) = self.ops.get_mut(oi) else {
-            tracing::error!(token = oi, "completion for an unknown operation");
-            return;
-        };
-        op.done = true;
-        op.status = status;
-        op.bytes = bytes.min(op.len);
-        match op.conn {
-            Some(ci) => {
-                if let Some(Some(c)) = self.conns.get_mut(ci) {
-                    mark_dirty(&mut self.dirty, c, ci);
-                }
-            }
-            None => self.free_op(oi),
-        }
-    }
-
-    fn free_op(&mut self, oi: usize) {
-        if let Some(op) = self.ops.get_mut(oi).and_then(Option::take) {
-            if let Some(b) = op.buf {
-                self.pool.put(b);
-            }
-            self.free_ops.push(oi);
-        }
-    }
-
-    fn retry_waiting(&mut self) {
-        while let Some(&oi) = self.waiting.front() {
-            let Some(Some(op)) = self.ops.get(oi) else {
-                self.waiting.pop_front();
-                continue;
-            };
-            if op.conn.is_none() {
-                self.waiting.pop_front();
-                self.free_op(oi);
-                continue;
-            }
-            match self.submit(oi) {
-                Err(SubmitError::Busy) => return,
-                _ => {
-                    self.waiting.pop_front();
-                }
-            }
-        }
-    }
-
-    /// Hands an op to the backend; completes it at once on a failure.
-    fn submit(&mut self, oi: usize) -> Result<(), SubmitError> {
-        let Some(Some(op)) = self.ops.get_mut(oi) else {
-            return Ok(());
-        };
-        let Some(buf) = op.buf.as_mut() else {
-            return Ok(());
-        };
-        let ptr = buf.as_mut_ptr();
-        let (write, len) = (op.op == OP_WRITE, op.len);
-        let (file, offset) = (op.file, op.offset);
-        // SAFETY: the buffer is owned by the op, which is freed only after its completion
-        // (or, at shutdown, leaked while I/O is still in flight).
-        let r = unsafe { self.io.submit(write, file, offset, ptr, len, oi as u64) };
-        match r {
-            Err(SubmitError::Failed(status)) => {
-                self.complete(oi, status, 0);
-                Ok(())
-            }
-            other => other,
-        }
-    }
-
-    fn progress(&mut self, ci: usize) {
-        loop {
-            let mut moved = self.drain_done(ci);
-            match self.write_out(ci) {
-                Ok(m) => moved |= m,
-                Err(why) => return self.close(ci, why),
-            }
-            match self.issue(ci) {
-                Ok(m) => moved |= m,
-                Err(why) => return self.close(ci, why),
-            }
-            match self.read_in(ci) {
-                Ok(m) => moved |= m,
-                Err(why) => return self.close(ci, why),
-            }
-            if !moved {
-                break;
-            }
-        }
-        let Some(Some(c)) = self.conns.get(ci) else {
-            return;
-        };
-        if c.eof && c.pending.is_empty() && c.unsent() == 0 {
-            let left = c.in_end - c.in_start;
-            if left == 0 {
-                self.close(ci, Close::Normal("end of stream".into()));
-            } else if c.cur.is_none() {
-                let why = format!("stream ended inside a message ({left} bytes buffered)");
-                self.close(ci, Close::Malformed(why));
-            }
-        }
-    }
-
-    fn close(&mut self, ci: usize, why: Close) {
-        let Some(c) = self.conns.get_mut(ci).and_then(Option::take) else {
-            return;
-        };
-        let _ = epoll::delete(&self.epoll, c.stream.as_fd());
-        self.stats.give_input(c.inbuf.len());
-        match &why {
-            Close::Normal(r) => tracing::debug!(peer = %c.peer, reason = %r, "connection closed"),
-            Close::Malformed(r) => {
-                self.stats.closed_malformed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(peer = %c.peer, reason = %r, "closing connection: protocol violation");
-            }
-        }
-        self.stats.closed.fetch_add(1, Ordering::Relaxed);
-        for oi in c.pending {
-            let Some(Some(op)) = self.ops.get_mut(oi) else {
-                continue;
-            };
-            op.conn = None;
-            // Done ops (and ops not yet handed to the backend) can go now; in-flight ones are
-            // freed by their completion, waiting ones by `retry_waiting`.
-            if op.done {
-                self.free_op(oi);
-            }
-        }
-        self.free_conns.push(ci);
-    }
-}
-
-fn mark_dirty(dirty: &mut Vec<usize>, c: &mut Conn, ci: usize) {
-    if !c.dirty {
-        c.dirty = true;
-        dirty.push(ci);
     }
 }

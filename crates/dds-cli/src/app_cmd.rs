@@ -95,7 +95,7 @@ pub struct PagestoreArgs {
     /// Content of new or grown files.
     #[arg(long, value_enum, default_value = "pattern")]
     fill: FillArg,
-    /// Response bytes in flight or buffered per connection.
+    /// Response bytes in flight, and response bytes waiting for the client, per connection.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     conn_max_bytes: u64,
     /// Requests in flight per connection.
@@ -104,8 +104,9 @@ pub struct PagestoreArgs {
     /// Open connections at most.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// Memory all connections' input buffers may hold together; they grow with the bytes
-    /// that arrive, and a connection that needs more than is left is closed.
+    /// Memory all connections' buffers (input, and responses waiting for their clients) may
+    /// hold together; they grow with the bytes that arrive, and a connection that needs more
+    /// than is left is closed.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     input_memory: u64,
 }

@@ -89,7 +89,9 @@ impl<S> Completions<'_, S> {
     }
 
     /// The session and the buffer of the reply slot `ticket` reserved with [`Out::defer`];
-    /// `None` when the connection is gone (or the slot was filled).
+    /// `None` when the connection is gone (or the slot was filled). A slot that no earlier
+    /// reply waits before (slots filled in request order) is the output itself: its reply is
+    /// written there, without a second copy.
     pub fn fill(&mut self, id: ConnId, ticket: Ticket) -> Option<(&mut S, &mut Vec<u8>)> {
         let c = self
             .conns
@@ -99,6 +101,15 @@ impl<S> Completions<'_, S> {
         if !c.touched {
             c.touched = true;
             self.touched.push(id.slot);
+        }
+        c.promote();
+        if c.held
+            .front()
+            .is_some_and(|p| p.ticket == ticket.0 && !p.filled)
+        {
+            let p = c.held.pop_front().expect("front");
+            c.spare.push(p.bytes);
+            return Some((c.session.as_mut().expect("open session"), &mut c.out));
         }
         let p = c
             .held
@@ -165,7 +176,8 @@ impl<S: Service> Server<S> {
     /// Serves a socket already bound and listening (made non-blocking here): for options
     /// [`Server::bind`] does not set, e.g. `SO_REUSEPORT`, with which each loop thread of an
     /// endpoint has a socket of its own on one port and the kernel spreads connections over
-    /// them.
+    /// them; or one socket shared by the loops of several threads (a `try_clone` each),
+    /// whichever loop is free accepting the next connection.
     pub fn from_listener(
         listener: std::net::TcpListener,
         cfg: Config,

@@ -71,6 +71,11 @@ pub trait WorkerIo: Send {
     fn event_fd(&self) -> BorrowedFd<'_>;
     /// Appends the completions that are ready.
     fn reap(&mut self, out: &mut Vec<Completion>);
+    /// Whether completions are waiting to be reaped, known without a system call (a worker
+    /// woken by something else then skips [`WorkerIo::reap`] and its read of the descriptor).
+    fn ready(&mut self) -> bool {
+        true
+    }
     /// Operations submitted and not yet reaped.
     fn inflight(&self) -> usize;
 }

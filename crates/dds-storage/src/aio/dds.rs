@@ -378,6 +378,10 @@ impl WorkerIo for DdsIo {
         }
     }
 
+    fn ready(&mut self) -> bool {
+        !self.shared.routes[self.index].queue.is_empty()
+    }
+
     fn inflight(&self) -> usize {
         self.inflight
     }

@@ -224,6 +224,10 @@ impl WorkerIo for UringIo {
         }
     }
 
+    fn ready(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
     fn inflight(&self) -> usize {
         self.inflight
     }
