@@ -304,9 +304,12 @@ impl Service for KvService {
         let mut completions = std::mem::take(&mut self.completions);
         f.poll(&mut completions);
         for &(tag, res) in &completions {
-            let slot = (tag - 1) as u32;
-            let r = &mut self.reads[slot as usize];
-            assert!(r.live, "a completion for a read not in flight");
+            // Tags are this service's own (slot + 1); anything else on the group is not ours.
+            let slot = tag.wrapping_sub(1) as u32;
+            let Some(r) = self.reads.get_mut(slot as usize).filter(|r| r.live) else {
+                tracing::warn!(tag, "a completion for no read in flight: ignored");
+                continue;
+            };
             r.live = false;
             let (conn, addr, whole) = (r.conn, r.addr, r.whole);
             let mut buf = std::mem::take(&mut r.buf);
