@@ -267,7 +267,12 @@ fn poll_completions(s: &DdsShared) {
                 // The DPU is gone: every pending request was completed with `DpuDead` above,
                 // and new ones fail when issued. Keep sweeping for requests issued in between.
                 if !dead {
-                    tracing::error!(error = %e, "the DPU is gone; requests fail with DpuDead");
+                    // A warning, not an error: stopping the DPU before its applications is an
+                    // ordinary shutdown order, and the application goes on (reconnecting).
+                    tracing::warn!(
+                        error = %e,
+                        "the DPU stopped: requests fail with DpuDead until it is back"
+                    );
                     dead = true;
                     if recover(s) {
                         dds = s.dds();
