@@ -306,8 +306,13 @@ impl OsdCluster {
             }
         }
         self.osds[id as usize] = Some(Guard(cmd.spawn().unwrap()));
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // A loaded machine may take a while to start it; an OSD that exited fails at once.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(self.addrs[id as usize]).is_err() {
+            let osd = &mut self.osds[id as usize].as_mut().expect("started").0;
+            if let Ok(Some(status)) = osd.try_wait() {
+                panic!("osd {id} exited before it listened: {status}");
+            }
             assert!(Instant::now() < deadline, "osd {id} does not listen");
             std::thread::sleep(Duration::from_millis(10));
         }
