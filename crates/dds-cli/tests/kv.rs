@@ -328,11 +328,13 @@ fn redis_benchmark_and_the_python_client_over_dds() {
     python_suite(addr.port());
 }
 
-#[test]
-fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "512M", "redis");
-    let (_kv, _) = start_kv_on(
+/// A DPU with the `redis` offload app and `dds kv` behind its director, with a small memory
+/// budget (most records on storage, where the DPU serves their GETs) and fsync durability:
+/// the processes, the DPU's socket, and a connection through the director and one straight
+/// to the host.
+fn offloaded_kv(dir: &Path) -> (Guard, Guard, std::path::PathBuf, TcpStream, TcpStream) {
+    let (dpu, socket, dport, hport) = common::start_offload_dpu(dir, "512M", "redis");
+    let (kv, _) = start_kv_on(
         &format!("127.0.0.1:{hport}"),
         &[
             "--socket",
@@ -349,8 +351,15 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
     );
     let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
     let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
-    let mut d = TcpStream::connect(via_dpu).unwrap();
-    let mut h = TcpStream::connect(direct).unwrap();
+    let d = TcpStream::connect(via_dpu).unwrap();
+    let h = TcpStream::connect(direct).unwrap();
+    (dpu, kv, socket, d, h)
+}
+
+#[test]
+fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dpu, _kv, socket, mut d, mut h) = offloaded_kv(dir.path());
     let (mut db, mut hb) = (Vec::new(), Vec::new());
     let keys = 400;
     for round in 0..3u32 {
@@ -627,26 +636,7 @@ print("ok")
 #[test]
 fn an_expired_key_is_never_served_by_the_dpu() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "512M", "redis");
-    let (_kv, _) = start_kv_on(
-        &format!("127.0.0.1:{hport}"),
-        &[
-            "--socket",
-            socket.to_str().unwrap(),
-            "--memory",
-            "256K",
-            "--page-size",
-            "64K",
-            "--log-size",
-            "64M",
-            "--durability",
-            "fsync",
-        ],
-    );
-    let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
-    let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
-    let mut d = TcpStream::connect(via_dpu).unwrap();
-    let mut h = TcpStream::connect(direct).unwrap();
+    let (_dpu, _kv, socket, mut d, mut h) = offloaded_kv(dir.path());
     let (mut db, mut hb) = (Vec::new(), Vec::new());
     // 200 keys without expiry, then enough others that they are on storage and cached.
     for i in 0..1200 {
