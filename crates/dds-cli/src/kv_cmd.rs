@@ -101,7 +101,7 @@ pub struct KvArgs {
 }
 
 pub fn run(a: KvArgs) -> Result<()> {
-    let mut fetcher: Option<Box<dyn dds_storage::reads::FileReads>> = None;
+    let mut fetcher: Option<Box<dyn dds_storage::fileio::FileIo>> = None;
     let (store, describe): (Box<dyn dds_kv::Engine>, String) = match a.engine {
         EngineArg::Memory => {
             let memory = usize::try_from(a.memory).context("--memory")?;
@@ -116,8 +116,8 @@ pub fn run(a: KvArgs) -> Result<()> {
             // Records on storage are read ahead of their commands through the host
             // library's asynchronous API (the loop does not wait for them).
             fetcher = dds.zip(store.log_file_id()).map(|(dds, file)| {
-                Box::new(dds_storage::reads::DdsReads::new(dds, file))
-                    as Box<dyn dds_storage::reads::FileReads>
+                Box::new(dds_storage::fileio::DdsIo::new(dds, &[file]))
+                    as Box<dyn dds_storage::fileio::FileIo>
             });
             (Box::new(store), describe)
         }

@@ -21,10 +21,19 @@ const PS: usize = 8192;
 const PAGES: u64 = 64;
 
 fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> Guard {
+    // GetPages wait for the replay as long as it takes (unless a test says otherwise): on a
+    // machine running several emulated DPUs at once a storage round trip can take seconds,
+    // and a GetPage's LSN_TIMEOUT is not what these tests look at.
+    let lsn_wait: &[&str] = if extra.contains(&"--lsn-wait-ms") {
+        &[]
+    } else {
+        &["--lsn-wait-ms", "120000"]
+    };
     let mut child = Command::new(DDS)
         .args(["pageserver", "--listen", listen, "--socket"])
         .arg(socket)
         .args(["--pages", "256", "--buffer-pool", "16", "--wal-size", "4M"])
+        .args(lsn_wait)
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
 use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Verdict};
-use dds_storage::reads::{FileReads, ReadDone};
+use dds_storage::fileio::{FileIo, IoDone};
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
@@ -92,12 +92,12 @@ pub struct KvService {
     password: Option<String>,
     argv: Argv,
     spare: Vec<&'static [u8]>,
-    fetcher: Option<Box<dyn FileReads>>,
+    fetcher: Option<Box<dyn FileIo>>,
     reads: Vec<Read>,
     free_reads: Vec<u32>,
     /// Buffers of finished reads, for the next ones.
     bufs: Vec<Vec<u8>>,
-    completions: Vec<ReadDone>,
+    completions: Vec<IoDone>,
     sync_interval: Duration,
     next_sync: Instant,
 }
@@ -142,7 +142,7 @@ impl KvService {
         r.buf.resize(len, 0);
         // SAFETY: the buffer belongs to the read's slot and is neither moved nor touched until
         // the read's completion is polled (its heap memory stays where it is).
-        let issued = unsafe { f.submit(off, r.buf.as_mut_ptr(), len as u32, u64::from(slot) + 1) };
+        let issued = unsafe { f.read(0, off, r.buf.as_mut_ptr(), len as u32, u64::from(slot) + 1) };
         match issued {
             Ok(()) => {
                 r.live = true;
@@ -184,7 +184,7 @@ impl KvService {
         let mut issued = 0;
         for &a in &want[..n] {
             let (_, span) = self.store.file_span(a);
-            let max = self.fetcher.as_ref().map_or(0, |f| f.max_read());
+            let max = self.fetcher.as_ref().map_or(0, |f| f.max_io());
             let len = span.min(FIRST_READ).min(max);
             let buf = self.take_buf(len);
             if self.fetch(id, a, len, span <= FIRST_READ, buf) {
@@ -320,7 +320,7 @@ impl Service for KvService {
                 // The first bytes tell the record's length: read the rest when it is longer.
                 if let Some(h) = record::decode_header(&buf) {
                     let (_, span) = self.store.file_span(addr);
-                    let max = self.fetcher.as_ref().map_or(0, |f| f.max_read());
+                    let max = self.fetcher.as_ref().map_or(0, |f| f.max_io());
                     if h.len() > buf.len() && h.len() <= span.min(max) {
                         let len = h.len();
                         if self.fetch(conn, addr, len, true, buf) {
@@ -421,7 +421,7 @@ impl Server {
         cfg: ServerConfig,
         store: Box<dyn Engine>,
         storage: String,
-        fetcher: Option<Box<dyn FileReads>>,
+        fetcher: Option<Box<dyn FileIo>>,
     ) -> Result<Server> {
         let (max_key, max_value) = store.limits();
         let limits = Limits {

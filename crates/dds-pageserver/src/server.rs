@@ -1,19 +1,25 @@
 //! The page server's host side, a service on the server runtime (`dds-server`,
 //! `docs/server-runtime.md`): one event-loop thread owns the log, the buffer pool and the page
-//! file. A round reads what the sockets have and runs the complete messages (GetPage batches
-//! that can be answered, AppendWal ranges, watermark queries), makes the round's log records
-//! durable, and only then sends its replies; on every turn of the loop it replays durable
-//! records into pages in LSN order and writes the pages it changed back to the page file
-//! (where the DPU's cache-on-write learns them).
+//! file, and never waits for storage. Every storage operation goes through [`FileIo`] (the
+//! host library's asynchronous API on DDS files) and completes on a later turn of the loop:
 //!
-//! A GetPage whose page is not in the buffer pool does not wait for storage: its reply's place
-//! is reserved, the page's read is issued through [`FileReads`] (the host library's
-//! asynchronous API on DDS files), and the connection goes on. When the read completes the
-//! page enters the buffer pool and every GetPage waiting for it is answered; replies leave in
-//! request order. What must stay ordered does: AppendWal ranges are taken in order and
-//! acknowledged after their commit, the replay applies records in LSN order, and a GetPage
-//! batch that needs the log applied further holds its connection until the replay gets there
-//! (or `lsn_wait` passes). `docs/pageserver-protocol.md` §7.
+//! - A GetPage whose page is not in the buffer pool reserves its reply's place and issues the
+//!   page's read; the connection goes on. When the read completes the page enters the buffer
+//!   pool and every GetPage waiting for it is answered; replies leave in request order.
+//! - A round's AppendWal records are committed (written, then flushed) after the round, in
+//!   one commit with those of the rounds that arrived while the previous commit was in flight
+//!   (group commit); their replies wait in reserved places until the commit is durable.
+//! - The replay applies durable records in LSN order. A record whose page is not in the pool
+//!   stops it while that page (and the pages of the records after it) are read; the pages it
+//!   changed are written back without waiting (the DPU's cache-on-write learns them), and a
+//!   page leaves the pool only once its last write-back completed.
+//! - A full log starts over once the replay caught up and every dirty page is written back
+//!   and flushed; AppendWal waits meanwhile.
+//!
+//! What must stay ordered does: AppendWal ranges are taken in order and acknowledged after
+//! their commit, the replay applies records in LSN order, and a GetPage batch that needs the
+//! log applied further holds its connection until the replay gets there (or `lsn_wait`
+//! passes). `docs/pageserver-protocol.md` §7.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -26,7 +32,7 @@ use anyhow::{bail, Context, Result};
 use dds_host::Dds;
 use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Ticket, Verdict};
 use dds_storage::aio::SubmitError;
-use dds_storage::reads::{DdsReads, FileReads, ReadDone, SyncReads};
+use dds_storage::fileio::{DdsIo, FileIo, IoDone, SyncIo};
 use dds_storage::{Storage, StoreFile};
 
 use crate::page;
@@ -94,19 +100,44 @@ const REPLAY_BATCH: usize = 512;
 const REPLAY_QUEUE_MAX: usize = 1 << 18;
 /// Page reads in flight at most (more wait for a place).
 const READS_MAX: usize = 512;
+/// Records the replay looks ahead of a record whose page is being read, to read their pages
+/// meanwhile.
+const REPLAY_LOOKAHEAD: usize = 1024;
 /// GetPages of one connection waiting for page reads above which its next batch waits.
 const WAITING_MAX: u32 = proto::REQUESTS_MAX as u32;
 /// Unsent replies above which a connection is not read.
 const OUTPUT_PAUSE: usize = 8 << 20;
 /// Output buffer a connection keeps once its replies are sent (32 pages of 8 KiB).
 const OUTPUT_KEEP: usize = 256 << 10;
-/// How long a stop waits for page reads in flight.
-const READ_DRAIN: Duration = Duration::from_secs(10);
+/// How long a stop waits for the storage operations in flight.
+const IO_DRAIN: Duration = Duration::from_secs(10);
+
+/// The files of [`FileIo`]: the page file and the log.
+const PAGES: usize = 0;
+const LOG: usize = 1;
+
+/// A storage operation's tag: its kind in the top bits, its object below.
+const TAG_KIND: u32 = 60;
+const TAG_READ: u64 = 0;
+const TAG_PAGE_WRITE: u64 = 1;
+const TAG_LOG_WRITE: u64 = 2;
+const TAG_LOG_FLUSH: u64 = 3;
+const TAG_PAGES_FLUSH: u64 = 4;
+
+fn tag(kind: u64, object: u64) -> u64 {
+    debug_assert!(object < 1 << TAG_KIND);
+    kind << TAG_KIND | object
+}
 
 struct Frame {
     page: u64,
     data: Box<[u8]>,
+    /// Changed since its last write-back was issued.
     dirty: bool,
+    /// A write-back is in flight: the frame stays in the pool until it completes.
+    writing: bool,
+    /// Waits in the write queue.
+    queued: bool,
     used: bool,
 }
 
@@ -138,8 +169,47 @@ struct PageRead {
     waiters: Vec<Waiter>,
     /// In flight (its completion is still to come).
     issued: bool,
-    /// The page was written back while the read was in flight: read it again.
-    stale: bool,
+    /// Issued for the replay (no GetPage asked for it yet).
+    for_replay: bool,
+}
+
+/// An AppendWal acknowledged once its commit is durable.
+#[derive(Clone, Copy)]
+struct Ack {
+    conn: ConnId,
+    ticket: Ticket,
+    /// The log's last LSN when it was taken (the reply's LSN).
+    lsn: u64,
+}
+
+/// The log commit in flight: the log's pending bytes written in chunks, then a flush.
+#[derive(Default)]
+struct Commit {
+    /// A commit is in flight.
+    active: bool,
+    /// Log offset and bytes of the commit (a copy of the log's committing bytes' range).
+    off: u64,
+    len: usize,
+    /// Bytes issued so far.
+    issued: usize,
+    /// Writes issued and not completed.
+    writes: u32,
+    /// The flush is issued.
+    flushing: bool,
+    /// The AppendWal replies and records this commit makes durable.
+    acks: Vec<Ack>,
+    records: Vec<Replay>,
+}
+
+/// Starting the log over when it is full: the replay catches up, every dirty page is
+/// written back and flushed, then the log's header moves its start.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Restart {
+    Idle,
+    /// Waiting for the commit, the replay and the write-backs.
+    Draining,
+    /// The page file's flush is in flight.
+    Flushing,
 }
 
 /// A connection's state.
@@ -164,30 +234,45 @@ pub struct PageService {
     log_end: u64,
     applied: u64,
     replay: VecDeque<Replay>,
-    /// Records of this round, replayed once the round's commit made them durable.
+    /// Records of the rounds since the last commit began, replayed once a commit made them
+    /// durable, and their replies.
     round_records: Vec<Replay>,
+    round_acks: Vec<Ack>,
+    commit: Commit,
+    restart: Restart,
     frames: Vec<Frame>,
     index: HashMap<u64, usize>,
     hand: usize,
+    /// Frames whose write-back waits for a place.
+    write_queue: VecDeque<usize>,
+    /// Frames the replay batch changed (scratch).
+    changed: Vec<usize>,
+    /// Page write-backs in flight.
+    writes: usize,
     recache: Vec<(u64, u64, u32, u64)>,
     /// Unparsed input held by all connections.
     input_bytes: usize,
     stats: PageServerStats,
-    reads: Box<dyn FileReads>,
+    io: Box<dyn FileIo>,
     slots: Vec<PageRead>,
     free_slots: Vec<u32>,
     /// Page → its read.
     reading: HashMap<u64, u32>,
     /// Reads in flight.
     issued: usize,
+    /// Reads issued for the replay and not completed.
+    replay_reads: usize,
+    /// The replay waits for a page read (or a free frame): it goes on at a completion.
+    replay_blocked: bool,
     /// Reads waiting for a place.
     queued: VecDeque<u32>,
-    /// Reads that could not be issued: completed as failures on the next turn.
-    failed: Vec<ReadDone>,
-    done: Vec<ReadDone>,
+    /// Operations that could not be issued: completed as failures on the next turn.
+    failed: Vec<IoDone>,
+    done: Vec<IoDone>,
     /// Connections whose GetPage batch waits for the log: (connection, LSN, since).
     lsn_waiters: Vec<(ConnId, u64, Instant)>,
-    /// Connections whose AppendWal waits for the replay queue to shrink.
+    /// Connections whose AppendWal waits for the replay queue to shrink or the log to start
+    /// over.
     replay_waiters: Vec<ConnId>,
     /// Connections with unparsed input that wait for the input budget.
     budget_waiters: Vec<ConnId>,
@@ -278,21 +363,24 @@ impl PageService {
             s.waiting += 1;
             self.want(
                 g.page,
-                Waiter {
+                Some(Waiter {
                     conn: id,
                     ticket,
                     req_id: g.req_id,
                     lsn: g.lsn,
-                },
+                }),
             );
         }
         true
     }
 
-    /// Adds a GetPage to its page's read, issuing the read if there is none.
-    fn want(&mut self, page: u64, w: Waiter) {
+    /// Adds a GetPage (or, without a waiter, the replay) to its page's read, issuing the read
+    /// if there is none.
+    fn want(&mut self, page: u64, w: Option<Waiter>) {
         if let Some(&slot) = self.reading.get(&page) {
-            self.slots[slot as usize].waiters.push(w);
+            if let Some(w) = w {
+                self.slots[slot as usize].waiters.push(w);
+            }
             return;
         }
         let slot = match self.free_slots.pop() {
@@ -303,7 +391,7 @@ impl PageService {
                     buf: vec![0u8; self.cfg.page_size].into_boxed_slice(),
                     waiters: Vec::new(),
                     issued: false,
-                    stale: false,
+                    for_replay: false,
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -311,8 +399,11 @@ impl PageService {
         let r = &mut self.slots[slot as usize];
         r.page = page;
         r.issued = false;
-        r.stale = false;
-        r.waiters.push(w);
+        r.for_replay = w.is_none();
+        if r.for_replay {
+            self.replay_reads += 1;
+        }
+        r.waiters.extend(w);
         self.reading.insert(page, slot);
         if self.issued < READS_MAX && self.queued.is_empty() {
             self.issue(slot);
@@ -327,11 +418,11 @@ impl PageService {
         let ps = self.cfg.page_size;
         let r = &mut self.slots[slot as usize];
         let off = r.page * ps as u64;
-        let tag = u64::from(slot) + 1;
+        let tag = tag(TAG_READ, u64::from(slot));
         // SAFETY: the buffer belongs to the read's slot; it is neither moved (a boxed slice),
         // touched nor freed until the read's completion is polled (`finish_read`; `shutdown`
         // waits for the reads in flight).
-        let issued = unsafe { self.reads.submit(off, r.buf.as_mut_ptr(), ps as u32, tag) };
+        let issued = unsafe { self.io.read(PAGES, off, r.buf.as_mut_ptr(), ps as u32, tag) };
         match issued {
             Ok(()) => {}
             Err(SubmitError::Busy) => {
@@ -345,20 +436,35 @@ impl PageService {
         true
     }
 
-    /// Issues waiting reads while there is room.
+    /// Issues waiting reads and write-backs while there is room.
     fn pump(&mut self) {
         while self.issued < READS_MAX {
             let Some(slot) = self.queued.pop_front() else {
-                return;
+                break;
             };
             if !self.issue(slot) {
-                return;
+                break;
+            }
+        }
+        while self.writes < self.writes_max() {
+            let Some(f) = self.write_queue.pop_front() else {
+                break;
+            };
+            self.frames[f].queued = false;
+            if !self.write_back(f) {
+                break;
             }
         }
     }
 
-    /// A page read completed: the page enters the buffer pool (unless the replay brought it
-    /// in meanwhile) and every GetPage waiting for it is answered.
+    /// Page write-backs in flight at most: a quarter of the buffer pool, so that the replay
+    /// and the reads always find frames to use.
+    fn writes_max(&self) -> usize {
+        (self.frames.len() / 4).clamp(1, READS_MAX)
+    }
+
+    /// A page read completed: the page enters the buffer pool and every GetPage waiting for it
+    /// is answered.
     fn finish_read(
         &mut self,
         slot: u32,
@@ -371,26 +477,21 @@ impl PageService {
         };
         r.issued = false;
         self.issued -= 1;
-        let id = r.page;
-        let in_pool = self.index.get(&id).copied();
-        if in_pool.is_none() && r.stale && res.is_some() {
-            // Written back while the read was in flight: it may hold either version, or
-            // parts of both.
-            r.stale = false;
-            if self.issued < READS_MAX && self.queued.is_empty() {
-                self.issue(slot);
-            } else {
-                self.queued.push_back(slot);
-            }
-            return;
+        let for_replay = std::mem::take(&mut r.for_replay);
+        if for_replay {
+            self.replay_reads -= 1;
         }
-        let frame = match (in_pool, res) {
-            (Some(f), _) => Ok(f),
-            (None, None) => {
+        self.replay_blocked = false;
+        let id = r.page;
+        // A page is read only while it is not in the pool, and it leaves the pool only once
+        // its last write-back completed: a read never overlaps a write of its page.
+        debug_assert!(!self.index.contains_key(&id));
+        let page = match res {
+            None => {
                 tracing::error!(page = id, "page read failed");
                 Err(status::IO_ERROR)
             }
-            (None, Some(n)) => self.install(slot, n as usize).map_err(|e| {
+            Some(n) => self.install(slot, n as usize, !for_replay).map_err(|e| {
                 tracing::error!(page = id, error = %format!("{e:#}"), "page read failed");
                 status::IO_ERROR
             }),
@@ -405,8 +506,9 @@ impl PageService {
             if resume {
                 s.read_blocked = false;
             }
-            match frame {
-                Ok(f) => answer(buf, &self.frames[f].data, w.req_id, w.lsn),
+            match page {
+                Ok(Some(f)) => answer(buf, &self.frames[f].data, w.req_id, w.lsn),
+                Ok(None) => answer(buf, &self.slots[slot as usize].buf, w.req_id, w.lsn),
                 Err(st) => header(buf, st, w.req_id, 0),
             }
             self.stats.deferred += 1;
@@ -420,8 +522,11 @@ impl PageService {
         self.free_slots.push(slot);
     }
 
-    /// Puts the page read into `slot` (`n` bytes) into a frame of the buffer pool.
-    fn install(&mut self, slot: u32, n: usize) -> Result<usize> {
+    /// Puts the page read into `slot` (`n` bytes) into a frame of the buffer pool, and, with
+    /// `recache`, tells the DPU where it is again (a page read for the replay is about to
+    /// change: its write-back tells the DPU). `None`: every frame is busy (written back); the
+    /// page is answered from the read's buffer and read again when needed.
+    fn install(&mut self, slot: u32, n: usize, recache: bool) -> Result<Option<usize>> {
         let r = &mut self.slots[slot as usize];
         let id = r.page;
         let n = n.min(r.buf.len());
@@ -429,26 +534,29 @@ impl PageService {
         let Some(lsn) = page::from_storage(&mut r.buf, id) else {
             bail!("page {id} is damaged on storage (checksum)");
         };
-        let f = self.victim()?;
+        self.stats.page_reads += 1;
+        if self.cfg.offload && recache && lsn > 0 {
+            // The read dropped the page from the DPU's cache; it is unchanged on storage.
+            let ps = self.cfg.page_size;
+            self.recache.push((id, id * ps as u64, ps as u32, lsn));
+        }
+        let Some(f) = self.victim() else {
+            return Ok(None);
+        };
         std::mem::swap(&mut self.frames[f].data, &mut self.slots[slot as usize].buf);
         let fr = &mut self.frames[f];
         fr.page = id;
         fr.dirty = false;
         fr.used = true;
         self.index.insert(id, f);
-        self.stats.page_reads += 1;
-        if self.cfg.offload && lsn > 0 {
-            // The read dropped the page from the DPU's cache; it is unchanged on storage.
-            let ps = self.cfg.page_size;
-            self.recache.push((id, id * ps as u64, ps as u32, lsn));
-        }
-        Ok(f)
+        Ok(Some(f))
     }
 
-    /// Queues an AppendWal range; the reply goes out after the round's commit. False: the
-    /// message is malformed (the connection closes).
-    fn append(&mut self, msg: &[u8], out: &mut Vec<u8>) -> bool {
-        let reply = |s: &mut Self, out: &mut Vec<u8>, st: u16| {
+    /// Queues an AppendWal range; its reply goes out once the commit holding it is durable.
+    /// `None`: the log is full and must start over first (the message waits). `Some(false)`:
+    /// the message is malformed (the connection closes).
+    fn append(&mut self, id: ConnId, msg: &[u8], out: &mut Out<'_>) -> Option<bool> {
+        let reply = |s: &mut Self, out: &mut Out<'_>, st: u16| {
             let mut h = [0u8; RESP_HEADER];
             proto::response_header(
                 &mut h,
@@ -459,10 +567,10 @@ impl PageService {
                 s.wal.last_lsn(),
             );
             out.extend_from_slice(&h);
-            true
+            Some(true)
         };
         let Ok(a) = proto::append(msg) else {
-            return false;
+            return Some(false);
         };
         if a.end <= a.start || a.start == 0 {
             return reply(self, out, status::BAD_REQUEST);
@@ -479,7 +587,7 @@ impl PageService {
         let mut bytes = 0usize;
         for r in proto::records(a.records, a.count) {
             let Ok(r) = r else {
-                return false;
+                return Some(false);
             };
             if r.lsn <= prev
                 || r.lsn >= a.end
@@ -491,14 +599,18 @@ impl PageService {
             prev = r.lsn;
             bytes += r.wire_len() + 8;
         }
-        if !self.wal.has_room(bytes) {
-            if let Err(e) = self.restart_log() {
-                tracing::error!(error = %format!("{e:#}"), "starting the log over failed");
-                return reply(self, out, status::IO_ERROR);
+        if !self.wal.fits_at_all(bytes) {
+            return reply(self, out, status::BAD_REQUEST);
+        }
+        if self.restart != Restart::Idle || !self.wal.has_room(bytes) {
+            if self.restart == Restart::Idle {
+                tracing::info!(
+                    lsn = self.wal.last_lsn(),
+                    "the log is full: starting it over"
+                );
+                self.restart = Restart::Draining;
             }
-            if !self.wal.has_room(bytes) {
-                return reply(self, out, status::BAD_REQUEST);
-            }
+            return None;
         }
         for r in proto::records(a.records, a.count).flatten() {
             self.wal.add(&r);
@@ -511,7 +623,13 @@ impl PageService {
         }
         self.round_records.push(Replay::Applied(a.end - 1));
         self.log_end = a.end;
-        reply(self, out, status::OK)
+        let ticket = out.defer();
+        self.round_acks.push(Ack {
+            conn: id,
+            ticket,
+            lsn: self.wal.last_lsn(),
+        });
+        Some(true)
     }
 
     fn watermark(&self, msg: &[u8], out: &mut Vec<u8>) {
@@ -529,107 +647,230 @@ impl PageService {
         out.extend_from_slice(&h);
     }
 
-    /// Applies everything queued, writes every dirty page back, and starts the log over.
-    fn restart_log(&mut self) -> Result<()> {
-        self.wal.commit()?;
-        self.replay.extend(self.round_records.drain(..));
-        while !self.replay.is_empty() {
-            self.replay_some()?;
+    /// Begins committing what the log holds, unless a commit is in flight (the next one
+    /// then takes everything added meanwhile: group commit).
+    fn start_commit(&mut self) {
+        if self.commit.active || (!self.wal.has_pending() && self.round_records.is_empty()) {
+            return;
         }
-        self.write_back_all()?;
-        self.wal.restart()
+        let c = &mut self.commit;
+        let (off, bytes) = self.wal.begin_commit();
+        c.active = true;
+        c.off = off;
+        c.len = bytes.len();
+        c.issued = 0;
+        c.writes = 0;
+        c.flushing = false;
+        std::mem::swap(&mut c.acks, &mut self.round_acks);
+        std::mem::swap(&mut c.records, &mut self.round_records);
+        self.pump_commit();
     }
 
-    /// The frame holding page `id` for the replay (read from storage on a miss; such a read
-    /// tells the DPU nothing: invalidate-on-read drops the page there).
-    fn page_frame(&mut self, id: u64) -> Result<usize> {
-        if let Some(&f) = self.index.get(&id) {
-            self.frames[f].used = true;
-            return Ok(f);
+    /// Issues the commit's writes (in chunks that end on multiples of the largest I/O, so no
+    /// two share a block) and, once they completed, its flush.
+    fn pump_commit(&mut self) {
+        let c = &mut self.commit;
+        if !c.active || c.flushing || c.len == 0 {
+            // A commit of ranges without records has nothing to write: it completes on the
+            // loop's next turn (`complete`), in order after the commits before it.
+            return;
         }
-        let f = self.victim()?;
-        let ps = self.cfg.page_size;
+        let max = self.io.max_io() as u64;
+        while c.issued < c.len {
+            let at = c.off + c.issued as u64;
+            let n = ((at / max + 1) * max - at).min((c.len - c.issued) as u64) as usize;
+            let data = &self.wal.committing()[c.issued..c.issued + n];
+            match self.io.write(LOG, at, data, tag(TAG_LOG_WRITE, 0)) {
+                Ok(()) => {
+                    c.issued += n;
+                    c.writes += 1;
+                }
+                Err(SubmitError::Busy) => return,
+                Err(SubmitError::Failed(_)) => {
+                    self.failed.push((tag(TAG_LOG_WRITE, 0), None));
+                    c.issued += n;
+                    c.writes += 1;
+                }
+            }
+        }
+        if c.writes == 0 {
+            match self.io.flush(LOG, tag(TAG_LOG_FLUSH, 0)) {
+                Ok(()) => c.flushing = true,
+                Err(SubmitError::Busy) => {}
+                Err(SubmitError::Failed(_)) => {
+                    self.failed.push((tag(TAG_LOG_FLUSH, 0), None));
+                    c.flushing = true;
+                }
+            }
+        }
+    }
+
+    /// A write or the flush of the commit completed.
+    fn commit_done(&mut self, kind: u64, ok: bool, done: &mut Completions<'_, PageSession>) {
+        if !self.commit.active {
+            tracing::error!(kind, "a log completion with no commit in flight");
+            return;
+        }
+        if !ok {
+            // The records may or may not be on storage: nothing after them can be taken.
+            // Their writers hear of it; the server stops (recovery replays what is there).
+            for a in self.commit.acks.drain(..) {
+                if let Some((_, buf)) = done.fill(a.conn, a.ticket) {
+                    append_reply(buf, status::IO_ERROR, a.lsn);
+                }
+            }
+            self.fail(anyhow::anyhow!("writing the log failed"));
+            return;
+        }
+        if kind == TAG_LOG_WRITE {
+            self.commit.writes -= 1;
+            self.pump_commit();
+            return;
+        }
+        self.finish_commit(done);
+    }
+
+    /// The commit in flight is durable: its records go to the replay, their writers get their
+    /// replies, and the next commit begins.
+    fn finish_commit(&mut self, done: &mut Completions<'_, PageSession>) {
+        self.wal.end_commit();
+        let c = &mut self.commit;
+        c.active = false;
+        self.replay.extend(c.records.drain(..));
+        for a in c.acks.drain(..) {
+            if let Some((_, buf)) = done.fill(a.conn, a.ticket) {
+                append_reply(buf, status::OK, a.lsn);
+            }
+        }
+        self.start_commit();
+    }
+
+    /// Stops the server after a storage failure the page server cannot go on from.
+    fn fail(&mut self, e: anyhow::Error) {
+        if self.fatal.is_none() {
+            tracing::error!(error = %format!("{e:#}"), "stopping");
+            self.fatal = Some(e);
+            self.halt.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Issues the write-back of frame `f` (the page's bytes are taken at once). False when
+    /// there is no place for it now (it waits in the write queue). A frame with a write in
+    /// flight stays dirty and is written again when that write completes.
+    fn write_back(&mut self, f: usize) -> bool {
+        let max = self.writes_max();
         let fr = &mut self.frames[f];
-        let n = self.pages_file.read_at(id * ps as u64, &mut fr.data)?;
-        fr.data[n..].fill(0);
-        if page::from_storage(&mut fr.data, id).is_none() {
-            bail!("page {id} is damaged on storage (checksum)");
+        if !fr.dirty || fr.writing || fr.queued {
+            return true;
         }
-        fr.page = id;
+        if self.writes >= max {
+            fr.queued = true;
+            self.write_queue.push_back(f);
+            return false;
+        }
+        let ps = self.cfg.page_size as u64;
+        let t = tag(TAG_PAGE_WRITE, f as u64);
+        match self.io.write(PAGES, fr.page * ps, &fr.data, t) {
+            Ok(()) => {}
+            Err(SubmitError::Busy) => {
+                fr.queued = true;
+                self.write_queue.push_front(f);
+                return false;
+            }
+            Err(SubmitError::Failed(_)) => self.failed.push((t, None)),
+        }
         fr.dirty = false;
-        fr.used = true;
-        self.index.insert(id, f);
-        self.stats.page_reads += 1;
-        Ok(f)
+        fr.writing = true;
+        self.writes += 1;
+        self.stats.page_writes += 1;
+        if !self.recache.is_empty() {
+            // The write tells the DPU the page's new version (cache-on-write): an older one
+            // must not follow it.
+            let page = self.frames[f].page;
+            self.recache.retain(|r| r.0 != page);
+        }
+        true
     }
 
-    /// A free frame (CLOCK), writing a dirty victim back.
-    fn victim(&mut self) -> Result<usize> {
+    /// A write-back of frame `f` completed.
+    fn write_done(&mut self, f: usize, ok: bool) {
+        let Some(fr) = self.frames.get_mut(f).filter(|fr| fr.writing) else {
+            tracing::error!(frame = f, "a completion for a write not in flight");
+            return;
+        };
+        fr.writing = false;
+        self.writes -= 1;
+        self.replay_blocked = false;
+        if !ok {
+            let page = fr.page;
+            self.fail(anyhow::anyhow!("writing page {page} back failed"));
+            return;
+        }
+        if fr.dirty {
+            self.write_back(f);
+        }
+    }
+
+    /// A free frame (CLOCK): an unused clean frame with no write in flight. A dirty one met
+    /// on the way is written back (it is free once that completes). `None`: every frame is
+    /// busy now.
+    fn victim(&mut self) -> Option<usize> {
         let n = self.frames.len();
         for _ in 0..2 * n + 1 {
             let f = self.hand;
             self.hand = (self.hand + 1) % n;
             let fr = &mut self.frames[f];
             if fr.page == u64::MAX {
-                return Ok(f);
+                return Some(f);
+            }
+            if fr.writing || fr.queued {
+                continue;
             }
             if fr.used {
                 fr.used = false;
                 continue;
             }
             if fr.dirty {
-                self.write_back(f)?;
+                self.write_back(f);
+                continue;
             }
-            let old = self.frames[f].page;
+            let old = fr.page;
+            fr.page = u64::MAX;
             self.index.remove(&old);
-            self.frames[f].page = u64::MAX;
-            return Ok(f);
+            return Some(f);
         }
-        unreachable!("CLOCK finds a victim in two sweeps")
+        None
     }
 
-    fn write_back(&mut self, f: usize) -> Result<()> {
-        let ps = self.cfg.page_size as u64;
-        let fr = &mut self.frames[f];
-        self.pages_file.write_at(fr.page * ps, &fr.data)?;
-        fr.dirty = false;
-        self.stats.page_writes += 1;
-        // A read of the page in flight may see the old version, the new one or parts of both.
-        if let Some(&slot) = self.reading.get(&fr.page) {
-            let r = &mut self.slots[slot as usize];
-            if r.issued {
-                r.stale = true;
-            }
+    /// Applies up to a batch of durable records in LSN order, then writes the pages they
+    /// changed back. A record whose page is not in the pool stops the batch: its page is read
+    /// (with the pages of the records after it, read ahead), and the replay goes on when a
+    /// read completes.
+    fn replay_some(&mut self) {
+        if self.replay_blocked || self.fatal.is_some() {
+            return;
         }
-        Ok(())
-    }
-
-    fn write_back_all(&mut self) -> Result<()> {
-        for f in 0..self.frames.len() {
-            if self.frames[f].dirty {
-                self.write_back(f)?;
-            }
-        }
-        self.pages_file.sync()
-    }
-
-    /// Applies up to a batch of durable records, then writes the pages they changed back.
-    fn replay_some(&mut self) -> Result<()> {
-        let mut changed: Vec<usize> = Vec::new();
+        let mut changed = std::mem::take(&mut self.changed);
         for _ in 0..REPLAY_BATCH {
-            let Some(r) = self.replay.pop_front() else {
-                break;
-            };
-            match r {
-                Replay::Applied(lsn) => self.applied = self.applied.max(lsn),
-                Replay::Record {
-                    lsn,
-                    page: id,
-                    offset,
-                    data,
-                } => {
-                    let f = self.page_frame(id)?;
+            match self.replay.front() {
+                None => break,
+                Some(&Replay::Applied(lsn)) => {
+                    self.applied = self.applied.max(lsn);
+                    self.replay.pop_front();
+                }
+                Some(&Replay::Record { page: id, .. }) => {
+                    let Some(&f) = self.index.get(&id) else {
+                        self.read_ahead();
+                        break;
+                    };
+                    let Some(Replay::Record {
+                        lsn, offset, data, ..
+                    }) = self.replay.pop_front()
+                    else {
+                        unreachable!("the front is a record");
+                    };
                     let fr = &mut self.frames[f];
+                    fr.used = true;
                     if lsn > page::lsn(&fr.data) {
                         page::patch(&mut fr.data, offset as usize, &data);
                         page::seal(&mut fr.data, id, lsn);
@@ -642,44 +883,165 @@ impl PageService {
                 }
             }
         }
-        for f in changed {
-            if self.frames[f].dirty {
-                self.write_back(f)?;
-            }
+        for &f in &changed {
+            self.write_back(f);
         }
-        Ok(())
+        changed.clear();
+        self.changed = changed;
     }
 
-    /// Waits (bounded) for the reads in flight, whose buffers the storage library still
-    /// writes into.
-    fn drain_reads(&mut self) {
-        let until = Instant::now() + READ_DRAIN;
-        while self.issued > 0 && Instant::now() < until {
-            let mut list = std::mem::take(&mut self.done);
+    /// The replay's next record needs a page that is not in the pool: read it, and the pages
+    /// of the records after it (up to an eighth of the pool, so that pages read ahead are not
+    /// evicted before the replay gets to them), so that many reads are in flight.
+    fn read_ahead(&mut self) {
+        self.replay_blocked = true;
+        let room = (self.frames.len() / 8).clamp(1, READS_MAX / 2);
+        let mut k = 0;
+        while k < REPLAY_LOOKAHEAD.min(self.replay.len()) && self.replay_reads < room {
+            if let Replay::Record { page, .. } = self.replay[k] {
+                if !self.index.contains_key(&page) && !self.reading.contains_key(&page) {
+                    self.want(page, None);
+                }
+            }
+            k += 1;
+        }
+        // Any completion may free a frame or bring a page in; with none to come, try again on
+        // the next turn.
+        self.replay_blocked = self.io_in_flight();
+    }
+
+    /// Storage operations whose completions will wake the loop.
+    fn io_in_flight(&self) -> bool {
+        self.issued > 0
+            || self.writes > 0
+            || self.commit.active
+            || self.restart == Restart::Flushing
+    }
+
+    /// Drives the log's restart: once the commit, the replay and every write-back are done,
+    /// flush the page file, then move the log's start.
+    fn advance_restart(&mut self) {
+        if self.restart != Restart::Draining
+            || self.commit.active
+            || self.wal.has_pending()
+            || !self.replay.is_empty()
+            || self.fatal.is_some()
+        {
+            return;
+        }
+        for f in 0..self.frames.len() {
+            if self.frames[f].dirty {
+                self.write_back(f);
+            }
+        }
+        if self.writes > 0 || !self.write_queue.is_empty() {
+            return;
+        }
+        match self.io.flush(PAGES, tag(TAG_PAGES_FLUSH, 0)) {
+            Ok(()) => self.restart = Restart::Flushing,
+            Err(SubmitError::Busy) => {}
+            Err(SubmitError::Failed(_)) => {
+                self.failed.push((tag(TAG_PAGES_FLUSH, 0), None));
+                self.restart = Restart::Flushing;
+            }
+        }
+    }
+
+    /// The page file's flush of a restart completed.
+    fn restart_done(&mut self, ok: bool, done: &mut Completions<'_, PageSession>) {
+        if self.restart != Restart::Flushing {
+            tracing::error!("a page-file flush with no restart in flight");
+            return;
+        }
+        let r = if ok {
+            self.wal.restart()
+        } else {
+            Err(anyhow::anyhow!("flushing the page file failed"))
+        };
+        if let Err(e) = r {
+            self.fail(e.context("starting the log over"));
+            return;
+        }
+        self.restart = Restart::Idle;
+        for id in self.replay_waiters.drain(..) {
+            done.resume(id);
+        }
+    }
+
+    /// Waits (bounded) for the storage operations in flight, whose buffers the storage
+    /// library may still write into, then writes every dirty page back.
+    fn drain_io(&mut self) -> Result<()> {
+        let until = Instant::now() + IO_DRAIN;
+        let mut list = std::mem::take(&mut self.done);
+        loop {
             list.append(&mut self.failed);
-            self.reads.poll(&mut list);
-            for &(tag, _) in &list {
-                if let Some(r) = self.slots.get_mut((tag - 1) as usize) {
-                    if r.issued {
-                        r.issued = false;
-                        self.issued -= 1;
+            self.io.poll(&mut list);
+            for &(t, res) in &list {
+                let object = t & ((1 << TAG_KIND) - 1);
+                match t >> TAG_KIND {
+                    TAG_READ => {
+                        if let Some(r) = self.slots.get_mut(object as usize) {
+                            if r.issued {
+                                r.issued = false;
+                                self.issued -= 1;
+                            }
+                        }
                     }
+                    TAG_PAGE_WRITE => self.write_done(object as usize, res.is_some()),
+                    TAG_LOG_WRITE => self.commit.writes = self.commit.writes.saturating_sub(1),
+                    TAG_LOG_FLUSH => {
+                        if res.is_some() {
+                            self.wal.end_commit();
+                        }
+                        self.commit.active = false;
+                    }
+                    _ => self.restart = Restart::Idle,
                 }
             }
             list.clear();
-            self.done = list;
-            if self.issued > 0 {
-                std::thread::sleep(Duration::from_millis(1));
+            if self.commit.active && self.commit.len == 0 {
+                self.wal.end_commit();
+                self.commit.active = false;
             }
+            let busy = self.issued > 0 || self.writes > 0 || self.commit.active;
+            if !busy || Instant::now() >= until {
+                break;
+            }
+            if self.commit.active && self.commit.writes == 0 && !self.commit.flushing {
+                self.pump_commit();
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        if self.issued > 0 {
+        self.done = list;
+        if self.issued > 0 || self.writes > 0 || self.commit.active {
             tracing::error!(
                 reads = self.issued,
-                "page reads still in flight at the stop: their buffers are left to them"
+                writes = self.writes,
+                "storage operations still in flight at the stop: their buffers are left to them"
             );
             std::mem::forget(std::mem::take(&mut self.slots));
+            bail!("storage operations did not complete within {IO_DRAIN:?}");
         }
+        if self.fatal.is_some() {
+            // What is in memory may not follow what is durable: recovery redoes the log.
+            return Ok(());
+        }
+        for fr in &mut self.frames {
+            if fr.dirty && fr.page != u64::MAX {
+                let ps = self.cfg.page_size as u64;
+                self.pages_file.write_at(fr.page * ps, &fr.data)?;
+                fr.dirty = false;
+            }
+        }
+        self.pages_file.sync()
     }
+}
+
+/// An AppendWal reply.
+fn append_reply(out: &mut Vec<u8>, st: u16, lsn: u64) {
+    let mut h = [0u8; RESP_HEADER];
+    proto::response_header(&mut h, RESP_HEADER as u32, st, proto::KIND_APPEND, 0, lsn);
+    out.extend_from_slice(&h);
 }
 
 impl Service for PageService {
@@ -731,10 +1093,18 @@ impl Service for PageService {
                         self.replay_waiters.push(id);
                         break Verdict::Pending;
                     }
-                    if !self.append(msg, out) {
-                        tracing::warn!(conn = id.slot, "malformed log records: closing");
-                        at = input.len();
-                        break Verdict::Close;
+                    match self.append(id, msg, out) {
+                        Some(true) => {}
+                        Some(false) => {
+                            tracing::warn!(conn = id.slot, "malformed log records: closing");
+                            at = input.len();
+                            break Verdict::Close;
+                        }
+                        None => {
+                            // The log starts over first.
+                            self.replay_waiters.push(id);
+                            break Verdict::Pending;
+                        }
                     }
                 }
                 _ => self.watermark(msg, out),
@@ -765,21 +1135,31 @@ impl Service for PageService {
     fn complete(&mut self, done: &mut Completions<'_, PageSession>) {
         let mut list = std::mem::take(&mut self.done);
         list.append(&mut self.failed);
-        self.reads.poll(&mut list);
-        for &(tag, res) in &list {
-            let slot = u32::try_from(tag.wrapping_sub(1)).unwrap_or(u32::MAX);
-            self.finish_read(slot, res, done);
+        self.io.poll(&mut list);
+        if !list.is_empty() {
+            // A completion may have brought the replay's page in or freed a frame for it.
+            self.replay_blocked = false;
+        }
+        for &(t, res) in &list {
+            let object = t & ((1 << TAG_KIND) - 1);
+            match t >> TAG_KIND {
+                TAG_READ => self.finish_read(object as u32, res, done),
+                TAG_PAGE_WRITE => self.write_done(object as usize, res.is_some()),
+                TAG_LOG_WRITE => self.commit_done(TAG_LOG_WRITE, res.is_some(), done),
+                TAG_LOG_FLUSH => self.commit_done(TAG_LOG_FLUSH, res.is_some(), done),
+                TAG_PAGES_FLUSH => self.restart_done(res.is_some(), done),
+                _ => tracing::error!(tag = t, "a completion for no operation of ours"),
+            }
         }
         list.clear();
         self.done = list;
-        self.pump();
-        if self.fatal.is_none() {
-            if let Err(e) = self.replay_some() {
-                tracing::error!(error = %format!("{e:#}"), "replay failed: stopping");
-                self.fatal = Some(e);
-                self.halt.store(true, Ordering::Relaxed);
-            }
+        if self.commit.active && self.commit.len == 0 {
+            self.finish_commit(done);
         }
+        self.pump();
+        self.pump_commit();
+        self.replay_some();
+        self.advance_restart();
         if !self.lsn_waiters.is_empty() {
             let (applied, wait) = (self.applied, self.cfg.lsn_wait);
             self.lsn_waiters.retain(|&(id, need, since)| {
@@ -792,6 +1172,7 @@ impl Service for PageService {
             });
         }
         if !self.replay_waiters.is_empty()
+            && self.restart == Restart::Idle
             && self.replay.len() + self.round_records.len() <= REPLAY_QUEUE_MAX
         {
             for id in self.replay_waiters.drain(..) {
@@ -806,24 +1187,16 @@ impl Service for PageService {
     }
 
     fn end_round(&mut self) -> bool {
-        // The round's log records become durable before any reply goes out.
-        let ok = match self.wal.commit() {
-            Ok(()) => {
-                self.replay.extend(self.round_records.drain(..));
-                true
-            }
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "log write failed: the round's replies are withheld");
-                false
-            }
-        };
+        // The round's log records are committed (after the commit in flight, if any); their
+        // replies wait in reserved places until it is durable.
+        self.start_commit();
         if !self.recache.is_empty() {
             if let Err(e) = self.storage.cache(self.pages_file.as_ref(), &self.recache) {
                 tracing::warn!(error = %format!("{e:#}"), "telling the DPU about pages failed");
             }
             self.recache.clear();
         }
-        ok
+        true
     }
 
     fn closed(&mut self, _id: ConnId, s: PageSession) {
@@ -831,31 +1204,38 @@ impl Service for PageService {
     }
 
     fn wake_fd(&self) -> Option<RawFd> {
-        self.reads.wake_fd()
+        self.io.wake_fd()
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        let busy = (!self.replay.is_empty() && self.fatal.is_none())
+        let replay_can_move = !self.replay.is_empty() && !self.replay_blocked;
+        // Work that no completion will wake the loop for.
+        let idle_io = !self.io_in_flight();
+        let busy = (replay_can_move && self.fatal.is_none())
             || !self.failed.is_empty()
+            || (self.commit.active && self.commit.len == 0)
+            || (idle_io && (self.restart == Restart::Draining || !self.write_queue.is_empty()))
             || (!self.budget_waiters.is_empty() && self.input_bytes < self.cfg.input_memory);
         if busy {
             return false;
         }
         // False: completions wait; the loop does not sleep (and calls no end_sleep).
-        self.reads.prepare_sleep()
+        self.io.prepare_sleep()
     }
 
     fn end_sleep(&mut self) {
-        self.reads.end_sleep();
+        self.io.end_sleep();
     }
 
     fn in_flight(&self) -> usize {
         self.slots.len() - self.free_slots.len()
+            + self.writes
+            + self.commit.acks.len()
+            + self.round_acks.len()
     }
 
     fn shutdown(&mut self) {
-        self.drain_reads();
-        self.finished = self.write_back_all();
+        self.finished = self.drain_io();
     }
 }
 
@@ -898,6 +1278,7 @@ impl PageServer {
         let mut redo: HashMap<u64, Vec<u8>> = HashMap::new();
         let mut last = 0u64;
         let wal_file = storage.open("wal")?;
+        let wal_id = wal_file.dds_id();
         let wal = Wal::open(wal_file, cfg.wal_size, |r| {
             if r.page >= n || r.offset as usize + r.data.len() > ps - page::HEADER {
                 bail!("log record {} is outside the database", r.lsn);
@@ -939,22 +1320,24 @@ impl PageServer {
             // Without an offload engine on the DPU there is nothing to tell it.
             cfg.offload = storage.expose(pages_file.as_ref())?;
         }
-        let reads: Box<dyn FileReads> = match (dds, pages_file.dds_id()) {
-            (Some(dds), Some(file)) => {
-                let r = DdsReads::new(dds, file);
-                if r.max_read() >= ps {
-                    Box::new(r)
-                } else {
-                    Box::new(SyncReads::new(storage.open("pages")?))
-                }
+        // Page reads and write-backs and log commits go through the host library's
+        // asynchronous API on DDS files; through second handles, done when issued, otherwise.
+        let io: Box<dyn FileIo> = match (dds, pages_file.dds_id(), wal_id) {
+            (Some(dds), Some(pages), Some(log)) if dds.hello().max_io_bytes as usize >= ps => {
+                Box::new(DdsIo::new(dds, &[pages, log]))
             }
-            _ => Box::new(SyncReads::new(storage.open("pages")?)),
+            _ => Box::new(SyncIo::new(vec![
+                storage.open("pages")?,
+                storage.open("wal")?,
+            ])),
         };
         let frames = (0..cfg.buffer_pool)
             .map(|_| Frame {
                 page: u64::MAX,
                 data: vec![0u8; ps].into_boxed_slice(),
                 dirty: false,
+                writing: false,
+                queued: false,
                 used: false,
             })
             .collect();
@@ -967,17 +1350,25 @@ impl PageServer {
             applied: last,
             replay: VecDeque::new(),
             round_records: Vec::new(),
+            round_acks: Vec::new(),
+            commit: Commit::default(),
+            restart: Restart::Idle,
             frames,
             index: HashMap::with_capacity(cfg.buffer_pool * 2),
             hand: 0,
+            write_queue: VecDeque::with_capacity(cfg.buffer_pool),
+            writes: 0,
+            changed: Vec::with_capacity(REPLAY_BATCH),
             recache: Vec::new(),
             input_bytes: 0,
             stats: PageServerStats::default(),
-            reads,
+            io,
             slots: Vec::new(),
             free_slots: Vec::new(),
             reading: HashMap::with_capacity(READS_MAX * 2),
             issued: 0,
+            replay_reads: 0,
+            replay_blocked: false,
             queued: VecDeque::new(),
             failed: Vec::new(),
             done: Vec::with_capacity(READS_MAX),

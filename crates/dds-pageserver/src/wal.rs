@@ -20,7 +20,11 @@ pub struct Wal {
     base_lsn: u64,
     /// The last record's LSN (`base_lsn` when empty).
     last_lsn: u64,
+    /// Records added and not yet being written.
     pending: Vec<u8>,
+    /// Records being written by an asynchronous commit (`begin_commit` .. `end_commit`), at
+    /// `end`.
+    committing: Vec<u8>,
 }
 
 fn header(base_lsn: u64) -> Vec<u8> {
@@ -53,6 +57,7 @@ impl Wal {
             base_lsn: 0,
             last_lsn: 0,
             pending: Vec::new(),
+            committing: Vec::new(),
         };
         if fresh {
             wal.file.write_at(0, &header(0))?;
@@ -115,7 +120,17 @@ impl Wal {
 
     /// Whether `bytes` more fit before the log must start over.
     pub fn has_room(&self, bytes: usize) -> bool {
-        self.end + (self.pending.len() + bytes) as u64 <= self.capacity
+        self.end + (self.committing.len() + self.pending.len() + bytes) as u64 <= self.capacity
+    }
+
+    /// Whether `bytes` fit in an empty log.
+    pub fn fits_at_all(&self, bytes: usize) -> bool {
+        START + bytes as u64 <= self.capacity
+    }
+
+    /// Records wait to be committed.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// Queues a record (made durable by [`commit`](Self::commit)).
@@ -132,8 +147,28 @@ impl Wal {
         self.last_lsn = r.lsn;
     }
 
-    /// Writes the queued records and syncs.
+    /// An asynchronous commit of the queued records: where they go and their bytes, which the
+    /// caller writes and flushes before [`end_commit`](Self::end_commit). One at a time.
+    pub fn begin_commit(&mut self) -> (u64, &[u8]) {
+        assert!(self.committing.is_empty(), "one commit at a time");
+        std::mem::swap(&mut self.committing, &mut self.pending);
+        (self.end, &self.committing)
+    }
+
+    /// The bytes of the commit in flight.
+    pub fn committing(&self) -> &[u8] {
+        &self.committing
+    }
+
+    /// The commit begun by [`begin_commit`](Self::begin_commit) is durable.
+    pub fn end_commit(&mut self) {
+        self.end += self.committing.len() as u64;
+        self.committing.clear();
+    }
+
+    /// Writes the queued records and syncs (recovery and shutdown).
     pub fn commit(&mut self) -> Result<()> {
+        assert!(self.committing.is_empty(), "a commit is in flight");
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -147,7 +182,10 @@ impl Wal {
     /// Starts the log over after `last_lsn` (every page holding a record of it must be
     /// durable first).
     pub fn restart(&mut self) -> Result<()> {
-        assert!(self.pending.is_empty(), "restart with records pending");
+        assert!(
+            self.pending.is_empty() && self.committing.is_empty(),
+            "restart with records pending"
+        );
         self.file.write_at(0, &header(self.last_lsn))?;
         self.file.sync()?;
         self.base_lsn = self.last_lsn;

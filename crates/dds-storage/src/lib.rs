@@ -13,15 +13,16 @@
 //!   [`aio::OsAsyncStorage`] (io_uring, O_DIRECT where aligned) and [`aio::DdsAsyncStorage`]
 //!   (one notification group, a completion thread, reconnection when the DPU comes back). The
 //!   pagestore server (`dds app pagestore`) serves its files so.
-//! - [`reads`]: asynchronous reads of one file for an event-loop thread ([`reads::DdsReads`]
-//!   through the host library's asynchronous API, [`reads::SyncReads`] for any [`StoreFile`]);
-//!   the page server (`dds pageserver`) reads its pages so.
+//! - [`fileio`]: asynchronous reads, writes and flushes of a set of files for an event-loop
+//!   thread ([`fileio::DdsIo`] through the host library's asynchronous API, [`fileio::SyncIo`]
+//!   for any [`StoreFile`]); the key-value service reads records on storage so, and the page
+//!   server (`dds pageserver`) reads and writes its pages and commits its log so.
 //!
 //! [`pattern`] is the deterministic data those files are filled with and checked against.
 
 pub mod aio;
+pub mod fileio;
 pub mod pattern;
-pub mod reads;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
