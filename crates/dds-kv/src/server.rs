@@ -56,6 +56,10 @@ impl Default for ServerConfig {
     }
 }
 
+/// Device block: a record's first read covers the blocks it starts in (a read of whole
+/// blocks costs the device one operation; one that starts inside a block costs it a second
+/// block and the file service a bounce copy).
+const BLOCK: u64 = 4096;
 /// First read of a record whose length is not known yet (the whole record when it is
 /// smaller; else a second read of the rest).
 const FIRST_READ: usize = 4096;
@@ -81,6 +85,8 @@ struct Read {
     buf: Vec<u8>,
     /// The read covers the whole record (its length was known).
     whole: bool,
+    /// Bytes read before the record (the read starts at the record's block).
+    skip: usize,
     live: bool,
 }
 
@@ -114,9 +120,16 @@ impl KvService {
         self.bufs.push(b);
     }
 
-    /// Issues a read of `len` bytes of the record at `addr` for `conn`; false when it could
-    /// not be issued (the command then reads while it runs).
-    fn fetch(&mut self, conn: ConnId, addr: u64, len: usize, whole: bool, buf: Vec<u8>) -> bool {
+    /// Issues a read of `len` bytes starting `skip` bytes before the record at `addr` for
+    /// `conn`; false when it could not be issued (the command then reads while it runs).
+    fn fetch(
+        &mut self,
+        conn: ConnId,
+        addr: u64,
+        (skip, len): (usize, usize),
+        whole: bool,
+        buf: Vec<u8>,
+    ) -> bool {
         let Some(f) = self.fetcher.as_mut() else {
             return false;
         };
@@ -129,6 +142,7 @@ impl KvService {
                     addr,
                     buf: Vec::new(),
                     whole,
+                    skip,
                     live: false,
                 });
                 (self.reads.len() - 1) as u32
@@ -138,11 +152,13 @@ impl KvService {
         r.conn = conn;
         r.addr = addr;
         r.whole = whole;
+        r.skip = skip;
         r.buf = buf;
         r.buf.resize(len, 0);
+        let at = off - skip as u64;
         // SAFETY: the buffer belongs to the read's slot and is neither moved nor touched until
         // the read's completion is polled (its heap memory stays where it is).
-        let issued = unsafe { f.read(0, off, r.buf.as_mut_ptr(), len as u32, u64::from(slot) + 1) };
+        let issued = unsafe { f.read(0, at, r.buf.as_mut_ptr(), len as u32, u64::from(slot) + 1) };
         match issued {
             Ok(()) => {
                 r.live = true;
@@ -183,11 +199,18 @@ impl KvService {
         let _ = more; // Keys past the first 16 are read while the command runs.
         let mut issued = 0;
         for &a in &want[..n] {
-            let (_, span) = self.store.file_span(a);
+            let (off, span) = self.store.file_span(a);
             let max = self.fetcher.as_ref().map_or(0, |f| f.max_io());
-            let len = span.min(FIRST_READ).min(max);
+            // From the record's block up to FIRST_READ bytes of the record, in whole blocks
+            // where its page allows.
+            let skip = (off % BLOCK) as usize;
+            let end = (skip + span.min(FIRST_READ)).next_multiple_of(BLOCK as usize);
+            let len = end.min(skip + span).min(max);
+            if len <= skip {
+                continue;
+            }
             let buf = self.take_buf(len);
-            if self.fetch(id, a, len, span <= FIRST_READ, buf) {
+            if self.fetch(id, a, (skip, len), len - skip >= span, buf) {
                 issued += 1;
             }
         }
@@ -311,11 +334,13 @@ impl Service for KvService {
                 continue;
             };
             r.live = false;
-            let (conn, addr, whole) = (r.conn, r.addr, r.whole);
+            let (conn, addr, whole, skip) = (r.conn, r.addr, r.whole, r.skip);
             let mut buf = std::mem::take(&mut r.buf);
             self.free_reads.push(slot);
             let n = res.map_or(0, |n| n as usize);
             buf.truncate(n);
+            // The record starts `skip` bytes in.
+            buf.drain(..skip.min(n));
             if !whole {
                 // The first bytes tell the record's length: read the rest when it is longer.
                 if let Some(h) = record::decode_header(&buf) {
@@ -323,7 +348,7 @@ impl Service for KvService {
                     let max = self.fetcher.as_ref().map_or(0, |f| f.max_io());
                     if h.len() > buf.len() && h.len() <= span.min(max) {
                         let len = h.len();
-                        if self.fetch(conn, addr, len, true, buf) {
+                        if self.fetch(conn, addr, (0, len), true, buf) {
                             continue;
                         }
                         buf = self.take_buf(0);
