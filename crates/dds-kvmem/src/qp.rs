@@ -242,110 +242,107 @@ fn take<'a>(b: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], Malformed
 }
 
 /// The requests of a batch (framed by [`batch_header`]).
-pub fn requests(b: &[u8]) -> impl Iterator<Item = Result<Request<'_>, Malformed>> + '_ {
-    let (count, len) = match batch_header(b) {
-        Ok((c, l, _)) => (c, l),
-        Err(e) => return RecIter::err(e),
-    };
-    let body = &b[..len];
-    let mut at = BATCH_HEADER;
-    RecIter::new(count, move || {
-        let h = take(body, &mut at, 2)?;
-        let (code, klen) = (h[0], h[1] as usize);
-        if klen == 0 {
-            return Err(Malformed("empty key"));
-        }
-        let (op, key) = match code {
-            1 => (Op::Get, take(body, &mut at, klen)?),
-            2 => {
-                let v = take(body, &mut at, 2)?;
-                let vlen = u16::from_le_bytes([v[0], v[1]]) as usize;
-                let key = take(body, &mut at, klen)?;
-                (Op::Set(take(body, &mut at, vlen)?), key)
-            }
-            3 => (Op::Del, take(body, &mut at, klen)?),
-            4 => {
-                let key = take(body, &mut at, klen)?;
-                let n = take(body, &mut at, 8)?;
-                (
-                    Op::Incr(i64::from_le_bytes(n.try_into().expect("8 bytes"))),
-                    key,
-                )
-            }
-            5 => (Op::Exists, take(body, &mut at, klen)?),
-            _ => return Err(Malformed("unknown op")),
-        };
-        Ok(Request { key, op })
-    })
+pub fn requests(b: &[u8]) -> Records<'_, Request<'_>> {
+    Records::new(b, request)
 }
 
 /// The responses of a batch.
-pub fn responses(b: &[u8]) -> impl Iterator<Item = Result<Response<'_>, Malformed>> + '_ {
-    let (count, len) = match batch_header(b) {
-        Ok((c, l, _)) => (c, l),
-        Err(e) => return RecIter::err(e),
+pub fn responses(b: &[u8]) -> Records<'_, Response<'_>> {
+    Records::new(b, response)
+}
+
+/// Decodes the request record at `body[*at..]`.
+fn request<'a>(body: &'a [u8], at: &mut usize) -> Result<Request<'a>, Malformed> {
+    let h = take(body, at, 2)?;
+    let (code, klen) = (h[0], h[1] as usize);
+    if klen == 0 {
+        return Err(Malformed("empty key"));
+    }
+    let (op, key) = match code {
+        1 => (Op::Get, take(body, at, klen)?),
+        2 => {
+            let v = take(body, at, 2)?;
+            let vlen = u16::from_le_bytes([v[0], v[1]]) as usize;
+            let key = take(body, at, klen)?;
+            (Op::Set(take(body, at, vlen)?), key)
+        }
+        3 => (Op::Del, take(body, at, klen)?),
+        4 => {
+            let key = take(body, at, klen)?;
+            let n = take(body, at, 8)?;
+            (
+                Op::Incr(i64::from_le_bytes(n.try_into().expect("8 bytes"))),
+                key,
+            )
+        }
+        5 => (Op::Exists, take(body, at, klen)?),
+        _ => return Err(Malformed("unknown op")),
     };
-    let body = &b[..len];
-    let mut at = BATCH_HEADER;
-    RecIter::new(count, move || {
-        let code = take(body, &mut at, 1)?[0];
-        Ok(match code {
-            0 => Response::Status(Status::Ok),
-            1 => Response::Status(Status::NotFound),
-            2 => Response::Status(Status::NotInteger),
-            3 => Response::Status(Status::Overflow),
-            4 => Response::Status(Status::OutOfMemory),
-            VALUE => {
-                let mut n = 0usize;
-                for shift in [0, 7, 14] {
-                    let b = take(body, &mut at, 1)?[0];
-                    n |= usize::from(b & 0x7F) << shift;
-                    if b & 0x80 == 0 {
-                        break;
-                    }
-                    if shift == 14 {
-                        return Err(Malformed("value length longer than 3 bytes"));
-                    }
+    Ok(Request { key, op })
+}
+
+/// Decodes the response record at `body[*at..]`.
+fn response<'a>(body: &'a [u8], at: &mut usize) -> Result<Response<'a>, Malformed> {
+    let code = take(body, at, 1)?[0];
+    Ok(match code {
+        0 => Response::Status(Status::Ok),
+        1 => Response::Status(Status::NotFound),
+        2 => Response::Status(Status::NotInteger),
+        3 => Response::Status(Status::Overflow),
+        4 => Response::Status(Status::OutOfMemory),
+        VALUE => {
+            let mut n = 0usize;
+            for shift in [0, 7, 14] {
+                let b = take(body, at, 1)?[0];
+                n |= usize::from(b & 0x7F) << shift;
+                if b & 0x80 == 0 {
+                    break;
                 }
-                if n > u16::MAX as usize {
-                    return Err(Malformed("value longer than 65,535 bytes"));
+                if shift == 14 {
+                    return Err(Malformed("value length longer than 3 bytes"));
                 }
-                Response::Value(take(body, &mut at, n)?)
             }
-            INT => {
-                let n = take(body, &mut at, 8)?;
-                Response::Int(i64::from_le_bytes(n.try_into().expect("8 bytes")))
+            if n > u16::MAX as usize {
+                return Err(Malformed("value longer than 65,535 bytes"));
             }
-            _ => return Err(Malformed("unknown response code")),
-        })
+            Response::Value(take(body, at, n)?)
+        }
+        INT => {
+            let n = take(body, at, 8)?;
+            Response::Int(i64::from_le_bytes(n.try_into().expect("8 bytes")))
+        }
+        _ => return Err(Malformed("unknown response code")),
     })
 }
 
-/// Iterator over `count` records, stopping at the first error.
-struct RecIter<'a, T> {
+/// The records of a batch, decoded one by one as they are taken ([`requests`],
+/// [`responses`]). Allocates nothing. A malformed batch header is the only item; a malformed
+/// record is the last.
+pub struct Records<'a, T> {
+    body: &'a [u8],
+    at: usize,
     left: u16,
-    next: Option<Box<dyn FnMut() -> Result<T, Malformed> + 'a>>,
     err: Option<Malformed>,
+    decode: fn(&'a [u8], &mut usize) -> Result<T, Malformed>,
 }
 
-impl<'a, T> RecIter<'a, T> {
-    fn new(count: u16, f: impl FnMut() -> Result<T, Malformed> + 'a) -> Self {
-        RecIter {
-            left: count,
-            next: Some(Box::new(f)),
-            err: None,
-        }
-    }
-    fn err(e: Malformed) -> Self {
-        RecIter {
-            left: 0,
-            next: None,
-            err: Some(e),
+impl<'a, T> Records<'a, T> {
+    fn new(b: &'a [u8], decode: fn(&'a [u8], &mut usize) -> Result<T, Malformed>) -> Self {
+        let (body, left, err) = match batch_header(b) {
+            Ok((count, len, _)) => (&b[..len], count, None),
+            Err(e) => (&b[..0], 0, Some(e)),
+        };
+        Records {
+            body,
+            at: BATCH_HEADER,
+            left,
+            err,
+            decode,
         }
     }
 }
 
-impl<T> Iterator for RecIter<'_, T> {
+impl<T> Iterator for Records<'_, T> {
     type Item = Result<T, Malformed>;
     fn next(&mut self) -> Option<Self::Item> {
         if let Some(e) = self.err.take() {
@@ -355,7 +352,7 @@ impl<T> Iterator for RecIter<'_, T> {
             return None;
         }
         self.left -= 1;
-        let r = (self.next.as_mut()?)();
+        let r = (self.decode)(self.body, &mut self.at);
         if r.is_err() {
             self.left = 0;
         }
