@@ -3,11 +3,8 @@
 //! io_uring, with error responses among them; echoed messages) take no heap memory on the
 //! servers' event-loop threads. The client runs on the test thread, which is not counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,39 +13,10 @@ use dds_apps::pagestore::{parse_response_header, MessageBuilder, OP_READ};
 use dds_apps::server::{Server, ServerConfig};
 use dds_storage::aio::{AsyncStorage, Fill, OsAsyncStorage};
 use dds_storage::pattern;
-
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// The client's thread: its allocations are not the servers'.
-    static EXEMPT: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count() {
-    if ARMED.load(Ordering::Relaxed) && !EXEMPT.try_with(Cell::get).unwrap_or(true) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use dds_testkit::alloc::{allocations_in, count_all_threads, exempt_this_thread, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const FILE_SIZE: u64 = 1 << 20;
 
@@ -60,14 +28,12 @@ fn connect(addr: SocketAddr) -> TcpStream {
 }
 
 /// Runs `rounds` of `f`, counting the allocations of every thread but this one.
+/// Allocations of every thread but this one during `rounds` calls of `f`.
 fn counted(rounds: usize, mut f: impl FnMut(usize)) -> usize {
-    ALLOCS.store(0, Ordering::Relaxed);
-    ARMED.store(true, Ordering::SeqCst);
-    for i in 0..rounds {
-        f(i);
-    }
-    ARMED.store(false, Ordering::SeqCst);
-    ALLOCS.load(Ordering::Relaxed)
+    count_all_threads(true);
+    let n = allocations_in(|| (0..rounds).for_each(&mut f));
+    count_all_threads(false);
+    n
 }
 
 fn pagestore() {
@@ -112,7 +78,7 @@ fn pagestore() {
             s.read_exact(&mut back[..*n]).unwrap();
         }
     };
-    EXEMPT.with(|e| e.set(true));
+    exempt_this_thread();
     for i in 0..3000 {
         round(i);
     }
@@ -152,7 +118,7 @@ fn echo() {
             assert_eq!(back[..n], msg[..n]);
         }
     };
-    EXEMPT.with(|e| e.set(true));
+    exempt_this_thread();
     for i in 0..3000 {
         round(i);
     }

@@ -4,44 +4,17 @@
 #[path = "offload/common.rs"]
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
 use dds_apps::offload::pagestore::MessageBuilder;
 use dds_apps::offload::PagestoreApp;
 use dds_offload_api::OffloadApp;
-
-struct Counting;
-
-thread_local! {
-    static DIRECTOR: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if DIRECTOR.with(|d| d.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if DIRECTOR.with(|d| d.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use dds_testkit::alloc::{allocations, allocations_in, count_this_thread, CountingAlloc};
 
 #[global_allocator]
-static A: Counting = Counting;
+static A: CountingAlloc = CountingAlloc;
 
 fn traffic(c: &mut std::net::TcpStream, file: u32, rounds: u64) {
     let mut b = MessageBuilder::new();
@@ -69,16 +42,14 @@ fn director_data_path_does_not_allocate() {
         let host = pagestore_server(loopback(), files);
         let d = director(&dpu, app, host.addr, |c| {
             c.copy_mode = copy_mode;
-            c.on_thread_start = Some(Arc::new(|_| DIRECTOR.with(|d| d.set(true))));
+            c.on_thread_start = Some(Arc::new(|_| count_this_thread(true)));
         });
         let mut c = connect(d.local_addr());
         traffic(&mut c, file, 50);
-        let before = ALLOCS.load(Ordering::SeqCst);
-        assert!(before > 0, "the counter sees the connection set-up");
+        assert!(allocations() > 0, "the counter sees the connection set-up");
         let s0 = d.stats();
-        traffic(&mut c, file, 500);
+        let allocs = allocations_in(|| traffic(&mut c, file, 500));
         let s1 = d.stats();
-        let allocs = ALLOCS.load(Ordering::SeqCst) - before;
         assert!(s1.offloaded - s0.offloaded > 500, "{s1:?}");
         assert_eq!(
             allocs, 0,

@@ -6,74 +6,15 @@
 //! The counting allocator tells threads apart by their kernel thread id; the front-end thread
 //! is found by its name in `/proc/self/task`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dds_dpukv::Design;
-
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-/// Kernel thread id whose allocations are counted (0: none).
-static WATCHED: AtomicI32 = AtomicI32::new(0);
-
-thread_local! {
-    static TID: Cell<i32> = const { Cell::new(0) };
-}
-
-fn counted() -> bool {
-    let watched = WATCHED.load(Ordering::Relaxed);
-    if watched == 0 {
-        return false;
-    }
-    let tid = TID
-        .try_with(|t| {
-            if t.get() == 0 {
-                // SAFETY: gettid takes no arguments and cannot fail.
-                t.set(unsafe { libc::gettid() });
-            }
-            t.get()
-        })
-        .unwrap_or(0);
-    tid == watched
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use dds_testkit::alloc::{allocations_in, count_thread_id, thread_named, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// The kernel thread id of this process's thread named `name`.
-fn thread_named(name: &str) -> i32 {
-    for e in std::fs::read_dir("/proc/self/task").unwrap() {
-        let e = e.unwrap();
-        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() == name {
-            return e.file_name().to_str().unwrap().parse().unwrap();
-        }
-    }
-    panic!("no thread named {name}");
-}
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 mod common;
 
@@ -133,13 +74,13 @@ fn steady_state_allocates_nothing(design: Design, front_thread: &str) {
     run(&mut s, &one, one_reply, 500);
     let batches = info(&mut s, "kvqp_batches");
     let tid = thread_named(front_thread);
-    WATCHED.store(tid, Ordering::SeqCst);
-    let before = ALLOCS.load(Ordering::SeqCst);
-    run(&mut s, &window, reply_bytes, 2000);
-    // One request at a time too (the replies are never held behind a reserved one).
-    run(&mut s, &one, one_reply, 500);
-    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
-    WATCHED.store(0, Ordering::SeqCst);
+    count_thread_id(tid);
+    let allocs = allocations_in(|| {
+        run(&mut s, &window, reply_bytes, 2000);
+        // One request at a time too (the replies are never held behind a reserved one).
+        run(&mut s, &one, one_reply, 500);
+    });
+    count_thread_id(0);
     let batches = info(&mut s, "kvqp_batches") - batches;
     assert_eq!(
         allocs, 0,

@@ -6,40 +6,14 @@ mod common;
 use common::*;
 use dds_fs::align::AlignedBuf;
 use dds_fs::{Device, FileService, MemDevice, UringDevice};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use dds_testkit::alloc::{allocations, count_this_thread, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
-fn exercise(fs: &mut FileService) -> usize {
+/// Runs 300 rounds of mixed requests; returns the completions and the allocations counted
+/// on this thread meanwhile.
+fn exercise(fs: &mut FileService) -> (usize, usize) {
     let id = fs.create_file("/f").unwrap();
     fs.resize(id, 3 * SEG).unwrap();
     let bs = fs.block_size() as usize;
@@ -47,7 +21,8 @@ fn exercise(fs: &mut FileService) -> usize {
     let mut plain = vec![7u8; 5000];
     let mut rbuf = vec![0u8; 5000];
     let mut done = 0usize;
-    COUNTING.with(|c| c.set(true));
+    count_this_thread(true);
+    let before = allocations();
     for i in 0..300u64 {
         let off = (i * 7919) % (2 * SEG);
         unsafe {
@@ -68,31 +43,26 @@ fn exercise(fs: &mut FileService) -> usize {
             });
         }
     }
-    COUNTING.with(|c| c.set(false));
+    let allocs = allocations() - before;
+    count_this_thread(false);
     plain[0] = rbuf[0];
-    done
+    (done, allocs)
 }
 
 #[test]
 fn no_heap_allocation_per_request() {
     let mem: Box<dyn Device> = Box::new(MemDevice::new(4 << 20, 512).with_reordering(9));
     let mut fs = fresh(mem, small_format(), small_open());
-    assert_eq!(exercise(&mut fs), 1500);
-    assert_eq!(
-        ALLOCS.swap(0, Ordering::Relaxed),
-        0,
-        "allocations on the MemDevice data path"
-    );
+    let (done, allocs) = exercise(&mut fs);
+    assert_eq!(done, 1500);
+    assert_eq!(allocs, 0, "allocations on the MemDevice data path");
 
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("dev");
     UringDevice::create_file(&p, 4 << 20).unwrap();
     let dev: Box<dyn Device> = Box::new(UringDevice::open(&p, 8).unwrap());
     let mut fs = fresh(dev, small_format(), small_open());
-    assert_eq!(exercise(&mut fs), 1500);
-    assert_eq!(
-        ALLOCS.swap(0, Ordering::Relaxed),
-        0,
-        "allocations on the io_uring data path"
-    );
+    let (done, allocs) = exercise(&mut fs);
+    assert_eq!(done, 1500);
+    assert_eq!(allocs, 0, "allocations on the io_uring data path");
 }

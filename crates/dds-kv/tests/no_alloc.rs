@@ -2,51 +2,19 @@
 //! MGET, INCR, EXISTS and pipelines of them over a real socket do not touch the heap on the
 //! server's thread (a counting global allocator counts that thread's allocations only).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dds_kv::server::{Server, ServerConfig};
 use dds_kv::{Durability, Store, StoreConfig};
 use dds_storage::OsStorage;
-
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-static MEASURING: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    static SERVER_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-fn counted() -> bool {
-    MEASURING.load(Ordering::Relaxed) && SERVER_THREAD.with(|c| c.get())
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if counted() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use dds_testkit::alloc::{allocations_in, count_this_thread, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 fn cmd(words: &[&[u8]]) -> Vec<u8> {
     let mut b = format!("*{}\r\n", words.len()).into_bytes();
@@ -144,7 +112,7 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let t = std::thread::spawn(move || {
-        SERVER_THREAD.with(|c| c.set(true));
+        count_this_thread(true);
         server.run(&s2).unwrap();
     });
     let mut s = TcpStream::connect(addr).unwrap();
@@ -168,22 +136,18 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
     n += 4;
     // Warm-up: buffers, the index and the reply buffer reach their sizes. The first round
     // allocates (new keys): the counter does see the server's thread.
-    MEASURING.store(true, Ordering::Relaxed);
-    round_trip(&mut s, &batch, n);
-    MEASURING.store(false, Ordering::Relaxed);
     assert!(
-        ALLOCS.swap(0, Ordering::Relaxed) > 0,
+        allocations_in(|| round_trip(&mut s, &batch, n)) > 0,
         "the first round allocated nothing?"
     );
     for _ in 0..5 {
         round_trip(&mut s, &batch, n);
     }
-    MEASURING.store(true, Ordering::Relaxed);
-    for _ in 0..50 {
-        round_trip(&mut s, &batch, n);
-    }
-    MEASURING.store(false, Ordering::Relaxed);
-    let allocs = ALLOCS.load(Ordering::Relaxed);
+    let allocs = allocations_in(|| {
+        for _ in 0..50 {
+            round_trip(&mut s, &batch, n);
+        }
+    });
     stop.store(true, Ordering::Relaxed);
     drop(s);
     t.join().unwrap();

@@ -3,49 +3,19 @@
 //! read completes) allocate nothing on the server's thread. The server runs in this process on
 //! a thread of its own, and only that thread's allocations are counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dds_pageserver::proto::{self, status, GetPage, Record, Response};
 use dds_pageserver::{page, PageServer, PageServerConfig};
 use dds_storage::OsStorage;
-
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static SERVER_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count() {
-    if ARMED.load(Ordering::Relaxed) && SERVER_THREAD.with(|c| c.get()) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use dds_testkit::alloc::{allocations_in, count_this_thread, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const PS: usize = 8192;
 const PAGES: u64 = 256;
@@ -124,7 +94,7 @@ fn getpages_allocate_nothing_in_steady_state() {
     let t = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            SERVER_THREAD.with(|c| c.set(true));
+            count_this_thread(true);
             server.run(&stop)
         })
     };
@@ -157,10 +127,7 @@ fn getpages_allocate_nothing_in_steady_state() {
     }
     let (mut at, mut id) = (0, 0);
     getpages(&mut s, 256, PAGES, &mut at, &mut id);
-    ARMED.store(true, Ordering::SeqCst);
-    getpages(&mut s, 1000, PAGES, &mut at, &mut id);
-    ARMED.store(false, Ordering::SeqCst);
-    let n = ALLOCS.load(Ordering::SeqCst);
+    let n = allocations_in(|| getpages(&mut s, 1000, PAGES, &mut at, &mut id));
     drop(s);
     stop.store(true, Ordering::SeqCst);
     t.join().unwrap().unwrap();
