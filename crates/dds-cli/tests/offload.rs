@@ -4,34 +4,15 @@
 
 use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod common;
-use common::free_port;
+use common::{free_port, wait_for_socket, Guard, DDS};
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(path).is_err() {
-        assert!(Instant::now() < deadline, "{} not ready", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn start_dpu(dir: &Path, director: u16, host: u16) -> Proc {
+fn start_dpu(dir: &Path, director: u16, host: u16) -> Guard {
     let device = dir.join("dev.img");
     if !device.exists() {
         let out = Command::new(DDS)
@@ -67,12 +48,12 @@ fn start_dpu(dir: &Path, director: u16, host: u16) -> Proc {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&socket);
-    Proc(child)
+    wait_for_socket(&socket);
+    Guard(child)
 }
 
 /// Starts the host application; returns it and its file ids.
-fn start_app(dir: &Path, host: u16) -> (Proc, Vec<u64>) {
+fn start_app(dir: &Path, host: u16) -> (Guard, Vec<u64>) {
     let mut child = Command::new(DDS)
         .args([
             "app",
@@ -102,7 +83,7 @@ fn start_app(dir: &Path, host: u16) -> (Proc, Vec<u64>) {
         .iter()
         .map(|f| f.as_u64().unwrap())
         .collect();
-    (Proc(child), files)
+    (Guard(child), files)
 }
 
 fn client(director: u16, files: &[u64], extra: &[&str]) -> Value {
@@ -124,7 +105,7 @@ fn client(director: u16, files: &[u64], extra: &[&str]) -> Value {
 }
 
 /// Stops the DPU (SIGTERM) and returns its director's `offloaded` and `forwarded` counts.
-fn stop_dpu(mut dpu: Proc) -> (u64, u64) {
+fn stop_dpu(mut dpu: Guard) -> (u64, u64) {
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(dpu.0.id() as i32, libc::SIGTERM) };
     let mut err = String::new();

@@ -6,16 +6,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-const DDS: &str = env!("CARGO_BIN_EXE_dds");
+mod common;
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{Guard, DDS};
 
 fn ready_line(child: &mut Child) -> Value {
     let out = child.stdout.take().unwrap();
@@ -27,7 +20,7 @@ fn ready_line(child: &mut Child) -> Value {
 #[test]
 fn pagestore_and_client_processes_with_verification() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut server = Killed(
+    let mut server = Guard(
         Command::new(DDS)
             .args([
                 "app",
