@@ -17,281 +17,29 @@
 //! * Operations spanning segments become one device operation per segment piece and complete
 //!   once, after all pieces.
 //! * A write past the end of file is *parked* until its file's extend (a `SET_SIZE` in the
-//!   metadata queue, `service/metaq.rs`) is durable, then issued as above; a parked write
-//!   counts as an earlier unfinished write for overlapping writes and flushes.
+//!   metadata queue, `service/extend.rs`) is durable, then issued as above; a parked write
+//!   counts as an earlier unfinished write for overlapping writes and flushes
+//!   (`io/parked.rs`).
+//!
+//! Here: the data path's methods (submit, poll, wait, and the engine that moves op slots
+//! through their phases). The slots and queues themselves are `io/slots.rs`.
 
 use crate::align::{align_down, align_up};
 use crate::device::{DevCompletion, DevOp};
 use crate::error::FsError;
-use crate::layout::Geometry;
 use crate::service::{FileService, NO_SLOT};
-use crate::types::{FileId, OpenConfig};
-use std::collections::VecDeque;
+use crate::types::FileId;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 mod bounce;
+mod parked;
+mod slots;
 
-use bounce::BouncePool;
-
-const MAX_SLOTS: u32 = 1 << 16;
-const MAX_IO_LIMIT: u32 = 256 << 20;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Free,
-    /// A write past the end of file, waiting until a size covering it is durable (the
-    /// file's extend in the metadata queue, `service/metaq.rs`).
-    Parked,
-    /// Waiting for earlier conflicting writes.
-    Blocked,
-    /// Submitting / waiting for device completions.
-    Active,
-    /// Finished, waiting to be reported by `poll`.
-    Done,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Read,
-    Write,
-    Flush,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Reading partial edge blocks of an unaligned write.
-    Rmw,
-    /// The transfer itself (or the flush).
-    Main,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    state: State,
-    kind: Kind,
-    phase: Phase,
-    user_data: u64,
-    file: u32,
-    seq: u64,
-    /// Requested file offset.
-    offset: u64,
-    /// Bytes to transfer (reads: clipped at end of file).
-    len: u32,
-    /// The caller's buffer.
-    caller: *mut u8,
-    /// Block-aligned file range moved by the main phase (flush: 0..1).
-    span_start: u64,
-    span_end: u64,
-    /// Byte offset of the bounce buffer in the pool, or `usize::MAX` for zero copy.
-    bounce_off: usize,
-    bounce_units: u32,
-    /// Next file offset of the main phase to submit.
-    cursor: u64,
-    /// Edge blocks (file offsets) to read before an unaligned write.
-    edges: [u64; 2],
-    n_edges: u8,
-    next_edge: u8,
-    /// Device operations submitted and not completed.
-    outstanding: u32,
-    /// First error (positive errno), 0 if none.
-    error: i32,
-    /// Why a parked write was refused (reported instead of `error`).
-    refused: Option<Refusal>,
-    /// In the ready queue.
-    queued: bool,
-    /// Writes: neighbours in the file's list of unfinished writes (`NO_SLOT`: none), and
-    /// whether the slot is in that list.
-    prev_write: u32,
-    next_write: u32,
-    linked: bool,
-}
-
-impl Slot {
-    const EMPTY: Slot = Slot {
-        state: State::Free,
-        kind: Kind::Read,
-        phase: Phase::Main,
-        user_data: 0,
-        file: u32::MAX,
-        seq: 0,
-        offset: 0,
-        len: 0,
-        caller: std::ptr::null_mut(),
-        span_start: 0,
-        span_end: 0,
-        bounce_off: usize::MAX,
-        bounce_units: 0,
-        cursor: 0,
-        edges: [0; 2],
-        n_edges: 0,
-        next_edge: 0,
-        outstanding: 0,
-        error: 0,
-        refused: None,
-        queued: false,
-        prev_write: NO_SLOT,
-        next_write: NO_SLOT,
-        linked: false,
-    };
-
-    fn bounced(&self) -> bool {
-        self.bounce_off != usize::MAX
-    }
-
-    fn phase_submitted(&self) -> bool {
-        match self.phase {
-            Phase::Rmw => self.next_edge == self.n_edges,
-            Phase::Main => self.cursor >= self.span_end,
-        }
-    }
-
-    fn overlaps(&self, other: &Slot) -> bool {
-        self.span_start < other.span_end && other.span_start < self.span_end
-    }
-}
-
-/// Why a parked write was refused: its completion reports this error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// Not enough free segments to grow the file (`NoSpace`).
-    NoSpace,
-    /// The file was deleted before it grew (`UnknownFile`).
-    Deleted,
-    /// A metadata write or sync failed: the service takes no more changes (`Io`).
-    Stopped,
-}
-
-/// All data-path state, allocated at open.
-pub(crate) struct DataPath {
-    pub(crate) max_io: u32,
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    ready: VecDeque<u32>,
-    blocked: Vec<u32>,
-    done: VecDeque<u32>,
-    comps: Vec<DevCompletion>,
-    bounce: BouncePool,
-    next_seq: u64,
-    /// Write operations not finished (all files).
-    active_writes: u32,
-    /// Writes parked until their file's size grows (all files).
-    parked: u32,
-}
-
-impl DataPath {
-    pub(crate) fn new(
-        cfg: &OpenConfig,
-        g: &Geometry,
-        queue_depth: usize,
-        align: usize,
-    ) -> Result<DataPath, FsError> {
-        let bad = |m: String| Err(FsError::InvalidConfig(m));
-        if cfg.max_inflight == 0 || cfg.max_inflight > MAX_SLOTS {
-            return bad(format!(
-                "max_inflight {} not in 1..=65536",
-                cfg.max_inflight
-            ));
-        }
-        if cfg.max_io_bytes == 0 || cfg.max_io_bytes > MAX_IO_LIMIT {
-            return bad(format!(
-                "max_io_bytes {} not in 1..=256 MiB",
-                cfg.max_io_bytes
-            ));
-        }
-        let bs = g.block_size as usize;
-        let unit = bs.max(4096);
-        let need = align_up(cfg.max_io_bytes as u64 + 2 * bs as u64, unit as u64) as usize;
-        // The pool must hold at least one maximum-size I/O; smaller requests are raised.
-        let bounce_bytes = cfg.bounce_bytes.max(need);
-        let n = cfg.max_inflight as usize;
-        Ok(DataPath {
-            max_io: cfg.max_io_bytes,
-            slots: vec![Slot::EMPTY; n],
-            free: (0..cfg.max_inflight).rev().collect(),
-            ready: VecDeque::with_capacity(n),
-            blocked: Vec::with_capacity(n),
-            done: VecDeque::with_capacity(n),
-            comps: vec![DevCompletion::default(); queue_depth.clamp(1, 1024)],
-            bounce: BouncePool::new(bounce_bytes, unit, align),
-            next_seq: 0,
-            active_writes: 0,
-            parked: 0,
-        })
-    }
-
-    /// The bounce slab (base, length), to register with the device.
-    pub(crate) fn bounce_memory(&mut self) -> (*mut u8, usize) {
-        self.bounce.memory()
-    }
-
-    pub(crate) fn max_inflight(&self) -> u32 {
-        self.slots.len() as u32
-    }
-
-    fn alloc_slot(&mut self) -> Result<usize, FsError> {
-        let i = self.free.pop().ok_or(FsError::Busy)? as usize;
-        debug_assert_eq!(self.slots[i].state, State::Free);
-        Ok(i)
-    }
-
-    fn release_slot(&mut self, i: usize) {
-        let s = &mut self.slots[i];
-        debug_assert!(!s.bounced() && s.outstanding == 0);
-        let queued = s.queued;
-        *s = Slot::EMPTY;
-        // A stale ready-queue entry may remain; keep the flag so it is not queued twice.
-        s.queued = queued;
-        self.free.push(i as u32);
-    }
-
-    fn enqueue(&mut self, i: usize) {
-        if !self.slots[i].queued {
-            self.slots[i].queued = true;
-            debug_assert!(self.ready.len() < self.slots.len());
-            self.ready.push_back(i as u32);
-        }
-    }
-
-    fn free_bounce(&mut self, i: usize) {
-        let s = &mut self.slots[i];
-        if s.bounced() {
-            self.bounce.free(s.bounce_off, s.bounce_units);
-            s.bounce_off = usize::MAX;
-            s.bounce_units = 0;
-        }
-    }
-
-    /// True if an earlier unfinished (or parked) write of the same file overlaps slot `i`'s
-    /// blocks. Walks only the file's list of unfinished writes (from `first`, in submission
-    /// order) up to `i`.
-    fn write_conflicts(&self, i: usize, first: u32) -> bool {
-        let me = &self.slots[i];
-        let mut j = first;
-        while j != NO_SLOT && j as usize != i {
-            let o = &self.slots[j as usize];
-            debug_assert!(o.kind == Kind::Write && o.file == me.file && o.seq < me.seq);
-            if matches!(o.state, State::Parked | State::Blocked | State::Active) && o.overlaps(me) {
-                return true;
-            }
-            j = o.next_write;
-        }
-        false
-    }
-
-    /// True if an earlier write (any file) is unfinished (parked ones included).
-    fn flush_conflicts(&self, i: usize) -> bool {
-        let me = &self.slots[i];
-        self.active_writes > 0
-            && self.slots.iter().any(|o| {
-                o.kind == Kind::Write
-                    && matches!(o.state, State::Parked | State::Blocked | State::Active)
-                    && o.seq < me.seq
-            })
-    }
-}
+pub(crate) use slots::{DataPath, Refusal};
+use slots::{Kind, Phase, Slot, State};
 
 /// O_DIRECT rules hold for `op`.
 fn op_aligned(op: &DevOp, bs: u64, align: usize) -> bool {
@@ -532,74 +280,6 @@ impl FileService {
         } else {
             self.start_write(i);
         }
-    }
-
-    /// Marks write slot `i` parked (its bookkeeping as an unfinished write is done).
-    pub(crate) fn park(&mut self, i: usize) {
-        debug_assert_eq!(self.dp.slots[i].kind, Kind::Write);
-        self.dp.slots[i].state = State::Parked;
-        self.dp.parked += 1;
-    }
-
-    /// Issues the parked writes of file `fslot` that its durable size now covers, in
-    /// submission order (each after earlier overlapping writes, as at submit).
-    pub(crate) fn release_parked(&mut self, fslot: u32) {
-        let Some(size) = self.meta.files[fslot as usize].as_ref().map(|f| f.size) else {
-            self.refuse_parked(fslot, 0, Refusal::Deleted);
-            return;
-        };
-        let mut j = self.files_io[fslot as usize].first_write;
-        while j != NO_SLOT {
-            let s = self.dp.slots[j as usize];
-            if s.state == State::Parked && s.offset + u64::from(s.len) <= size {
-                self.unpark(j as usize, fslot);
-                self.start_or_block(j as usize, fslot);
-            }
-            j = s.next_write;
-        }
-        self.update_want(fslot);
-        self.pump();
-    }
-
-    /// Completes the parked writes of file `fslot` that end past `keep` with `why`.
-    pub(crate) fn refuse_parked(&mut self, fslot: u32, keep: u64, why: Refusal) {
-        let mut j = self.files_io[fslot as usize].first_write;
-        while j != NO_SLOT {
-            let s = self.dp.slots[j as usize];
-            if s.state == State::Parked && s.offset + u64::from(s.len) > keep {
-                self.unpark(j as usize, fslot);
-                self.dp.slots[j as usize].refused = Some(why);
-                self.finish(j as usize);
-            }
-            j = s.next_write;
-        }
-        self.update_want(fslot);
-        self.pump();
-    }
-
-    fn unpark(&mut self, i: usize, fslot: u32) {
-        let fio = &mut self.files_io[fslot as usize];
-        assert!(fio.parked > 0 && self.dp.parked > 0, "parked count");
-        fio.parked -= 1;
-        self.dp.parked -= 1;
-        // Leaves `Parked`: `start_or_block` or `finish` sets the next state.
-        self.dp.slots[i].state = State::Active;
-    }
-
-    /// Recomputes file `fslot`'s wanted size: the largest end of its parked writes.
-    fn update_want(&mut self, fslot: u32) {
-        let mut want = 0;
-        let mut j = self.files_io[fslot as usize].first_write;
-        if self.files_io[fslot as usize].parked > 0 {
-            while j != NO_SLOT {
-                let s = &self.dp.slots[j as usize];
-                if s.state == State::Parked {
-                    want = want.max(s.offset + u64::from(s.len));
-                }
-                j = s.next_write;
-            }
-        }
-        self.files_io[fslot as usize].want = want;
     }
 
     /// Submits a flush: completes after every write submitted before it has completed and the

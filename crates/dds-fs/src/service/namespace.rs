@@ -1,10 +1,102 @@
-//! Metadata operations of the file service: directories, files, renames, sizes. The
-//! changing ones are synchronous wrappers over the metadata queue (`metaq.rs`).
+//! Names: paths parsed and resolved to directory and file slots, and the metadata operations
+//! by path or id (directories, files, renames, sizes, descriptions, listings). The changing
+//! ones are synchronous wrappers over the metadata queue (`metaq.rs`).
 
 use super::metaq::{MetaDone, MetaOp};
-use super::*;
+use super::FileService;
+use crate::error::FsError;
+use crate::meta::{make_file_id, name_ok, NameError};
+use crate::types::{DirEntry, EntryKind, FileId, FileInfo};
 
 impl FileService {
+    // ----------------------------------------------------------------------------------
+    // Paths
+
+    pub(super) fn dir_slot(&self, name: Option<&str>) -> Result<u32, FsError> {
+        match name {
+            None => Ok(0),
+            Some(n) => self
+                .meta
+                .dir_by_name
+                .get(n)
+                .copied()
+                .ok_or(FsError::UnknownDir),
+        }
+    }
+
+    pub(super) fn check_name(&self, name: &str) -> Result<(), FsError> {
+        // Control characters (C0 and DEL) make names that terminals and logs mangle.
+        if name.bytes().any(|b| b < 0x20 || b == 0x7f) {
+            return Err(FsError::InvalidPath);
+        }
+        match name_ok(name, self.geom.max_name_len) {
+            Ok(()) => Ok(()),
+            Err(NameError::Invalid) => Err(FsError::InvalidPath),
+            Err(NameError::TooLong) => Err(FsError::NameTooLong),
+        }
+    }
+
+    /// Splits a file path into (directory slot, name).
+    pub(super) fn parse_file_path<'p>(&self, path: &'p str) -> Result<(u32, &'p str), FsError> {
+        let p = path.strip_prefix('/').unwrap_or(path);
+        let (dir, name) = match p.split_once('/') {
+            None => (None, p),
+            Some((d, f)) => (Some(d), f),
+        };
+        if let Some(d) = dir {
+            self.check_name(d)?;
+        }
+        self.check_name(name)?;
+        Ok((self.dir_slot(dir)?, name))
+    }
+
+    /// Parses a directory path: `None` for the root.
+    pub(super) fn parse_dir_path<'p>(&self, path: &'p str) -> Result<Option<&'p str>, FsError> {
+        if path == "/" {
+            return Ok(None);
+        }
+        let p = path.strip_prefix('/').unwrap_or(path);
+        let p = p.strip_suffix('/').unwrap_or(p);
+        self.check_name(p)?;
+        Ok(Some(p))
+    }
+
+    pub(super) fn file_by_path(&self, path: &str) -> Result<u32, FsError> {
+        let (dir, name) = self.parse_file_path(path)?;
+        let d = self.meta.dirs[dir as usize].as_ref().expect("live dir");
+        d.files
+            .get(name)
+            .map(|&s| u32::from(s))
+            .ok_or(FsError::NotFound)
+    }
+
+    pub(crate) fn file_slot(&self, id: FileId) -> Result<u32, FsError> {
+        self.meta.resolve_id(id.0).ok_or(FsError::UnknownFile)
+    }
+
+    pub(super) fn info(&self, slot: u32) -> FileInfo {
+        let f = self.meta.files[slot as usize].as_ref().expect("live file");
+        let dir = if f.dir == 0 {
+            "/".to_string()
+        } else {
+            let d = self.meta.dirs[f.dir as usize].as_ref().expect("live dir");
+            format!("/{}", d.name)
+        };
+        let path = if f.dir == 0 {
+            format!("/{}", f.name)
+        } else {
+            format!("{dir}/{}", f.name)
+        };
+        FileInfo {
+            id: FileId(make_file_id(slot, f.gen)),
+            path,
+            dir,
+            name: f.name.clone(),
+            size: f.size,
+            allocated_bytes: f.segs.len() as u64 * self.geom.segment_size,
+        }
+    }
+
     // ----------------------------------------------------------------------------------
     // Directory operations
 

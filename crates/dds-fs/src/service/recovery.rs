@@ -1,7 +1,11 @@
 //! Recovery: the superblock, the newest checkpoint and the metadata log replayed on top of it
 //! (docs/on-disk-format.md §6), shared by `FileService::open` and `check` (`dds fsck`).
 
-use super::*;
+use crate::align::AlignedBuf;
+use crate::device::Device;
+use crate::error::FsError;
+use crate::layout::{Geometry, SB_LEN};
+use crate::meta::{parse_log_entry, record_seq, LogEntry, MetaState};
 
 /// Metadata recovered from a device: the superblock's geometry, the newest checkpoint and
 /// the log replayed on top of it.
@@ -165,4 +169,35 @@ pub fn check(dev: &mut dyn Device) -> CheckReport {
             damage: Some(e.to_string()),
         },
     }
+}
+
+enum SbProbe {
+    Found(Geometry),
+    Invalid(String),
+}
+
+fn read_superblock(dev: &mut dyn Device) -> Result<SbProbe, FsError> {
+    let dev_bs = dev.block_size() as usize;
+    let align = dev.mem_align().max(dev_bs);
+    let mut buf = AlignedBuf::new(dev_bs.max(SB_LEN), align);
+    dev.read_sync(0, buf.as_mut_slice())
+        .map_err(|e| FsError::io("read superblock", e))?;
+    let primary = match Geometry::decode_superblock(buf.as_slice()) {
+        Ok(g) => return Ok(SbProbe::Found(g)),
+        Err(e) => e,
+    };
+    // The backup sits one formatted block further; try every plausible block size.
+    let mut b = dev_bs.max(512);
+    while b <= 64 * 1024 && (2 * b) as u64 <= dev.capacity() {
+        dev.read_sync(b as u64, buf.as_mut_slice())
+            .map_err(|e| FsError::io("read backup superblock", e))?;
+        if let Ok(g) = Geometry::decode_superblock(buf.as_slice()) {
+            if g.block_size as usize == b {
+                tracing::warn!(error = %primary, "primary superblock invalid, using backup");
+                return Ok(SbProbe::Found(g));
+            }
+        }
+        b *= 2;
+    }
+    Ok(SbProbe::Invalid(primary))
 }
