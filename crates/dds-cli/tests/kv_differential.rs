@@ -412,12 +412,44 @@ impl Gen {
     }
 
     /// The string family: GETRANGE, SUBSTR, SETRANGE, GETEX, GETBIT, SETBIT, BITCOUNT,
-    /// BITPOS, BITOP, LCS (on keys of its own with short values: Redis and `dds kv` bound
+    /// BITPOS, BITOP, INCRBYFLOAT, LCS (on keys of its own with short values: Redis and `dds kv` bound
     /// LCS's table by their different largest values).
     fn string_command(&mut self) -> Vec<Vec<u8>> {
         let w = |s: &str| s.as_bytes().to_vec();
         let unit = |g: &mut Gen| w(["BYTE", "BIT", "bit", "bogus"][g.rng.gen_range(0..4)]);
-        match self.rng.gen_range(0..11) {
+        match self.rng.gen_range(0..13) {
+            11 | 12 => {
+                const FLOATS: &[&str] = &[
+                    "0.1",
+                    "-1.1",
+                    "1.5",
+                    "1e5",
+                    "5.0e3",
+                    "-2.5E-3",
+                    "abc",
+                    "inf",
+                    "-inf",
+                    "nan",
+                    "1e4932",
+                    "1e-4950",
+                    "0x10",
+                    " 1",
+                    "1 ",
+                    "1.",
+                    ".5",
+                    "+1",
+                    "-0",
+                    "3.0000000000000000001",
+                    "17179869184",
+                    "1e",
+                    "",
+                ];
+                let by = match self.rng.gen_range(0..3) {
+                    0 => format!("{}", self.rng.gen_range(-1e6..1e6f64)).into_bytes(),
+                    _ => w(FLOATS[self.rng.gen_range(0..FLOATS.len())]),
+                };
+                vec![w("INCRBYFLOAT"), self.key(), by]
+            }
             0 => {
                 let name = ["GETRANGE", "SUBSTR"][self.rng.gen_range(0..2)];
                 vec![w(name), self.key(), self.int_arg(), self.int_arg()]
@@ -475,7 +507,11 @@ impl Gen {
                 let v: String = (0..self.rng.gen_range(0..40))
                     .map(|_| ['A', 'C', 'G', 'T'][self.rng.gen_range(0..4)])
                     .collect();
-                vec![w("SET"), w(["la", "lb", "lc"][self.rng.gen_range(0..3)]), w(&v)]
+                vec![
+                    w("SET"),
+                    w(["la", "lb", "lc"][self.rng.gen_range(0..3)]),
+                    w(&v),
+                ]
             }
             _ => {
                 let k = |g: &mut Gen| w(["la", "lb", "lc", "nokey"][g.rng.gen_range(0..4)]);

@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod commands;
 pub mod config;
 pub mod engine;
+mod float;
 pub mod glob;
 pub mod offload;
 pub mod record;

@@ -7,6 +7,7 @@ use dds_resp::session::int_arg;
 use dds_resp::Reply;
 
 use crate::engine::Engine;
+use crate::float::LongDouble;
 use crate::store::{Expiry, Modify, SetCond, StoreResult};
 
 const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
@@ -160,6 +161,40 @@ pub(crate) fn getex(
             }
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// `INCRBYFLOAT key increment`: the new value, as Redis computes and writes it
+/// ([`LongDouble`]); the key keeps its expiry.
+pub(crate) fn incrbyfloat(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    argv: &[&[u8]],
+) -> StoreResult<()> {
+    let mut answer: Result<String, &str> = Err("");
+    s.modify(argv[1], &mut |cur, out| {
+        let v = cur.map_or(Some(LongDouble::zero()), LongDouble::parse);
+        let (Some(v), Some(by)) = (v, LongDouble::parse(argv[2])) else {
+            answer = Err("ERR value is not a valid float");
+            return Modify::Keep;
+        };
+        match v.add(by) {
+            None => {
+                answer = Err("ERR increment would produce NaN or Infinity");
+                Modify::Keep
+            }
+            Some(n) => {
+                let text = n.human();
+                out.extend_from_slice(text.as_bytes());
+                answer = Ok(text);
+                Modify::Write
+            }
+        }
+    })?;
+    match answer {
+        Ok(t) => r.bulk(t.as_bytes()),
+        Err(e) => r.error(e),
     }
     Ok(())
 }
