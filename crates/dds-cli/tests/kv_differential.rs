@@ -412,12 +412,38 @@ impl Gen {
     }
 
     /// The string family: GETRANGE, SUBSTR, SETRANGE, GETEX, GETBIT, SETBIT, BITCOUNT,
-    /// BITPOS, BITOP, INCRBYFLOAT, LCS (on keys of its own with short values: Redis and `dds kv` bound
+    /// BITPOS, BITOP, INCRBYFLOAT, BITFIELD, BITFIELD_RO, LCS (on keys of its own with short values: Redis and `dds kv` bound
     /// LCS's table by their different largest values).
     fn string_command(&mut self) -> Vec<Vec<u8>> {
         let w = |s: &str| s.as_bytes().to_vec();
         let unit = |g: &mut Gen| w(["BYTE", "BIT", "bit", "bogus"][g.rng.gen_range(0..4)]);
-        match self.rng.gen_range(0..13) {
+        match self.rng.gen_range(0..15) {
+            13 | 14 => {
+                const TYPES: &[&str] = &[
+                    "u1", "u8", "i8", "u16", "i5", "i64", "u63", "u64", "i65", "x8", "u0", "I8",
+                ];
+                let name = ["BITFIELD", "BITFIELD", "BITFIELD_RO"][self.rng.gen_range(0..3)];
+                let mut c = vec![w(name), self.key()];
+                for _ in 0..self.rng.gen_range(0..5) {
+                    let ty = w(TYPES[self.rng.gen_range(0..TYPES.len())]);
+                    let off = if self.rng.gen_bool(0.2) {
+                        format!("#{}", self.rng.gen_range(0..20)).into_bytes()
+                    } else {
+                        self.bit_offset()
+                    };
+                    match self.rng.gen_range(0..8) {
+                        0 | 1 => c.extend([w("GET"), ty, off]),
+                        2 | 3 => c.extend([w("SET"), ty, off, self.int_arg()]),
+                        4 | 5 => c.extend([w("INCRBY"), ty, off, self.int_arg()]),
+                        6 => c.extend([
+                            w("OVERFLOW"),
+                            w(["WRAP", "sat", "FAIL", "bogus"][self.rng.gen_range(0..4)]),
+                        ]),
+                        _ => c.push(w("bogus")),
+                    }
+                }
+                c
+            }
             11 | 12 => {
                 const FLOATS: &[&str] = &[
                     "0.1",

@@ -103,6 +103,8 @@ const TABLE: &[(&str, i32)] = &[
     ("bitpos", -3),
     ("bitop", -4),
     ("lcs", -3),
+    ("bitfield", -2),
+    ("bitfield_ro", -2),
     ("dbsize", 1),
     ("flushdb", -1),
     ("flushall", -1),
@@ -161,6 +163,8 @@ pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
         "setbit",
         "bitcount",
         "bitpos",
+        "bitfield",
+        "bitfield_ro",
         "incr",
         "decr",
         "incrby",
@@ -451,6 +455,9 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "bitpos" => strings::bitpos(store, &mut r, argv)?,
             "bitop" => strings::bitop(store, &mut r, argv)?,
             "lcs" => strings::lcs(store, &mut r, argv, store_max_value)?,
+            "bitfield" | "bitfield_ro" => {
+                strings::bitfield(store, &mut r, argv, store_max_value, name == "bitfield_ro")?
+            }
             "dbsize" => r.int(store.len() as i64),
             "flushdb" | "flushall" => {
                 if argv.len() > 2

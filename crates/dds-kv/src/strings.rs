@@ -629,6 +629,315 @@ pub(crate) fn lcs(
     Ok(())
 }
 
+/// How BITFIELD's SET and INCRBY treat a value outside the field's range.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Overflow {
+    Wrap,
+    Sat,
+    Fail,
+}
+
+/// One BITFIELD operation: GET (`value` unused), SET or INCRBY.
+#[derive(Clone, Copy)]
+struct FieldOp {
+    op: &'static str,
+    signed: bool,
+    bits: u32,
+    offset: u64,
+    value: i64,
+    overflow: Overflow,
+}
+
+const BITFIELD_TYPE: &str = "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.";
+
+/// A field type (`i1`..`i64`, `u1`..`u63`): (signed, bits).
+fn field_type(a: &[u8]) -> Option<(bool, u32)> {
+    let signed = match a.first() {
+        Some(b'i') => true,
+        Some(b'u') => false,
+        _ => return None,
+    };
+    let bits = int_arg(&a[1..])?;
+    let max = if signed { 64 } else { 63 };
+    (1..=max).contains(&bits).then_some((signed, bits as u32))
+}
+
+/// A field offset: bits, or `#n` for `n` times the field's width.
+fn field_offset(a: &[u8], bits: u32, max_value: usize) -> Option<u64> {
+    let (times, a) = match a.strip_prefix(b"#") {
+        Some(rest) => (u64::from(bits), rest),
+        None => (1, a),
+    };
+    let n = int_arg(a)?;
+    let n = u64::try_from(n).ok()?.checked_mul(times)?;
+    ((n >> 3) < max_value as u64).then_some(n)
+}
+
+fn get_field(p: &[u8], mut offset: u64, bits: u32) -> u64 {
+    let mut v = 0u64;
+    for _ in 0..bits {
+        let byte = p.get((offset >> 3) as usize).copied().unwrap_or(0);
+        v = (v << 1) | u64::from((byte >> (7 - (offset & 7))) & 1);
+        offset += 1;
+    }
+    v
+}
+
+fn get_signed(p: &[u8], offset: u64, bits: u32) -> i64 {
+    let mut v = get_field(p, offset, bits);
+    if bits < 64 && v & (1 << (bits - 1)) != 0 {
+        v |= u64::MAX << bits;
+    }
+    v as i64
+}
+
+fn set_field(p: &mut [u8], mut offset: u64, bits: u32, value: u64) {
+    for j in 0..bits {
+        let bit = ((value >> (bits - 1 - j)) & 1) as u8;
+        let at = (offset >> 3) as usize;
+        let shift = 7 - (offset & 7);
+        p[at] = (p[at] & !(1 << shift)) | (bit << shift);
+        offset += 1;
+    }
+}
+
+/// Redis's `checkUnsignedBitfieldOverflow`: whether `value + incr` leaves the field, and the
+/// value to store instead (wrapped or saturated; none for FAIL).
+fn unsigned_overflow(value: u64, incr: i64, bits: u32, ow: Overflow) -> (bool, u64) {
+    let max = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    let maxincr = max.wrapping_sub(value) as i64;
+    let minincr = value.wrapping_neg() as i64;
+    let wrap = || value.wrapping_add(incr as u64) & !(u64::MAX << bits);
+    if value > max || (incr > 0 && incr > maxincr) {
+        return match ow {
+            Overflow::Wrap => (true, wrap()),
+            Overflow::Sat => (true, max),
+            Overflow::Fail => (true, 0),
+        };
+    }
+    if incr < 0 && incr < minincr {
+        return match ow {
+            Overflow::Wrap => (true, wrap()),
+            Overflow::Sat => (true, 0),
+            Overflow::Fail => (true, 0),
+        };
+    }
+    (false, 0)
+}
+
+/// Redis's `checkSignedBitfieldOverflow`.
+fn signed_overflow(value: i64, incr: i64, bits: u32, ow: Overflow) -> (bool, i64) {
+    let max = if bits == 64 {
+        i64::MAX
+    } else {
+        (1i64 << (bits - 1)) - 1
+    };
+    let min = -max - 1;
+    let maxincr = (max as u64).wrapping_sub(value as u64) as i64;
+    let minincr = min.wrapping_sub(value);
+    let wrap = || {
+        let mut c = (value as u64).wrapping_add(incr as u64);
+        if bits < 64 {
+            let mask = u64::MAX << bits;
+            if c & (1 << (bits - 1)) != 0 {
+                c |= mask;
+            } else {
+                c &= !mask;
+            }
+        }
+        c as i64
+    };
+    if value > max || (bits != 64 && incr > maxincr) || (value >= 0 && incr > 0 && incr > maxincr) {
+        return match ow {
+            Overflow::Wrap => (true, wrap()),
+            Overflow::Sat => (true, max),
+            Overflow::Fail => (true, 0),
+        };
+    }
+    if value < min || (bits != 64 && incr < minincr) || (value < 0 && incr < 0 && incr < minincr) {
+        return match ow {
+            Overflow::Wrap => (true, wrap()),
+            Overflow::Sat => (true, min),
+            Overflow::Fail => (true, 0),
+        };
+    }
+    (false, 0)
+}
+
+/// `BITFIELD key [GET type offset] [SET type offset value] [INCRBY type offset incr]
+/// [OVERFLOW WRAP|SAT|FAIL] ...` and `BITFIELD_RO key [GET type offset] ...`, as Redis's
+/// `bitfieldGeneric`: every operation parsed first, then run in order on the value (grown
+/// with zeros to the furthest field written); a FAIL overflow answers nil and writes nothing.
+pub(crate) fn bitfield(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    argv: &[&[u8]],
+    max_value: usize,
+    read_only: bool,
+) -> StoreResult<()> {
+    let mut ops: Vec<FieldOp> = Vec::new();
+    let mut overflow = Overflow::Wrap;
+    let mut highest: Option<u64> = None;
+    let mut j = 2;
+    while j < argv.len() {
+        let left = argv.len() - j - 1;
+        let op = crate::commands::option(argv[j], &["get", "set", "incrby", "overflow"]);
+        match (op, left) {
+            ("get", 2..) | ("set" | "incrby", 3..) => {}
+            ("overflow", 1..) => {
+                overflow = match crate::commands::option(argv[j + 1], &["wrap", "sat", "fail"]) {
+                    "wrap" => Overflow::Wrap,
+                    "sat" => Overflow::Sat,
+                    "fail" => Overflow::Fail,
+                    _ => {
+                        r.error("ERR Invalid OVERFLOW type specified");
+                        return Ok(());
+                    }
+                };
+                j += 2;
+                continue;
+            }
+            _ => {
+                r.error(SYNTAX);
+                return Ok(());
+            }
+        }
+        let Some((signed, bits)) = field_type(argv[j + 1]) else {
+            r.error(BITFIELD_TYPE);
+            return Ok(());
+        };
+        let Some(offset) = field_offset(argv[j + 2], bits, max_value) else {
+            r.error(BIT_OFFSET);
+            return Ok(());
+        };
+        let mut value = 0;
+        if op != "get" {
+            let end = offset + u64::from(bits) - 1;
+            highest = Some(highest.map_or(end, |h| h.max(end)));
+            let Some(v) = int_arg(argv[j + 3]) else {
+                r.error(NOT_INTEGER);
+                return Ok(());
+            };
+            value = v;
+        }
+        ops.push(FieldOp {
+            op,
+            signed,
+            bits,
+            offset,
+            value,
+            overflow,
+        });
+        j += if op == "get" { 3 } else { 4 };
+    }
+    let mut replies: Vec<Option<i64>> = Vec::with_capacity(ops.len());
+    let Some(highest) = highest else {
+        s.get_with(argv[1], &mut |v| {
+            let v = v.unwrap_or_default();
+            for o in &ops {
+                replies.push(Some(if o.signed {
+                    get_signed(v, o.offset, o.bits)
+                } else {
+                    get_field(v, o.offset, o.bits) as i64
+                }));
+            }
+        })?;
+        return reply_fields(r, &replies);
+    };
+    if read_only {
+        r.error("ERR BITFIELD_RO only supports the GET subcommand");
+        return Ok(());
+    }
+    s.modify(argv[1], &mut |cur, out| {
+        let cur = cur.unwrap_or_default();
+        let need = (highest >> 3) as usize + 1;
+        // Copy: the new value is built whole.
+        out.extend_from_slice(cur);
+        let mut changed = out.len() < need;
+        if changed {
+            out.resize(need, 0);
+        }
+        for o in &ops {
+            if o.op == "get" {
+                replies.push(Some(if o.signed {
+                    get_signed(out, o.offset, o.bits)
+                } else {
+                    get_field(out, o.offset, o.bits) as i64
+                }));
+                continue;
+            }
+            let incr = o.op == "incrby";
+            let (fail, old, new, ret) = if o.signed {
+                let old = get_signed(out, o.offset, o.bits);
+                let (over, limit) = if incr {
+                    signed_overflow(old, o.value, o.bits, o.overflow)
+                } else {
+                    signed_overflow(o.value, 0, o.bits, o.overflow)
+                };
+                let new = match (over, incr) {
+                    (true, _) => limit,
+                    (false, true) => old.wrapping_add(o.value),
+                    (false, false) => o.value,
+                };
+                let ret = if incr { new } else { old };
+                (
+                    over && o.overflow == Overflow::Fail,
+                    old as u64,
+                    new as u64,
+                    ret,
+                )
+            } else {
+                let old = get_field(out, o.offset, o.bits);
+                let (over, limit) = if incr {
+                    unsigned_overflow(old, o.value, o.bits, o.overflow)
+                } else {
+                    unsigned_overflow(o.value as u64, 0, o.bits, o.overflow)
+                };
+                let new = match (over, incr) {
+                    (true, _) => limit,
+                    (false, true) => old.wrapping_add(o.value as u64),
+                    (false, false) => o.value as u64,
+                };
+                let ret = if incr { new } else { old };
+                (over && o.overflow == Overflow::Fail, old, new, ret as i64)
+            };
+            if fail {
+                replies.push(None);
+                continue;
+            }
+            replies.push(Some(ret));
+            let mask = if o.bits == 64 {
+                u64::MAX
+            } else {
+                (1u64 << o.bits) - 1
+            };
+            set_field(out, o.offset, o.bits, new & mask);
+            changed |= old & mask != new & mask;
+        }
+        if changed || cur.is_empty() {
+            Modify::Write
+        } else {
+            Modify::Keep
+        }
+    })?;
+    reply_fields(r, &replies)
+}
+
+fn reply_fields(r: &mut Reply<'_>, replies: &[Option<i64>]) -> StoreResult<()> {
+    r.array(replies.len());
+    for v in replies {
+        match v {
+            Some(v) => r.int(*v),
+            None => r.null(),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -657,5 +966,23 @@ mod tests {
         assert_eq!(bitpos_in(&[0xff; 3], false, &[b"0", b"-1"]), Ok(-1));
         assert_eq!(bitpos_in(&[0xff; 3], false, &[]), Ok(24));
         assert_eq!(first_bit(&[0x10], true), 3);
+    }
+
+    #[test]
+    fn bitfield_overflows_as_redis() {
+        // Redis's BITFIELD documentation: u2 INCRBY 1 from 3, signed wrap and saturation.
+        assert_eq!(unsigned_overflow(3, 1, 2, Overflow::Wrap), (true, 0));
+        assert_eq!(unsigned_overflow(3, 1, 2, Overflow::Sat), (true, 3));
+        assert_eq!(signed_overflow(127, 1, 8, Overflow::Wrap), (true, -128));
+        assert_eq!(signed_overflow(-128, -1, 8, Overflow::Sat), (true, -128));
+        assert_eq!(signed_overflow(100, 1, 8, Overflow::Fail), (false, 0));
+        let mut v = [0u8; 2];
+        set_field(&mut v, 4, 8, 0xab);
+        assert_eq!(v, [0x0a, 0xb0]);
+        assert_eq!(get_field(&v, 4, 8), 0xab);
+        assert_eq!(get_signed(&v, 4, 8), 0xab_u8 as i8 as i64);
+        assert_eq!(field_type(b"u64"), None);
+        assert_eq!(field_type(b"i64"), Some((true, 64)));
+        assert_eq!(field_offset(b"#2", 8, 100), Some(16));
     }
 }
