@@ -251,7 +251,10 @@ impl Gen {
             4 => "9999999999999999999".into(),
             5 => "-9223372036854775808".into(),
             6 => "9223372036854775807".into(),
-            7 => (1 + self.rng.gen_range(0..1000u64)).to_string(),
+            // At least a second: a key that expires while the sequence runs is read by the
+            // servers a moment apart, on either side of its expiry (`expiry_passes` checks
+            // expiry itself).
+            7 => ((1 + self.rng.gen_range(0..1000u64)) * unit).to_string(),
             _ if absolute => ((now_s() + 100_000 + self.step) * unit).to_string(),
             _ => ((1000 + self.step) * unit).to_string(),
         };
@@ -261,7 +264,7 @@ impl Gen {
     fn command(&mut self) -> Vec<Vec<u8>> {
         self.step += 1;
         let w = |s: &str| s.as_bytes().to_vec();
-        let mut c: Vec<Vec<u8>> = match self.rng.gen_range(0..42) {
+        let mut c: Vec<Vec<u8>> = match self.rng.gen_range(0..43) {
             0..=4 => vec![w("GET"), self.key()],
             5..=7 => {
                 let mut c = vec![w("SET"), self.key(), self.value()];
@@ -352,6 +355,7 @@ impl Gen {
             28 => vec![w("NOSUCHCMD"), self.value(), self.key()],
             30 => self.config(),
             32..=40 => self.string_command(),
+            41 => self.keyspace_command(),
             31 => vec![
                 w("INFO"),
                 w(["keyspace", "KEYSPACE", "nosuchsection"][self.rng.gen_range(0..3)]),
@@ -556,6 +560,47 @@ impl Gen {
         }
     }
 
+    /// TYPE, TOUCH, RENAME, RENAMENX, COPY (DB 0 only: `dds kv` has one database).
+    fn keyspace_command(&mut self) -> Vec<Vec<u8>> {
+        let w = |s: &str| s.as_bytes().to_vec();
+        match self.rng.gen_range(0..5) {
+            0 => vec![w("TYPE"), self.key()],
+            1 => {
+                let mut c = vec![w("TOUCH")];
+                c.extend((0..self.rng.gen_range(1..4)).map(|_| self.key()));
+                c
+            }
+            2 | 3 => {
+                let name = ["RENAME", "RENAMENX"][self.rng.gen_range(0..2)];
+                let src = self.key();
+                let dst = if self.rng.gen_bool(0.1) {
+                    src.clone()
+                } else {
+                    self.key()
+                };
+                vec![w(name), src, dst]
+            }
+            _ => {
+                let src = self.key();
+                let dst = if self.rng.gen_bool(0.1) {
+                    src.clone()
+                } else {
+                    self.key()
+                };
+                let mut c = vec![w("COPY"), src, dst];
+                for _ in 0..self.rng.gen_range(0..3) {
+                    match self.rng.gen_range(0..4) {
+                        0 => c.push(w("REPLACE")),
+                        1 => c.extend([w("DB"), w("0")]),
+                        2 => c.extend([w("DB"), w("x")]),
+                        _ => c.push(w("bogus")),
+                    }
+                }
+                c
+            }
+        }
+    }
+
     /// CONFIG GET / SET of parameters that change nothing the comparison sees on either
     /// server, with valid, out-of-range and malformed values, and unknown names.
     fn config(&mut self) -> Vec<Vec<u8>> {
@@ -700,16 +745,30 @@ fn run_sequence(targets: &mut [Target], seed: u64, steps: usize) {
             .collect();
         for (i, c) in cmds.iter().enumerate() {
             let want = &replies[0][i];
-            for (t, r) in targets.iter().zip(&replies).skip(1) {
-                assert!(
-                    same(c, want, &r[i]),
-                    "seed {seed}, step {}: {:?}\n{}: {}\n{}: {}",
+            for (ti, r) in replies.iter().enumerate().skip(1) {
+                if same(c, want, &r[i]) {
+                    continue;
+                }
+                // The key's expiry on the reference now, to tell an expiry that fell between
+                // the two servers' reads from a real difference.
+                let expiry = c.get(1).map(|k| {
+                    let t = &mut targets[0];
+                    t.conn
+                        .write_all(&multibulk(&[b"PEXPIRETIME".to_vec(), k.clone()]))
+                        .unwrap();
+                    show(&t.reply())
+                });
+                panic!(
+                    "seed {seed}, step {}: {:?}\n{}: {}\n{}: {}\n(the first key's PEXPIRETIME on {} now: {:?}; now {} ms)",
                     done + i,
                     c.iter().map(|w| show(w)).collect::<Vec<_>>(),
                     targets[0].name,
                     show(want),
-                    t.name,
+                    targets[ti].name,
                     show(&r[i]),
+                    targets[0].name,
+                    expiry,
+                    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis(),
                 );
             }
         }

@@ -9,6 +9,7 @@ pub use dds_resp::session::Session;
 
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::keyspace;
 use crate::offload::MAX_WRITE_KEYS;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
 use crate::strings;
@@ -104,6 +105,11 @@ const TABLE: &[(&str, i32)] = &[
     ("bitop", -4),
     ("lcs", -3),
     ("bitfield", -2),
+    ("type", 2),
+    ("touch", -2),
+    ("rename", 3),
+    ("renamenx", 3),
+    ("copy", -3),
     ("bitfield_ro", -2),
     ("dbsize", 1),
     ("flushdb", -1),
@@ -141,9 +147,9 @@ pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
             .iter()
             .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
     };
-    if is(&["mget", "exists", "del", "unlink", "dds.mgetpart"]) {
+    if is(&["mget", "exists", "del", "unlink", "touch", "dds.mgetpart"]) {
         argv[1..].iter().for_each(|k| f(k));
-    } else if is(&["lcs"]) {
+    } else if is(&["lcs", "rename", "renamenx", "copy"]) {
         argv[1..].iter().take(2).for_each(|k| f(k));
     } else if is(&["bitop"]) {
         argv.iter().skip(3).for_each(|k| f(k));
@@ -165,6 +171,7 @@ pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
         "bitpos",
         "bitfield",
         "bitfield_ro",
+        "type",
         "incr",
         "decr",
         "incrby",
@@ -458,6 +465,10 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "bitfield" | "bitfield_ro" => {
                 strings::bitfield(store, &mut r, argv, store_max_value, name == "bitfield_ro")?
             }
+            "type" => keyspace::type_of(store, &mut r, argv[1])?,
+            "touch" => keyspace::touch(store, &mut r, &argv[1..])?,
+            "rename" | "renamenx" => keyspace::rename(store, &mut r, argv, name == "renamenx")?,
+            "copy" => keyspace::copy(store, &mut r, argv)?,
             "dbsize" => r.int(store.len() as i64),
             "flushdb" | "flushall" => {
                 if argv.len() > 2
@@ -712,7 +723,8 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                 r.int(i64::from(*arity));
                 r.array(0);
                 let (first, last) = match *name {
-                    "del" | "unlink" | "exists" | "mget" | "mset" | "msetnx" => (1, -1),
+                    "del" | "unlink" | "exists" | "touch" | "mget" | "mset" | "msetnx" => (1, -1),
+                    "rename" | "renamenx" | "copy" => (1, 2),
                     "bitop" => (2, -1),
                     "lcs" => (1, 2),
                     _ => (1, 1),

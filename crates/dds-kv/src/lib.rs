@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 mod float;
 pub mod glob;
+mod keyspace;
 pub mod offload;
 pub mod record;
 pub mod server;

@@ -200,10 +200,10 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "PEXPIREAT",
         "PERSIST",
     ];
-    const ALL: &[&str] = &["DEL", "UNLINK"];
+    const ALL: &[&str] = &["DEL", "UNLINK", "RENAME", "RENAMENX"];
     const PAIRS: &[&str] = &["MSET", "MSETNX"];
     // The key written is the second argument.
-    const SECOND: &[&str] = &["BITOP"];
+    const SECOND: &[&str] = &["BITOP", "COPY"];
     let is = |l: &[&str]| l.iter().any(|c| cmd.eq_ignore_ascii_case(c.as_bytes()));
     if is(ONE) {
         Some((1, 0))
@@ -753,5 +753,11 @@ mod tests {
         keys.clear();
         app.invalidate_on_forward(&cmd(&[b"setbit", b"k", b"7", b"1"]), d, &mut keys);
         assert_eq!(keys.as_slice(), &[h(b"k")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"RENAME", b"a", b"b"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"a"), h(b"b")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"COPY", b"a", b"b", b"REPLACE"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"b")]);
     }
 }
