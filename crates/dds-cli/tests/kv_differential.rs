@@ -923,6 +923,71 @@ fn exchange(at: &Endpoint, parts: &[&[u8]]) -> Vec<Vec<u8>> {
     seen
 }
 
+/// Before AUTH, a client of a server with a password gets Redis's tighter bounds: more than
+/// 10 arguments or a bulk string over 16 KiB closes the connection with the same error as from
+/// `redis-server`; after AUTH they are the usual ones.
+#[test]
+fn unauthenticated_clients_get_redis_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("redis-auth.sock");
+    let _redis = Guard(
+        Command::new("redis-server")
+            .args(["--port", "0", "--save", "", "--requirepass", "pw"])
+            .arg("--unixsocket")
+            .arg(&sock)
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_kv, kv_addr) = start_kv(
+        "127.0.0.1:0",
+        &[
+            "--engine",
+            "memory",
+            "--memory",
+            "16M",
+            "--requirepass",
+            "pw",
+        ],
+    );
+    let targets = [
+        ("redis-server", Endpoint::Unix(sock)),
+        ("dds kv", Endpoint::Tcp(kv_addr)),
+    ];
+    let mut big = b"*2\r\n$4\r\nECHO\r\n$16385\r\n".to_vec();
+    big.extend(vec![b'x'; 16385]);
+    big.extend_from_slice(b"\r\n");
+    let mut authed_big = b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n".to_vec();
+    authed_big.extend_from_slice(&big);
+    let cases: &[&[&[u8]]] = &[
+        &[b"*11\r\n"],
+        &[b"*10\r\n"],
+        &[b"*1\r\n$16385\r\n"],
+        &[b"*1\r\n$16384\r\n"],
+        &[&authed_big],
+    ];
+    for case in cases {
+        let seen: Vec<Vec<Vec<u8>>> = targets.iter().map(|(_, at)| exchange(at, case)).collect();
+        assert_eq!(
+            seen[1],
+            seen[0],
+            "{:?}: redis-server {:?}, dds kv {:?}",
+            case.iter()
+                .map(|p| show(&p[..p.len().min(40)]))
+                .collect::<Vec<_>>(),
+            seen[0].iter().map(|b| show(b)).collect::<Vec<_>>(),
+            seen[1].iter().map(|b| show(b)).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// Malformed requests get the same error reply as from `redis-server`, before the same
 /// close, from every `dds kv` and through the director; and a request Redis still waits for
 /// (its line not ended, or ended after a NUL) gets no reply yet.

@@ -54,6 +54,7 @@ impl RedisApp {
                 max_bulk: max_message,
                 max_args: i32::MAX as usize,
                 max_inline: 64 << 10,
+                unauthenticated: false,
             },
             max_message,
             max_response: max_message.saturating_add(REPLY_SLACK),

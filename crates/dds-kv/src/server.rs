@@ -253,7 +253,12 @@ impl Service for KvService {
         let mut argv = std::mem::take(&mut self.argv);
         let mut spare = std::mem::take(&mut self.spare);
         let verdict = loop {
-            match parse_command(&input[at..], &self.limits, &mut argv) {
+            // Before AUTH (a password is set), Redis's tighter bounds.
+            let limits = Limits {
+                unauthenticated: !s.session.authed,
+                ..self.limits
+            };
+            match parse_command(&input[at..], &limits, &mut argv) {
                 Ok(Some(used)) => {
                     let mut args = reuse(spare);
                     args.extend(argv.iter(&input[at..]));

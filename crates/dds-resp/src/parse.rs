@@ -15,6 +15,9 @@ pub struct Limits {
     pub max_args: usize,
     /// Longest inline command line, and longest `*`/`$` header line (Redis: 64 KiB).
     pub max_inline: usize,
+    /// The client has not authenticated yet (a password is set): as Redis, more than 10
+    /// arguments or a bulk string over 16 KiB is a protocol error.
+    pub unauthenticated: bool,
 }
 
 impl Default for Limits {
@@ -23,6 +26,7 @@ impl Default for Limits {
             max_bulk: 512 << 20,
             max_args: i32::MAX as usize,
             max_inline: 64 << 10,
+            unauthenticated: false,
         }
     }
 }
@@ -183,6 +187,9 @@ fn multibulk(
         Some(n) if n <= lim.max_args as i64 => n,
         _ => return Err(ProtocolError::new("invalid multibulk length")),
     };
+    if n > 10 && lim.unauthenticated {
+        return Err(ProtocolError::new("unauthenticated multibulk length"));
+    }
     let mut at = cr + 2;
     // `*0` and `*-1` are empty commands: skipped.
     for _ in 0..n.max(0) {
@@ -196,6 +203,9 @@ fn multibulk(
             Some(len) if len >= 0 && len as u64 <= lim.max_bulk as u64 => len as usize,
             _ => return Err(ProtocolError::new("invalid bulk length")),
         };
+        if len > 16384 && lim.unauthenticated {
+            return Err(ProtocolError::new("unauthenticated bulk length"));
+        }
         let data = cr + 2;
         // The two bytes after the data (a CRLF) are skipped unchecked, as Redis skips them.
         if buf.len() < data + len + 2 {
@@ -492,6 +502,25 @@ mod tests {
                 .unwrap_err()
                 .why,
             "invalid bulk length"
+        );
+        let unauth = Limits {
+            unauthenticated: true,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse_command(b"*11\r\n", &unauth, &mut a).unwrap_err().why,
+            "unauthenticated multibulk length"
+        );
+        assert_eq!(parse_command(b"*10\r\n", &unauth, &mut a), Ok(None));
+        assert_eq!(
+            parse_command(b"*1\r\n$16385\r\n", &unauth, &mut a)
+                .unwrap_err()
+                .why,
+            "unauthenticated bulk length"
+        );
+        assert_eq!(
+            parse_command(b"*1\r\n$16384\r\n", &unauth, &mut a),
+            Ok(None)
         );
         let long = vec![b'a'; (64 << 10) + 2];
         assert_eq!(words(&long).unwrap_err().why, "too big inline request");
