@@ -468,30 +468,28 @@ pub(crate) fn bitop(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> St
         r.error("ERR BITOP NOT must be called with a single source key.");
         return Ok(());
     }
-    // Copies: the sources are read one at a time, the result needs them all.
-    let mut srcs: Vec<Vec<u8>> = Vec::with_capacity(argv.len() - 3);
-    for k in &argv[3..] {
-        s.get_with(k, &mut |v| srcs.push(v.unwrap_or_default().to_vec()))?;
+    // The sources are folded into the result one at a time (a missing byte is 0), so the
+    // memory is one value however many sources are named. Copy: the result is built whole.
+    let mut res: Vec<u8> = Vec::new();
+    for (i, k) in argv[3..].iter().enumerate() {
+        s.get_with(k, &mut |v| {
+            let v = v.unwrap_or_default();
+            if v.len() > res.len() {
+                res.resize(v.len(), 0);
+            }
+            for (j, out) in res.iter_mut().enumerate() {
+                let b = v.get(j).copied().unwrap_or(0);
+                *out = match (i, op) {
+                    (0, "not") => !b,
+                    (0, _) => b,
+                    (_, "and") => *out & b,
+                    (_, "or") => *out | b,
+                    _ => *out ^ b,
+                };
+            }
+        })?;
     }
-    let max = srcs.iter().map(Vec::len).max().unwrap_or(0);
-    let byte = |v: &Vec<u8>, j: usize| v.get(j).copied().unwrap_or(0);
-    let res: Vec<u8> = (0..max)
-        .map(|j| {
-            let mut o = byte(&srcs[0], j);
-            if op == "not" {
-                o = !o;
-            }
-            for v in &srcs[1..] {
-                let b = byte(v, j);
-                match op {
-                    "and" => o &= b,
-                    "or" => o |= b,
-                    _ => o ^= b,
-                }
-            }
-            o
-        })
-        .collect();
+    let max = res.len();
     if max > 0 {
         s.set(argv[2], &res, SetCond::Always, Expiry::None, None)?;
     } else {
