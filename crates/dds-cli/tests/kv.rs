@@ -534,9 +534,20 @@ fn hostile_clients_get_clear_errors_and_bounded_memory() {
     let mut reply = Vec::new();
     let _ = t.read_to_end(&mut reply);
     assert_eq!(reply, b"-ERR Protocol error: too big inline request\r\n");
-    // A command of many small arguments past the query buffer limit (1M).
+    // Before AUTH, more than 10 arguments is an error at once, as Redis.
     let mut t = TcpStream::connect(addr).unwrap();
-    let mut big = b"*200000\r\n".to_vec();
+    t.write_all(b"*11\r\n").unwrap();
+    let mut reply = Vec::new();
+    let _ = t.read_to_end(&mut reply);
+    assert_eq!(
+        reply,
+        b"-ERR Protocol error: unauthenticated multibulk length\r\n"
+    );
+    // A command of many small arguments past the query buffer limit (1M), once
+    // authenticated.
+    let mut t = TcpStream::connect(addr).unwrap();
+    let mut big = cmd(&[b"AUTH", b"s3cret"]);
+    big.extend_from_slice(b"*200000\r\n");
     for _ in 0..150_000 {
         big.extend_from_slice(b"$1\r\na\r\n");
     }
@@ -545,7 +556,7 @@ fn hostile_clients_get_clear_errors_and_bounded_memory() {
     let _ = t.read_to_end(&mut reply);
     assert_eq!(
         reply,
-        b"-ERR Protocol error: query buffer limit exceeded\r\n"
+        b"+OK\r\n-ERR Protocol error: query buffer limit exceeded\r\n"
     );
     // 10,000 idle connections cost little memory.
     let rss = || -> u64 {

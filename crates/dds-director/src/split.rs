@@ -371,7 +371,7 @@ impl Worker {
 fn refuse(app: &dyn OffloadApp, c: &mut Conn, why: Malformed, stats: &Stats) {
     tracing::warn!(peer = %c.peer, reason = why.0, "client message refused: closing after the earlier replies");
     add(&stats.malformed, 1);
-    let n = app.error_reply(why, &mut c.err);
+    let n = app.error_reply(why, c.cin.data(), &mut c.err);
     c.err_len = if n <= c.err.len() { n } else { 0 };
     c.refused = Some(why.0);
     c.order.push_back(Entry::Error);

@@ -7,9 +7,12 @@ use dds_resp::Reply;
 
 pub use dds_resp::session::Session;
 
+use crate::config::Config;
 use crate::engine::Engine;
+use crate::keyspace;
 use crate::offload::MAX_WRITE_KEYS;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
+use crate::strings;
 
 /// Server-wide state the commands read.
 pub struct ServerInfo {
@@ -29,6 +32,12 @@ pub struct ServerInfo {
     pub durability: &'static str,
     /// Storage description.
     pub storage: String,
+    /// `--max-clients`.
+    pub max_clients: usize,
+    /// The parameters of CONFIG GET / SET.
+    pub config: Config,
+    /// This run's id (INFO's `run_id`: 40 hex digits).
+    pub run_id: String,
 }
 
 /// What the connection does after a command.
@@ -47,7 +56,7 @@ pub struct Ctx<'a> {
     /// This connection.
     pub session: &'a mut Session,
     /// The server.
-    pub info: &'a ServerInfo,
+    pub info: &'a mut ServerInfo,
     /// `requirepass`.
     pub password: Option<&'a str>,
 }
@@ -84,6 +93,24 @@ const TABLE: &[(&str, i32)] = &[
     ("strlen", 2),
     ("getset", 3),
     ("getdel", 2),
+    ("getex", -2),
+    ("incrbyfloat", 3),
+    ("getrange", 4),
+    ("substr", 4),
+    ("setrange", 4),
+    ("getbit", 3),
+    ("setbit", 4),
+    ("bitcount", -2),
+    ("bitpos", -3),
+    ("bitop", -4),
+    ("lcs", -3),
+    ("bitfield", -2),
+    ("type", 2),
+    ("touch", -2),
+    ("rename", 3),
+    ("renamenx", 3),
+    ("copy", -3),
+    ("bitfield_ro", -2),
     ("dbsize", 1),
     ("flushdb", -1),
     ("flushall", -1),
@@ -100,7 +127,7 @@ const TABLE: &[(&str, i32)] = &[
 ];
 
 /// The name in `names` that `arg` spells in any case ("" when none does), without a copy.
-fn option(arg: &[u8], names: &[&'static str]) -> &'static str {
+pub(crate) fn option(arg: &[u8], names: &[&'static str]) -> &'static str {
     names
         .iter()
         .find(|n| arg.eq_ignore_ascii_case(n.as_bytes()))
@@ -120,8 +147,12 @@ pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
             .iter()
             .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
     };
-    if is(&["mget", "exists", "del", "unlink", "dds.mgetpart"]) {
+    if is(&["mget", "exists", "del", "unlink", "touch", "dds.mgetpart"]) {
         argv[1..].iter().for_each(|k| f(k));
+    } else if is(&["lcs", "rename", "renamenx", "copy"]) {
+        argv[1..].iter().take(2).for_each(|k| f(k));
+    } else if is(&["bitop"]) {
+        argv.iter().skip(3).for_each(|k| f(k));
     } else if is(&["msetnx"]) {
         argv[1..].iter().step_by(2).for_each(|k| f(k));
     } else if is(&[
@@ -129,6 +160,18 @@ pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
         "strlen",
         "getset",
         "getdel",
+        "getex",
+        "incrbyfloat",
+        "getrange",
+        "substr",
+        "setrange",
+        "getbit",
+        "setbit",
+        "bitcount",
+        "bitpos",
+        "bitfield",
+        "bitfield_ro",
+        "type",
         "incr",
         "decr",
         "incrby",
@@ -228,6 +271,8 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
         return After::Continue;
     }
     let store = &mut *ctx.store;
+    // Redis's `proto-max-bulk-len`: the largest value.
+    let store_max_value = store.limits().1;
     let res: Result<(), StoreError> = (|| {
         match name {
             "ping" => match argv.len() {
@@ -407,6 +452,23 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 };
                 store.take_with(argv[1], &mut old)?;
             }
+            "getrange" | "substr" => strings::getrange(store, &mut r, argv)?,
+            "setrange" => strings::setrange(store, &mut r, argv, store_max_value)?,
+            "getex" => strings::getex(store, &mut r, argv, now_ms())?,
+            "incrbyfloat" => strings::incrbyfloat(store, &mut r, argv)?,
+            "getbit" => strings::getbit(store, &mut r, argv, store_max_value)?,
+            "setbit" => strings::setbit(store, &mut r, argv, store_max_value)?,
+            "bitcount" => strings::bitcount(store, &mut r, argv)?,
+            "bitpos" => strings::bitpos(store, &mut r, argv)?,
+            "bitop" => strings::bitop(store, &mut r, argv)?,
+            "lcs" => strings::lcs(store, &mut r, argv, store_max_value)?,
+            "bitfield" | "bitfield_ro" => {
+                strings::bitfield(store, &mut r, argv, store_max_value, name == "bitfield_ro")?
+            }
+            "type" => keyspace::type_of(store, &mut r, argv[1])?,
+            "touch" => keyspace::touch(store, &mut r, &argv[1..])?,
+            "rename" | "renamenx" => keyspace::rename(store, &mut r, argv, name == "renamenx")?,
+            "copy" => keyspace::copy(store, &mut r, argv)?,
             "dbsize" => r.int(store.len() as i64),
             "flushdb" | "flushall" => {
                 if argv.len() > 2
@@ -421,7 +483,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 r.ok();
             }
             "info" => {
-                let text = info(store, ctx.info);
+                let text = info(store, ctx.info, &argv[1..]);
                 r.bulk(text.as_bytes());
             }
             "select" => match int_arg(argv[1]) {
@@ -430,7 +492,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
                 None => r.error("ERR value is not an integer or out of range"),
             },
             "client" => client(ctx.session, &mut r, argv),
-            "config" => config(store, &mut r, argv),
+            "config" => config(ctx.info, &mut r, argv),
             "command" => command(&mut r, argv),
             "auth" => auth(ctx.session, ctx.password, &mut r, argv),
             "hello" => hello(ctx.session, ctx.password, &mut r, argv),
@@ -451,7 +513,12 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
 /// The expiry time of SET, SETEX and PSETEX as Redis computes and checks it
 /// (`getExpireMillisecondsOrReply`): `t` in `unit` ms, relative to now or absolute. The error
 /// is the whole reply text.
-fn set_expire_ms(arg: &[u8], unit: i64, relative: bool, cmd: &str) -> Result<u64, String> {
+pub(crate) fn set_expire_ms(
+    arg: &[u8],
+    unit: i64,
+    relative: bool,
+    cmd: &str,
+) -> Result<u64, String> {
     let invalid = || format!("ERR invalid expire time in '{cmd}' command");
     let t =
         int_arg(arg).ok_or_else(|| "ERR value is not an integer or out of range".to_string())?;
@@ -607,57 +674,21 @@ fn expire(
     Ok(())
 }
 
-/// Glob match with `*` and `?` (CONFIG GET patterns).
-fn glob(p: &[u8], s: &[u8]) -> bool {
-    match (p.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
-        (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
-        (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => glob(&p[1..], &s[1..]),
-        _ => false,
-    }
-}
-
-fn config(store: &dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) {
-    let sub = lower(argv[1]);
-    match sub.as_str() {
-        "get" if argv.len() >= 3 => {
-            let d = store.durability();
-            let mut params: Vec<(&str, String)> = vec![
-                ("save", String::new()),
-                (
-                    "appendonly",
-                    if d == Durability::None { "no" } else { "yes" }.into(),
-                ),
-                (
-                    "appendfsync",
-                    if d == Durability::Fsync {
-                        "always"
-                    } else {
-                        "everysec"
-                    }
-                    .into(),
-                ),
-                ("databases", "1".into()),
-            ];
-            params.extend(store.config_params());
-            let mut hits = Vec::new();
-            for pat in &argv[2..] {
-                for (k, v) in &params {
-                    if glob(pat, k.as_bytes()) && !hits.iter().any(|(h, _)| h == k) {
-                        hits.push((*k, v.clone()));
-                    }
-                }
-            }
-            r.map(hits.len());
-            for (k, v) in hits {
-                r.bulk(k.as_bytes());
-                r.bulk(v.as_bytes());
-            }
+fn config(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let sub = option(argv[1], &["get", "set", "resetstat", "rewrite"]);
+    match (sub, argv.len()) {
+        ("get", 3..) => info.config.config_get(r, &argv[2..]),
+        ("set", 4..) => info.config.config_set(r, &argv[2..]),
+        ("resetstat", 2) => {
+            info.commands = 0;
+            info.connections = 0;
+            info.rejected = 0;
+            r.ok();
         }
-        "get" => r.error("ERR wrong number of arguments for 'config|get' command"),
-        "resetstat" => r.ok(),
-        "set" => r.error("ERR CONFIG SET is not supported by dds kv; restart with the option"),
+        ("rewrite", 2) => r.error("ERR The server is running without a config file"),
+        ("get" | "set" | "resetstat" | "rewrite", _) => r.error(&format!(
+            "ERR wrong number of arguments for 'config|{sub}' command"
+        )),
         _ => r.error(&format!(
             "ERR unknown subcommand '{}'. Try CONFIG HELP.",
             String::from_utf8_lossy(argv[1])
@@ -691,16 +722,19 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                 r.bulk(name.as_bytes());
                 r.int(i64::from(*arity));
                 r.array(0);
-                let last = match *name {
-                    "del" | "unlink" | "exists" | "mget" | "mset" | "msetnx" => -1,
-                    _ => 1,
+                let (first, last) = match *name {
+                    "del" | "unlink" | "exists" | "touch" | "mget" | "mset" | "msetnx" => (1, -1),
+                    "rename" | "renamenx" | "copy" => (1, 2),
+                    "bitop" => (2, -1),
+                    "lcs" => (1, 2),
+                    _ => (1, 1),
                 };
                 let step = if matches!(*name, "mset" | "msetnx") {
                     2
                 } else {
                     1
                 };
-                r.int(if keyed { 1 } else { 0 });
+                r.int(if keyed { first } else { 0 });
                 r.int(if keyed { last } else { 0 });
                 r.int(if keyed { step } else { 0 });
             }
@@ -714,28 +748,212 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
     }
 }
 
-fn info(store: &dyn Engine, i: &ServerInfo) -> String {
-    let mut engine = String::new();
-    for (k, v) in store.info() {
-        engine.push_str(&format!("{k}:{v}\r\n"));
+/// INFO's sections in Redis's order (`engine`: the hybrid log's or memory engine's own).
+const SECTIONS: &[&str] = &[
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "replication",
+    "cpu",
+    "modules",
+    "cluster",
+    "keyspace",
+    "engine",
+];
+
+/// `INFO [section ...]`: Redis's sections and field names (`docs/kv-service.md` §5 lists
+/// which fields `dds kv` has). No section, `default`, `all` or `everything`: every section.
+/// Sections are separated by an empty line; an unknown section adds nothing.
+fn info(store: &dyn Engine, i: &ServerInfo, args: &[&[u8]]) -> String {
+    let wanted = |name: &str| {
+        args.is_empty()
+            || args.iter().any(|a| {
+                a.eq_ignore_ascii_case(name.as_bytes())
+                    || ["default", "all", "everything"]
+                        .iter()
+                        .any(|w| a.eq_ignore_ascii_case(w.as_bytes()))
+            })
+    };
+    let mut out = String::new();
+    for name in SECTIONS.iter().copied().filter(|n| wanted(n)) {
+        if !out.is_empty() {
+            out.push_str("\r\n");
+        }
+        let mut title = name.to_string();
+        title[..1].make_ascii_uppercase();
+        if name == "cpu" {
+            title = "CPU".into();
+        }
+        out.push_str(&format!("# {title}\r\n"));
+        for (k, v) in info_section(store, i, name) {
+            out.push_str(&format!("{k}:{v}\r\n"));
+        }
     }
-    format!(
-        "# Server\r\nredis_version:7.0.0\r\ndds_kv:1\r\nredis_mode:standalone\r\nos:Linux\r\n\
-         tcp_port:{port}\r\nuptime_in_seconds:{up}\r\n\r\n\
-         # Clients\r\nconnected_clients:{clients}\r\n\r\n\
-         # Persistence\r\ndurability:{dur}\r\nstorage:{storage}\r\n\r\n\
-         # Stats\r\ntotal_connections_received:{conns}\r\ntotal_commands_processed:{cmds}\r\n\
-         rejected_connections:{rej}\r\n\r\n\
-         # Engine\r\n{engine}\r\n\
-         # Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n",
-        port = i.port,
-        up = i.started.elapsed().as_secs(),
-        clients = i.clients,
-        dur = i.durability,
-        storage = i.storage,
-        conns = i.connections,
-        cmds = i.commands,
-        rej = i.rejected,
-        keys = store.len(),
-    )
+    out
+}
+
+fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static str, String)> {
+    let up = i.started.elapsed().as_secs();
+    let hz = i.config.get("hz").unwrap_or("10").to_string();
+    match name {
+        "server" => vec![
+            ("redis_version", "7.0.0".into()),
+            ("dds_kv", "1".into()),
+            ("redis_mode", "standalone".into()),
+            ("os", os_name()),
+            ("arch_bits", (usize::BITS).to_string()),
+            ("multiplexing_api", "epoll".into()),
+            ("process_id", std::process::id().to_string()),
+            ("run_id", i.run_id.clone()),
+            ("tcp_port", i.port.to_string()),
+            (
+                "server_time_usec",
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros())
+                    .to_string(),
+            ),
+            ("uptime_in_seconds", up.to_string()),
+            ("uptime_in_days", (up / 86400).to_string()),
+            ("hz", hz.clone()),
+            ("configured_hz", hz),
+            (
+                "executable",
+                std::env::current_exe()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ),
+            ("config_file", String::new()),
+        ],
+        "clients" => vec![
+            ("connected_clients", i.clients.to_string()),
+            ("maxclients", i.max_clients.to_string()),
+            ("blocked_clients", "0".into()),
+        ],
+        "memory" => {
+            let rss = rss_bytes();
+            let max = i.config.get("maxmemory").unwrap_or("0");
+            let maxn: u64 = max.parse().unwrap_or(0);
+            vec![
+                ("used_memory", rss.to_string()),
+                ("used_memory_human", human_bytes(rss)),
+                ("used_memory_rss", rss.to_string()),
+                ("used_memory_rss_human", human_bytes(rss)),
+                ("maxmemory", max.to_string()),
+                ("maxmemory_human", human_bytes(maxn)),
+                (
+                    "maxmemory_policy",
+                    i.config.get("maxmemory-policy").unwrap_or("").into(),
+                ),
+                ("mem_allocator", "libc".into()),
+            ]
+        }
+        "persistence" => {
+            let aof = store.durability() != Durability::None;
+            vec![
+                ("loading", "0".into()),
+                ("async_loading", "0".into()),
+                ("rdb_bgsave_in_progress", "0".into()),
+                ("aof_enabled", u8::from(aof).to_string()),
+                ("aof_rewrite_in_progress", "0".into()),
+                ("durability", i.durability.into()),
+                ("storage", i.storage.clone()),
+            ]
+        }
+        "stats" => vec![
+            ("total_connections_received", i.connections.to_string()),
+            ("total_commands_processed", i.commands.to_string()),
+            ("rejected_connections", i.rejected.to_string()),
+        ],
+        "replication" => vec![("role", "master".into()), ("connected_slaves", "0".into())],
+        "cpu" => {
+            let (sys, user) = cpu_times(libc::RUSAGE_SELF);
+            let (csys, cuser) = cpu_times(libc::RUSAGE_CHILDREN);
+            vec![
+                ("used_cpu_sys", sys),
+                ("used_cpu_user", user),
+                ("used_cpu_sys_children", csys),
+                ("used_cpu_user_children", cuser),
+            ]
+        }
+        "cluster" => vec![("cluster_enabled", "0".into())],
+        "keyspace" if !store.is_empty() => vec![(
+            "db0",
+            format!(
+                "keys={},expires={},avg_ttl=0",
+                store.len(),
+                store.expiring()
+            ),
+        )],
+        "engine" => store.info(),
+        _ => Vec::new(),
+    }
+}
+
+/// `Linux <release> <machine>`, as Redis prints `os`.
+fn os_name() -> String {
+    // SAFETY: `uname` fills the zeroed struct it is given; its fields are NUL-terminated.
+    unsafe {
+        let mut u: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut u) != 0 {
+            return "Linux".into();
+        }
+        let field = |f: &[libc::c_char]| {
+            std::ffi::CStr::from_ptr(f.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        };
+        format!(
+            "{} {} {}",
+            field(&u.sysname),
+            field(&u.release),
+            field(&u.machine)
+        )
+    }
+}
+
+/// System and user CPU seconds (`%ld.%06ld`, as Redis prints them) of `who`.
+fn cpu_times(who: libc::c_int) -> (String, String) {
+    // SAFETY: `getrusage` fills the zeroed struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut ru);
+        ru
+    };
+    let t = |tv: libc::timeval| format!("{}.{:06}", tv.tv_sec, tv.tv_usec);
+    (t(ru.ru_stime), t(ru.ru_utime))
+}
+
+/// The process's resident bytes (`/proc/self/statm`), 0 when unknown.
+fn rss_bytes() -> u64 {
+    let pages: u64 = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(0) as u64
+}
+
+/// Bytes as Redis's `bytesToHuman` writes them (`1.50K`, `2.00M`, ...).
+fn human_bytes(n: u64) -> String {
+    let d = n as f64;
+    const UNITS: [(f64, &str); 5] = [
+        (1024.0, "K"),
+        (1024.0 * 1024.0, "M"),
+        (1024.0 * 1024.0 * 1024.0, "G"),
+        (1024.0 * 1024.0 * 1024.0 * 1024.0, "T"),
+        (1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0, "P"),
+    ];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    for w in UNITS.windows(2) {
+        if d < w[1].0 {
+            return format!("{:.2}{}", d / w[0].0, w[0].1);
+        }
+    }
+    format!("{:.2}P", d / UNITS[4].0)
 }

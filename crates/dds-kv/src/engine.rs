@@ -7,7 +7,8 @@ use anyhow::Result;
 use dds_kvmem::KvError;
 
 use crate::store::{
-    Durability, Expiry, Fetched, OldValue, SetCond, Store, StoreError, StoreResult,
+    Durability, Expiry, Fetched, Modifier, Modify, OldValue, SetCond, Store, StoreError,
+    StoreResult,
 };
 
 /// What the Redis commands need from an engine.
@@ -35,6 +36,9 @@ pub trait Engine: Send {
     fn take_with(&mut self, key: &[u8], f: OldValue<'_>) -> StoreResult<bool>;
     /// INCRBY.
     fn incr_by(&mut self, key: &[u8], by: i64) -> StoreResult<i64>;
+    /// Read-modify-write of a value ([`Store::modify`]): `f` gets the value and an empty
+    /// buffer for the new one; [`Modify::Write`] stores it, keeping the key's expiry.
+    fn modify(&mut self, key: &[u8], f: Modifier<'_>) -> StoreResult<()>;
     /// APPEND: the new length.
     fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize>;
     /// STRLEN.
@@ -43,6 +47,8 @@ pub trait Engine: Send {
     fn flush_all(&mut self) -> StoreResult<()>;
     /// Keys.
     fn len(&self) -> u64;
+    /// Keys with an expiry.
+    fn expiring(&self) -> u64;
     /// No keys.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -111,6 +117,9 @@ impl Engine for Store {
     fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize> {
         Store::append_value(self, key, data)
     }
+    fn modify(&mut self, key: &[u8], f: Modifier<'_>) -> StoreResult<()> {
+        Store::modify(self, key, f)
+    }
     fn strlen(&mut self, key: &[u8]) -> StoreResult<usize> {
         Store::strlen(self, key)
     }
@@ -119,6 +128,9 @@ impl Engine for Store {
     }
     fn len(&self) -> u64 {
         Store::len(self)
+    }
+    fn expiring(&self) -> u64 {
+        Store::expiring(self)
     }
     fn durability(&self) -> Durability {
         self.config().durability
@@ -188,6 +200,10 @@ pub struct MemEngine {
     partitions: usize,
     max_value: usize,
     buf: Vec<u8>,
+    /// The new value of a read-modify-write.
+    wbuf: Vec<u8>,
+    /// Keys with an expiry.
+    expiring: u64,
 }
 
 fn now_ms() -> u64 {
@@ -218,6 +234,8 @@ impl MemEngine {
             partitions: partitions.max(1),
             max_value: (memory / partitions.max(1) / 8).max(64),
             buf: Vec::new(),
+            wbuf: Vec::new(),
+            expiring: 0,
         })
     }
 
@@ -228,6 +246,7 @@ impl MemEngine {
         let exp = u64::from_le_bytes(p.get(key, h)?[..8].try_into().expect("expiry prefix"));
         if exp != 0 && exp <= now_ms() {
             p.del(key, h);
+            self.expiring -= 1;
             return None;
         }
         let v = p.get(key, h).expect("present");
@@ -244,8 +263,19 @@ impl MemEngine {
         self.buf.clear();
         self.buf.extend_from_slice(&expire.to_le_bytes());
         self.buf.extend_from_slice(value);
+        let old = self.raw_expiry(key);
         let (p, h) = self.store.part(key);
-        p.set(key, h, &self.buf).map_err(mem_error)
+        p.set(key, h, &self.buf).map_err(mem_error)?;
+        self.expiring =
+            self.expiring + u64::from(expire != 0) - u64::from(old.is_some_and(|e| e != 0));
+        Ok(())
+    }
+
+    /// The stored expiry of `key` (expired or not), `None` when it is not stored.
+    fn raw_expiry(&mut self, key: &[u8]) -> Option<u64> {
+        let (p, h) = self.store.part(key);
+        p.get(key, h)
+            .map(|v| u64::from_le_bytes(v[..8].try_into().expect("expiry prefix")))
     }
 }
 
@@ -296,8 +326,13 @@ impl Engine for MemEngine {
     }
     fn del(&mut self, key: &[u8]) -> StoreResult<bool> {
         let live = self.live(key).is_some();
-        let (p, h) = self.store.part(key);
-        p.del(key, h);
+        if live {
+            if self.raw_expiry(key).is_some_and(|e| e != 0) {
+                self.expiring -= 1;
+            }
+            let (p, h) = self.store.part(key);
+            p.del(key, h);
+        }
         Ok(live)
     }
     fn take_with(&mut self, key: &[u8], f: OldValue<'_>) -> StoreResult<bool> {
@@ -333,12 +368,30 @@ impl Engine for MemEngine {
     fn strlen(&mut self, key: &[u8]) -> StoreResult<usize> {
         Ok(self.live(key).map_or(0, |x| x.1.len()))
     }
+    fn modify(&mut self, key: &[u8], f: Modifier<'_>) -> StoreResult<()> {
+        let mut buf = std::mem::take(&mut self.wbuf);
+        buf.clear();
+        let (what, exp) = match self.live(key) {
+            Some((exp, v)) => (f(Some(v), &mut buf), exp),
+            None => (f(None, &mut buf), 0),
+        };
+        let r = match what {
+            Modify::Keep => Ok(()),
+            Modify::Write => self.put(key, exp, &buf),
+        };
+        self.wbuf = buf;
+        r
+    }
     fn flush_all(&mut self) -> StoreResult<()> {
         self.store = dds_kvmem::Store::new(self.partitions, self.memory).map_err(mem_error)?;
+        self.expiring = 0;
         Ok(())
     }
     fn len(&self) -> u64 {
         self.store.len()
+    }
+    fn expiring(&self) -> u64 {
+        self.expiring
     }
     fn durability(&self) -> Durability {
         Durability::None

@@ -7,11 +7,16 @@
 
 pub mod checkpoint;
 pub mod commands;
+pub mod config;
 pub mod engine;
+mod float;
+pub mod glob;
+mod keyspace;
 pub mod offload;
 pub mod record;
 pub mod server;
 pub mod store;
+mod strings;
 
 pub use engine::{Engine, MemEngine};
-pub use store::{Durability, Expiry, SetCond, Store, StoreConfig, StoreError, StoreStats};
+pub use store::{Durability, Expiry, Modify, SetCond, Store, StoreConfig, StoreError, StoreStats};

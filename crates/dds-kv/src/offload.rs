@@ -52,8 +52,9 @@ impl RedisApp {
         RedisApp {
             limits: Limits {
                 max_bulk: max_message,
-                max_args: 1 << 20,
+                max_args: i32::MAX as usize,
                 max_inline: 64 << 10,
+                unauthenticated: false,
             },
             max_message,
             max_response: max_message.saturating_add(REPLY_SLACK),
@@ -192,17 +193,23 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "INCRBYFLOAT",
         "APPEND",
         "SETRANGE",
+        "SETBIT",
+        "BITFIELD",
         "EXPIRE",
         "PEXPIRE",
         "EXPIREAT",
         "PEXPIREAT",
         "PERSIST",
     ];
-    const ALL: &[&str] = &["DEL", "UNLINK"];
+    const ALL: &[&str] = &["DEL", "UNLINK", "RENAME", "RENAMENX"];
     const PAIRS: &[&str] = &["MSET", "MSETNX"];
+    // The key written is the second argument.
+    const SECOND: &[&str] = &["BITOP", "COPY"];
     let is = |l: &[&str]| l.iter().any(|c| cmd.eq_ignore_ascii_case(c.as_bytes()));
     if is(ONE) {
         Some((1, 0))
+    } else if is(SECOND) {
+        Some((2, 0))
     } else if is(ALL) {
         Some((1, 1))
     } else if is(PAIRS) {
@@ -240,16 +247,22 @@ impl OffloadApp for RedisApp {
     }
 
     fn message_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        frame_command(buf, &self.limits).map_err(|e| Malformed(e.0))
+        frame_command(buf, &self.limits).map_err(|e| Malformed(e.why))
     }
 
     fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.0))
+        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.why))
     }
 
     /// `-ERR Protocol error: <why>`, as Redis (and `dds kv`) answers before it closes the
-    /// connection; a command over the limit is `query buffer limit exceeded`.
-    fn error_reply(&self, why: Malformed, out: &mut [u8]) -> usize {
+    /// connection, with the byte it names when it names one (framing the input again finds
+    /// it); a command over the limit is `query buffer limit exceeded`.
+    fn error_reply(&self, why: Malformed, input: &[u8], out: &mut [u8]) -> usize {
+        if why != TOO_BIG {
+            if let Err(e) = frame_command(input, &self.limits) {
+                return e.write_reply(out);
+            }
+        }
         let text = if why == TOO_BIG {
             "query buffer limit exceeded"
         } else {
@@ -698,19 +711,22 @@ mod tests {
         r.extend_from_slice(b"\r\n");
         assert_eq!(app.response_len(&r).unwrap(), Some(r.len()));
         let small = RedisApp::new(1 << 20);
-        let why = small
-            .message_len(b"*2\r\n$3\r\nGET\r\n$2000000\r\n")
-            .unwrap_err();
+        let big = b"*2\r\n$3\r\nGET\r\n$2000000\r\n";
+        let why = small.message_len(big).unwrap_err();
         let mut out = [0u8; dds_offload_api::ERROR_REPLY_MAX];
-        let n = small.error_reply(why, &mut out);
+        let n = small.error_reply(why, big, &mut out);
         assert_eq!(&out[..n], b"-ERR Protocol error: invalid bulk length\r\n");
-        let n = small.error_reply(TOO_BIG, &mut out);
+        let bad = b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n";
+        let why = small.message_len(bad).unwrap_err();
+        let n = small.error_reply(why, bad, &mut out);
+        assert_eq!(&out[..n], b"-ERR Protocol error: expected '$', got 'f'\r\n");
+        let n = small.error_reply(TOO_BIG, &[], &mut out);
         assert_eq!(
             &out[..n],
             b"-ERR Protocol error: query buffer limit exceeded\r\n"
         );
         assert_eq!(
-            small.error_reply(TOO_BIG, &mut out[..10]),
+            small.error_reply(TOO_BIG, &[], &mut out[..10]),
             0,
             "too small: no reply"
         );
@@ -733,5 +749,16 @@ mod tests {
         keys.clear();
         app.invalidate_on_forward(&cmd(&[b"GET", b"k"]), d, &mut keys);
         assert!(keys.is_empty());
+        app.invalidate_on_forward(&cmd(&[b"BITOP", b"OR", b"dst", b"a", b"b"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"dst")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"setbit", b"k", b"7", b"1"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"k")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"RENAME", b"a", b"b"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"a"), h(b"b")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"COPY", b"a", b"b", b"REPLACE"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"b")]);
     }
 }

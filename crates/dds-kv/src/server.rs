@@ -229,7 +229,7 @@ impl KvService {
         let mut ctx = Ctx {
             store: self.store.as_mut(),
             session: &mut s.session,
-            info: &self.info,
+            info: &mut self.info,
             password: self.password.as_deref(),
         };
         let after = execute(&mut ctx, argv, out);
@@ -276,7 +276,12 @@ impl Service for KvService {
         let mut argv = std::mem::take(&mut self.argv);
         let mut spare = std::mem::take(&mut self.spare);
         let verdict = loop {
-            match parse_command(&input[at..], &self.limits, &mut argv) {
+            // Before AUTH (a password is set), Redis's tighter bounds.
+            let limits = Limits {
+                unauthenticated: !s.session.authed,
+                ..self.limits
+            };
+            match parse_command(&input[at..], &limits, &mut argv) {
                 Ok(Some(used)) => {
                     let mut args = reuse(spare);
                     args.extend(argv.iter(&input[at..]));
@@ -301,7 +306,7 @@ impl Service for KvService {
                 }
                 Ok(None) => break Verdict::Continue,
                 Err(e) => {
-                    Reply::new(out).error(&e.reply_text());
+                    Reply::new(out).error_bytes(&e.reply_parts());
                     at = input.len();
                     break Verdict::Close;
                 }
@@ -458,6 +463,29 @@ impl Server {
             Durability::Periodic => "periodic",
             Durability::Fsync => "fsync",
         };
+        // The parameters the start options fix (CONFIG SET takes only their values).
+        let mut fixed = store.config_params();
+        fixed.extend([
+            (
+                "appendonly",
+                if durability == "none" { "no" } else { "yes" }.to_string(),
+            ),
+            (
+                "appendfsync",
+                if durability == "fsync" {
+                    "always"
+                } else {
+                    "everysec"
+                }
+                .to_string(),
+            ),
+            ("databases", "1".to_string()),
+            ("maxclients", cfg.max_clients.to_string()),
+            (
+                "client-query-buffer-limit",
+                cfg.query_buffer_limit.to_string(),
+            ),
+        ]);
         let service = KvService {
             info: ServerInfo {
                 clients: 0,
@@ -468,6 +496,9 @@ impl Server {
                 port: cfg.listen.port(),
                 durability,
                 storage,
+                max_clients: cfg.max_clients,
+                config: crate::config::Config::new(fixed),
+                run_id: run_id(),
             },
             store,
             limits,
@@ -493,7 +524,9 @@ impl Server {
             dds_server::Server::bind(cfg.listen, rt, Budget::new(cfg.memory_budget), service)
                 .with_context(|| format!("listen on {}", cfg.listen))?;
         let port = inner.local_addr().port();
-        inner.service_mut().info.port = port;
+        let info = &mut inner.service_mut().info;
+        info.port = port;
+        info.config.fix("port", port.to_string());
         Ok(Server { inner })
     }
 
@@ -507,4 +540,13 @@ impl Server {
         let service = self.inner.run(stop);
         service.store.close()
     }
+}
+
+/// 40 hex digits that differ from run to run (INFO's `run_id`): the start time and process id
+/// through XXH3.
+fn run_id() -> String {
+    let seed = format!("{:?} {}", std::time::SystemTime::now(), std::process::id());
+    let h = xxhash_rust::xxh3::xxh3_128(seed.as_bytes());
+    let h2 = xxhash_rust::xxh3::xxh3_64(&h.to_le_bytes());
+    format!("{h:032x}{:08x}", h2 as u32)
 }

@@ -104,6 +104,19 @@ pub enum SetCond {
     IfExists,
 }
 
+/// What a read-modify-write decided ([`Store::modify`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Modify {
+    /// Leave the key as it is.
+    Keep,
+    /// Store the new value.
+    Write,
+}
+
+/// The closure of a read-modify-write: the value (`None`: missing) and the buffer the new
+/// value is built in.
+pub type Modifier<'a> = &'a mut dyn FnMut(Option<&[u8]>, &mut Vec<u8>) -> Modify;
+
 /// Expiry of a SET.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expiry {
@@ -163,6 +176,19 @@ impl Hasher for PassHasher {
 }
 
 const TOMB: u64 = 1 << 63;
+/// Index entry flag: the key's record has an expiry (INFO's keyspace `expires` counts them).
+const EXPIRES: u64 = 1 << 62;
+/// The log address in an index entry.
+const ADDR: u64 = EXPIRES - 1;
+
+/// An index entry for a value record at `addr`.
+fn value_entry(addr: u64, expire_ms: u64) -> u64 {
+    if expire_ms != 0 {
+        addr | EXPIRES
+    } else {
+        addr
+    }
+}
 
 /// The store: hybrid log, index, checkpoint.
 pub struct Store {
@@ -184,13 +210,17 @@ pub struct Store {
     /// `begin` as the newest durable checkpoint has it.
     durable_begin: u64,
     seq: u64,
-    /// (h1, h2) → address | TOMB.
+    /// (h1, h2) → address | TOMB | EXPIRES.
     index: HashMap<(u64, u64), u64, BuildHasherDefault<PassHasher>>,
     live: u64,
+    /// Live keys with an expiry.
+    expiring: u64,
     dirty: bool,
     invalidate: Vec<u64>,
     stats: StoreStats,
     scratch: Vec<u8>,
+    /// The new value of a read-modify-write ([`Store::modify`]).
+    wbuf: Vec<u8>,
     /// Records read ahead for the command being run (`docs/kv-service.md` §5, pending reads).
     fetched: Vec<Fetched>,
 }
@@ -294,10 +324,12 @@ impl Store {
             seq: 0,
             index: HashMap::default(),
             live: 0,
+            expiring: 0,
             dirty: false,
             invalidate: Vec::new(),
             stats: StoreStats::default(),
             scratch: Vec::new(),
+            wbuf: Vec::new(),
             fetched: Vec::new(),
             file,
             ckpt,
@@ -396,13 +428,19 @@ impl Store {
     fn replay(&mut self, h: (u64, u64), addr: u64, hdr: &Header) {
         let old = self.index.get(&h).copied();
         let old_live = matches!(old, Some(e) if e & TOMB == 0);
+        if matches!(old, Some(e) if e & EXPIRES != 0) {
+            self.expiring -= 1;
+        }
         if hdr.kind == KIND_TOMBSTONE {
             self.index.insert(h, addr | TOMB);
             if old_live {
                 self.live -= 1;
             }
         } else {
-            self.index.insert(h, addr);
+            self.index.insert(h, value_entry(addr, hdr.expire_ms));
+            if hdr.expire_ms != 0 {
+                self.expiring += 1;
+            }
             if !old_live {
                 self.live += 1;
             }
@@ -470,7 +508,7 @@ impl Store {
         if e & TOMB != 0 {
             return Ok(None);
         }
-        let hdr = self.load(e)?;
+        let hdr = self.load(e & ADDR)?;
         if &self.scratch[hdr.key_range()] != key {
             tracing::error!("128-bit key hash collision; treating the key as missing");
             return Ok(None);
@@ -481,6 +519,7 @@ impl Store {
             // finds the expired record again and reads it as expired.
             self.index.remove(&h);
             self.live -= 1;
+            self.expiring -= 1;
             return Ok(None);
         }
         Ok(Some(Found { hdr }))
@@ -491,7 +530,8 @@ impl Store {
     /// is missing.
     pub fn storage_addr(&self, key: &[u8]) -> Option<u64> {
         let e = *self.index.get(&record::key_hash(key))?;
-        (e & TOMB == 0 && e < self.head && e >= self.begin).then_some(e)
+        let a = e & ADDR;
+        (e & TOMB == 0 && a < self.head && a >= self.begin).then_some(a)
     }
 
     /// The log file's offset of address `a`, and the bytes from there to its page's end (a
@@ -553,6 +593,11 @@ impl Store {
     /// Live keys (expired keys not yet removed included, as Redis's DBSIZE).
     pub fn len(&self) -> u64 {
         self.live
+    }
+
+    /// Live keys with an expiry.
+    pub fn expiring(&self) -> u64 {
+        self.expiring
     }
 
     /// No live keys.
@@ -625,8 +670,9 @@ impl Store {
     fn upsert(&mut self, key: &[u8], value: &[u8], expire_ms: u64) -> StoreResult<()> {
         let h = record::key_hash(key);
         if let Some(&e) = self.index.get(&h) {
-            if e & TOMB == 0 && e >= self.read_only && e >= self.head {
-                let (f, o) = self.in_frame(e);
+            let a = e & ADDR;
+            if e & TOMB == 0 && a >= self.read_only && a >= self.head {
+                let (f, o) = self.in_frame(a);
                 let old = record::decode_header(&self.frames[f][o..]).expect("record in memory");
                 if old.len() == record::record_len(key.len(), value.len())
                     && &self.frames[f][o + HEADER..o + HEADER + key.len()] == key
@@ -643,6 +689,15 @@ impl Store {
                         seq,
                         expire_ms,
                     );
+                    let ne = value_entry(a, expire_ms);
+                    if ne != e {
+                        self.index.insert(h, ne);
+                        if expire_ms != 0 {
+                            self.expiring += 1;
+                        } else {
+                            self.expiring -= 1;
+                        }
+                    }
                     self.stats.in_place_updates += 1;
                     self.dirty = true;
                     return Ok(());
@@ -677,7 +732,7 @@ impl Store {
         self.dirty = true;
         let old = self.index.get(&h).copied();
         if let Some(e) = old {
-            if (e & !TOMB) < self.flushed && self.cfg.offload {
+            if (e & ADDR) < self.flushed && self.cfg.offload {
                 // The DPU may hold the old record in its cache: drop it before the reply.
                 self.invalidate.push(h.0);
             }
@@ -773,6 +828,25 @@ impl Store {
         Ok(new)
     }
 
+    /// Read-modify-write of the key's value: `f` gets the value (`None`: missing) and an
+    /// empty buffer; when it answers [`Modify::Write`], the buffer becomes the key's value,
+    /// keeping its expiry. The buffer is the store's own (reused: no allocation once grown).
+    pub fn modify(&mut self, key: &[u8], f: Modifier<'_>) -> StoreResult<()> {
+        let found = self.find(key)?;
+        let mut buf = std::mem::take(&mut self.wbuf);
+        buf.clear();
+        let cur = found.as_ref().map(|x| &self.scratch[x.hdr.value_range()]);
+        let expire = found.as_ref().map_or(0, |x| x.hdr.expire_ms);
+        let r = match f(cur, &mut buf) {
+            Modify::Keep => Ok(()),
+            Modify::Write => self
+                .check_sizes(key, buf.len())
+                .and_then(|()| self.upsert(key, &buf, expire)),
+        };
+        self.wbuf = buf;
+        r
+    }
+
     /// APPEND: returns the new length; keeps the expiry.
     pub fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize> {
         let (mut v, expire) = match self.find(key)? {
@@ -797,7 +871,7 @@ impl Store {
             let keys: Vec<u64> = self
                 .index
                 .iter()
-                .filter(|(_, &e)| e & !TOMB < self.flushed)
+                .filter(|(_, &e)| e & ADDR < self.flushed)
                 .map(|(k, _)| k.0)
                 .collect();
             self.invalidate.extend(keys);
@@ -805,6 +879,7 @@ impl Store {
         }
         self.index.clear();
         self.live = 0;
+        self.expiring = 0;
         self.begin = self.tail_page_end;
         self.head = self.begin;
         self.read_only = self.begin;

@@ -1,5 +1,6 @@
 //! The request path of `dds kv` allocates nothing in steady state: after a warm-up, GET, SET,
-//! MGET, INCR, EXISTS and pipelines of them over a real socket do not touch the heap on the
+//! MGET, INCR, EXISTS, GETRANGE, SETRANGE, SETBIT, GETBIT, BITCOUNT, BITPOS and pipelines of
+//! them over a real socket do not touch the heap on the
 //! server's thread (a counting global allocator counts that thread's allocations only).
 
 use std::io::{Read, Write};
@@ -129,11 +130,17 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
     batch.extend(cmd(&[b"SET", b"counter", b"1"]));
     batch.extend(cmd(&[b"INCR", b"counter"]));
     batch.extend(cmd(&[b"INCRBY", b"counter", b"-7"]));
+    batch.extend(cmd(&[b"GETRANGE", b"key1", b"10", b"-20"]));
+    batch.extend(cmd(&[b"SETRANGE", b"key2", b"50", b"patch"]));
+    batch.extend(cmd(&[b"SETBIT", b"key3", b"9", b"1"]));
+    batch.extend(cmd(&[b"GETBIT", b"key3", b"9"]));
+    batch.extend(cmd(&[b"BITCOUNT", b"key4", b"1", b"-2"]));
+    batch.extend(cmd(&[b"BITPOS", b"key4", b"0", b"2"]));
     let refs: Vec<&[u8]> = std::iter::once(&b"MGET"[..])
         .chain(keys.iter().take(10).map(|k| &k[..]))
         .collect();
     batch.extend(cmd(&refs));
-    n += 4;
+    n += 10;
     // Warm-up: buffers, the index and the reply buffer reach their sizes. The first round
     // allocates (new keys): the counter does see the server's thread.
     assert!(

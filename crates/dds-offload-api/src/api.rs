@@ -263,13 +263,15 @@ pub trait OffloadApp: Send + Sync {
 
     /// The reply a client gets before the director closes its connection because a message
     /// is malformed (`message_len` failed) or larger than [`max_message_len`]
-    /// (`why` says which): written into `out` ([`ERROR_REPLY_MAX`] bytes), returning its
-    /// length. It goes out after the responses to the client's earlier requests. 0 (the
-    /// default): the connection is closed without a reply.
+    /// (`why` says which; `input` is the client's unframed input, starting with that
+    /// message, for a reply that names what was wrong in it): written into `out`
+    /// ([`ERROR_REPLY_MAX`] bytes), returning its length. It goes out after the responses to
+    /// the client's earlier requests. 0 (the default): the connection is closed without a
+    /// reply.
     ///
     /// [`max_message_len`]: OffloadApp::max_message_len
-    fn error_reply(&self, why: Malformed, out: &mut [u8]) -> usize {
-        let _ = (why, out);
+    fn error_reply(&self, why: Malformed, input: &[u8], out: &mut [u8]) -> usize {
+        let _ = (why, input, out);
         0
     }
 

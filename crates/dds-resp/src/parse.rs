@@ -10,54 +10,123 @@ use crate::inline;
 pub struct Limits {
     /// Longest bulk string (Redis's `proto-max-bulk-len`).
     pub max_bulk: usize,
-    /// Most arguments of one command (Redis: 1024 × 1024).
+    /// Most arguments of one command (Redis: `INT_MAX`; the arguments' bytes must arrive
+    /// before any room is taken for them).
     pub max_args: usize,
     /// Longest inline command line, and longest `*`/`$` header line (Redis: 64 KiB).
     pub max_inline: usize,
+    /// The client has not authenticated yet (a password is set): as Redis, more than 10
+    /// arguments or a bulk string over 16 KiB is a protocol error.
+    pub unauthenticated: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_bulk: 512 << 20,
-            max_args: 1 << 20,
+            max_args: i32::MAX as usize,
             max_inline: 64 << 10,
+            unauthenticated: false,
         }
     }
 }
 
-/// A protocol error. The text is what Redis replies (after `-ERR `) before it closes the
-/// connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("Protocol error: {0}")]
-pub struct ProtocolError(pub &'static str);
+/// A protocol error: what Redis replies (after `-ERR `) before it closes the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtocolError {
+    /// Redis's text (for [`ProtocolError::got`]: the text before the byte).
+    pub why: &'static str,
+    /// The byte found where a `$` was expected (`expected '$', got '%c'`).
+    pub got: Option<u8>,
+}
+
+/// Every byte value at its own index: a one-byte `'static` slice of any byte.
+static BYTES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = i as u8;
+        i += 1;
+    }
+    t
+};
+
+const EXPECTED_DOLLAR: &str = "expected '$', got";
 
 impl ProtocolError {
-    /// The whole error reply line, without the CRLF: `ERR Protocol error: ...`.
-    pub fn reply_text(&self) -> String {
-        format!("ERR Protocol error: {}", self.0)
+    /// An error with a fixed text.
+    pub const fn new(why: &'static str) -> Self {
+        ProtocolError { why, got: None }
+    }
+
+    fn expected_dollar(got: u8) -> Self {
+        ProtocolError {
+            why: EXPECTED_DOLLAR,
+            got: Some(got),
+        }
+    }
+
+    /// The error reply's text, without the leading `-` and the CRLF, in pieces (no
+    /// allocation): `ERR Protocol error: ...`. Redis prints the unexpected byte as it is, CR
+    /// and LF as spaces ([`crate::Reply::error_bytes`] does that).
+    pub fn reply_parts(&self) -> [&'static [u8]; 4] {
+        match self.got {
+            None => [b"ERR Protocol error: ", self.why.as_bytes(), b"", b""],
+            Some(b) => [
+                b"ERR Protocol error: expected '$', got '",
+                &BYTES[b as usize..b as usize + 1],
+                b"'",
+                b"",
+            ],
+        }
+    }
+
+    /// The whole error reply (`-ERR Protocol error: ...\r\n`) written to the start of `out`;
+    /// its length, or 0 when it does not fit.
+    pub fn write_reply(&self, out: &mut [u8]) -> usize {
+        let mut at = 0;
+        for p in std::iter::once(&b"-"[..])
+            .chain(self.reply_parts())
+            .chain(std::iter::once(&b"\r\n"[..]))
+        {
+            let Some(dst) = out.get_mut(at..at + p.len()) else {
+                return 0;
+            };
+            dst.copy_from_slice(p);
+            at += p.len();
+        }
+        // As Redis: a CR or LF inside an error reply is sent as a space.
+        for b in &mut out[1..at - 2] {
+            if *b == b'\r' || *b == b'\n' {
+                *b = b' ';
+            }
+        }
+        at
     }
 }
 
-/// Position of the first CRLF at or after `from`.
-fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {
-    let mut i = from;
-    while i + 1 < buf.len() {
-        match buf[i..].iter().position(|&b| b == b'\r') {
-            None => return None,
-            Some(p) => {
-                let at = i + p;
-                if at + 1 >= buf.len() {
-                    return None;
-                }
-                if buf[at + 1] == b'\n' {
-                    return Some(at);
-                }
-                i = at + 1;
-            }
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.got {
+            None => write!(f, "Protocol error: {}", self.why),
+            Some(b) => write!(
+                f,
+                "Protocol error: expected '$', got '{}'",
+                [b].escape_ascii()
+            ),
         }
     }
-    None
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// Where a header line (`*<n>` or `$<len>`) starting at `from` ends, found as Redis finds it
+/// with `strchr(.., '\r')`: at the first CR, unless a NUL comes first (Redis's search stops
+/// there: the line is not complete yet). The byte after the CR must have arrived; Redis skips
+/// it without looking at it.
+fn line_cr(buf: &[u8], from: usize) -> Option<usize> {
+    let cr = from + buf[from..].iter().position(|&b| b == b'\r' || b == 0)?;
+    (buf[cr] == b'\r' && cr + 2 <= buf.len()).then_some(cr)
 }
 
 /// Parses a decimal integer as Redis's `string2ll` does (no sign for lengths; no leading `+`,
@@ -88,27 +157,80 @@ pub(crate) fn parse_int(s: &[u8]) -> Option<i64> {
     Some(v)
 }
 
-/// Reads a header line `<prefix><int>\r\n` starting at `at` (the prefix byte already checked);
-/// `Ok(None)` if the line is incomplete.
-fn header(
+/// The end (its CR) of the header line at `at`, or `Ok(None)` while it is incomplete; a line
+/// longer than Redis's inline limit is `too_big`.
+fn header_line(
     buf: &[u8],
     at: usize,
     lim: &Limits,
     too_big: &'static str,
-    invalid: &'static str,
-) -> Result<Option<(i64, usize)>, ProtocolError> {
-    match find_crlf(buf, at + 1) {
-        None => {
-            if buf.len() - at > lim.max_inline {
-                Err(ProtocolError(too_big))
+) -> Result<Option<usize>, ProtocolError> {
+    match line_cr(buf, at) {
+        Some(cr) => Ok(Some(cr)),
+        None if buf.len() - at > lim.max_inline => Err(ProtocolError::new(too_big)),
+        None => Ok(None),
+    }
+}
+
+/// Walks the multibulk command at the start of `buf` (`buf[0]` is `*`) as Redis's
+/// `processMultibulkBuffer` does, calling `arg` with each argument's range; the bytes the
+/// command takes, or `Ok(None)` while it is incomplete.
+fn multibulk(
+    buf: &[u8],
+    lim: &Limits,
+    mut arg: impl FnMut(Range<usize>),
+) -> Result<Option<usize>, ProtocolError> {
+    let Some(cr) = header_line(buf, 0, lim, "too big mbulk count string")? else {
+        return Ok(None);
+    };
+    let n = match parse_int(&buf[1..cr]) {
+        Some(n) if n <= lim.max_args as i64 => n,
+        _ => return Err(ProtocolError::new("invalid multibulk length")),
+    };
+    if n > 10 && lim.unauthenticated {
+        return Err(ProtocolError::new("unauthenticated multibulk length"));
+    }
+    let mut at = cr + 2;
+    // `*0` and `*-1` are empty commands: skipped.
+    for _ in 0..n.max(0) {
+        let Some(cr) = header_line(buf, at, lim, "too big bulk count string")? else {
+            return Ok(None);
+        };
+        if buf[at] != b'$' {
+            return Err(ProtocolError::expected_dollar(buf[at]));
+        }
+        let len = match parse_int(&buf[at + 1..cr]) {
+            Some(len) if len >= 0 && len as u64 <= lim.max_bulk as u64 => len as usize,
+            _ => return Err(ProtocolError::new("invalid bulk length")),
+        };
+        if len > 16384 && lim.unauthenticated {
+            return Err(ProtocolError::new("unauthenticated bulk length"));
+        }
+        let data = cr + 2;
+        // The two bytes after the data (a CRLF) are skipped unchecked, as Redis skips them.
+        if buf.len() < data + len + 2 {
+            return Ok(None);
+        }
+        arg(data..data + len);
+        at = data + len + 2;
+    }
+    Ok(Some(at))
+}
+
+/// The end of an inline command's line (its LF), found as Redis finds it with
+/// `strchr(.., '\n')`: a NUL before the LF means the line is not complete yet.
+fn inline_lf(buf: &[u8], lim: &Limits) -> Result<Option<usize>, ProtocolError> {
+    let too_big = ProtocolError::new("too big inline request");
+    match buf.iter().position(|&b| b == b'\n' || b == 0) {
+        Some(nl) if buf[nl] == b'\n' => {
+            if nl > lim.max_inline {
+                Err(too_big)
             } else {
-                Ok(None)
+                Ok(Some(nl))
             }
         }
-        Some(end) => {
-            let n = parse_int(&buf[at + 1..end]).ok_or(ProtocolError(invalid))?;
-            Ok(Some((n, end + 2)))
-        }
+        _ if buf.len() > lim.max_inline => Err(too_big),
+        _ => Ok(None),
     }
 }
 
@@ -163,7 +285,8 @@ pub fn reuse<'b>(mut v: Vec<&[u8]>) -> Vec<&'b [u8]> {
 
 /// Parses one command at the start of `buf`. On success returns the bytes it takes and fills
 /// `args` with its arguments (none for an empty inline line, which the caller skips).
-/// `Ok(None)`: more bytes are needed.
+/// `Ok(None)`: more bytes are needed. Errors carry Redis's text for the same bytes, and a
+/// command is complete exactly when Redis would run it.
 pub fn parse_command(
     buf: &[u8],
     lim: &Limits,
@@ -177,72 +300,17 @@ pub fn parse_command(
         return parse_inline(buf, lim, argv);
     }
     let args = &mut argv.ranges;
-    let Some((n, mut at)) = header(
-        buf,
-        0,
-        lim,
-        "too big mbulk count string",
-        "invalid multibulk length",
-    )?
-    else {
-        return Ok(None);
-    };
-    if n > lim.max_args as i64 {
-        return Err(ProtocolError("invalid multibulk length"));
+    let r = multibulk(buf, lim, |a| args.push(a));
+    if !matches!(r, Ok(Some(_))) {
+        args.clear();
     }
-    if n <= 0 {
-        // `*0` and `*-1` are empty commands: skipped.
-        return Ok(Some(at));
-    }
-    for _ in 0..n {
-        let Some(&b) = buf.get(at) else {
-            return Ok(None);
-        };
-        if b != b'$' {
-            return Err(ProtocolError(match b {
-                b'*' => "expected '$', got '*'",
-                b':' => "expected '$', got ':'",
-                b'+' => "expected '$', got '+'",
-                b'-' => "expected '$', got '-'",
-                _ => "expected '$', got something else",
-            }));
-        }
-        let Some((len, data)) = header(
-            buf,
-            at,
-            lim,
-            "too big bulk count string",
-            "invalid bulk length",
-        )?
-        else {
-            return Ok(None);
-        };
-        if len < 0 || len as u64 > lim.max_bulk as u64 {
-            return Err(ProtocolError("invalid bulk length"));
-        }
-        let end = data + len as usize;
-        if buf.len() < end + 2 {
-            return Ok(None);
-        }
-        if &buf[end..end + 2] != b"\r\n" {
-            return Err(ProtocolError("expected CRLF after a bulk string"));
-        }
-        args.push(data..end);
-        at = end + 2;
-    }
-    Ok(Some(at))
+    r
 }
 
 fn parse_inline(buf: &[u8], lim: &Limits, argv: &mut Argv) -> Result<Option<usize>, ProtocolError> {
-    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
-        if buf.len() > lim.max_inline {
-            return Err(ProtocolError("too big inline request"));
-        }
+    let Some(nl) = inline_lf(buf, lim)? else {
         return Ok(None);
     };
-    if nl > lim.max_inline {
-        return Err(ProtocolError("too big inline request"));
-    }
     let line_end = if nl > 0 && buf[nl - 1] == b'\r' {
         nl - 1
     } else {
@@ -258,13 +326,10 @@ fn parse_inline(buf: &[u8], lim: &Limits, argv: &mut Argv) -> Result<Option<usiz
         let out = &mut argv.inline;
         match inline::next_word(line, at, |b| out.push(b)) {
             Err(inline::Unbalanced) => {
-                return Err(ProtocolError("unbalanced quotes in request"));
+                return Err(ProtocolError::new("unbalanced quotes in request"));
             }
             Ok(None) => break,
             Ok(Some(w)) => {
-                if argv.ranges.len() == lim.max_args {
-                    return Err(ProtocolError("invalid multibulk length"));
-                }
                 argv.ranges.push(start..argv.inline.len());
                 at = w.end;
             }
@@ -274,63 +339,23 @@ fn parse_inline(buf: &[u8], lim: &Limits, argv: &mut Argv) -> Result<Option<usiz
 }
 
 /// The length of the command at the start of `buf` without collecting its arguments
-/// (for framing on the DPU); `Ok(None)`: more bytes are needed.
+/// (for framing on the DPU); `Ok(None)`: more bytes are needed. Agrees with
+/// [`parse_command`] on every input, errors included, except that an inline line's quotes
+/// are checked by [`parse_command`] only.
 pub fn frame_command(buf: &[u8], lim: &Limits) -> Result<Option<usize>, ProtocolError> {
     if buf.is_empty() {
         return Ok(None);
     }
     if buf[0] != b'*' {
-        return match buf.iter().position(|&b| b == b'\n') {
-            Some(nl) if nl <= lim.max_inline => Ok(Some(nl + 1)),
-            Some(_) => Err(ProtocolError("too big inline request")),
-            None if buf.len() > lim.max_inline => Err(ProtocolError("too big inline request")),
-            None => Ok(None),
-        };
+        return Ok(inline_lf(buf, lim)?.map(|nl| nl + 1));
     }
-    let Some((n, mut at)) = header(
-        buf,
-        0,
-        lim,
-        "too big mbulk count string",
-        "invalid multibulk length",
-    )?
-    else {
-        return Ok(None);
-    };
-    if n > lim.max_args as i64 {
-        return Err(ProtocolError("invalid multibulk length"));
-    }
-    for _ in 0..n.max(0) {
-        let Some(&b) = buf.get(at) else {
-            return Ok(None);
-        };
-        if b != b'$' {
-            return Err(ProtocolError("expected '$'"));
-        }
-        let Some((len, data)) = header(
-            buf,
-            at,
-            lim,
-            "too big bulk count string",
-            "invalid bulk length",
-        )?
-        else {
-            return Ok(None);
-        };
-        if len < 0 || len as u64 > lim.max_bulk as u64 {
-            return Err(ProtocolError("invalid bulk length"));
-        }
-        at = data + len as usize + 2;
-        if buf.len() < at {
-            return Ok(None);
-        }
-    }
-    Ok(Some(at))
+    multibulk(buf, lim, |_| {})
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Reply;
 
     type Parsed = Option<(usize, Vec<Vec<u8>>)>;
 
@@ -377,7 +402,7 @@ mod tests {
         let (_, w) = words(b"SET \"\" v\n").unwrap().unwrap();
         assert_eq!(w[1], b"".to_vec());
         assert_eq!(
-            words(b"SET \"a b\n").unwrap_err().0,
+            words(b"SET \"a b\n").unwrap_err().why,
             "unbalanced quotes in request"
         );
         // The iterator of the DPU side finds the same words, as written.
@@ -392,14 +417,80 @@ mod tests {
         assert!(!args(b"GET k\r\n").quoted());
     }
 
+    /// The reply line of the error a buffer gets.
+    fn error_line(b: &[u8]) -> Vec<u8> {
+        let e = words(b).unwrap_err();
+        if b[0] == b'*' {
+            // (Framing leaves an inline line's quotes to the parser.)
+            assert_eq!(
+                frame_command(b, &Limits::default()),
+                Err(e),
+                "framing agrees"
+            );
+        }
+        let mut out = [0u8; 300];
+        let n = e.write_reply(&mut out);
+        let mut v = Vec::new();
+        Reply::new(&mut v).error_bytes(&e.reply_parts());
+        assert_eq!(v, &out[..n]);
+        v
+    }
+
     #[test]
     fn malformed_input_gets_the_redis_error_text() {
-        let e = |b: &[u8]| words(b).unwrap_err().0;
-        assert_eq!(e(b"*x\r\n"), "invalid multibulk length");
-        assert_eq!(e(b"*2\r\n:1\r\n"), "expected '$', got ':'");
-        assert_eq!(e(b"*1\r\n$-5\r\n"), "invalid bulk length");
-        assert_eq!(e(b"*1\r\n$01\r\n"), "invalid bulk length");
-        assert_eq!(e(b"*1\r\n$2\r\nabXY"), "expected CRLF after a bulk string");
+        // Each reply was taken from redis-server 7.0.15 given the same bytes.
+        for (input, reply) in [
+            (
+                &b"*x\r\n"[..],
+                &b"-ERR Protocol error: invalid multibulk length\r\n"[..],
+            ),
+            (
+                b"*2147483648\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*2\r\n:1\r\n",
+                b"-ERR Protocol error: expected '$', got ':'\r\n",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n",
+                b"-ERR Protocol error: expected '$', got 'f'\r\n",
+            ),
+            (
+                b"*1\r\n\r\n",
+                b"-ERR Protocol error: expected '$', got ' '\r\n",
+            ),
+            (
+                b"*1\r\n\nabc\r\n",
+                b"-ERR Protocol error: expected '$', got ' '\r\n",
+            ),
+            (
+                b"*1\r\n\xffabc\r\n",
+                b"-ERR Protocol error: expected '$', got '\xff'\r\n",
+            ),
+            (
+                b"*1\r\n$-1\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$01\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$+1\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$536870913\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"SET \"a b\r\n",
+                b"-ERR Protocol error: unbalanced quotes in request\r\n",
+            ),
+        ] {
+            assert_eq!(error_line(input), reply, "{}", input.escape_ascii());
+        }
         let lim = Limits {
             max_bulk: 10,
             ..Limits::default()
@@ -407,14 +498,64 @@ mod tests {
         let mut a = Argv::new();
         // Refused from the header, before the announced bytes arrive.
         assert_eq!(
-            parse_command(b"*1\r\n$11\r\n", &lim, &mut a).unwrap_err().0,
+            parse_command(b"*1\r\n$11\r\n", &lim, &mut a)
+                .unwrap_err()
+                .why,
             "invalid bulk length"
         );
+        let unauth = Limits {
+            unauthenticated: true,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse_command(b"*11\r\n", &unauth, &mut a).unwrap_err().why,
+            "unauthenticated multibulk length"
+        );
+        assert_eq!(parse_command(b"*10\r\n", &unauth, &mut a), Ok(None));
+        assert_eq!(
+            parse_command(b"*1\r\n$16385\r\n", &unauth, &mut a)
+                .unwrap_err()
+                .why,
+            "unauthenticated bulk length"
+        );
+        assert_eq!(
+            parse_command(b"*1\r\n$16384\r\n", &unauth, &mut a),
+            Ok(None)
+        );
         let long = vec![b'a'; (64 << 10) + 2];
-        assert_eq!(e(&long), "too big inline request");
+        assert_eq!(words(&long).unwrap_err().why, "too big inline request");
         let mut hdr = b"*".to_vec();
         hdr.extend(std::iter::repeat_n(b'1', 70 << 10));
-        assert_eq!(e(&hdr), "too big mbulk count string");
+        assert_eq!(words(&hdr).unwrap_err().why, "too big mbulk count string");
+    }
+
+    #[test]
+    fn lines_end_where_redis_finds_them() {
+        // As redis-server 7.0.15: the byte after a header's CR and the two bytes after a
+        // bulk string are skipped unchecked; a NUL before the line's end (CR, or LF for an
+        // inline command) leaves the command incomplete; a bad argument header waits for its
+        // line's end.
+        let (n, w) = words(b"*1\r\n$4\r\nPINGxx*1").unwrap().unwrap();
+        assert_eq!((n, w), (14, vec![b"PING".to_vec()]));
+        let (n, w) = words(b"*1\rx$4\rxPING\r\n").unwrap().unwrap();
+        assert_eq!((n, w), (14, vec![b"PING".to_vec()]));
+        for incomplete in [
+            &b"*1\r\n\x00abc\r\n"[..],
+            b"GET k\x00\r\n",
+            b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz",
+            b"*1\r",
+            b"*1\r\n$4\r\nPING\r",
+        ] {
+            assert_eq!(
+                words(incomplete).unwrap(),
+                None,
+                "{}",
+                incomplete.escape_ascii()
+            );
+            assert_eq!(frame_command(incomplete, &Limits::default()).unwrap(), None);
+        }
+        assert_eq!(words(b"*-3\r\nPING\r\n").unwrap(), Some((5, vec![])));
+        assert_eq!(words(b"*1048577\r\n").unwrap(), None);
     }
 
     #[test]
@@ -464,7 +605,7 @@ mod tests {
 /// byte or unbalanced quote.
 pub fn args(cmd: &[u8]) -> Args<'_> {
     if cmd.first() == Some(&b'*') {
-        match find_crlf(cmd, 1).and_then(|e| Some((parse_int(&cmd[1..e])?, e + 2))) {
+        match line_cr(cmd, 0).and_then(|e| Some((parse_int(&cmd[1..e])?, e + 2))) {
             Some((n, at)) if n > 0 => Args {
                 cmd,
                 at,
@@ -538,7 +679,7 @@ impl<'a> Iterator for Args<'a> {
             self.left = 0;
             return None;
         }
-        let e = find_crlf(b, self.at + 1)?;
+        let e = line_cr(b, self.at)?;
         let n = parse_int(&b[self.at + 1..e]).filter(|&n| n >= 0)? as usize;
         let s = e + 2;
         let arg = b.get(s..s.checked_add(n)?)?;

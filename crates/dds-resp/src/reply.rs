@@ -27,12 +27,12 @@ pub fn frame_reply(
         };
         let Some(end) = line_end(buf, at + 1) else {
             if buf.len() - at > max_line {
-                return Err(ProtocolError("reply line too long"));
+                return Err(ProtocolError::new("reply line too long"));
             }
             return Ok(None);
         };
         if end - at > max_line {
-            return Err(ProtocolError("reply line too long"));
+            return Err(ProtocolError::new("reply line too long"));
         }
         let line = &buf[at + 1..end];
         at = end + 2;
@@ -40,47 +40,48 @@ pub fn frame_reply(
             // RESP3 line types: null, boolean, double, big number.
             b'+' | b'-' | b'_' | b'#' | b',' | b'(' => {}
             b':' => {
-                parse_int(line).ok_or(ProtocolError("invalid integer reply"))?;
+                parse_int(line).ok_or(ProtocolError::new("invalid integer reply"))?;
             }
             // RESP3 verbatim strings and blob errors are framed as bulk strings.
             b'$' | b'=' | b'!' => {
-                let n = parse_int(line).ok_or(ProtocolError("invalid bulk length"))?;
+                let n = parse_int(line).ok_or(ProtocolError::new("invalid bulk length"))?;
                 if n >= 0 {
                     if n as u64 > max_bulk as u64 {
-                        return Err(ProtocolError("invalid bulk length"));
+                        return Err(ProtocolError::new("invalid bulk length"));
                     }
                     let e = at + n as usize;
                     if buf.len() < e + 2 {
                         return Ok(None);
                     }
                     if &buf[e..e + 2] != b"\r\n" {
-                        return Err(ProtocolError("expected CRLF after a bulk string"));
+                        return Err(ProtocolError::new("expected CRLF after a bulk string"));
                     }
                     at = e + 2;
                 } else if n != -1 {
-                    return Err(ProtocolError("invalid bulk length"));
+                    return Err(ProtocolError::new("invalid bulk length"));
                 }
             }
             // RESP3 maps (2n elements), sets, pushes and attributes.
             b'*' | b'%' | b'~' | b'>' | b'|' => {
-                let mut n = parse_int(line).ok_or(ProtocolError("invalid multibulk length"))?;
+                let mut n =
+                    parse_int(line).ok_or(ProtocolError::new("invalid multibulk length"))?;
                 if (kind == b'%' || kind == b'|') && n > 0 {
                     n = n
                         .checked_mul(2)
-                        .ok_or(ProtocolError("invalid multibulk length"))?;
+                        .ok_or(ProtocolError::new("invalid multibulk length"))?;
                 }
                 if n > 0 {
                     if depth == MAX_REPLY_DEPTH {
-                        return Err(ProtocolError("reply nested too deep"));
+                        return Err(ProtocolError::new("reply nested too deep"));
                     }
                     left[depth] = n;
                     depth += 1;
                     continue;
                 } else if n < -1 {
-                    return Err(ProtocolError("invalid multibulk length"));
+                    return Err(ProtocolError::new("invalid multibulk length"));
                 }
             }
-            _ => return Err(ProtocolError("unknown reply type")),
+            _ => return Err(ProtocolError::new("unknown reply type")),
         }
         // One element done: close the arrays it completes.
         loop {

@@ -79,7 +79,7 @@ impl Store {
         for (o, h) in record::scan(&page) {
             let a = start + o as u64;
             let kh = record::key_hash(&page[o + HEADER..o + HEADER + h.klen as usize]);
-            if self.index.get(&kh).is_some_and(|&e| e & !TOMB == a) {
+            if self.index.get(&kh).is_some_and(|&e| e & ADDR == a) {
                 if h.kind == KIND_TOMBSTONE {
                     // Every older record of the key is below it and gone: forget the key.
                     self.index.remove(&kh);
@@ -87,6 +87,7 @@ impl Store {
                     // Expired: garbage like a tombstone, and the key is gone.
                     self.index.remove(&kh);
                     self.live -= 1;
+                    self.expiring -= 1;
                 } else {
                     moves.push((o, h));
                 }
@@ -120,7 +121,7 @@ impl Store {
                 self.seq,
                 h.expire_ms,
             );
-            self.index.insert(kh, a);
+            self.index.insert(kh, value_entry(a, h.expire_ms));
             if self.cfg.offload {
                 // The DPU may hold the old copy; the new one is cached once it is written.
                 // Until then an update of the key must not leave the old copy cached.
@@ -157,7 +158,7 @@ impl Store {
                 let key = &self.frames[f][at + HEADER..at + HEADER + h.klen as usize];
                 let kh = record::key_hash(key);
                 let ra = p * self.ps + at as u64;
-                if self.index.get(&kh).is_none_or(|&e| e & !TOMB != ra) {
+                if self.index.get(&kh).is_none_or(|&e| e & ADDR != ra) {
                     self.frames[f][at + 5] |= FLAG_SUPERSEDED;
                 }
                 at += h.len();

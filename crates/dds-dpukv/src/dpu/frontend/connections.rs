@@ -106,7 +106,7 @@ impl Service for FrontService<'_> {
                 Ok(None) => break Verdict::Continue,
                 Err(e) => {
                     st.stats.commands.fetch_add(1, Ordering::Relaxed);
-                    Reply::new(out).error(&e.reply_text());
+                    Reply::new(out).error_bytes(&e.reply_parts());
                     at = input.len();
                     break Verdict::Close;
                 }
