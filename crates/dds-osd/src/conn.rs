@@ -54,6 +54,10 @@ impl ConnPool {
         }
     }
 
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// Drops the idle connections.
     pub fn reset(&self) {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();

@@ -7,22 +7,11 @@ use dds_objstore::ObjectId;
 use dds_osd::client::{Client, ClientOptions};
 use dds_osd::{open_store, ClusterMap, Osd, OsdConfig, StoreSpec};
 
-fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
+/// A map of `n` OSDs on port 0 (each binds any free port).
 fn map_text(n: u32) -> String {
     let mut s = String::from("epoch = 1\n");
     for id in 0..n {
-        s += &format!(
-            "[[osd]]\nid = {id}\naddr = \"127.0.0.1:{}\"\npeer_addr = \"127.0.0.1:{}\"\n",
-            port(),
-            port()
-        );
+        s += &format!("[[osd]]\nid = {id}\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n");
     }
     s += "[[pool]]\nid = 1\nname = \"data\"\npg_num = 8\nsize = 3\n";
     s
@@ -74,10 +63,23 @@ fn wait_clean(c: &Client) {
 #[test]
 fn replicates_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let map = ClusterMap::parse(&map_text(3)).unwrap();
+    let mut map = ClusterMap::parse(&map_text(3)).unwrap();
     let mut osds: Vec<Option<Osd>> = (0..3)
         .map(|i| Some(start(dir.path(), &map, i, true)))
         .collect();
+    // The OSDs bound port 0; the next map names their ports (and restarts bind them).
+    for (o, info) in osds.iter().zip(map.osds.iter_mut()) {
+        let o = o.as_ref().unwrap();
+        (info.addr, info.peer_addr) = (o.client_addr(), o.peer_addr());
+    }
+    map.epoch = 2;
+    for o in osds.iter().flatten() {
+        assert!(o.set_map(map.clone()).unwrap());
+        assert!(
+            !o.set_map(map.clone()).unwrap(),
+            "an equal epoch is ignored"
+        );
+    }
     let opts = ClientOptions {
         retry_for: Duration::from_secs(5),
         ..ClientOptions::default()
