@@ -243,7 +243,8 @@ impl Client {
     }
 
     /// Sends an op where `route` leads under the current map, retrying (under newer maps)
-    /// while its OSD is unreachable, its PG peering or below `min_size`, or the map stale.
+    /// while its OSD is unreachable, its PG peering, degraded or below `min_size`, or the map
+    /// stale.
     fn call(&self, route: Route, op: u16, payload: &[u8]) -> Result<Vec<u8>, OpError> {
         let deadline = Instant::now() + self.opts.retry_for;
         let mut pause = Duration::from_millis(20);
@@ -279,7 +280,9 @@ impl Client {
                 Err(CallError::Transport { .. }) => Some(None),
                 Err(CallError::Op(e)) => match e.status {
                     Status::StaleEpoch | Status::NotPrimary => Some(Some(osd)),
-                    Status::PgInactive | Status::BelowMinSize => Some(None),
+                    // A write that missed min_size is retried with its reqid: answered with
+                    // its version once peering brought enough members back in sync.
+                    Status::PgInactive | Status::BelowMinSize | Status::Degraded => Some(None),
                     _ => None,
                 },
                 Ok(_) => None,
