@@ -200,6 +200,10 @@ impl ClusterMap {
         self.osds.iter().find(|o| o.id == id)
     }
 
+    pub fn osd_mut(&mut self, id: u32) -> Option<&mut OsdInfo> {
+        self.osds.iter_mut().find(|o| o.id == id)
+    }
+
     pub fn pool(&self, id: u64) -> Option<&PoolInfo> {
         self.pools.iter().find(|p| p.id == id)
     }
