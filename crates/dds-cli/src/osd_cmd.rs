@@ -241,18 +241,23 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
         signal_hook::consts::SIGINT,
     ])?;
     let osd = Osd::start(cfg, store).context("starting the OSD")?;
-    match etcd {
+    let membership = match etcd {
         Some((etcd, keys)) => {
             let alive = dds_osd::monitor::Alive {
                 addr: osd.client_addr(),
                 peer_addr: osd.peer_addr(),
                 placement: placement_of_map,
             };
-            dds_osd::monitor::join(osd.maps(), etcd, keys, a.etcd_ttl.max(1), alive)
-                .context("joining the cluster in etcd")?;
+            Some(
+                dds_osd::monitor::join(osd.maps(), etcd, keys, a.etcd_ttl.max(1), alive)
+                    .context("joining the cluster in etcd")?,
+            )
         }
-        None => dds_osd::monitor::follow_file(osd.maps(), a.map.clone().expect("checked"))?,
-    }
+        None => {
+            dds_osd::monitor::follow_file(osd.maps(), a.map.clone().expect("checked"))?;
+            None
+        }
+    };
     println!(
         "{}",
         dds_osd::ready_line(a.id, osd.client_addr(), osd.peer_addr())
@@ -260,6 +265,10 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
     std::io::stdout().flush()?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
+    }
+    // Marked down at once rather than when the lease expires.
+    if let Some(m) = membership {
+        m.leave();
     }
     osd.shutdown();
     if let Some(p) = applied.as_mut() {

@@ -210,9 +210,27 @@ fn kill_9_of_a_primary_fails_over_with_nothing_lost_or_applied_twice() {
         }
     }
 
-    // Two OSDs down: every PG below min_size refuses writes with a clear status.
+    // An OSD stopped cleanly (SIGTERM) revokes its lease: down at once, not after the TTL.
     let others: Vec<u32> = (0..OSDS).filter(|&o| o != victim).collect();
-    drop(osds[others[0] as usize].take());
+    let mut stopped = osds[others[0] as usize].take().unwrap();
+    let term_at = Instant::now();
+    let st = Command::new("kill")
+        .args(["-TERM", &stopped.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    wait_map(&cl, "the stopped OSD marked down", |m| {
+        m.osd(others[0]).is_some_and(|o| !o.up)
+    });
+    let marked = term_at.elapsed();
+    assert!(stopped.0.wait().unwrap().success());
+    eprintln!(
+        "clean stop: marked down after {:.2} s",
+        marked.as_secs_f64()
+    );
+    assert!(marked < Duration::from_millis(1300), "{marked:?}");
+
+    // Two OSDs down: every PG below min_size refuses writes with a clear status.
     drop(osds[victim as usize].take());
     wait_map(&cl, "two OSDs down", |m| {
         m.osds.iter().filter(|o| o.up).count() == 1

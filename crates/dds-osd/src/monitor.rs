@@ -168,6 +168,22 @@ pub fn follow_file(osd: MapHandle, path: PathBuf) -> std::io::Result<()> {
         .map(|_| ())
 }
 
+/// An OSD's membership of an etcd-monitored cluster ([`join`]).
+pub struct Membership {
+    etcd: Etcd,
+    lease: Arc<AtomicI64>,
+}
+
+impl Membership {
+    /// Leaves the cluster at once (a clean shutdown): revokes the lease, so the `alive` key
+    /// and the election key go now rather than when the lease would expire.
+    pub fn leave(self) {
+        if let Err(e) = self.etcd.revoke(self.lease.load(Ordering::SeqCst)) {
+            tracing::warn!("leaving the cluster: {e}");
+        }
+    }
+}
+
 /// An OSD's membership in an etcd-monitored cluster: its lease and `alive` key, its
 /// campaign for the monitor role (and the monitor's work when it leads), its map watch.
 pub fn join(
@@ -176,7 +192,7 @@ pub fn join(
     keys: Keys,
     ttl: u64,
     alive: Alive,
-) -> Result<(), SourceError> {
+) -> Result<Membership, SourceError> {
     let id = osd.id();
     let value = serde_json::to_vec(&alive).map_err(|e| SourceError::Other(e.to_string()))?;
     let lease = etcd.grant(ttl)?;
@@ -197,12 +213,16 @@ pub fn join(
         )?;
     }
     {
-        let (osd, etcd, keys) = (osd.clone(), etcd.clone(), keys.clone());
+        let (osd, etcd, keys, lease) = (osd.clone(), etcd.clone(), keys.clone(), lease.clone());
         spawn(
             "osd-monitor",
             Box::new(move || campaign(&osd, &etcd, &keys, &lease)),
         )?;
     }
+    let membership = Membership {
+        etcd: etcd.clone(),
+        lease,
+    };
     let o = osd.clone();
     let apply = move |m: ClusterMap| {
         if let Err(e) = o.set_map(m) {
@@ -210,7 +230,8 @@ pub fn join(
         }
     };
     follow(etcd, keys, "osd", apply, move || osd.stopped())
-        .map_err(|e| SourceError::Other(e.to_string()))
+        .map_err(|e| SourceError::Other(e.to_string()))?;
+    Ok(membership)
 }
 
 /// Renews the lease every third of its TTL; a lease that expired anyway is granted again
