@@ -156,6 +156,12 @@ pub(crate) struct Peer {
     pub last_failure: Mutex<Option<Instant>>,
 }
 
+/// A request to a peer awaiting its reply.
+struct PeerSent {
+    peer: Arc<Peer>,
+    sent: crate::conn::Sent,
+}
+
 /// What one map makes of this OSD: the map, the PGs it is a member of, its peers.
 pub(crate) struct View {
     pub map: Arc<ClusterMap>,
@@ -844,29 +850,17 @@ impl Inner {
         payload.u64(pgid.pool).u32(pgid.pg).u64(version);
         tx.encode(&mut payload.0);
         let payload = payload.done();
-        let (local, remote) = std::thread::scope(|s| {
-            let handles: Vec<_> = replicas
-                .iter()
-                .map(|&r| {
-                    let payload = &payload;
-                    (r, s.spawn(move || self.peer_call(r, op::REPL_TX, payload)))
-                })
-                .collect();
-            let local = self.store.submit(&tx);
-            let remote: Vec<(u32, Result<Vec<u8>, CallError>)> = handles
-                .into_iter()
-                .map(|(r, h)| {
-                    let res = h.join().unwrap_or_else(|_| {
-                        Err(CallError::Op(op_err(
-                            Status::Io,
-                            "replication thread panicked",
-                        )))
-                    });
-                    (r, res)
-                })
-                .collect();
-            (local, remote)
-        });
+        // The transaction goes to every in-sync replica first, then to this OSD's store;
+        // the replicas apply it meanwhile, and their acknowledgements are read last.
+        let sent: Vec<_> = replicas
+            .iter()
+            .map(|&r| (r, self.peer_send(r, op::REPL_TX, &payload)))
+            .collect();
+        let local = self.store.submit(&tx);
+        let remote: Vec<(u32, Result<Vec<u8>, CallError>)> = sent
+            .into_iter()
+            .map(|(r, sent)| (r, sent.and_then(|s| self.peer_finish(s, &payload))))
+            .collect();
         let mut committed = 1;
         for (r, res) in remote {
             match res {
@@ -905,13 +899,33 @@ impl Inner {
         op: u16,
         payload: &[u8],
     ) -> Result<Vec<u8>, CallError> {
+        self.peer_send(osd, op, payload)
+            .and_then(|s| self.peer_finish(s, payload))
+    }
+
+    /// Sends a request to a peer without waiting for its reply ([`Inner::peer_finish`]).
+    fn peer_send(&self, osd: u32, op: u16, payload: &[u8]) -> Result<PeerSent, CallError> {
         let view = self.view();
-        let epoch = view.map.epoch;
         let peer = view
             .peers
             .get(&osd)
             .ok_or_else(|| CallError::Op(op_err(Status::Invalid, format!("no osd {osd}"))))?;
-        let r = peer.conns.call(op, 0, epoch, payload);
+        let r = peer.conns.send(op, 0, view.map.epoch, payload);
+        let sent = Self::noted(peer, r)?;
+        Ok(PeerSent {
+            peer: peer.clone(),
+            sent,
+        })
+    }
+
+    /// The reply of a request [`Inner::peer_send`] sent.
+    fn peer_finish(&self, s: PeerSent, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+        let r = s.peer.conns.finish(s.sent, payload);
+        Self::noted(&s.peer, r)
+    }
+
+    /// `r`, a transport failure remembered for the peering backoff.
+    fn noted<T>(peer: &Peer, r: Result<T, CallError>) -> Result<T, CallError> {
         if let Err(CallError::Transport { .. }) = &r {
             *peer.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             peer.conns.reset();
