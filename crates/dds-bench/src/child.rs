@@ -33,6 +33,33 @@ impl ChildGuard {
         crate::cpu::process_cpu_seconds(self.pid()).unwrap_or(0.0)
     }
 
+    /// The first line of the child's stdout (which must be piped), waiting at most `timeout`;
+    /// the rest of its stdout is drained from a thread, so the child never blocks on a full
+    /// pipe.
+    pub fn ready_line(&mut self, timeout: Duration) -> anyhow::Result<String> {
+        use std::io::BufRead;
+        let name = self.name;
+        let out = self
+            .child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("{name}: stdout is not piped"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(out).lines();
+            let _ = tx.send(lines.next());
+            for _ in lines {}
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(Some(Ok(l))) => Ok(l),
+            Ok(_) => match self.try_wait()? {
+                Some(st) => anyhow::bail!("{name} exited ({st}) before it was ready"),
+                None => anyhow::bail!("{name} closed its stdout before it was ready"),
+            },
+            Err(_) => anyhow::bail!("{name} was not ready within {timeout:?}"),
+        }
+    }
+
     /// The exit status, if the child has exited.
     pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         self.child.try_wait()

@@ -27,9 +27,25 @@ pub struct OsdArgs {
     /// This OSD's id in the map.
     #[arg(long)]
     id: u32,
-    /// Cluster map file (TOML).
+    /// Cluster map file (TOML), reread every 200 ms; with --etcd: the seed of the map when
+    /// etcd holds none.
+    #[arg(long, required_unless_present = "etcd")]
+    map: Option<PathBuf>,
+    /// etcd endpoint (http://IP:PORT): the map lives there and etcd is the monitor.
+    #[arg(long, requires = "cluster")]
+    etcd: Option<String>,
+    /// Cluster name (the etcd key prefix /dds/osd/NAME/).
     #[arg(long)]
-    map: PathBuf,
+    cluster: Option<String>,
+    /// Seconds of the OSD's etcd lease (how long a dead OSD stays up in the map).
+    #[arg(long, default_value_t = 3)]
+    etcd_ttl: u64,
+    /// Client address to bind (default: the map's, or 127.0.0.1:0 with --etcd; port 0: any).
+    #[arg(long)]
+    addr: Option<std::net::SocketAddr>,
+    /// Peer address to bind (default: the map's, or 127.0.0.1:0 with --etcd; port 0: any).
+    #[arg(long)]
+    peer_addr: Option<std::net::SocketAddr>,
     /// Device file of the object store (placement host).
     #[arg(long)]
     device: Option<PathBuf>,
@@ -152,10 +168,24 @@ pub fn run_osd_store(a: OsdStoreArgs) -> Result<()> {
 }
 
 pub fn run_osd(a: OsdArgs) -> Result<()> {
-    let map = ClusterMap::load(&a.map)?;
+    let seed = a.map.as_ref().map(ClusterMap::load).transpose()?;
+    let etcd = a.etcd.as_deref().map(|url| {
+        let keys = dds_osd::monitor::Keys::new(a.cluster.as_deref().unwrap_or_default());
+        (dds_osd::etcd::Etcd::new(url), keys)
+    });
+    let (map, source) = match &etcd {
+        Some((etcd, keys)) => (
+            dds_osd::monitor::load_or_seed(etcd, keys, seed.as_ref())?,
+            format!("etcd {} cluster {}", etcd.url(), keys.cluster),
+        ),
+        None => (
+            seed.expect("--map is required without --etcd"),
+            a.map.as_ref().expect("checked").display().to_string(),
+        ),
+    };
     let me = map
         .osd(a.id)
-        .ok_or_else(|| anyhow!("osd {} is not in {}", a.id, a.map.display()))?;
+        .ok_or_else(|| anyhow!("osd {} is not in the map of {source}", a.id))?;
     let placement = a.placement.unwrap_or(match me.placement {
         dds_osd::Placement::Host => PlacementArg::Host,
         dds_osd::Placement::Dpu => PlacementArg::Dpu,
@@ -189,7 +219,18 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
         None
     };
     let store = open_store(&spec)?;
+    let any: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
+    let bind = match (&etcd, a.addr, a.peer_addr) {
+        (None, None, None) => None,
+        (None, c, p) => Some((c.unwrap_or(me.addr), p.unwrap_or(me.peer_addr))),
+        (Some(_), c, p) => Some((c.unwrap_or(any), p.unwrap_or(any))),
+    };
+    let placement_of_map = match placement {
+        PlacementArg::Host => dds_osd::Placement::Host,
+        PlacementArg::Dpu => dds_osd::Placement::Dpu,
+    };
     let mut cfg = OsdConfig::new(a.id, map);
+    cfg.bind = bind;
     cfg.max_payload = u32::try_from(a.max_frame).context("--max-frame above 4 GiB")?;
     cfg.frame_memory = a.frame_memory;
     cfg.max_connections = a.max_connections;
@@ -200,15 +241,34 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
         signal_hook::consts::SIGINT,
     ])?;
     let osd = Osd::start(cfg, store).context("starting the OSD")?;
+    let membership = match etcd {
+        Some((etcd, keys)) => {
+            let alive = dds_osd::monitor::Alive {
+                addr: osd.client_addr(),
+                peer_addr: osd.peer_addr(),
+                placement: placement_of_map,
+            };
+            Some(
+                dds_osd::monitor::join(osd.maps(), etcd, keys, a.etcd_ttl.max(1), alive)
+                    .context("joining the cluster in etcd")?,
+            )
+        }
+        None => {
+            dds_osd::monitor::follow_file(osd.maps(), a.map.clone().expect("checked"))?;
+            None
+        }
+    };
     println!(
-        "osd.{} ready: clients on {}, peers on {}",
-        a.id,
-        osd.client_addr(),
-        osd.peer_addr()
+        "{}",
+        dds_osd::ready_line(a.id, osd.client_addr(), osd.peer_addr())
     );
     std::io::stdout().flush()?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
+    }
+    // Marked down at once rather than when the lease expires.
+    if let Some(m) = membership {
+        m.leave();
     }
     osd.shutdown();
     if let Some(p) = applied.as_mut() {
@@ -222,6 +282,12 @@ pub struct ObjectsArgs {
     /// Cluster map file (TOML).
     #[arg(long, global = true, default_value = "cluster.toml")]
     map: PathBuf,
+    /// etcd endpoint holding the map (instead of --map).
+    #[arg(long, global = true, requires = "cluster")]
+    etcd: Option<String>,
+    /// Cluster name in etcd.
+    #[arg(long, global = true)]
+    cluster: Option<String>,
     /// Pool id or name.
     #[arg(long, global = true, default_value = "1")]
     pool: String,
@@ -262,11 +328,18 @@ fn local(what: &str, f: &std::path::Path, e: std::io::Error) -> anyhow::Error {
 }
 
 fn objects(a: ObjectsArgs) -> Result<()> {
-    let client = Client::connect_map(&a.map)?;
+    let client = match &a.etcd {
+        Some(url) => Client::connect_etcd(
+            url,
+            a.cluster.as_deref().unwrap_or_default(),
+            Default::default(),
+        )?,
+        None => Client::connect_map(&a.map)?,
+    };
     let pool = client
         .map()
         .find_pool(&a.pool)
-        .ok_or_else(|| anyhow!("no pool {} in {}", a.pool, a.map.display()))?
+        .ok_or_else(|| anyhow!("no pool {} in the map", a.pool))?
         .id;
     let oid = |name: &str| ObjectId::new(pool, name.as_bytes());
     match a.cmd {

@@ -293,37 +293,7 @@ fn bad_input_gets_errors_and_the_front_end_goes_on() {
 #[test]
 fn endpoints_are_registered_in_etcd_and_vanish_with_their_process() {
     let dir = tempfile::tempdir().unwrap();
-    let client_port = common::free_port();
-    let peer_port = common::free_port();
-    let url = format!("http://127.0.0.1:{client_port}");
-    let peer = format!("http://127.0.0.1:{peer_port}");
-    let etcd = Guard(
-        Command::new("etcd")
-            .arg("--data-dir")
-            .arg(dir.path().join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("etcd (package etcd-server)"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while dds_dpukv::etcd::lookup(&url, "t").is_err() {
-        assert!(Instant::now() < deadline, "etcd did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (etcd, url) = common::start_etcd(dir.path());
     let reg = [
         "--etcd",
         url.as_str(),

@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{OsdCluster, DDS};
 use dds_objstore::ObjectId;
@@ -33,35 +32,7 @@ fn client(c: &OsdCluster, retry: Duration) -> Client {
 /// Waits until every OSD answers STATUS with every PG active and clean and the members of each
 /// PG at the same head.
 fn wait_clean(c: &Client, n: u32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut heads: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
-        let mut ok = true;
-        for o in 0..n {
-            match c.status(o) {
-                Ok(s) => {
-                    for p in s["pgs"].as_array().unwrap() {
-                        ok &= p["active"] == true && p["clean"] == true;
-                        let key = (p["pool"].as_u64().unwrap(), p["pg"].as_u64().unwrap());
-                        heads
-                            .entry(key)
-                            .or_default()
-                            .push(p["head"].as_u64().unwrap());
-                    }
-                }
-                Err(_) => ok = false,
-            }
-        }
-        ok &= heads.values().all(|h| h.iter().all(|&x| x == h[0]));
-        if ok {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the cluster never became clean: {heads:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::osd_wait_clean(c, &(0..n).collect::<Vec<_>>());
 }
 
 fn dds_objects(c: &OsdCluster, args: &[&str]) -> (bool, Vec<u8>, String) {

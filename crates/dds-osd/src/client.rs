@@ -3,14 +3,17 @@
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use dds_objstore::{KvPairs, ObjStat, ObjectId};
 
 use crate::conn::{CallError, ConnPool};
+use crate::etcd::Etcd;
 use crate::map::{ClusterMap, PgId};
+use crate::monitor::{self, Keys};
 use crate::wire::{op, Dec, Enc, OpError, Status, FLAG_LOCAL};
 
 /// Client settings.
@@ -32,10 +35,37 @@ impl Default for ClientOptions {
     }
 }
 
-/// A connection to a cluster: one connection pool per OSD.
+/// Where a client gets newer maps.
+enum Source {
+    /// From the OSDs (`GET_MAP`).
+    Osds,
+    /// From a map file.
+    File(PathBuf),
+    /// From etcd (also watched from a thread).
+    Etcd(Etcd, Keys),
+}
+
+/// The map a client holds, shared with its watch thread.
+type SharedMap = Arc<RwLock<Arc<ClusterMap>>>;
+
+/// Replaces the map by `m` if its epoch is higher.
+fn adopt(shared: &SharedMap, m: ClusterMap) -> bool {
+    let mut cur = shared.write().unwrap_or_else(|e| e.into_inner());
+    if m.epoch > cur.epoch {
+        *cur = Arc::new(m);
+        true
+    } else {
+        false
+    }
+}
+
+/// A connection to a cluster: one connection pool per OSD, following the cluster's maps.
 pub struct Client {
-    map: ClusterMap,
-    conns: BTreeMap<u32, ConnPool>,
+    map: SharedMap,
+    source: Source,
+    conns: Mutex<BTreeMap<u32, Arc<ConnPool>>>,
+    /// Set when the client is dropped (ends its watch thread).
+    closed: Arc<AtomicBool>,
     opts: ClientOptions,
     /// This client's random id and its next write's tid: a write keeps its (id, tid) through
     /// retries, and the primary applies it once.
@@ -77,10 +107,34 @@ pub fn is_unreachable(e: &OpError) -> bool {
 }
 
 impl Client {
-    /// A client of the cluster described by a map file.
+    /// A client of the cluster described by a map file (reread when a newer map is needed).
     pub fn connect_map(path: impl AsRef<Path>) -> Result<Client, OpError> {
+        let path = path.as_ref();
         let map = ClusterMap::load(path).map_err(|e| err(Status::Invalid, e.to_string()))?;
-        Ok(Client::with_map(map, ClientOptions::default()))
+        let mut c = Client::with_map(map, ClientOptions::default());
+        c.source = Source::File(path.to_path_buf());
+        Ok(c)
+    }
+
+    /// A client of the cluster whose map is in etcd at `url` under `cluster`, watched.
+    pub fn connect_etcd(url: &str, cluster: &str, opts: ClientOptions) -> Result<Client, OpError> {
+        let etcd = Etcd::new(url);
+        let keys = Keys::new(cluster);
+        let map = monitor::load(&etcd, &keys).map_err(|e| err(Status::Io, e.to_string()))?;
+        let mut c = Client::with_map(map, opts);
+        let (shared, closed) = (c.map.clone(), c.closed.clone());
+        monitor::follow(
+            etcd.clone(),
+            keys.clone(),
+            "client",
+            move |m| {
+                adopt(&shared, m);
+            },
+            move || closed.load(Ordering::Relaxed),
+        )
+        .map_err(|e| err(Status::Io, format!("map watch thread: {e}")))?;
+        c.source = Source::Etcd(etcd, keys);
+        Ok(c)
     }
 
     /// A client of the cluster whose map an OSD at one of `addrs` returns (`GET_MAP`).
@@ -102,73 +156,154 @@ impl Client {
 
     /// A client of the cluster described by `map`.
     pub fn with_map(map: ClusterMap, opts: ClientOptions) -> Client {
-        let conns = map
-            .osds
-            .iter()
-            .map(|o| {
-                (
-                    o.id,
-                    ConnPool::new(o.addr, opts.connect_timeout, opts.io_timeout),
-                )
-            })
-            .collect();
         Client {
-            map,
-            conns,
+            map: Arc::new(RwLock::new(Arc::new(map))),
+            source: Source::Osds,
+            conns: Mutex::new(BTreeMap::new()),
+            closed: Arc::new(AtomicBool::new(false)),
             opts,
             id: random_id(),
             next_tid: AtomicU64::new(1),
         }
     }
 
-    pub fn map(&self) -> &ClusterMap {
-        &self.map
+    /// The map the client holds now.
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The connections to `osd` at the address `map` gives it (`None` while unknown).
+    fn conns_of(&self, map: &ClusterMap, osd: u32) -> Option<Arc<ConnPool>> {
+        let info = map.osd(osd).filter(|o| o.addr.port() != 0)?;
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let c = conns
+            .entry(osd)
+            .and_modify(|c| {
+                if c.addr() != info.addr {
+                    *c = Arc::new(ConnPool::new(
+                        info.addr,
+                        self.opts.connect_timeout,
+                        self.opts.io_timeout,
+                    ));
+                }
+            })
+            .or_insert_with(|| {
+                Arc::new(ConnPool::new(
+                    info.addr,
+                    self.opts.connect_timeout,
+                    self.opts.io_timeout,
+                ))
+            });
+        Some(c.clone())
+    }
+
+    /// Looks for a newer map: from `osd` (which answered with a newer epoch), from the
+    /// client's source, or from the OSDs it knows.
+    fn refresh(&self, osd: Option<u32>) {
+        let from_osd = |id: u32| {
+            let map = self.map();
+            let c = self.conns_of(&map, id)?;
+            let text = c.call(op::GET_MAP, 0, 0, &[]).ok()?;
+            ClusterMap::parse(&String::from_utf8_lossy(&text)).ok()
+        };
+        if let Some(m) = osd.and_then(from_osd) {
+            adopt(&self.map, m);
+        }
+        match &self.source {
+            Source::File(p) => {
+                if let Ok(m) = ClusterMap::load(p) {
+                    adopt(&self.map, m);
+                }
+            }
+            Source::Etcd(etcd, keys) => {
+                if let Ok(m) = monitor::load(etcd, keys) {
+                    adopt(&self.map, m);
+                }
+            }
+            Source::Osds if osd.is_none() => {
+                let ids: Vec<u32> = self
+                    .map()
+                    .osds
+                    .iter()
+                    .filter(|o| o.up)
+                    .map(|o| o.id)
+                    .collect();
+                for m in ids.into_iter().filter_map(from_osd) {
+                    adopt(&self.map, m);
+                }
+            }
+            Source::Osds => {}
+        }
     }
 
     fn pg(&self, oid: &ObjectId) -> Result<PgId, OpError> {
-        self.map
+        self.map()
             .pg_of(oid.pool, &oid.name)
             .ok_or_else(|| err(Status::NotFound, format!("no pool {} in the map", oid.pool)))
     }
 
+    /// Sends an op where `route` leads under the current map, retrying (under newer maps)
+    /// while its OSD is unreachable, its PG peering, degraded or below `min_size`, or the map
+    /// stale.
     fn call(&self, route: Route, op: u16, payload: &[u8]) -> Result<Vec<u8>, OpError> {
-        let (osd, flags) = match route {
-            Route::Primary(pg) => {
-                let acting = self.map.acting(pg);
-                let primary = *acting
-                    .first()
-                    .ok_or_else(|| err(Status::NotFound, format!("pg {pg} has no OSDs")))?;
-                (primary, 0)
-            }
-            Route::Local(osd) => (osd, FLAG_LOCAL),
-        };
-        let conns = self
-            .conns
-            .get(&osd)
-            .ok_or_else(|| err(Status::NotFound, format!("no osd {osd} in the map")))?;
         let deadline = Instant::now() + self.opts.retry_for;
         let mut pause = Duration::from_millis(20);
         loop {
-            let r = conns.call(op, flags, self.map.epoch, payload);
-            let retry = match &r {
-                Err(CallError::Transport { .. }) => {
-                    conns.reset();
-                    true
+            let map = self.map();
+            let (osd, flags) = match route {
+                Route::Primary(pg) => {
+                    let primary = *map.acting(pg).first().ok_or_else(|| {
+                        err(
+                            Status::BelowMinSize,
+                            format!("pg {pg} has no OSD up (map epoch {})", map.epoch),
+                        )
+                    })?;
+                    (primary, 0)
                 }
-                Err(CallError::Op(e)) => e.status == Status::PgInactive,
-                Ok(_) => false,
+                Route::Local(osd) => (osd, FLAG_LOCAL),
             };
-            if !retry || Instant::now() + pause > deadline {
+            if map.osd(osd).is_none() {
+                return Err(err(Status::NotFound, format!("no osd {osd} in the map")));
+            }
+            let r = match self.conns_of(&map, osd) {
+                Some(c) => c.call(op, flags, map.epoch, payload).inspect_err(|e| {
+                    if matches!(e, CallError::Transport { .. }) {
+                        c.reset();
+                    }
+                }),
+                None => Err(CallError::Transport {
+                    addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                    err: std::io::Error::other("its address is not known yet"),
+                }),
+            };
+            let retry = match &r {
+                Err(CallError::Transport { .. }) => Some(None),
+                Err(CallError::Op(e)) => match e.status {
+                    Status::StaleEpoch | Status::NotPrimary => Some(Some(osd)),
+                    // A write that missed min_size is retried with its reqid: answered with
+                    // its version once peering brought enough members back in sync.
+                    Status::PgInactive | Status::BelowMinSize | Status::Degraded => Some(None),
+                    _ => None,
+                },
+                Ok(_) => None,
+            };
+            let Some(ask) = retry.filter(|_| Instant::now() + pause <= deadline) else {
                 return r.map_err(|e| match e {
                     CallError::Transport { addr, err: io } => err(
                         Status::Io,
-                        format!("osd {osd} at {addr} {UNREACHABLE} (no primary failover): {io}"),
+                        format!(
+                            "osd {osd} at {addr} {UNREACHABLE} (map epoch {}): {io}",
+                            map.epoch
+                        ),
                     ),
                     CallError::Op(e) => OpError::new(e.status, format!("osd {osd}: {}", e.text)),
                 });
+            };
+            self.refresh(ask);
+            if self.map().epoch == map.epoch {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(250));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(250));
         }
     }
 
@@ -374,12 +509,13 @@ impl Client {
 
     /// Every object name of `pool`, in byte order.
     pub fn list(&self, pool: u64) -> Result<Vec<Vec<u8>>, OpError> {
-        let p = self
-            .map
+        let pg_num = self
+            .map()
             .pool(pool)
-            .ok_or_else(|| err(Status::NotFound, format!("no pool {pool} in the map")))?;
+            .ok_or_else(|| err(Status::NotFound, format!("no pool {pool} in the map")))?
+            .pg_num;
         let mut all = Vec::new();
-        for pg in 0..p.pg_num {
+        for pg in 0..pg_num {
             let pg = PgId { pool, pg };
             all.extend(self.list_pg_on(Route::Primary(pg), pg)?);
         }
@@ -405,6 +541,12 @@ impl Client {
     /// Reads served by one OSD from its own store, bypassing the primary (to check replicas).
     pub fn on(&self, osd: u32) -> OsdView<'_> {
         OsdView { client: self, osd }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Relaxed);
     }
 }
 

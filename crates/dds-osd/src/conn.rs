@@ -32,6 +32,16 @@ impl CallError {
     }
 }
 
+/// A request sent and not yet answered ([`ConnPool::send`]).
+pub struct Sent {
+    stream: TcpStream,
+    fresh: bool,
+    op: u16,
+    flags: u16,
+    epoch: u32,
+    req_id: u64,
+}
+
 /// Connections to one address, reused across calls; each call takes one connection exclusively.
 pub struct ConnPool {
     addr: SocketAddr,
@@ -52,6 +62,10 @@ impl ConnPool {
             io_timeout,
             budget: Budget::new(u64::MAX / 2),
         }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Drops the idle connections.
@@ -76,16 +90,64 @@ impl ConnPool {
         epoch: u32,
         payload: &[u8],
     ) -> Result<Vec<u8>, CallError> {
+        let sent = self.send(op, flags, epoch, payload)?;
+        self.finish(sent, payload)
+    }
+
+    /// Sends one request on a connection of its own and returns without waiting for the
+    /// reply ([`finish`](Self::finish) reads it): requests to several peers are then in
+    /// flight at once without a thread each.
+    pub fn send(&self, op: u16, flags: u16, epoch: u32, payload: &[u8]) -> Result<Sent, CallError> {
         let reused = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let fresh = reused.is_none();
-        let stream = match reused {
-            Some(s) => s,
-            None => self.connect().map_err(|err| self.transport(err))?,
-        };
-        match self.exchange(stream, op, flags, epoch, payload) {
+        if let Some(mut s) = reused {
+            if let Ok(req_id) = self.write_request(&mut s, op, flags, epoch, payload) {
+                return Ok(Sent {
+                    stream: s,
+                    fresh: false,
+                    op,
+                    flags,
+                    epoch,
+                    req_id,
+                });
+            }
+        }
+        self.send_fresh(op, flags, epoch, payload)
+    }
+
+    fn send_fresh(
+        &self,
+        op: u16,
+        flags: u16,
+        epoch: u32,
+        payload: &[u8],
+    ) -> Result<Sent, CallError> {
+        let mut s = self.connect().map_err(|err| self.transport(err))?;
+        let req_id = self.write_request(&mut s, op, flags, epoch, payload)?;
+        Ok(Sent {
+            stream: s,
+            fresh: true,
+            op,
+            flags,
+            epoch,
+            req_id,
+        })
+    }
+
+    /// Reads the reply of a request [`send`](Self::send) sent; a reused connection that
+    /// fails is replaced by a fresh one once (`payload`, the same request, is sent again).
+    pub fn finish(&self, sent: Sent, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+        let Sent {
+            stream,
+            fresh,
+            op,
+            flags,
+            epoch,
+            req_id,
+        } = sent;
+        match self.read_reply(stream, op, req_id) {
             Err(CallError::Transport { .. }) if !fresh => {
-                let s = self.connect().map_err(|err| self.transport(err))?;
-                self.exchange(s, op, flags, epoch, payload)
+                let again = self.send_fresh(op, flags, epoch, payload)?;
+                self.read_reply(again.stream, op, again.req_id)
             }
             r => r,
         }
@@ -98,14 +160,14 @@ impl ConnPool {
         }
     }
 
-    fn exchange(
+    fn write_request(
         &self,
-        mut s: TcpStream,
+        s: &mut TcpStream,
         op: u16,
         flags: u16,
         epoch: u32,
         payload: &[u8],
-    ) -> Result<Vec<u8>, CallError> {
+    ) -> Result<u64, CallError> {
         let req_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let len = u32::try_from(payload.len())
             .map_err(|_| OpError::new(Status::TooLarge, "request payload above 4 GiB"))?;
@@ -117,7 +179,11 @@ impl ConnPool {
             req_id,
             len,
         };
-        wire::write_frame(&mut s, &h, payload).map_err(|e| self.transport(e))?;
+        wire::write_frame(s, &h, payload).map_err(|e| self.transport(e))?;
+        Ok(req_id)
+    }
+
+    fn read_reply(&self, mut s: TcpStream, op: u16, req_id: u64) -> Result<Vec<u8>, CallError> {
         let (rh, p) = wire::read_frame(&mut s, u32::MAX, &self.budget).map_err(|e| {
             self.transport(match e {
                 FrameError::Io(e) => e,

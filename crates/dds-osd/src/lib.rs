@@ -10,7 +10,9 @@
 
 pub mod client;
 mod conn;
+pub mod etcd;
 pub mod map;
+pub mod monitor;
 mod objects;
 pub mod pglog;
 mod recovery;
@@ -21,6 +23,6 @@ pub mod wire;
 pub use conn::CallError;
 pub use map::{ClusterMap, OsdInfo, PgId, Placement, PoolInfo};
 pub use objects::ObjectState;
-pub use server::{Osd, OsdConfig};
+pub use server::{parse_ready_line, ready_line, MapHandle, Osd, OsdConfig};
 pub use store::{open_store, OpenError, StoreSpec};
 pub use wire::{OpError, Status};

@@ -34,10 +34,24 @@ pub struct OsdInfo {
     pub weight: f64,
     #[serde(default)]
     pub placement: Placement,
+    /// Whether the OSD is up (a down OSD leaves its PGs' acting sets).
+    #[serde(default = "default_up")]
+    pub up: bool,
 }
 
 fn default_weight() -> f64 {
     1.0
+}
+
+fn default_up() -> bool {
+    true
+}
+
+impl OsdInfo {
+    /// Whether both its ports are known (not port 0).
+    pub fn addressed(&self) -> bool {
+        self.addr.port() != 0 && self.peer_addr.port() != 0
+    }
 }
 
 /// One pool of the map.
@@ -186,6 +200,10 @@ impl ClusterMap {
         self.osds.iter().find(|o| o.id == id)
     }
 
+    pub fn osd_mut(&mut self, id: u32) -> Option<&mut OsdInfo> {
+        self.osds.iter_mut().find(|o| o.id == id)
+    }
+
     pub fn pool(&self, id: u64) -> Option<&PoolInfo> {
         self.pools.iter().find(|p| p.id == id)
     }
@@ -205,8 +223,15 @@ impl ClusterMap {
         Some(PgId { pool, pg })
     }
 
-    /// The acting set of a PG: `size` distinct OSDs by straw2, the primary first.
+    /// The acting set of a PG: the members of its raw set that are up, the primary first.
     pub fn acting(&self, pg: PgId) -> Vec<u32> {
+        let mut set = self.raw_set(pg);
+        set.retain(|&id| self.osd(id).is_some_and(|o| o.up));
+        set
+    }
+
+    /// The raw set of a PG: `size` distinct OSDs by straw2, up or down.
+    pub fn raw_set(&self, pg: PgId) -> Vec<u32> {
         let Some(p) = self.pool(pg.pool) else {
             return Vec::new();
         };
@@ -241,6 +266,7 @@ mod tests {
                 peer_addr: format!("127.0.0.1:{}", 7001 + 2 * id).parse().unwrap(),
                 weight: 1.0,
                 placement: Placement::Host,
+                up: true,
             })
             .collect();
         ClusterMap {
@@ -351,5 +377,23 @@ size = 2
         // Expected share: size / (n + 1) = 3/6 of the PGs gain the new OSD.
         let share = moved as f64 / 4096.0;
         assert!((share - 0.5).abs() < 0.05, "{share}");
+    }
+
+    #[test]
+    fn a_down_osd_leaves_acting_sets_and_the_next_member_leads() {
+        let mut m = map(5, 256);
+        let before: Vec<_> = m.all_pgs().map(|pg| m.acting(pg)).collect();
+        m.osds[2].up = false;
+        let text = m.to_toml();
+        assert_eq!(ClusterMap::parse(&text).unwrap(), m);
+        for (pg, was) in m.all_pgs().zip(&before) {
+            let now = m.acting(pg);
+            let expect: Vec<u32> = was.iter().copied().filter(|&o| o != 2).collect();
+            assert_eq!(now, expect, "{pg}");
+            assert_eq!(m.raw_set(pg), *was);
+        }
+        // A map without `up` keys has every OSD up.
+        let plain = text.replace("up = false", "").replace("up = true", "");
+        assert!(ClusterMap::parse(&plain).unwrap().osds.iter().all(|o| o.up));
     }
 }

@@ -27,6 +27,8 @@ pub struct LogEntry {
     pub name: Vec<u8>,
     /// The client request that made it (client id, tid); (0, 0) for none.
     pub reqid: (u64, u64),
+    /// Map epoch of the primary that assigned the version (0: not recorded).
+    pub epoch: u32,
 }
 
 impl LogEntry {
@@ -35,7 +37,8 @@ impl LogEntry {
             .u8(self.kind)
             .bytes(&self.name)
             .u64(self.reqid.0)
-            .u64(self.reqid.1);
+            .u64(self.reqid.1)
+            .u32(self.epoch);
     }
 
     pub fn decode(d: &mut Dec<'_>) -> Result<LogEntry, OpError> {
@@ -44,20 +47,22 @@ impl LogEntry {
             kind: d.u8()?,
             name: d.bytes()?.to_vec(),
             reqid: (d.u64()?, d.u64()?),
+            epoch: d.u32()?,
         })
     }
 
     /// Decodes a stored entry; entries written before request ids were logged end after the
-    /// name and read as (0, 0).
+    /// name and read as (0, 0), those written before epochs were logged read as epoch 0.
     fn decode_stored(v: &[u8]) -> Result<LogEntry, OpError> {
         let mut d = Dec::new(v);
         let (version, kind, name) = (d.u64()?, d.u8()?, d.bytes()?.to_vec());
         let rest = d.rest();
-        let reqid = match rest.len() {
-            0 => (0, 0),
-            16 => {
+        let (reqid, epoch) = match rest.len() {
+            0 => ((0, 0), 0),
+            16 | 20 => {
                 let mut d = Dec::new(rest);
-                (d.u64()?, d.u64()?)
+                let reqid = (d.u64()?, d.u64()?);
+                (reqid, if rest.len() == 20 { d.u32()? } else { 0 })
             }
             n => {
                 return Err(OpError::new(
@@ -71,6 +76,7 @@ impl LogEntry {
             kind,
             name,
             reqid,
+            epoch,
         })
     }
 }
@@ -89,6 +95,12 @@ impl PgLog {
             .binary_search_by_key(&version, |e| e.version)
             .ok()
             .map(|i| &self.entries[i])
+    }
+
+    /// The last update: the epoch of the head's entry (0 when not retained) and the head,
+    /// compared in this order to find the most up-to-date member.
+    pub fn last_update(&self) -> (u32, u64) {
+        (self.entry(self.head).map_or(0, |e| e.epoch), self.head)
     }
 
     pub fn encode(&self, e: &mut Enc) {
@@ -214,11 +226,15 @@ mod tests {
             kind: KIND_REMOVE,
             name: b"obj".to_vec(),
             reqid: (77, 3),
+            epoch: 5,
         };
         let v = entry_value(&e);
         assert_eq!(LogEntry::decode_stored(&v).unwrap(), e);
+        // Written before epochs were logged: epoch 0.
+        let no_epoch = LogEntry::decode_stored(&v[..v.len() - 4]).unwrap();
+        assert_eq!((no_epoch.reqid, no_epoch.epoch), ((77, 3), 0));
         // Written before request ids were logged: the entry ends after the name.
-        let old = &v[..v.len() - 16];
+        let old = &v[..v.len() - 20];
         let got = LogEntry::decode_stored(old).unwrap();
         assert_eq!(got.reqid, (0, 0));
         assert_eq!(
@@ -227,5 +243,6 @@ mod tests {
         );
         // Anything else after the name is refused.
         assert!(LogEntry::decode_stored(&v[..v.len() - 3]).is_err());
+        assert!(LogEntry::decode_stored(&v[..v.len() - 7]).is_err());
     }
 }

@@ -30,13 +30,17 @@ pub(crate) fn peering_loop(inner: Arc<Inner>) {
         if inner.stop_requested() {
             return;
         }
-        for pg in inner.pgs.values().filter(|p| p.primary) {
+        let view = inner.view();
+        for pg in view.pgs.values().filter(|p| p.primary) {
             let needs = !pg.active.load(Ordering::Acquire) || !pg.clean.load(Ordering::Acquire);
             if !needs {
                 continue;
             }
             // Waits for a write in progress; no write of the PG starts until peering is done.
             let mut st = pg.lock();
+            if pg.retired.load(Ordering::Acquire) {
+                continue;
+            }
             if let Err(e) = inner.peer_pg(pg, &mut st) {
                 tracing::warn!(pg = %pg.id, "peering: {e}");
             }
@@ -48,7 +52,7 @@ pub(crate) fn peering_loop(inner: Arc<Inner>) {
 
 impl Inner {
     fn recently_failed(&self, osd: u32) -> bool {
-        self.peers.get(&osd).is_some_and(|p| {
+        self.view().peers.get(&osd).is_some_and(|p| {
             p.last_failure
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -78,15 +82,16 @@ impl Inner {
                 }
             }
         }
-        let min = self.cfg.map.pool(pg.id.pool).map_or(1, |p| p.min_size()) as usize;
+        let map = self.view().map.clone();
+        let min = map.pool(pg.id.pool).map_or(1, |p| p.min_size()) as usize;
         if logs.len() + st.in_sync.len() < min {
             // Stay inactive: not enough members to accept writes safely.
             return Ok(());
         }
-        // The authority: the highest head, this OSD on ties (it is first).
+        // The authority: the latest last update, this OSD on ties (it is first).
         let mut auth = 0;
         for (i, (_, log)) in logs.iter().enumerate() {
-            if log.head > logs[auth].1.head {
+            if log.last_update() > logs[auth].1.last_update() {
                 auth = i;
             }
         }
@@ -250,7 +255,7 @@ impl Inner {
         loop {
             let page = match m {
                 Member::Local => {
-                    objects::list_pg(&self.store, &self.cfg.map, pg, after.as_deref(), 4096)?
+                    objects::list_pg(&self.store, &self.view().map, pg, after.as_deref(), 4096)?
                 }
                 Member::Remote(r) => {
                     let p = Enc::new()

@@ -6,11 +6,11 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dds_objstore::{ObjectId, ObjectStore, Transaction, TxOp};
+use dds_objstore::{ObjectId, ObjectStore, StoreError, Transaction, TxOp};
 
 use crate::conn::{CallError, ConnPool};
 use crate::map::{ClusterMap, PgId, META_POOL};
@@ -24,7 +24,10 @@ use crate::wire::{
 #[derive(Debug, Clone)]
 pub struct OsdConfig {
     pub id: u32,
+    /// The map the OSD starts with (later maps replace it, [`Osd::set_map`]).
     pub map: ClusterMap,
+    /// Client and peer addresses to bind instead of the map entry's (port 0: any).
+    pub bind: Option<(SocketAddr, SocketAddr)>,
     /// Largest accepted payload.
     pub max_payload: u32,
     /// Memory budget of all payload buffers together.
@@ -46,6 +49,7 @@ impl OsdConfig {
         OsdConfig {
             id,
             map,
+            bind: None,
             max_payload: wire::DEFAULT_MAX_PAYLOAD,
             frame_memory: 256 << 20,
             max_connections: 1024,
@@ -102,6 +106,8 @@ pub(crate) struct Pg {
     pub id: PgId,
     pub acting: Vec<u32>,
     pub primary: bool,
+    /// Set when a new map changed the PG's acting set: this copy serves nothing more.
+    pub retired: AtomicBool,
     pub state: Mutex<PgState>,
     // Published copies for STATUS (which must not wait for a write or a recovery).
     pub head: AtomicU64,
@@ -110,6 +116,27 @@ pub(crate) struct Pg {
 }
 
 impl Pg {
+    fn new(id: PgId, acting: Vec<u32>, primary: bool, head: u64) -> Pg {
+        let pg = Pg {
+            id,
+            primary,
+            retired: AtomicBool::new(false),
+            state: Mutex::new(PgState {
+                head,
+                active: false,
+                in_sync: BTreeSet::new(),
+                reqids: HashMap::new(),
+                reqid_order: VecDeque::new(),
+            }),
+            acting,
+            head: AtomicU64::new(head),
+            active: AtomicBool::new(false),
+            clean: AtomicBool::new(false),
+        };
+        pg.publish(&pg.lock());
+        pg
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, PgState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -124,15 +151,30 @@ impl Pg {
 }
 
 pub(crate) struct Peer {
+    pub addr: SocketAddr,
     pub conns: ConnPool,
     pub last_failure: Mutex<Option<Instant>>,
+}
+
+/// A request to a peer awaiting its reply.
+struct PeerSent {
+    peer: Arc<Peer>,
+    sent: crate::conn::Sent,
+}
+
+/// What one map makes of this OSD: the map, the PGs it is a member of, its peers.
+pub(crate) struct View {
+    pub map: Arc<ClusterMap>,
+    pub pgs: BTreeMap<PgId, Arc<Pg>>,
+    pub peers: BTreeMap<u32, Arc<Peer>>,
 }
 
 pub(crate) struct Inner {
     pub cfg: OsdConfig,
     pub store: Arc<dyn ObjectStore>,
-    pub pgs: BTreeMap<PgId, Arc<Pg>>,
-    pub peers: BTreeMap<u32, Peer>,
+    view: RwLock<Arc<View>>,
+    /// Serializes map changes.
+    map_change: Mutex<()>,
     budget: Budget,
     stop: AtomicBool,
     /// Open connections (closed by `shutdown`).
@@ -167,56 +209,17 @@ impl Osd {
             .osd(cfg.id)
             .ok_or_else(|| io::Error::other(format!("osd {} is not in the map", cfg.id)))?
             .clone();
-        let client = TcpListener::bind(me.addr)?;
-        let peer = TcpListener::bind(me.peer_addr)?;
-        let mut pgs = BTreeMap::new();
-        for pgid in cfg.map.all_pgs() {
-            let acting = cfg.map.acting(pgid);
-            let Some(pos) = acting.iter().position(|&o| o == cfg.id) else {
-                continue;
-            };
-            let head = pglog::read_head(&store, pgid).map_err(io::Error::other)?;
-            let pg = Pg {
-                id: pgid,
-                primary: pos == 0,
-                state: Mutex::new(PgState {
-                    head,
-                    active: false,
-                    in_sync: BTreeSet::new(),
-                    reqids: HashMap::new(),
-                    reqid_order: VecDeque::new(),
-                }),
-                acting,
-                head: AtomicU64::new(head),
-                active: AtomicBool::new(false),
-                clean: AtomicBool::new(false),
-            };
-            pg.publish(&pg.lock());
-            pgs.insert(pgid, Arc::new(pg));
-        }
-        let peers = cfg
-            .map
-            .osds
-            .iter()
-            .filter(|o| o.id != cfg.id)
-            .map(|o| {
-                let peer = Peer {
-                    conns: ConnPool::new(
-                        o.peer_addr,
-                        cfg.peer_timeout.min(Duration::from_secs(1)),
-                        cfg.peer_timeout,
-                    ),
-                    last_failure: Mutex::new(None),
-                };
-                (o.id, peer)
-            })
-            .collect();
+        let (client_at, peer_at) = cfg.bind.unwrap_or((me.addr, me.peer_addr));
+        let client = TcpListener::bind(client_at)?;
+        let peer = TcpListener::bind(peer_at)?;
+        let view =
+            build_view(&cfg, &store, Arc::new(cfg.map.clone()), None).map_err(io::Error::other)?;
         let inner = Arc::new(Inner {
             budget: Budget::new(cfg.frame_memory),
             cfg,
             store,
-            pgs,
-            peers,
+            view: RwLock::new(Arc::new(view)),
+            map_change: Mutex::new(()),
             stop: AtomicBool::new(false),
             open: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
@@ -254,6 +257,16 @@ impl Osd {
         self.peer_addr
     }
 
+    /// A handle that gives the running OSD new maps.
+    pub fn maps(&self) -> MapHandle {
+        MapHandle(self.inner.clone())
+    }
+
+    /// Takes `map` if its epoch is higher than the current one's (`Ok(false)` otherwise).
+    pub fn set_map(&self, map: ClusterMap) -> Result<bool, StoreError> {
+        self.inner.apply_map(map)
+    }
+
     /// Stops accepting connections and peering; waits for those threads.
     pub fn shutdown(mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
@@ -275,6 +288,102 @@ impl Osd {
             let _ = t.join();
         }
     }
+}
+
+/// The line `dds osd` prints once it serves: `osd.N ready: clients on ADDR, peers on ADDR`.
+pub fn ready_line(id: u32, client: SocketAddr, peer: SocketAddr) -> String {
+    format!("osd.{id} ready: clients on {client}, peers on {peer}")
+}
+
+/// The client and peer addresses of a [`ready_line`].
+pub fn parse_ready_line(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let addr = |key: &str| -> Option<SocketAddr> {
+        line.split(key)
+            .nth(1)?
+            .split([',', ' '])
+            .find(|s| !s.is_empty())?
+            .parse()
+            .ok()
+    };
+    Some((addr("clients on ")?, addr("peers on ")?))
+}
+
+/// Gives a running OSD new maps (from a file or etcd, `crate::monitor`).
+#[derive(Clone)]
+pub struct MapHandle(Arc<Inner>);
+
+impl MapHandle {
+    /// The OSD's current map.
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.0.view().map.clone()
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.cfg.id
+    }
+
+    /// Takes `map` if its epoch is higher than the current one's.
+    pub fn set_map(&self, map: ClusterMap) -> Result<bool, StoreError> {
+        self.0.apply_map(map)
+    }
+
+    /// Whether the OSD is shutting down.
+    pub fn stopped(&self) -> bool {
+        self.0.stop_requested()
+    }
+}
+
+/// The PGs and peers `map` gives this OSD; the PGs of `old` whose acting set did not change
+/// are kept as they are.
+fn build_view(
+    cfg: &OsdConfig,
+    store: &Arc<dyn ObjectStore>,
+    map: Arc<ClusterMap>,
+    old: Option<&View>,
+) -> Result<View, StoreError> {
+    let mut pgs = BTreeMap::new();
+    for pgid in map.all_pgs() {
+        let acting = map.acting(pgid);
+        let Some(pos) = acting.iter().position(|&o| o == cfg.id) else {
+            continue;
+        };
+        let kept = old
+            .and_then(|v| v.pgs.get(&pgid))
+            .filter(|p| p.acting == acting && !p.retired.load(Ordering::Acquire));
+        let pg = match kept {
+            Some(p) => p.clone(),
+            None => Arc::new(Pg::new(
+                pgid,
+                acting,
+                pos == 0,
+                pglog::read_head(store, pgid)?,
+            )),
+        };
+        pgs.insert(pgid, pg);
+    }
+    let peers = map
+        .osds
+        .iter()
+        .filter(|o| o.id != cfg.id)
+        .map(|o| {
+            let kept = old
+                .and_then(|v| v.peers.get(&o.id))
+                .filter(|p| p.addr == o.peer_addr);
+            let peer = kept.cloned().unwrap_or_else(|| {
+                Arc::new(Peer {
+                    addr: o.peer_addr,
+                    conns: ConnPool::new(
+                        o.peer_addr,
+                        cfg.peer_timeout.min(Duration::from_secs(1)),
+                        cfg.peer_timeout,
+                    ),
+                    last_failure: Mutex::new(None),
+                })
+            });
+            (o.id, peer)
+        })
+        .collect();
+    Ok(View { map, pgs, peers })
 }
 
 fn accept_loop(inner: Arc<Inner>, l: TcpListener, port: Port) {
@@ -346,9 +455,10 @@ fn serve_frames(inner: &Arc<Inner>, mut s: TcpStream, port: Port) {
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(inner.cfg.idle_timeout));
     let _ = s.set_write_timeout(Some(inner.cfg.idle_timeout));
-    let epoch = inner.cfg.map.epoch;
     loop {
-        let (h, payload) = match wire::read_frame(&mut s, inner.cfg.max_payload, &inner.budget) {
+        let frame = wire::read_frame(&mut s, inner.cfg.max_payload, &inner.budget);
+        let epoch = inner.view().map.epoch;
+        let (h, payload) = match frame {
             Ok(f) => f,
             Err(FrameError::Closed) | Err(FrameError::Io(_)) => return,
             Err(FrameError::BadHeader(why)) => {
@@ -408,8 +518,41 @@ impl Inner {
         self.stop.load(Ordering::SeqCst)
     }
 
-    fn map(&self) -> &ClusterMap {
-        &self.cfg.map
+    /// The current view (map, PGs, peers).
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn map(&self) -> Arc<ClusterMap> {
+        self.view().map.clone()
+    }
+
+    /// Takes `map` if its epoch is higher than the current one's: the PGs whose acting set
+    /// changes are retired (after the write or peering in progress) and replaced by inactive
+    /// ones, which their primaries peer.
+    pub(crate) fn apply_map(&self, map: ClusterMap) -> Result<bool, StoreError> {
+        let _one = self.map_change.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.view();
+        if map.epoch <= old.map.epoch {
+            return Ok(false);
+        }
+        for (id, pg) in &old.pgs {
+            if map.acting(*id) != pg.acting {
+                pg.retired.store(true, Ordering::Release);
+                let mut st = pg.lock();
+                st.active = false;
+                pg.publish(&st);
+            }
+        }
+        tracing::info!(
+            osd = self.cfg.id,
+            from = old.map.epoch,
+            to = map.epoch,
+            "new map"
+        );
+        let view = build_view(&self.cfg, &self.store, Arc::new(map), Some(&old))?;
+        *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
+        Ok(true)
     }
 
     fn pg_of(&self, oid: &ObjectId) -> Result<PgId, OpError> {
@@ -429,7 +572,7 @@ impl Inner {
         self.check_primary(pg).map(|_| ())
     }
 
-    fn check_primary(&self, pg: PgId) -> Result<&Arc<Pg>, OpError> {
+    fn check_primary(&self, pg: PgId) -> Result<Arc<Pg>, OpError> {
         let not_primary = || {
             let primary = self.map().acting(pg).first().copied();
             op_err(
@@ -440,9 +583,18 @@ impl Inner {
                 ),
             )
         };
-        let p = self.pgs.get(&pg).ok_or_else(not_primary)?;
+        let view = self.view();
+        let p = view.pgs.get(&pg).ok_or_else(not_primary)?;
         if !p.primary {
             return Err(not_primary());
+        }
+        let acting = p.acting.len();
+        let min = view.map.pool(pg.pool).map_or(1, |p| p.min_size()) as usize;
+        if acting < min {
+            return Err(op_err(
+                Status::BelowMinSize,
+                format!("pg {pg} has {acting} members up, below min_size {min}: I/O refused"),
+            ));
         }
         if !p.active.load(Ordering::Acquire) {
             return Err(op_err(
@@ -450,11 +602,12 @@ impl Inner {
                 format!("pg {pg} is peering; retry"),
             ));
         }
-        Ok(p)
+        Ok(p.clone())
     }
 
     fn status_json(&self) -> Vec<u8> {
-        let pgs: Vec<serde_json::Value> = self
+        let view = self.view();
+        let pgs: Vec<serde_json::Value> = view
             .pgs
             .values()
             .map(|p| {
@@ -469,7 +622,7 @@ impl Inner {
                 })
             })
             .collect();
-        serde_json::json!({"osd": self.cfg.id, "epoch": self.map().epoch, "pgs": pgs})
+        serde_json::json!({"osd": self.cfg.id, "epoch": view.map.epoch, "pgs": pgs})
             .to_string()
             .into_bytes()
     }
@@ -620,7 +773,7 @@ impl Inner {
             op::LIST => {
                 let (pg, after, max) = self.decode_list(&mut d)?;
                 self.check_read(pg, local)?;
-                let names = objects::list_pg(store, self.map(), pg, after, max)?;
+                let names = objects::list_pg(store, &self.map(), pg, after, max)?;
                 Enc::new().keys(&names).done()
             }
             other => {
@@ -665,7 +818,8 @@ impl Inner {
                 format!("pg {pgid} is peering; retry"),
             ));
         }
-        let min = self.map().pool(pgid.pool).map_or(1, |p| p.min_size()) as usize;
+        let map = self.map();
+        let min = map.pool(pgid.pool).map_or(1, |p| p.min_size()) as usize;
         if let Some(&version) = st.reqids.get(&reqid).filter(|_| reqid.0 != 0) {
             // Every in-sync replica holds every version up to the head.
             let committed = st.in_sync.len() + 1;
@@ -688,6 +842,7 @@ impl Inner {
             kind,
             name: oid.name.clone(),
             reqid,
+            epoch: map.epoch,
         };
         pglog::append_ops(&mut tx, pgid, &entry, self.cfg.max_log);
         let replicas: Vec<u32> = st.in_sync.iter().copied().collect();
@@ -695,29 +850,17 @@ impl Inner {
         payload.u64(pgid.pool).u32(pgid.pg).u64(version);
         tx.encode(&mut payload.0);
         let payload = payload.done();
-        let (local, remote) = std::thread::scope(|s| {
-            let handles: Vec<_> = replicas
-                .iter()
-                .map(|&r| {
-                    let payload = &payload;
-                    (r, s.spawn(move || self.peer_call(r, op::REPL_TX, payload)))
-                })
-                .collect();
-            let local = self.store.submit(&tx);
-            let remote: Vec<(u32, Result<Vec<u8>, CallError>)> = handles
-                .into_iter()
-                .map(|(r, h)| {
-                    let res = h.join().unwrap_or_else(|_| {
-                        Err(CallError::Op(op_err(
-                            Status::Io,
-                            "replication thread panicked",
-                        )))
-                    });
-                    (r, res)
-                })
-                .collect();
-            (local, remote)
-        });
+        // The transaction goes to every in-sync replica first, then to this OSD's store;
+        // the replicas apply it meanwhile, and their acknowledgements are read last.
+        let sent: Vec<_> = replicas
+            .iter()
+            .map(|&r| (r, self.peer_send(r, op::REPL_TX, &payload)))
+            .collect();
+        let local = self.store.submit(&tx);
+        let remote: Vec<(u32, Result<Vec<u8>, CallError>)> = sent
+            .into_iter()
+            .map(|(r, sent)| (r, sent.and_then(|s| self.peer_finish(s, &payload))))
+            .collect();
         let mut committed = 1;
         for (r, res) in remote {
             match res {
@@ -756,11 +899,33 @@ impl Inner {
         op: u16,
         payload: &[u8],
     ) -> Result<Vec<u8>, CallError> {
-        let peer = self
+        self.peer_send(osd, op, payload)
+            .and_then(|s| self.peer_finish(s, payload))
+    }
+
+    /// Sends a request to a peer without waiting for its reply ([`Inner::peer_finish`]).
+    fn peer_send(&self, osd: u32, op: u16, payload: &[u8]) -> Result<PeerSent, CallError> {
+        let view = self.view();
+        let peer = view
             .peers
             .get(&osd)
             .ok_or_else(|| CallError::Op(op_err(Status::Invalid, format!("no osd {osd}"))))?;
-        let r = peer.conns.call(op, 0, self.map().epoch, payload);
+        let r = peer.conns.send(op, 0, view.map.epoch, payload);
+        let sent = Self::noted(peer, r)?;
+        Ok(PeerSent {
+            peer: peer.clone(),
+            sent,
+        })
+    }
+
+    /// The reply of a request [`Inner::peer_send`] sent.
+    fn peer_finish(&self, s: PeerSent, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+        let r = s.peer.conns.finish(s.sent, payload);
+        Self::noted(&s.peer, r)
+    }
+
+    /// `r`, a transport failure remembered for the peering backoff.
+    fn noted<T>(peer: &Peer, r: Result<T, CallError>) -> Result<T, CallError> {
         if let Err(CallError::Transport { .. }) = &r {
             *peer.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             peer.conns.reset();
@@ -768,8 +933,8 @@ impl Inner {
         r
     }
 
-    fn member_pg(&self, pg: PgId) -> Result<&Arc<Pg>, OpError> {
-        self.pgs.get(&pg).ok_or_else(|| {
+    fn member_pg(&self, pg: PgId) -> Result<Arc<Pg>, OpError> {
+        self.view().pgs.get(&pg).cloned().ok_or_else(|| {
             op_err(
                 Status::Invalid,
                 format!("osd {} is not a member of pg {pg}", self.cfg.id),
@@ -790,7 +955,7 @@ impl Inner {
         &self,
         d: &mut Dec<'_>,
         versioned: bool,
-    ) -> Result<(&Arc<Pg>, u64, Transaction), OpError> {
+    ) -> Result<(Arc<Pg>, u64, Transaction), OpError> {
         let pgid = self.decode_pg(d)?;
         let version = if versioned { d.u64()? } else { 0 };
         let tx = Transaction::decode(d.rest())
@@ -860,7 +1025,7 @@ impl Inner {
             op::PG_LIST => {
                 let (pg, after, max) = self.decode_list(&mut d)?;
                 self.member_pg(pg)?;
-                let names = objects::list_pg(&self.store, self.map(), pg, after, max)?;
+                let names = objects::list_pg(&self.store, &self.map(), pg, after, max)?;
                 Ok(Enc::new().keys(&names).done())
             }
             other => Err(op_err(
@@ -877,5 +1042,20 @@ impl From<CallError> for OpError {
             CallError::Op(e) => e,
             t => op_err(Status::Io, t.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_lines_round_trip() {
+        let (c, p): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:41000".parse().unwrap(),
+            "[::1]:41001".parse().unwrap(),
+        );
+        assert_eq!(parse_ready_line(&ready_line(7, c, p)), Some((c, p)));
+        assert_eq!(parse_ready_line("osd.7 ready: clients on nowhere"), None);
     }
 }

@@ -65,6 +65,7 @@ pub enum Status {
     StaleEpoch = 12,
     NeedRecovery = 13,
     Busy = 14,
+    BelowMinSize = 15,
 }
 
 impl Status {
@@ -86,6 +87,7 @@ impl Status {
             12 => StaleEpoch,
             13 => NeedRecovery,
             14 => Busy,
+            15 => BelowMinSize,
             _ => return None,
         })
     }

@@ -3,32 +3,34 @@
 
 use std::time::{Duration, Instant};
 
-use dds_objstore::ObjectId;
+use std::sync::Arc;
+
+use dds_objstore::{ObjectId, ObjectStore, Transaction, TxOp};
 use dds_osd::client::{Client, ClientOptions};
+use dds_osd::pglog::{self, LogEntry, KIND_MODIFY};
 use dds_osd::{open_store, ClusterMap, Osd, OsdConfig, StoreSpec};
 
-fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
+/// A map of `n` OSDs on port 0 (each binds any free port).
 fn map_text(n: u32) -> String {
     let mut s = String::from("epoch = 1\n");
     for id in 0..n {
-        s += &format!(
-            "[[osd]]\nid = {id}\naddr = \"127.0.0.1:{}\"\npeer_addr = \"127.0.0.1:{}\"\n",
-            port(),
-            port()
-        );
+        s += &format!("[[osd]]\nid = {id}\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n");
     }
     s += "[[pool]]\nid = 1\nname = \"data\"\npg_num = 8\nsize = 3\n";
     s
 }
 
 fn start(dir: &std::path::Path, map: &ClusterMap, id: u32, format: bool) -> Osd {
+    start_with_store(dir, map, id, format).0
+}
+
+/// [`start`], also returning the OSD's store.
+fn start_with_store(
+    dir: &std::path::Path,
+    map: &ClusterMap,
+    id: u32,
+    format: bool,
+) -> (Osd, Arc<dyn ObjectStore>) {
     let spec = StoreSpec::Local {
         device: dir.join(format!("osd{id}.img")),
         format: format.then_some((32 << 20, false)),
@@ -48,13 +50,18 @@ fn start(dir: &std::path::Path, map: &ClusterMap, id: u32, format: bool) -> Osd 
     cfg.max_log = 4;
     // Small frames: an object bigger than a frame is read and recovered in pieces.
     cfg.max_payload = 1 << 20;
-    Osd::start(cfg, store).unwrap()
+    (Osd::start(cfg, store.clone()).unwrap(), store)
 }
 
 fn wait_clean(c: &Client) {
+    wait_clean_on(c, &[0, 1, 2]);
+}
+
+/// Waits until the OSDs `osds` have every PG active and clean.
+fn wait_clean_on(c: &Client, osds: &[u32]) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let ok = (0..3).all(|o| {
+        let ok = osds.iter().all(|&o| {
             c.status(o).is_ok_and(|s| {
                 s["pgs"]
                     .as_array()
@@ -74,10 +81,18 @@ fn wait_clean(c: &Client) {
 #[test]
 fn replicates_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let map = ClusterMap::parse(&map_text(3)).unwrap();
+    let mut map = ClusterMap::parse(&map_text(3)).unwrap();
     let mut osds: Vec<Option<Osd>> = (0..3)
         .map(|i| Some(start(dir.path(), &map, i, true)))
         .collect();
+    // The OSDs bound port 0; the next map names their ports (and restarts bind them).
+    addressed(&mut map, &osds);
+    for o in osds.iter().flatten() {
+        assert!(
+            !o.set_map(map.clone()).unwrap(),
+            "an equal epoch is ignored"
+        );
+    }
     let opts = ClientOptions {
         retry_for: Duration::from_secs(5),
         ..ClientOptions::default()
@@ -196,4 +211,92 @@ fn replicates_and_recovers() {
             assert_eq!(c.on(o).read_full(oid).unwrap(), b"more");
         }
     }
+}
+
+/// Gives `map` the ports the OSDs bound and epoch 2, and gives it to them.
+fn addressed(map: &mut ClusterMap, osds: &[Option<Osd>]) {
+    for (o, info) in osds.iter().zip(map.osds.iter_mut()) {
+        let o = o.as_ref().unwrap();
+        (info.addr, info.peer_addr) = (o.client_addr(), o.peer_addr());
+    }
+    map.epoch = 2;
+    for o in osds.iter().flatten() {
+        o.set_map(map.clone()).unwrap();
+    }
+}
+
+#[test]
+fn a_down_primary_fails_over_and_its_unreplicated_version_loses_to_the_new_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = ClusterMap::parse(&map_text(3)).unwrap();
+    let mut stores = Vec::new();
+    let mut osds: Vec<Option<Osd>> = (0..3)
+        .map(|i| {
+            let (o, s) = start_with_store(dir.path(), &map, i, true);
+            stores.push(s);
+            Some(o)
+        })
+        .collect();
+    addressed(&mut map, &osds);
+    let opts = ClientOptions {
+        retry_for: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    let c = Client::with_map(map.clone(), opts);
+    wait_clean(&c);
+    let div = ObjectId::new(1, "div");
+    c.write_full(&div, b"first").unwrap();
+    let pg = map.pg_of(1, &div.name).unwrap();
+    let p = map.acting(pg)[0];
+
+    // The primary applies a version it never replicates (it dies before sending it).
+    let store = stores.swap_remove(p as usize);
+    drop(stores);
+    let head = pglog::read_head(&store, pg).unwrap();
+    let mut tx = Transaction::new();
+    tx.push(TxOp::WriteFull {
+        oid: div.clone(),
+        data: b"never acknowledged".to_vec(),
+    });
+    let entry = LogEntry {
+        version: head + 1,
+        kind: KIND_MODIFY,
+        name: div.name.clone(),
+        reqid: (99, 1),
+        epoch: map.epoch,
+    };
+    pglog::append_ops(&mut tx, pg, &entry, 4);
+    store.submit(&tx).unwrap();
+    drop(store);
+    osds[p as usize].take().unwrap().shutdown();
+
+    // The monitor's next map: the primary is down; the next member leads the PG.
+    let mut down = map.clone();
+    down.epoch = 3;
+    down.osd_mut(p).unwrap().up = false;
+    for o in osds.iter().flatten() {
+        assert!(o.set_map(down.clone()).unwrap());
+    }
+    let survivors: Vec<u32> = (0..3).filter(|&o| o != p).collect();
+    assert_eq!(down.acting(pg), map.acting(pg)[1..].to_vec());
+    // The client, still at epoch 2, finds the new primary (STALE_EPOCH, then GET_MAP).
+    let acked = c.write_full(&div, b"acknowledged").unwrap();
+    assert_eq!(acked, head + 1);
+    assert_eq!(c.map().epoch, 3);
+    wait_clean_on(&c, &survivors);
+
+    // Back up: it leads the PG again; its version head + 1 (epoch 2) loses to the survivors'
+    // (epoch 3), and the backfill undoes it.
+    let mut up = down.clone();
+    up.epoch = 4;
+    up.osd_mut(p).unwrap().up = true;
+    osds[p as usize] = Some(start(dir.path(), &up, p, false));
+    for o in osds.iter().flatten() {
+        o.set_map(up.clone()).unwrap();
+    }
+    wait_clean(&c);
+    for o in 0..3 {
+        assert_eq!(c.on(o).read_full(&div).unwrap(), b"acknowledged", "osd {o}");
+    }
+    assert_eq!(c.read_full(&div).unwrap(), b"acknowledged");
 }

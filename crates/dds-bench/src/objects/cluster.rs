@@ -31,22 +31,43 @@ pub(super) struct Cluster {
     pub(super) client: Client,
 }
 
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+/// Waits for the ready line of a `dds osd` whose stdout is piped (`osd.N ready: clients on
+/// ADDR, peers on ADDR`) and returns the two addresses it bound.
+fn read_ready(child: &mut ChildGuard) -> Result<(SocketAddr, SocketAddr)> {
+    let line = child.ready_line(Duration::from_secs(30))?;
+    dds_osd::parse_ready_line(&line)
+        .with_context(|| format!("{}: not a ready line: {line:?}", child.name()))
 }
 
-fn wait_listen(addr: SocketAddr, child: &mut ChildGuard, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(addr).is_err() {
-        if let Some(st) = child.try_wait()? {
-            bail!("{what} exited ({st}) before listening");
-        }
-        if Instant::now() > deadline {
-            bail!("{what} does not listen on {addr}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+/// The map of the cluster: every OSD with the addresses known so far (port 0 before its
+/// ready line), the pools.
+fn map_text(
+    epoch: u32,
+    dpus: &[bool],
+    addrs: &[(SocketAddr, SocketAddr)],
+    o: &StartOpts,
+) -> String {
+    let mut text = format!("epoch = {epoch}\n");
+    for (id, (d, (a, p))) in dpus.iter().zip(addrs).enumerate() {
+        text += &format!(
+            "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"{}\"\n",
+            if *d { "dpu" } else { "host" }
+        );
     }
+    for &r in o.replication {
+        text += &format!(
+            "[[pool]]\nid = {r}\nname = \"p{r}\"\npg_num = {}\nsize = {r}\n",
+            o.pg_num
+        );
+    }
+    text
+}
+
+/// Writes a file whole (readers never see half of it).
+fn write_whole(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
     Ok(())
 }
 
@@ -117,25 +138,12 @@ pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
     let dpu_budget = CpuBudget::create(&format!("dds-bench-objects-{me}-{tag}-dpu"), o.dpu_quota);
     let dir = o.dir.join(&tag);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let mut text = String::from("epoch = 1\n");
-    let mut addrs = Vec::new();
-    for (id, d) in dpus.iter().enumerate() {
-        let a: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let p: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        text += &format!(
-            "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"{}\"\n",
-            if *d { "dpu" } else { "host" }
-        );
-        addrs.push(a);
-    }
-    for &r in o.replication {
-        text += &format!(
-            "[[pool]]\nid = {r}\nname = \"p{r}\"\npg_num = {}\nsize = {r}\n",
-            o.pg_num
-        );
-    }
+    // The OSDs bind port 0 and report their ports; the map then names them (epoch 2), and
+    // the OSDs reread it.
+    let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let mut addrs = vec![(any, any); dpus.len()];
     let map = dir.join("cluster.toml");
-    std::fs::write(&map, text)?;
+    write_whole(&map, &map_text(1, &dpus, &addrs, o))?;
     let host_cpus = o.place.host_cpus.as_deref();
     let size = o.device_size.to_string();
     let (mut host, mut dpu) = (Vec::new(), Vec::new());
@@ -164,7 +172,7 @@ pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
                 cmd.args(["--batching", "off", "--chunking", "off"]);
             }
             let child = cmd
-                .stdout(Stdio::null())
+                .stdout(Stdio::piped())
                 .stderr(log("front")?)
                 .spawn()
                 .context("start dds osd --placement dpu")?;
@@ -172,7 +180,7 @@ pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
             dpu_budget
                 .add(g.pid())
                 .context("move dds osd into the DPU budget")?;
-            wait_listen(addrs[id], &mut g, "dds osd --placement dpu")?;
+            addrs[id] = read_ready(&mut g)?;
             dpu.push(g);
         } else {
             let child = taskset(o.exe, host_cpus)
@@ -188,7 +196,7 @@ pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
                     "--frame-memory",
                     "512M",
                 ])
-                .stdout(Stdio::null())
+                .stdout(Stdio::piped())
                 .stderr(log("osd")?)
                 .spawn()
                 .context("start dds osd")?;
@@ -196,10 +204,11 @@ pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
             host_budget
                 .add(g.pid())
                 .context("move dds osd into the host budget")?;
-            wait_listen(addrs[id], &mut g, "dds osd")?;
+            addrs[id] = read_ready(&mut g)?;
             host.push(g);
         }
     }
+    write_whole(&map, &map_text(2, &dpus, &addrs, o))?;
     let client = Client::connect_map(&map).map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     // Every pool takes a write before the clock starts (PGs peered).
     for &r in o.replication {

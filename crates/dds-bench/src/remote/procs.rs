@@ -43,26 +43,13 @@ pub(super) fn spawn_ready(
     cmd: &mut Command,
     timeout: Duration,
 ) -> Result<(Proc, Value)> {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("start {name}"))?;
-    let stdout = child.stdout.take().context("stdout")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let first = lines.next();
-        let _ = tx.send(first);
-        // Keep draining so the child never blocks on a full pipe.
-        for _ in lines {}
-    });
-    let proc = ChildGuard::new(child, name);
-    let line = match rx.recv_timeout(timeout) {
-        Ok(Some(Ok(l))) => l,
-        Ok(_) => bail!("{name} exited before it was ready"),
-        Err(_) => bail!("{name} was not ready within {timeout:?}"),
-    };
+    let mut proc = ChildGuard::new(child, name);
+    let line = proc.ready_line(timeout)?;
     let v: Value =
         serde_json::from_str(&line).with_context(|| format!("{name} ready line: {line}"))?;
     Ok((proc, v))

@@ -236,37 +236,42 @@ impl OsdCluster {
         OsdCluster::start_mixed(dir, &placements, pg_num, size)
     }
 
-    /// As [`start`](Self::start), with a placement (`host` or `dpu`) per OSD.
+    /// As [`start`](Self::start), with a placement (`host` or `dpu`) per OSD: a first map
+    /// with port 0 everywhere, the OSDs' ready lines, then the map with their ports (epoch 2),
+    /// which the OSDs reread.
     pub fn start_mixed(dir: &Path, placements: &[&str], pg_num: u32, size: u32) -> OsdCluster {
         let n = placements.len() as u32;
-        let mut text = String::from("epoch = 1\n");
-        let (mut addrs, mut peer_addrs) = (Vec::new(), Vec::new());
-        for id in 0..n {
-            let a: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let p: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            text += &format!(
-                "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{p}\"\nweight = 1.0\nplacement = \"{}\"\n",
-                placements[id as usize]
-            );
-            addrs.push(a);
-            peer_addrs.push(p);
-        }
-        text += &format!("[[pool]]\nid = 1\nname = \"data\"\npg_num = {pg_num}\nsize = {size}\n");
-        let map = dir.join("cluster.toml");
-        std::fs::write(&map, text).unwrap();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
         let mut c = OsdCluster {
             dir: dir.to_path_buf(),
-            map,
-            addrs,
-            peer_addrs,
+            map: dir.join("cluster.toml"),
+            addrs: vec![any; n as usize],
+            peer_addrs: vec![any; n as usize],
             osds: (0..n).map(|_| None).collect(),
             placements: placements.iter().map(|p| p.to_string()).collect(),
             stores: (0..n).map(|_| None).collect(),
         };
+        c.write_map(1, pg_num, size);
         for id in 0..n {
             c.start_osd(id, true);
         }
+        c.write_map(2, pg_num, size);
         c
+    }
+
+    /// Writes the map file with the addresses known so far.
+    fn write_map(&self, epoch: u32, pg_num: u32, size: u32) {
+        let mut text = format!("epoch = {epoch}\n");
+        for (id, p) in self.placements.iter().enumerate() {
+            let (a, pa) = (self.addrs[id], self.peer_addrs[id]);
+            text += &format!(
+                "[[osd]]\nid = {id}\naddr = \"{a}\"\npeer_addr = \"{pa}\"\nweight = 1.0\nplacement = \"{p}\"\n",
+            );
+        }
+        text += &format!("[[pool]]\nid = 1\nname = \"data\"\npg_num = {pg_num}\nsize = {size}\n");
+        let tmp = self.dir.join("cluster.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.map).unwrap();
     }
 
     /// `dds osd --id ID` (and, for placement dpu, its `dds osd-store` when not running),
@@ -276,8 +281,12 @@ impl OsdCluster {
         let mut cmd = Command::new(DDS);
         cmd.args(["osd", "--id", &id.to_string(), "--map"])
             .arg(&self.map)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("DDS_TEST_OSD_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
         if self.placements[id as usize] == "dpu" {
             let sock = self.dir.join(format!("osd{id}.store.sock"));
             if self.stores[id as usize].is_none() {
@@ -305,17 +314,9 @@ impl OsdCluster {
                 cmd.arg("--format");
             }
         }
-        self.osds[id as usize] = Some(Guard(cmd.spawn().unwrap()));
-        // A loaded machine may take a while to start it; an OSD that exited fails at once.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(self.addrs[id as usize]).is_err() {
-            let osd = &mut self.osds[id as usize].as_mut().expect("started").0;
-            if let Ok(Some(status)) = osd.try_wait() {
-                panic!("osd {id} exited before it listened: {status}");
-            }
-            assert!(Instant::now() < deadline, "osd {id} does not listen");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let (g, a, p) = spawn_osd(&mut cmd, &format!("osd {id}"));
+        self.osds[id as usize] = Some(g);
+        (self.addrs[id as usize], self.peer_addrs[id as usize]) = (a, p);
     }
 
     /// SIGKILL of one OSD's process (the front end: the DPU process in placement dpu).
@@ -326,6 +327,98 @@ impl OsdCluster {
     /// SIGKILL of a placement-dpu OSD's host process (`dds osd-store`).
     pub fn kill_store(&mut self, id: u32) {
         drop(self.stores[id as usize].take());
+    }
+}
+
+/// Spawns a `dds osd` command and waits for its ready line
+/// (`osd.N ready: clients on ADDR, peers on ADDR`); returns it and the two addresses. A
+/// loaded machine may take a while to start it; an OSD that exits first fails at once.
+pub fn spawn_osd(
+    cmd: &mut Command,
+    what: &str,
+) -> (Guard, std::net::SocketAddr, std::net::SocketAddr) {
+    let (mut g, line) = ready_line(cmd);
+    match dds_osd::parse_ready_line(&line) {
+        Some((a, p)) => (g, a, p),
+        None => {
+            let status = g.0.try_wait().ok().flatten();
+            panic!("{what}: no ready line ({line:?}), exit status {status:?}");
+        }
+    }
+}
+
+/// A single-member etcd (package etcd-server) with its data in `dir`; returns it and its
+/// client URL once it answers. etcd cannot report a port it picked, so its two ports are
+/// free ones chosen here.
+pub fn start_etcd(dir: &Path) -> (Guard, String) {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let peer = format!("http://127.0.0.1:{}", free_port());
+    let etcd = Guard(
+        Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.join("etcd"))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("default={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (package etcd-server)"),
+    );
+    let etcd_api = dds_osd::etcd::Etcd::new(&url);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while etcd_api.get("/").is_err() {
+        assert!(Instant::now() < deadline, "etcd did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (etcd, url)
+}
+
+/// Waits until the OSDs `osds` answer STATUS with every PG active and clean and the members
+/// of each PG at the same head; returns the sum of the primaries' heads (the versions
+/// applied).
+pub fn osd_wait_clean(c: &dds_osd::client::Client, osds: &[u32]) -> u64 {
+    use std::collections::BTreeMap;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut heads: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+        let mut ok = true;
+        let mut applied = 0;
+        for &o in osds {
+            match c.status(o) {
+                Ok(s) => {
+                    for p in s["pgs"].as_array().unwrap() {
+                        ok &= p["active"] == true && p["clean"] == true;
+                        let key = (p["pool"].as_u64().unwrap(), p["pg"].as_u64().unwrap());
+                        let head = p["head"].as_u64().unwrap();
+                        heads.entry(key).or_default().push(head);
+                        if p["primary"] == true {
+                            applied += head;
+                        }
+                    }
+                }
+                Err(_) => ok = false,
+            }
+        }
+        ok &= heads.values().all(|h| h.iter().all(|&x| x == h[0]));
+        if ok {
+            return applied;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never became clean: {heads:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -419,12 +512,23 @@ pub fn hostile_clients(
 
 /// Spawns `cmd` with its stdout piped and waits for its first line, which must say `ready`.
 pub fn spawn_ready(cmd: &mut Command) -> Guard {
+    let (g, line) = ready_line(cmd);
+    assert!(line.contains("ready"), "{line}");
+    g
+}
+
+/// Spawns `cmd` with its stdout piped; returns it and its first line (empty when none came
+/// within 30 s). The rest of its stdout is drained, so that it never blocks writing.
+pub fn ready_line(cmd: &mut Command) -> (Guard, String) {
     use std::io::BufRead;
     let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("ready"), "{line}");
-    Guard(child)
+    let out = child.stdout.take().expect("stdout piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(out).lines();
+        let _ = tx.send(lines.next().and_then(|l| l.ok()).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    (Guard(child), line)
 }

@@ -1,0 +1,253 @@
+//! `dds osd` with etcd as the monitor (`docs/osd-protocol.md`, "Failover", "etcd as the
+//! monitor"): real etcd, real `dds osd` processes on ports they picked, a client writing
+//! while a primary gets `kill -9`. The dead OSD is marked down in a new map epoch, its PGs get
+//! a new primary, the writes go on with the same request ids, and once it is back every
+//! acknowledged object is on every replica and every write was applied exactly once.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{osd_wait_clean, spawn_osd, start_etcd, Guard, DDS};
+use dds_objstore::ObjectId;
+use dds_osd::client::{Client, ClientOptions};
+use dds_osd::{ClusterMap, Status};
+
+const OSDS: u32 = 3;
+
+fn seed(dir: &Path) -> std::path::PathBuf {
+    let mut text = String::from("epoch = 1\n");
+    for id in 0..OSDS {
+        text +=
+            &format!("[[osd]]\nid = {id}\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n");
+    }
+    text += "[[pool]]\nid = 1\nname = \"data\"\npg_num = 16\nsize = 3\nmin_size = 2\n";
+    let p = dir.join("seed.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `dds osd --id ID --etcd URL` on port 0 (a new device when `format`).
+fn start_osd(dir: &Path, url: &str, id: u32, format: bool) -> Guard {
+    let mut cmd = Command::new(DDS);
+    cmd.args([
+        "osd",
+        "--id",
+        &id.to_string(),
+        "--etcd",
+        url,
+        "--cluster",
+        "t",
+    ])
+    .args(["--etcd-ttl", "2", "--map"])
+    .arg(seed(dir))
+    .arg("--device")
+    .arg(dir.join(format!("osd{id}.img")))
+    .args(["--size", "64M"])
+    .stderr(if std::env::var_os("DDS_TEST_OSD_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    });
+    if format {
+        cmd.arg("--format");
+    }
+    spawn_osd(&mut cmd, &format!("osd {id}")).0
+}
+
+/// Waits until the client's map (watched in etcd) says `want(map)`.
+fn wait_map(c: &Client, what: &str, want: impl Fn(&ClusterMap) -> bool) -> ClusterMap {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = c.map();
+        if want(&m) {
+            return (*m).clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: map {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn content(i: u64) -> Vec<u8> {
+    format!("object {i} ")
+        .repeat(1 + (i % 50) as usize)
+        .into_bytes()
+}
+
+/// One write of the load: its object, when it started and when it was
+/// acknowledged (`None`: failed).
+struct Write {
+    i: u64,
+    started: Instant,
+    acked: Option<Instant>,
+}
+
+#[test]
+fn kill_9_of_a_primary_fails_over_with_nothing_lost_or_applied_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, url) = start_etcd(dir.path());
+    let mut osds: Vec<Option<Guard>> = (0..OSDS)
+        .map(|id| Some(start_osd(dir.path(), &url, id, true)))
+        .collect();
+    let opts = ClientOptions {
+        retry_for: Duration::from_secs(30),
+        io_timeout: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    let cl = Arc::new(Client::connect_etcd(&url, "t", opts).unwrap());
+    wait_map(&cl, "every OSD up with its ports", |m| {
+        m.osds.iter().all(|o| o.up && o.addressed())
+    });
+    osd_wait_clean(&cl, &[0, 1, 2]);
+
+    // Two writers, one op in flight each, every object written once.
+    let writes = Arc::new(Mutex::new(Vec::<Write>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (cl, writes, stop) = (cl.clone(), writes.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = w;
+                while !stop.load(Ordering::SeqCst) {
+                    let oid = ObjectId::new(1, format!("obj-{i}"));
+                    let started = Instant::now();
+                    let r = cl.write_full(&oid, &content(i));
+                    if let Err(e) = &r {
+                        eprintln!("obj-{i}: {e}");
+                    }
+                    let acked = r.is_ok().then(Instant::now);
+                    writes.lock().unwrap().push(Write { i, started, acked });
+                    i += 2;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+
+    // kill -9 of the OSD that leads the most PGs.
+    let before = cl.map();
+    let pgs: Vec<_> = before.all_pgs().collect();
+    let victim = (0..OSDS)
+        .max_by_key(|&o| pgs.iter().filter(|&&pg| before.acting(pg)[0] == o).count())
+        .unwrap();
+    let led: Vec<_> = pgs
+        .iter()
+        .copied()
+        .filter(|&pg| before.acting(pg)[0] == victim)
+        .collect();
+    let killed_at = Instant::now();
+    drop(osds[victim as usize].take());
+    let down = wait_map(&cl, "the killed OSD marked down", |m| {
+        m.osd(victim).is_some_and(|o| !o.up)
+    });
+    assert!(down.epoch > before.epoch);
+    for &pg in &led {
+        assert_ne!(down.acting(pg)[0], victim);
+        assert_eq!(down.acting(pg).len(), 2, "{pg}");
+    }
+    std::thread::sleep(Duration::from_secs(4));
+
+    // The OSD comes back on new ports: marked up, it leads its PGs again after peering.
+    osds[victim as usize] = Some(start_osd(dir.path(), &url, victim, false));
+    wait_map(&cl, "the OSD back up", |m| {
+        m.osd(victim).is_some_and(|o| o.up && o.addressed())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let writes = std::mem::take(&mut *writes.lock().unwrap());
+    let failed: Vec<u64> = writes
+        .iter()
+        .filter(|w| w.acked.is_none())
+        .map(|w| w.i)
+        .collect();
+    assert!(failed.is_empty(), "writes failed: {failed:?}");
+    // The write gap: from the kill to the first write acknowledged on a PG the victim led.
+    let on_led = |w: &&Write| {
+        let pg = before.pg_of(1, format!("obj-{}", w.i).as_bytes()).unwrap();
+        led.contains(&pg)
+    };
+    let first = writes
+        .iter()
+        .filter(on_led)
+        .filter_map(|w| w.acked)
+        .filter(|&t| t > killed_at)
+        .min()
+        .expect("a write on the dead primary's PGs was acknowledged");
+    let gap = first - killed_at;
+    let longest = writes
+        .iter()
+        .filter_map(|w| Some(w.acked? - w.started))
+        .max()
+        .unwrap();
+    eprintln!(
+        "failover: {} writes, write gap {:.2} s on the PGs osd {victim} led, longest write {:.2} s",
+        writes.len(),
+        gap.as_secs_f64(),
+        longest.as_secs_f64()
+    );
+    assert!(writes.len() > 50, "only {} writes", writes.len());
+    assert!(gap < Duration::from_secs(10), "write gap {gap:?}");
+
+    // Every acknowledged object on every replica; each write applied once (the PG versions
+    // add up to the writes made, the warm-up included).
+    let applied = osd_wait_clean(&cl, &[0, 1, 2]);
+    assert_eq!(applied, writes.len() as u64, "versions applied vs writes");
+    for o in 0..OSDS {
+        let v = cl.on(o);
+        for w in &writes {
+            let oid = ObjectId::new(1, format!("obj-{}", w.i));
+            let got = v
+                .read_full(&oid)
+                .unwrap_or_else(|e| panic!("osd {o} obj-{}: {e}", w.i));
+            assert!(got == content(w.i), "osd {o} obj-{}: wrong data", w.i);
+        }
+    }
+
+    // An OSD stopped cleanly (SIGTERM) revokes its lease: down at once, not after the TTL.
+    let others: Vec<u32> = (0..OSDS).filter(|&o| o != victim).collect();
+    let mut stopped = osds[others[0] as usize].take().unwrap();
+    let term_at = Instant::now();
+    let st = Command::new("kill")
+        .args(["-TERM", &stopped.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    wait_map(&cl, "the stopped OSD marked down", |m| {
+        m.osd(others[0]).is_some_and(|o| !o.up)
+    });
+    let marked = term_at.elapsed();
+    assert!(stopped.0.wait().unwrap().success());
+    eprintln!(
+        "clean stop: marked down after {:.2} s",
+        marked.as_secs_f64()
+    );
+    assert!(marked < Duration::from_millis(1300), "{marked:?}");
+
+    // Two OSDs down: every PG below min_size refuses writes with a clear status.
+    drop(osds[victim as usize].take());
+    wait_map(&cl, "two OSDs down", |m| {
+        m.osds.iter().filter(|o| o.up).count() == 1
+    });
+    let quick = Client::connect_etcd(
+        &url,
+        "t",
+        ClientOptions {
+            retry_for: Duration::from_millis(500),
+            ..ClientOptions::default()
+        },
+    )
+    .unwrap();
+    let e = quick
+        .write_full(&ObjectId::new(1, "refused"), b"x")
+        .unwrap_err();
+    assert_eq!(e.status, Status::BelowMinSize, "{e}");
+    assert!(e.text.contains("min_size"), "{e}");
+    assert!(osds[others[1] as usize].is_some());
+}
