@@ -1,7 +1,7 @@
 //! The runtime with a line protocol over real sockets: `ECHO x` answers at once, `SLOW x`
 //! becomes a pending operation completed by the service a few rounds later. Replies keep
 //! each connection's request order; slow and half-sent requests, floods and too many
-//! connections are bounded; a stop drains pending work.
+//! connections are bounded; a stop drains pending work. Every case runs on both backends.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dds_server::{Budget, Completions, Config, ConnId, Out, Server, Service, Ticket, Verdict};
+use dds_server::{
+    Backend, Budget, Completions, Config, ConnId, LoopCounters, Out, Server, Service, Ticket,
+    Verdict,
+};
 
 #[derive(Default)]
 struct Lines {
@@ -115,17 +118,22 @@ struct Running {
     stop: Arc<AtomicBool>,
     thread: thread::JoinHandle<Lines>,
     budget: Arc<Budget>,
+    counters: Arc<LoopCounters>,
 }
 
-fn start(cfg: Config) -> Running {
+const BACKENDS: [Backend; 2] = [Backend::Epoll, Backend::Uring];
+
+fn start(backend: Backend, cfg: Config) -> Running {
     let budget = Budget::new(8 << 20);
     let server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
-        cfg,
+        Config { backend, ..cfg },
         budget.clone(),
         Lines::default(),
     )
     .unwrap();
+    assert_eq!(server.backend(), backend);
+    let counters = server.counters();
     let addr = server.local_addr();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -135,6 +143,7 @@ fn start(cfg: Config) -> Running {
         stop,
         thread,
         budget,
+        counters,
     }
 }
 
@@ -153,92 +162,104 @@ fn line(r: &mut BufReader<TcpStream>) -> String {
 
 #[test]
 fn replies_keep_request_order_across_pending_operations() {
-    let rt = start(Config::default());
-    let mut clients: Vec<_> = (0..20).map(|_| connect(rt.addr)).collect();
-    for (i, (s, _)) in clients.iter_mut().enumerate() {
-        let mut req = Vec::new();
-        for j in 0..50 {
-            if (i + j) % 3 == 0 {
-                req.extend(format!("SLOW {i}-{j}\n").bytes());
-            } else if (i + j) % 3 == 1 {
-                req.extend(format!("LATE {i}-{j}\n").bytes());
-            } else {
-                req.extend(format!("ECHO {i}-{j}\n").bytes());
+    for backend in BACKENDS {
+        let rt = start(backend, Config::default());
+        let mut clients: Vec<_> = (0..20).map(|_| connect(rt.addr)).collect();
+        for (i, (s, _)) in clients.iter_mut().enumerate() {
+            let mut req = Vec::new();
+            for j in 0..50 {
+                if (i + j) % 3 == 0 {
+                    req.extend(format!("SLOW {i}-{j}\n").bytes());
+                } else if (i + j) % 3 == 1 {
+                    req.extend(format!("LATE {i}-{j}\n").bytes());
+                } else {
+                    req.extend(format!("ECHO {i}-{j}\n").bytes());
+                }
+            }
+            s.write_all(&req).unwrap();
+        }
+        for (i, (_, r)) in clients.iter_mut().enumerate() {
+            for j in 0..50 {
+                assert_eq!(line(r), format!("{i}-{j}\n"));
             }
         }
-        s.write_all(&req).unwrap();
+        rt.stop.store(true, Ordering::Relaxed);
+        let svc = rt.thread.join().unwrap();
+        assert!(svc.shut);
+        assert_eq!(svc.closed, 20);
+        assert_eq!(rt.budget.used(), 0, "every charged byte came back");
     }
-    for (i, (_, r)) in clients.iter_mut().enumerate() {
-        for j in 0..50 {
-            assert_eq!(line(r), format!("{i}-{j}\n"));
-        }
-    }
-    rt.stop.store(true, Ordering::Relaxed);
-    let svc = rt.thread.join().unwrap();
-    assert!(svc.shut);
-    assert_eq!(svc.closed, 20);
-    assert_eq!(rt.budget.used(), 0, "every charged byte came back");
 }
 
 #[test]
 fn half_sent_requests_and_floods_are_bounded() {
-    let rt = start(Config {
-        frame_deadline: Some(Duration::from_millis(300)),
-        input_limit: 4096,
-        ..Config::default()
-    });
-    // Connections that send half a request and hold it are closed after the deadline...
-    let mut laggards: Vec<TcpStream> = (0..100)
-        .map(|_| {
-            let mut s = TcpStream::connect(rt.addr).unwrap();
-            s.write_all(b"ECHO half").unwrap();
-            s
-        })
-        .collect();
-    // ...while others are served at once.
-    let (mut s, mut r) = connect(rt.addr);
-    let t = Instant::now();
-    s.write_all(b"ECHO now\n").unwrap();
-    assert_eq!(line(&mut r), "now\n");
-    assert!(t.elapsed() < Duration::from_millis(250));
-    for l in &mut laggards {
-        l.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut b = [0u8; 16];
-        assert!(
-            matches!(l.read(&mut b), Ok(0) | Err(_)),
-            "a laggard was closed"
+    for backend in BACKENDS {
+        let rt = start(
+            backend,
+            Config {
+                frame_deadline: Some(Duration::from_millis(300)),
+                input_limit: 4096,
+                ..Config::default()
+            },
         );
+        // Connections that send half a request and hold it are closed after the deadline...
+        let mut laggards: Vec<TcpStream> = (0..100)
+            .map(|_| {
+                let mut s = TcpStream::connect(rt.addr).unwrap();
+                s.write_all(b"ECHO half").unwrap();
+                s
+            })
+            .collect();
+        // ...while others are served at once.
+        let (mut s, mut r) = connect(rt.addr);
+        let t = Instant::now();
+        s.write_all(b"ECHO now\n").unwrap();
+        assert_eq!(line(&mut r), "now\n");
+        assert!(t.elapsed() < Duration::from_millis(250));
+        for l in &mut laggards {
+            l.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 16];
+            assert!(
+                matches!(l.read(&mut b), Ok(0) | Err(_)),
+                "a laggard was closed"
+            );
+        }
+        // A line over the limit: an error reply, then the close.
+        let (mut s, mut r) = connect(rt.addr);
+        s.write_all(&vec![b'x'; 10_000]).unwrap();
+        assert_eq!(line(&mut r), "ERR line too long\n");
+        assert_eq!(line(&mut r), "");
+        rt.stop.store(true, Ordering::Relaxed);
+        rt.thread.join().unwrap();
+        assert_eq!(rt.budget.used(), 0);
     }
-    // A line over the limit: an error reply, then the close.
-    let (mut s, mut r) = connect(rt.addr);
-    s.write_all(&vec![b'x'; 10_000]).unwrap();
-    assert_eq!(line(&mut r), "ERR line too long\n");
-    assert_eq!(line(&mut r), "");
-    rt.stop.store(true, Ordering::Relaxed);
-    rt.thread.join().unwrap();
-    assert_eq!(rt.budget.used(), 0);
 }
 
 #[test]
 fn the_slab_is_bounded_and_a_stop_drains_pending_work() {
-    let rt = start(Config {
-        max_connections: 4,
-        ..Config::default()
-    });
-    let mut held: Vec<_> = (0..4).map(|_| connect(rt.addr)).collect();
-    for (s, r) in &mut held {
-        s.write_all(b"ECHO up\n").unwrap();
-        assert_eq!(line(r), "up\n");
+    for backend in BACKENDS {
+        let rt = start(
+            backend,
+            Config {
+                max_connections: 4,
+                ..Config::default()
+            },
+        );
+        let mut held: Vec<_> = (0..4).map(|_| connect(rt.addr)).collect();
+        for (s, r) in &mut held {
+            s.write_all(b"ECHO up\n").unwrap();
+            assert_eq!(line(r), "up\n");
+        }
+        let (_s, mut r) = connect(rt.addr);
+        assert_eq!(line(&mut r), "ERR too many connections\n");
+        // A pending request when the stop comes is answered before the close.
+        held[0].0.write_all(b"SLOW last\n").unwrap();
+        thread::sleep(Duration::from_millis(20));
+        rt.stop.store(true, Ordering::Relaxed);
+        assert_eq!(line(&mut held[0].1), "last\n");
+        assert_eq!(line(&mut held[0].1), "");
+        let svc = rt.thread.join().unwrap();
+        assert_eq!(svc.closed, 4);
+        assert_eq!(svc.in_flight(), 0);
     }
-    let (_s, mut r) = connect(rt.addr);
-    assert_eq!(line(&mut r), "ERR too many connections\n");
-    // A pending request when the stop comes is answered before the close.
-    held[0].0.write_all(b"SLOW last\n").unwrap();
-    thread::sleep(Duration::from_millis(20));
-    rt.stop.store(true, Ordering::Relaxed);
-    assert_eq!(line(&mut held[0].1), "last\n");
-    assert_eq!(line(&mut held[0].1), "");
-    let svc = rt.thread.join().unwrap();
-    assert_eq!(svc.closed, 4);
-    assert_eq!(svc.in_flight(), 0);
 }

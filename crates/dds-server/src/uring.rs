@@ -1,0 +1,672 @@
+//! The completion backend: one io_uring per loop. The listening socket has one multishot
+//! accept; every connection one multishot receive into buffers the loop provides through a
+//! buffer ring (a connection owns no receive memory: a buffer is lent to it from the moment
+//! bytes arrive until the round has parsed them); a round's replies leave as one send per
+//! connection, all handed to the kernel by the system call that also waits for the next
+//! events; the service's `wake_fd` has a multishot poll; the wait's timeout is the ring's own
+//! (`IORING_ENTER_EXT_ARG`). A round therefore costs one system call however many
+//! connections it reads and answers (plus the close of a connection, and the reads that
+//! drain a closing connection).
+
+use std::alloc::{self, Layout};
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use io_uring::types::{BufRingEntry, Fd, SubmitArgs, Timespec};
+use io_uring::{cqueue, opcode, squeue, IoUring, Probe};
+
+use crate::conn::Conn;
+use crate::event_loop::{Core, Input};
+use crate::{Config, ConnId, Service};
+
+/// What a completion is for (the top four bits of its user data).
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const ACCEPT: u64 = 3;
+const WAKE: u64 = 4;
+/// Cancels and closes: their results are not needed.
+const OTHER: u64 = 5;
+const GEN_MASK: u64 = 0x0fff_ffff;
+/// No buffer (the end of a connection's queue of received buffers).
+const NONE: u16 = u16::MAX;
+/// The buffer group of the receive buffers.
+const GROUP: u16 = 0;
+/// Submission queue entries; a round with more requests submits in several steps.
+const SQ_ENTRIES: u32 = 1024;
+const CQ_ENTRIES: u32 = 8192;
+
+fn user_data(kind: u64, slot: u32, gen: u32) -> u64 {
+    (kind << 60) | ((u64::from(gen) & GEN_MASK) << 32) | u64::from(slot)
+}
+
+fn same_gen(data: u64) -> impl Fn(u32) -> bool {
+    move |gen| u64::from(gen) & GEN_MASK == (data >> 32) & GEN_MASK
+}
+
+/// The receive buffers and the ring through which they are lent to the kernel
+/// (`IORING_REGISTER_PBUF_RING`). Both are allocated once, page-aligned; the kernel writes
+/// into a buffer only while it is in the ring.
+struct BufRing {
+    ring: *mut BufRingEntry,
+    ring_layout: Layout,
+    mem: *mut u8,
+    mem_layout: Layout,
+    entries: u16,
+    size: usize,
+    /// The next tail to publish.
+    tail: u16,
+}
+
+impl BufRing {
+    fn new(entries: u16, size: usize) -> io::Result<BufRing> {
+        let oom = || io::Error::new(io::ErrorKind::OutOfMemory, "receive buffers");
+        let ring_layout =
+            Layout::from_size_align(usize::from(entries) * size_of::<BufRingEntry>(), 4096)
+                .map_err(|_| oom())?;
+        let mem_layout =
+            Layout::from_size_align(usize::from(entries) * size, 4096).map_err(|_| oom())?;
+        // SAFETY: both layouts have a non-zero size (entries ≥ 1, size ≥ 4096).
+        let ring = unsafe { alloc::alloc_zeroed(ring_layout) }.cast::<BufRingEntry>();
+        if ring.is_null() {
+            return Err(oom());
+        }
+        // SAFETY: as above. Zeroed memory is mapped lazily: a page costs memory once bytes
+        // were received into it.
+        let mem = unsafe { alloc::alloc_zeroed(mem_layout) };
+        if mem.is_null() {
+            // SAFETY: allocated above with this layout.
+            unsafe { alloc::dealloc(ring.cast(), ring_layout) };
+            return Err(oom());
+        }
+        Ok(BufRing {
+            ring,
+            ring_layout,
+            mem,
+            mem_layout,
+            entries,
+            size,
+            tail: 0,
+        })
+    }
+
+    /// Lends buffer `bid` to the kernel (visible at the next [`BufRing::publish`]).
+    fn give(&mut self, bid: u16) {
+        debug_assert!(bid < self.entries);
+        let at = usize::from(self.tail & (self.entries - 1));
+        // SAFETY: `at` < entries; the kernel reads entries only up to the published tail, and
+        // this one is past it.
+        let e = unsafe { &mut *self.ring.add(at) };
+        e.set_addr(self.mem as u64 + u64::from(bid) * self.size as u64);
+        e.set_len(self.size as u32);
+        e.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish(&self) {
+        // SAFETY: the tail field lives in the first entry of the ring, which the kernel reads
+        // atomically; it is written only here.
+        let tail = unsafe { AtomicU16::from_ptr(BufRingEntry::tail(self.ring).cast_mut()) };
+        tail.store(self.tail, Ordering::Release);
+    }
+
+    /// The first `len` bytes of buffer `bid`, which the kernel filled and returned.
+    fn bytes(&self, bid: u16, len: usize) -> &[u8] {
+        assert!(bid < self.entries && len <= self.size);
+        // SAFETY: in bounds; the kernel does not write a buffer that is not in the ring.
+        unsafe { std::slice::from_raw_parts(self.mem.add(usize::from(bid) * self.size), len) }
+    }
+}
+
+// SAFETY: the ring owns both allocations alone (they are freed once, in `drop`); the loop
+// that owns it may move to another thread before it runs.
+unsafe impl Send for BufRing {}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with these layouts; the ring that used them is gone.
+        unsafe {
+            alloc::dealloc(self.ring.cast(), self.ring_layout);
+            alloc::dealloc(self.mem, self.mem_layout);
+        }
+    }
+}
+
+/// A connection's replies handed to the kernel: the buffer stays here, untouched, until the
+/// send completes (even if the connection closed meanwhile).
+#[derive(Default)]
+struct Sending {
+    buf: Vec<u8>,
+    at: usize,
+    busy: bool,
+    fd: RawFd,
+    gen: u32,
+}
+
+pub(crate) struct Uring {
+    // Dropped first: the kernel lets go of the buffers before they are freed.
+    ring: IoUring,
+    bufs: BufRing,
+    listener: Option<TcpListener>,
+    accept_armed: bool,
+    /// A failed accept is retried after a pause (a full descriptor table).
+    accept_retry: Option<Instant>,
+    wake: Option<RawFd>,
+    /// Per slot: received buffers not offered yet (a queue linked through `next`).
+    head: Vec<u16>,
+    tail: Vec<u16>,
+    /// Per slot: a multishot receive is active; the receive ended (end of stream or an
+    /// error) after the queued buffers.
+    armed: Vec<bool>,
+    ended: Vec<bool>,
+    sends: Vec<Sending>,
+    /// Per buffer: the next in its connection's queue, and the bytes it holds.
+    next: Vec<u16>,
+    len: Vec<u32>,
+    /// The buffer of the last read, returned to the kernel once used.
+    current: u16,
+    /// Completions taken from the queue at once.
+    cqes: Vec<cqueue::Entry>,
+}
+
+impl Uring {
+    /// A ring for the listening socket, or why this kernel cannot have one (opcodes
+    /// missing, no buffer rings, no multishot receive).
+    pub(crate) fn new(
+        listener: TcpListener,
+        wake: Option<RawFd>,
+        cfg: &Config,
+    ) -> io::Result<Uring> {
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .setup_cqsize(CQ_ENTRIES)
+            .build(SQ_ENTRIES)
+            .or_else(|_| {
+                IoUring::builder()
+                    .setup_cqsize(CQ_ENTRIES)
+                    .build(SQ_ENTRIES)
+            })?;
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        for (code, name) in [
+            (opcode::AcceptMulti::CODE, "accept"),
+            (opcode::RecvMulti::CODE, "recv"),
+            (opcode::Send::CODE, "send"),
+            (opcode::PollAdd::CODE, "poll"),
+            (opcode::AsyncCancel::CODE, "cancel"),
+            (opcode::Close::CODE, "close"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("io_uring has no {name} operation"),
+                ));
+            }
+        }
+        let entries = cfg.recv_buffers.clamp(1, 1 << 15).next_power_of_two() as u16;
+        let bufs = BufRing::new(entries, cfg.read_bytes.max(4096))?;
+        // SAFETY: the ring of entries stays allocated (and is not moved) until the io_uring
+        // is dropped, which happens first (field order).
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(bufs.ring as u64, entries, GROUP, 0)?;
+        }
+        let n = cfg.max_connections.max(1);
+        let mut u = Uring {
+            ring,
+            bufs,
+            listener: Some(listener),
+            accept_armed: false,
+            accept_retry: None,
+            wake,
+            head: vec![NONE; n],
+            tail: vec![NONE; n],
+            armed: vec![false; n],
+            ended: vec![false; n],
+            sends: (0..n).map(|_| Sending::default()).collect(),
+            next: vec![NONE; usize::from(entries)],
+            len: vec![0; usize::from(entries)],
+            current: NONE,
+            cqes: Vec::with_capacity(CQ_ENTRIES as usize),
+        };
+        for bid in 0..entries {
+            u.bufs.give(bid);
+        }
+        u.bufs.publish();
+        u.check_multishot_recv()?;
+        u.arm_accept();
+        if let Some(fd) = wake {
+            u.push(
+                &opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
+                    .multi(true)
+                    .build()
+                    .user_data(user_data(WAKE, 0, 0)),
+            );
+        }
+        Ok(u)
+    }
+
+    /// Multishot receive with provided buffers (Linux 6.0) cannot be probed as an opcode:
+    /// one byte through a socket pair tells.
+    fn check_multishot_recv(&mut self) -> io::Result<()> {
+        let unsupported = |why: String| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("multishot receive: {why}"),
+            )
+        };
+        let (a, b) = UnixStream::pair()?;
+        let probe = user_data(OTHER, u32::MAX, 0);
+        self.push(
+            &opcode::RecvMulti::new(Fd(a.as_raw_fd()), GROUP)
+                .build()
+                .user_data(probe),
+        );
+        io::Write::write_all(&mut &b, b"x")?;
+        drop(b);
+        // Data, then the end of the stream, which ends the receive.
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !got
+            .iter()
+            .any(|&(_, flags): &(i32, u32)| !cqueue::more(flags))
+        {
+            if Instant::now() >= deadline {
+                return Err(unsupported("no completion".into()));
+            }
+            let ts = Timespec::from(Duration::from_millis(100));
+            match self
+                .ring
+                .submitter()
+                .submit_with_args(1, &SubmitArgs::new().timespec(&ts))
+            {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            for cqe in self.ring.completion() {
+                if cqe.user_data() == probe {
+                    if let Some(bid) = cqueue::buffer_select(cqe.flags()) {
+                        self.bufs.give(bid);
+                    }
+                    got.push((cqe.result(), cqe.flags()));
+                }
+            }
+        }
+        self.bufs.publish();
+        let ok = got
+            .first()
+            .is_some_and(|&(res, flags)| res == 1 && cqueue::more(flags));
+        if ok {
+            Ok(())
+        } else {
+            Err(unsupported(format!("completions {got:?}")))
+        }
+    }
+
+    /// Queues a request for the next submission (submitting now if the queue is full).
+    fn push(&mut self, e: &squeue::Entry) {
+        loop {
+            // SAFETY: every buffer and descriptor a request names outlives it: receive
+            // buffers are the buffer ring's, a send's buffer stays in `sends` until its
+            // completion, descriptors are closed by a request queued after theirs.
+            if unsafe { self.ring.submission().push(e) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!(error = %e, "io_uring submit failed");
+            }
+        }
+    }
+
+    fn arm_accept(&mut self) {
+        let Some(l) = self.listener.as_ref() else {
+            return;
+        };
+        let e = opcode::AcceptMulti::new(Fd(l.as_raw_fd()))
+            .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data(ACCEPT, 0, 0));
+        self.push(&e);
+        self.accept_armed = true;
+    }
+
+    fn arm_recv(&mut self, fd: RawFd, id: ConnId) {
+        let e = opcode::RecvMulti::new(Fd(fd), GROUP)
+            .build()
+            .user_data(user_data(RECV, id.slot, id.gen));
+        self.push(&e);
+        self.armed[id.slot as usize] = true;
+    }
+
+    fn cancel_recv(&mut self, id: ConnId) {
+        if std::mem::take(&mut self.armed[id.slot as usize]) {
+            let e = opcode::AsyncCancel::new(user_data(RECV, id.slot, id.gen))
+                .build()
+                .user_data(user_data(OTHER, id.slot, id.gen));
+            self.push(&e);
+        }
+    }
+
+    pub(crate) fn wait(&mut self, timeout: Duration) -> io::Result<()> {
+        if !self.accept_armed && self.accept_retry.is_none_or(|t| Instant::now() >= t) {
+            self.accept_retry = None;
+            self.arm_accept();
+        }
+        self.bufs.publish();
+        let r = if timeout.is_zero() || !self.ring.completion().is_empty() {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            if sq.is_empty() && !sq.taskrun() && !sq.cq_overflow() {
+                // Nothing to hand over and nothing the kernel holds back: no system call.
+                return Ok(());
+            }
+            drop(sq);
+            self.ring.submit()
+        } else {
+            let ts = Timespec::from(timeout);
+            self.ring
+                .submitter()
+                .submit_with_args(1, &SubmitArgs::new().timespec(&ts))
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EBUSY | libc::EINTR)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn dispatch<S: Service>(&mut self, core: &mut Core<S>) {
+        loop {
+            self.cqes.clear();
+            self.cqes
+                .extend(self.ring.completion().take(CQ_ENTRIES as usize));
+            if self.cqes.is_empty() {
+                return;
+            }
+            for i in 0..self.cqes.len() {
+                let cqe = self.cqes[i].clone();
+                match cqe.user_data() >> 60 {
+                    RECV => self.received(core, &cqe),
+                    SEND => self.sent(core, &cqe),
+                    ACCEPT => self.accepted(core, &cqe),
+                    WAKE => {
+                        if !cqueue::more(cqe.flags()) {
+                            if let Some(fd) = self.wake {
+                                self.push(
+                                    &opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
+                                        .multi(true)
+                                        .build()
+                                        .user_data(user_data(WAKE, 0, 0)),
+                                );
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn accepted<S: Service>(&mut self, core: &mut Core<S>, cqe: &cqueue::Entry) {
+        if !cqueue::more(cqe.flags()) {
+            self.accept_armed = false;
+        }
+        let res = cqe.result();
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            if res != -libc::ECANCELED {
+                tracing::warn!(error = %e, "accept failed");
+                self.accept_retry = Some(Instant::now() + Duration::from_millis(50));
+            }
+            return;
+        }
+        // SAFETY: the kernel made this descriptor for us; nothing else owns it.
+        let stream = unsafe { TcpStream::from_raw_fd(res) };
+        if self.listener.is_none() {
+            // Accepted while the stop was cancelling the accept.
+            return;
+        }
+        let Some(id) = core.next_id() else {
+            core.reject(stream);
+            return;
+        };
+        let slot = id.slot as usize;
+        self.head[slot] = NONE;
+        self.tail[slot] = NONE;
+        self.ended[slot] = false;
+        self.arm_recv(stream.as_raw_fd(), id);
+        core.admit(id, stream);
+    }
+
+    fn received<S: Service>(&mut self, core: &mut Core<S>, cqe: &cqueue::Entry) {
+        let data = cqe.user_data();
+        let slot = data as u32;
+        let bid = cqueue::buffer_select(cqe.flags());
+        let res = cqe.result();
+        let Some(c) = core.conn(slot, same_gen(data)) else {
+            // A completion for a connection that closed.
+            if let Some(b) = bid {
+                self.bufs.give(b);
+            }
+            return;
+        };
+        let s = slot as usize;
+        if !cqueue::more(cqe.flags()) {
+            self.armed[s] = false;
+        }
+        match (res, bid) {
+            (n, Some(b)) if n > 0 => {
+                self.len[usize::from(b)] = n as u32;
+                self.next[usize::from(b)] = NONE;
+                match self.tail[s] {
+                    NONE => self.head[s] = b,
+                    t => self.next[usize::from(t)] = b,
+                }
+                self.tail[s] = b;
+            }
+            (_, Some(b)) => {
+                self.bufs.give(b);
+                self.ended[s] = true;
+            }
+            (r, None) if r == -libc::ENOBUFS => {
+                // Every buffer is lent out: they come back by the end of this round, before
+                // the receive is handed over again.
+                if !self.ended[s] {
+                    let fd = c.stream.as_raw_fd();
+                    let id = c.id;
+                    self.arm_recv(fd, id);
+                }
+                return;
+            }
+            (r, None) if r == -libc::ECANCELED => return,
+            // The end of the stream (0) or an error.
+            (_, None) => self.ended[s] = true,
+        }
+        core.ready_io(slot, true, false);
+    }
+
+    fn sent<S: Service>(&mut self, core: &mut Core<S>, cqe: &cqueue::Entry) {
+        let data = cqe.user_data();
+        let slot = data as u32;
+        let keep = core.cfg.output_keep;
+        let res = cqe.result();
+        let live = core.conn(slot, same_gen(data));
+        let s = &mut self.sends[slot as usize];
+        if res > 0 {
+            s.at += res as usize;
+        }
+        let Some(c) = live else {
+            // The connection closed meanwhile: its buffer is free now.
+            *s = Sending::default();
+            return;
+        };
+        if res <= 0 {
+            c.dead = true;
+        } else if s.at < s.buf.len() && !c.dead {
+            // A short send (the kernel retries stream sends itself; this is for the rest).
+            c.sending = s.buf.len() - s.at;
+            let e = opcode::Send::new(
+                Fd(s.fd),
+                s.buf[s.at..].as_ptr(),
+                (s.buf.len() - s.at) as u32,
+            )
+            .flags(libc::MSG_WAITALL | libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(data);
+            self.push(&e);
+            return;
+        }
+        s.busy = false;
+        s.at = 0;
+        if s.buf.capacity() > keep {
+            // A burst is over: its memory goes back.
+            s.buf = Vec::new();
+        } else {
+            s.buf.clear();
+        }
+        c.sending = 0;
+        c.sending_cap = s.buf.capacity();
+        c.writable = true;
+        if c.unsent() > 0 || c.close_after || c.unoffered || c.dead || c.readable {
+            core.touch(slot);
+        }
+    }
+
+    pub(crate) fn read<T>(&mut self, c: &mut Conn<T>) -> Input<'_> {
+        let s = c.id.slot as usize;
+        debug_assert_eq!(self.current, NONE);
+        match self.head[s] {
+            NONE => {
+                c.readable = false;
+                if self.ended[s] {
+                    c.eof = true;
+                    Input::Closed
+                } else {
+                    Input::WouldBlock
+                }
+            }
+            b => {
+                self.head[s] = self.next[usize::from(b)];
+                if self.head[s] == NONE {
+                    self.tail[s] = NONE;
+                }
+                self.current = b;
+                Input::Data(self.bufs.bytes(b, self.len[usize::from(b)] as usize))
+            }
+        }
+    }
+
+    pub(crate) fn consumed(&mut self) {
+        let b = std::mem::replace(&mut self.current, NONE);
+        if b != NONE {
+            self.bufs.give(b);
+        }
+    }
+
+    /// Bytes that arrived for a connection that takes no input now (a request pending, its
+    /// output paused) are kept in its input buffer and its receive is stopped (the socket's
+    /// buffer and TCP hold the rest, as with a readiness loop that stops reading); for one
+    /// that closes they are dropped. A connection that takes input again gets its receive
+    /// back.
+    pub(crate) fn after_serve<T>(&mut self, c: &mut Conn<T>, draining: bool) -> bool {
+        let s = c.id.slot as usize;
+        let closing = c.close_after || c.dead || draining;
+        let mut grew = false;
+        if self.head[s] != NONE {
+            while self.head[s] != NONE {
+                let b = self.head[s];
+                self.head[s] = self.next[usize::from(b)];
+                if !closing {
+                    // Copy: input that arrived while the connection could not take it.
+                    c.input
+                        .extend_from_slice(self.bufs.bytes(b, self.len[usize::from(b)] as usize));
+                    c.unoffered = true;
+                    grew = true;
+                }
+                self.bufs.give(b);
+            }
+            self.tail[s] = NONE;
+            c.readable = self.ended[s];
+            self.cancel_recv(c.id);
+        } else if !closing && !self.armed[s] && !self.ended[s] && !c.pending && !c.unoffered {
+            let fd = c.stream.as_raw_fd();
+            self.arm_recv(fd, c.id);
+        }
+        grew
+    }
+
+    pub(crate) fn flush<T>(&mut self, c: &mut Conn<T>, keep: usize) {
+        let slot = c.id.slot;
+        let s = &mut self.sends[slot as usize];
+        if c.dead || s.busy || c.out.is_empty() {
+            if !s.busy {
+                c.settle(keep);
+            }
+            return;
+        }
+        // The output becomes the send's buffer; replies go on into the previous one.
+        std::mem::swap(&mut c.out, &mut s.buf);
+        c.out_at = 0;
+        s.at = 0;
+        s.busy = true;
+        s.fd = c.stream.as_raw_fd();
+        s.gen = c.id.gen;
+        c.sending = s.buf.len();
+        c.sending_cap = s.buf.capacity();
+        let e = opcode::Send::new(Fd(s.fd), s.buf.as_ptr(), s.buf.len() as u32)
+            .flags(libc::MSG_WAITALL | libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(user_data(SEND, slot, c.id.gen));
+        self.push(&e);
+        c.settle(keep);
+    }
+
+    pub(crate) fn close(&mut self, stream: TcpStream, id: ConnId) {
+        let s = id.slot as usize;
+        self.cancel_recv(id);
+        while self.head[s] != NONE {
+            let b = self.head[s];
+            self.head[s] = self.next[usize::from(b)];
+            self.bufs.give(b);
+        }
+        self.tail[s] = NONE;
+        self.ended[s] = false;
+        if !self.sends[s].busy {
+            self.sends[s] = Sending::default();
+        }
+        // Closed by the ring, after the requests queued before (which hold the socket).
+        let e = opcode::Close::new(Fd(stream.into_raw_fd()))
+            .build()
+            .user_data(user_data(OTHER, id.slot, id.gen));
+        self.push(&e);
+    }
+
+    pub(crate) fn stop_accepting(&mut self) {
+        if self.listener.take().is_some() && self.accept_armed {
+            let e = opcode::AsyncCancel::new(user_data(ACCEPT, 0, 0))
+                .build()
+                .user_data(user_data(OTHER, 0, 0));
+            self.push(&e);
+        }
+        self.accept_armed = true;
+    }
+
+    pub(crate) fn finish(&mut self) {
+        if let Err(e) = self.ring.submit() {
+            tracing::warn!(error = %e, "io_uring submit failed");
+        }
+    }
+}
