@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use io_uring::types::{BufRingEntry, Fd, SubmitArgs, Timespec};
+use io_uring::types::{BufRingEntry, CancelBuilder, Fd, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, squeue, IoUring, Probe};
 
 use crate::conn::Conn;
@@ -30,7 +30,7 @@ const ACCEPT: u64 = 3;
 const WAKE: u64 = 4;
 /// Cancels and closes: their results are not needed.
 const OTHER: u64 = 5;
-const GEN_MASK: u64 = 0x0fff_ffff;
+const GEN_MASK: u64 = 0x00ff_ffff;
 /// No buffer (the end of a connection's queue of received buffers).
 const NONE: u16 = u16::MAX;
 /// The buffer group of the receive buffers.
@@ -39,8 +39,15 @@ const GROUP: u16 = 0;
 const SQ_ENTRIES: u32 = 1024;
 const CQ_ENTRIES: u32 = 8192;
 
+/// A request's user data: what it is for (4 bits), which receive of the connection (4 bits:
+/// a stopped receive's last completion may come after the next one started), the
+/// connection's generation (24 bits) and slot (32 bits).
 fn user_data(kind: u64, slot: u32, gen: u32) -> u64 {
     (kind << 60) | ((u64::from(gen) & GEN_MASK) << 32) | u64::from(slot)
+}
+
+fn recv_data(id: ConnId, epoch: u8) -> u64 {
+    user_data(RECV, id.slot, id.gen) | (u64::from(epoch & 15) << 56)
 }
 
 fn same_gen(data: u64) -> impl Fn(u32) -> bool {
@@ -158,9 +165,10 @@ pub(crate) struct Uring {
     /// Per slot: received buffers not offered yet (a queue linked through `next`).
     head: Vec<u16>,
     tail: Vec<u16>,
-    /// Per slot: a multishot receive is active; the receive ended (end of stream or an
-    /// error) after the queued buffers.
+    /// Per slot: a multishot receive is active (the one numbered `epoch`); the receive
+    /// ended (end of stream or an error) after the queued buffers.
     armed: Vec<bool>,
+    epoch: Vec<u8>,
     ended: Vec<bool>,
     sends: Vec<Sending>,
     /// Per buffer: the next in its connection's queue, and the bytes it holds.
@@ -226,6 +234,7 @@ impl Uring {
             head: vec![NONE; n],
             tail: vec![NONE; n],
             armed: vec![false; n],
+            epoch: vec![0; n],
             ended: vec![false; n],
             sends: (0..n).map(|_| Sending::default()).collect(),
             next: vec![NONE; usize::from(entries)],
@@ -337,16 +346,19 @@ impl Uring {
     }
 
     fn arm_recv(&mut self, fd: RawFd, id: ConnId) {
+        let s = id.slot as usize;
+        self.epoch[s] = self.epoch[s].wrapping_add(1) & 15;
         let e = opcode::RecvMulti::new(Fd(fd), GROUP)
             .build()
-            .user_data(user_data(RECV, id.slot, id.gen));
+            .user_data(recv_data(id, self.epoch[s]));
         self.push(&e);
-        self.armed[id.slot as usize] = true;
+        self.armed[s] = true;
     }
 
     fn cancel_recv(&mut self, id: ConnId) {
-        if std::mem::take(&mut self.armed[id.slot as usize]) {
-            let e = opcode::AsyncCancel::new(user_data(RECV, id.slot, id.gen))
+        let s = id.slot as usize;
+        if std::mem::take(&mut self.armed[s]) {
+            let e = opcode::AsyncCancel::new(recv_data(id, self.epoch[s]))
                 .build()
                 .user_data(user_data(OTHER, id.slot, id.gen));
             self.push(&e);
@@ -464,7 +476,8 @@ impl Uring {
             return;
         };
         let s = slot as usize;
-        if !cqueue::more(cqe.flags()) {
+        let current = (data >> 56) & 15 == u64::from(self.epoch[s]);
+        if !cqueue::more(cqe.flags()) && current {
             self.armed[s] = false;
         }
         match (res, bid) {
@@ -484,7 +497,7 @@ impl Uring {
             (r, None) if r == -libc::ENOBUFS => {
                 // Every buffer is lent out: they come back by the end of this round, before
                 // the receive is handed over again.
-                if !self.ended[s] {
+                if current && !self.ended[s] {
                     let fd = c.stream.as_raw_fd();
                     let id = c.id;
                     self.arm_recv(fd, id);
@@ -636,7 +649,13 @@ impl Uring {
 
     pub(crate) fn close(&mut self, stream: TcpStream, id: ConnId) {
         let s = id.slot as usize;
-        self.cancel_recv(id);
+        // Every request on the socket (a receive, a stopped receive not finished yet, a send
+        // of a connection closed for an error) ends before the close.
+        self.armed[s] = false;
+        let e = opcode::AsyncCancel2::new(CancelBuilder::fd(Fd(stream.as_raw_fd())).all())
+            .build()
+            .user_data(user_data(OTHER, id.slot, id.gen));
+        self.push(&e);
         while self.head[s] != NONE {
             let b = self.head[s];
             self.head[s] = self.next[usize::from(b)];

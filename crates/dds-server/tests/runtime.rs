@@ -263,3 +263,135 @@ fn the_slab_is_bounded_and_a_stop_drains_pending_work() {
         assert_eq!(svc.in_flight(), 0);
     }
 }
+
+#[test]
+fn a_client_that_does_not_read_pauses_its_connection_and_loses_nothing() {
+    for backend in BACKENDS {
+        let rt = start(
+            backend,
+            Config {
+                output_pause: 64 << 10,
+                output_keep: 4 << 10,
+                ..Config::default()
+            },
+        );
+        let (mut s, mut r) = connect(rt.addr);
+        // 4 MiB of replies while the client does not read: reading pauses, nothing is lost.
+        let payload = "y".repeat(1000);
+        let writer = {
+            let mut s = s.try_clone().unwrap();
+            let payload = payload.clone();
+            thread::spawn(move || {
+                for i in 0..4000 {
+                    s.write_all(format!("ECHO {i}{payload}\n").as_bytes())
+                        .unwrap();
+                }
+            })
+        };
+        thread::sleep(Duration::from_millis(300));
+        for i in 0..4000 {
+            let mut l = String::new();
+            if let Err(e) = r.read_line(&mut l) {
+                panic!("{backend:?} line {i}: {e}");
+            }
+            assert_eq!(l, format!("{i}{payload}\n"));
+        }
+        writer.join().unwrap();
+        s.write_all(b"QUIT\n").unwrap();
+        assert_eq!(line(&mut r), "BYE\n");
+        assert_eq!(line(&mut r), "");
+        rt.stop.store(true, Ordering::Relaxed);
+        rt.thread.join().unwrap();
+        assert_eq!(rt.budget.used(), 0, "{backend:?}");
+    }
+}
+
+#[test]
+fn input_that_arrives_while_a_request_is_pending_waits_for_it() {
+    for backend in BACKENDS {
+        let rt = start(backend, Config::default());
+        let (mut s, mut r) = connect(rt.addr);
+        for i in 0..50 {
+            // Each SLOW is pending for a few rounds; the lines after it arrive meanwhile.
+            s.write_all(format!("SLOW s{i}\n").as_bytes()).unwrap();
+            s.write_all(format!("ECHO e{i}\n").as_bytes()).unwrap();
+            thread::sleep(Duration::from_millis(1));
+            s.write_all(format!("LATE l{i}\n").as_bytes()).unwrap();
+        }
+        for i in 0..50 {
+            assert_eq!(line(&mut r), format!("s{i}\n"));
+            assert_eq!(line(&mut r), format!("e{i}\n"));
+            assert_eq!(line(&mut r), format!("l{i}\n"));
+        }
+        // A half line, then the peer closes: replies so far still go out.
+        s.write_all(b"ECHO last\nECHO half").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(line(&mut r), "last\n");
+        assert_eq!(line(&mut r), "");
+        rt.stop.store(true, Ordering::Relaxed);
+        let svc = rt.thread.join().unwrap();
+        assert_eq!(svc.closed, 1);
+        assert_eq!(rt.budget.used(), 0, "{backend:?}");
+    }
+}
+
+#[test]
+fn more_clients_than_receive_buffers_are_all_served() {
+    for backend in BACKENDS {
+        let rt = start(
+            backend,
+            Config {
+                recv_buffers: 2,
+                read_bytes: 4096,
+                ..Config::default()
+            },
+        );
+        let clients: Vec<_> = (0..16)
+            .map(|c| {
+                let addr = rt.addr;
+                thread::spawn(move || {
+                    let (mut s, mut r) = connect(addr);
+                    for round in 0..20 {
+                        let mut req = Vec::new();
+                        for j in 0..100 {
+                            req.extend(format!("ECHO {c}-{round}-{j}\n").bytes());
+                        }
+                        s.write_all(&req).unwrap();
+                        for j in 0..100 {
+                            assert_eq!(line(&mut r), format!("{c}-{round}-{j}\n"));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        rt.stop.store(true, Ordering::Relaxed);
+        let svc = rt.thread.join().unwrap();
+        assert_eq!(svc.closed, 16);
+        assert_eq!(rt.counters.snapshot().accepted, 16);
+    }
+}
+
+#[test]
+fn idle_connections_are_closed_after_the_limit() {
+    for backend in BACKENDS {
+        let rt = start(
+            backend,
+            Config {
+                idle_limit: Some(Duration::from_millis(200)),
+                ..Config::default()
+            },
+        );
+        let (mut s, mut r) = connect(rt.addr);
+        s.write_all(b"ECHO hi\n").unwrap();
+        assert_eq!(line(&mut r), "hi\n");
+        let t = Instant::now();
+        assert_eq!(line(&mut r), "", "{backend:?}: closed when idle");
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        assert_eq!(rt.counters.snapshot().idle_timeouts, 1);
+        rt.stop.store(true, Ordering::Relaxed);
+        rt.thread.join().unwrap();
+    }
+}
