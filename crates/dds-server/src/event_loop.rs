@@ -521,7 +521,7 @@ impl<S: Service> Core<S> {
                 c.dead = true;
             }
         }
-        if io.after_serve(c, *draining) && !c.dead && !c.charge(budget) {
+        if io.after_serve(c, *draining, cfg.output_pause) && !c.dead && !c.charge(budget) {
             counters.add(&counters.out_of_memory, 1);
             c.dead = true;
         }
@@ -567,7 +567,10 @@ impl<S: Service> Core<S> {
                 continue;
             }
             // Paused for output, or left input unread: go on now that replies went out.
-            if (c.readable || c.unoffered) && !c.pending && c.unsent() < self.cfg.output_pause {
+            if (c.readable || c.unoffered || io.stopped(c))
+                && !c.pending
+                && c.unsent() < self.cfg.output_pause
+            {
                 self.ready.push(slot);
             }
         }

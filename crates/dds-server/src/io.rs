@@ -100,10 +100,19 @@ impl Io {
     /// `c` was served: a completion-based backend keeps (or drops, when it closes) the bytes
     /// that arrived while it takes no input, and arms or stops its receive. True when `c`'s
     /// buffers grew.
-    pub(crate) fn after_serve<T>(&mut self, c: &mut Conn<T>, draining: bool) -> bool {
+    pub(crate) fn after_serve<T>(&mut self, c: &mut Conn<T>, draining: bool, pause: usize) -> bool {
         match self {
             Io::Epoll(_) => false,
-            Io::Uring(u) => u.after_serve(c, draining),
+            Io::Uring(u) => u.after_serve(c, draining, pause),
+        }
+    }
+
+    /// `c` gets no input until it is served again (a completion-based backend's receive
+    /// was stopped).
+    pub(crate) fn stopped<T>(&self, c: &Conn<T>) -> bool {
+        match self {
+            Io::Epoll(_) => false,
+            Io::Uring(u) => u.stopped(c),
         }
     }
 

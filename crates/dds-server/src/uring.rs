@@ -46,6 +46,16 @@ fn user_data(kind: u64, slot: u32, gen: u32) -> u64 {
     (kind << 60) | ((u64::from(gen) & GEN_MASK) << 32) | u64::from(slot)
 }
 
+/// `e` (a multishot receive) ends after `limit` bytes (0: never): the `optlen` field of the
+/// submission entry (Linux 6.16; older kernels refuse a receive that sets it).
+fn with_total_limit(e: squeue::Entry, limit: u32) -> squeue::Entry {
+    // SAFETY: `Entry` is `#[repr(C)]` around the kernel's 64-byte `io_uring_sqe` (the
+    // transmutes check the size), in which `optlen` is the `u32` at byte 44.
+    let mut raw: [u8; 64] = unsafe { std::mem::transmute::<squeue::Entry, [u8; 64]>(e) };
+    raw[44..48].copy_from_slice(&limit.to_ne_bytes());
+    unsafe { std::mem::transmute::<[u8; 64], squeue::Entry>(raw) }
+}
+
 fn recv_data(id: ConnId, epoch: u8) -> u64 {
     user_data(RECV, id.slot, id.gen) | (u64::from(epoch & 15) << 56)
 }
@@ -162,6 +172,9 @@ pub(crate) struct Uring {
     /// A failed accept is retried after a pause (a full descriptor table).
     accept_retry: Option<Instant>,
     wake: Option<RawFd>,
+    /// Bytes a connection's receive takes before it ends and is started again (the most a
+    /// connection reads ahead of what it can take); 0 when the kernel has no such limit.
+    recv_limit: u32,
     /// Per slot: received buffers not offered yet (a queue linked through `next`).
     head: Vec<u16>,
     tail: Vec<u16>,
@@ -231,6 +244,7 @@ impl Uring {
             accept_armed: false,
             accept_retry: None,
             wake,
+            recv_limit: 0,
             head: vec![NONE; n],
             tail: vec![NONE; n],
             armed: vec![false; n],
@@ -246,7 +260,8 @@ impl Uring {
             u.bufs.give(bid);
         }
         u.bufs.publish();
-        u.check_multishot_recv()?;
+        let size = cfg.read_bytes.max(4096);
+        u.check_multishot_recv(u32::try_from(size * 4).unwrap_or(u32::MAX))?;
         u.arm_accept();
         if let Some(fd) = wake {
             u.push(
@@ -259,33 +274,54 @@ impl Uring {
         Ok(u)
     }
 
-    /// Multishot receive with provided buffers (Linux 6.0) cannot be probed as an opcode:
-    /// one byte through a socket pair tells.
-    fn check_multishot_recv(&mut self) -> io::Result<()> {
-        let unsupported = |why: String| {
-            io::Error::new(
+    /// Multishot receive with provided buffers (Linux 6.0) and its byte limit (Linux 6.16)
+    /// cannot be probed as opcodes: one byte through a socket pair tells. Without the limit,
+    /// what a connection receives beyond what it takes is bounded by its socket's receive
+    /// buffer instead.
+    fn check_multishot_recv(&mut self, limit: u32) -> io::Result<()> {
+        let limited = self.recv_probe(1)?;
+        if limited.first() == Some(&(1, false)) {
+            self.recv_limit = limit;
+            return Ok(());
+        }
+        tracing::info!(
+            completions = ?limited,
+            "io_uring: no byte limit for multishot receive (Linux 6.16)"
+        );
+        self.recv_limit = 0;
+        let plain = self.recv_probe(0)?;
+        if plain.first() == Some(&(1, true)) {
+            Ok(())
+        } else {
+            Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("multishot receive: {why}"),
-            )
-        };
+                format!("no multishot receive into provided buffers (completions {plain:?})"),
+            ))
+        }
+    }
+
+    /// A multishot receive (limited to `limit` bytes, 0: none) of one byte and the end of
+    /// the stream: its completions (result, more to come).
+    fn recv_probe(&mut self, limit: u32) -> io::Result<Vec<(i32, bool)>> {
         let (a, b) = UnixStream::pair()?;
-        let probe = user_data(OTHER, u32::MAX, 0);
-        self.push(
-            &opcode::RecvMulti::new(Fd(a.as_raw_fd()), GROUP)
+        let probe = user_data(OTHER, u32::MAX, limit);
+        let e = with_total_limit(
+            opcode::RecvMulti::new(Fd(a.as_raw_fd()), GROUP)
                 .build()
                 .user_data(probe),
+            limit,
         );
+        self.push(&e);
         io::Write::write_all(&mut &b, b"x")?;
         drop(b);
-        // Data, then the end of the stream, which ends the receive.
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(2);
-        while !got
-            .iter()
-            .any(|&(_, flags): &(i32, u32)| !cqueue::more(flags))
-        {
+        while got.last().is_none_or(|&(_, more)| more) {
             if Instant::now() >= deadline {
-                return Err(unsupported("no completion".into()));
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "multishot receive: no completion",
+                ));
             }
             let ts = Timespec::from(Duration::from_millis(100));
             match self
@@ -294,8 +330,7 @@ impl Uring {
                 .submit_with_args(1, &SubmitArgs::new().timespec(&ts))
             {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
                 Err(e) => return Err(e),
             }
             for cqe in self.ring.completion() {
@@ -303,19 +338,12 @@ impl Uring {
                     if let Some(bid) = cqueue::buffer_select(cqe.flags()) {
                         self.bufs.give(bid);
                     }
-                    got.push((cqe.result(), cqe.flags()));
+                    got.push((cqe.result(), cqueue::more(cqe.flags())));
                 }
             }
         }
         self.bufs.publish();
-        let ok = got
-            .first()
-            .is_some_and(|&(res, flags)| res == 1 && cqueue::more(flags));
-        if ok {
-            Ok(())
-        } else {
-            Err(unsupported(format!("completions {got:?}")))
-        }
+        Ok(got)
     }
 
     /// Queues a request for the next submission (submitting now if the queue is full).
@@ -348,9 +376,12 @@ impl Uring {
     fn arm_recv(&mut self, fd: RawFd, id: ConnId) {
         let s = id.slot as usize;
         self.epoch[s] = self.epoch[s].wrapping_add(1) & 15;
-        let e = opcode::RecvMulti::new(Fd(fd), GROUP)
-            .build()
-            .user_data(recv_data(id, self.epoch[s]));
+        let e = with_total_limit(
+            opcode::RecvMulti::new(Fd(fd), GROUP)
+                .build()
+                .user_data(recv_data(id, self.epoch[s])),
+            self.recv_limit,
+        );
         self.push(&e);
         self.armed[s] = true;
     }
@@ -553,7 +584,13 @@ impl Uring {
         c.sending = 0;
         c.sending_cap = s.buf.capacity();
         c.writable = true;
-        if c.unsent() > 0 || c.close_after || c.unoffered || c.dead || c.readable {
+        if c.unsent() > 0
+            || c.close_after
+            || c.unoffered
+            || c.dead
+            || c.readable
+            || !self.armed[slot as usize]
+        {
             core.touch(slot);
         }
     }
@@ -582,6 +619,13 @@ impl Uring {
         }
     }
 
+    /// `c`'s receive is stopped (for a pause, a pending request or a lack of buffers) and
+    /// nothing waits to be read: serving it starts the receive again.
+    pub(crate) fn stopped<T>(&self, c: &Conn<T>) -> bool {
+        let s = c.id.slot as usize;
+        !self.armed[s] && !self.ended[s] && self.head[s] == NONE
+    }
+
     pub(crate) fn consumed(&mut self) {
         let b = std::mem::replace(&mut self.current, NONE);
         if b != NONE {
@@ -592,11 +636,12 @@ impl Uring {
     /// Bytes that arrived for a connection that takes no input now (a request pending, its
     /// output paused) are kept in its input buffer and its receive is stopped (the socket's
     /// buffer and TCP hold the rest, as with a readiness loop that stops reading); for one
-    /// that closes they are dropped. A connection that takes input again gets its receive
-    /// back.
-    pub(crate) fn after_serve<T>(&mut self, c: &mut Conn<T>, draining: bool) -> bool {
+    /// that closes they are dropped. A connection whose output is paused has its receive
+    /// stopped at once; one that takes input again gets it back. True when `c`'s input grew.
+    pub(crate) fn after_serve<T>(&mut self, c: &mut Conn<T>, draining: bool, pause: usize) -> bool {
         let s = c.id.slot as usize;
         let closing = c.close_after || c.dead || draining;
+        let paused = c.unsent() >= pause;
         let mut grew = false;
         if self.head[s] != NONE {
             while self.head[s] != NONE {
@@ -613,6 +658,8 @@ impl Uring {
             }
             self.tail[s] = NONE;
             c.readable = self.ended[s];
+            self.cancel_recv(c.id);
+        } else if paused {
             self.cancel_recv(c.id);
         } else if !closing && !self.armed[s] && !self.ended[s] && !c.pending && !c.unoffered {
             let fd = c.stream.as_raw_fd();

@@ -124,7 +124,7 @@ struct Running {
 const BACKENDS: [Backend; 2] = [Backend::Epoll, Backend::Uring];
 
 fn start(backend: Backend, cfg: Config) -> Running {
-    let budget = Budget::new(8 << 20);
+    let budget = Budget::new(64 << 20);
     let server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
         Config { backend, ..cfg },
@@ -276,20 +276,26 @@ fn a_client_that_does_not_read_pauses_its_connection_and_loses_nothing() {
             },
         );
         let (mut s, mut r) = connect(rt.addr);
-        // 4 MiB of replies while the client does not read: reading pauses, nothing is lost.
+        // 40 MB of replies while the client does not read: reading pauses (the writer
+        // blocks once the sockets' buffers are full), nothing is lost.
         let payload = "y".repeat(1000);
         let writer = {
             let mut s = s.try_clone().unwrap();
             let payload = payload.clone();
             thread::spawn(move || {
-                for i in 0..4000 {
+                for i in 0..40_000 {
                     s.write_all(format!("ECHO {i}{payload}\n").as_bytes())
                         .unwrap();
                 }
             })
         };
-        thread::sleep(Duration::from_millis(300));
-        for i in 0..4000 {
+        thread::sleep(Duration::from_millis(500));
+        assert!(
+            !writer.is_finished(),
+            "{backend:?}: the server kept reading ({:?})",
+            rt.counters.snapshot()
+        );
+        for i in 0..40_000 {
             let mut l = String::new();
             if let Err(e) = r.read_line(&mut l) {
                 panic!("{backend:?} line {i}: {e}");
@@ -303,7 +309,35 @@ fn a_client_that_does_not_read_pauses_its_connection_and_loses_nothing() {
         rt.stop.store(true, Ordering::Relaxed);
         rt.thread.join().unwrap();
         assert_eq!(rt.budget.used(), 0, "{backend:?}");
+        // What the connection held: a pause's worth of replies and what it received ahead
+        // (with io_uring: a receive's byte limit, 4 × read_bytes; on kernels before 6.16,
+        // which have no such limit, at most the socket's receive buffer).
+        assert!(
+            rt.budget.peak() <= read_ahead_bound(),
+            "{backend:?}: {} bytes held",
+            rt.budget.peak()
+        );
     }
+}
+
+fn read_ahead_bound() -> usize {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut v = release.split(|c: char| !c.is_ascii_digit());
+    let version: (u32, u32) = (
+        v.next().unwrap().parse().unwrap(),
+        v.next().unwrap().parse().unwrap(),
+    );
+    if version >= (6, 16) {
+        return 2 << 20;
+    }
+    let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    2 * rmem_max + (2 << 20)
 }
 
 #[test]
