@@ -101,6 +101,9 @@ pub(crate) struct Conn<S> {
     pub(crate) session: Option<S>,
     /// Unparsed input: an incomplete request, or input held while a request is pending.
     pub(crate) input: Vec<u8>,
+    /// Bytes received for the connection while it took no input (a completion-based backend
+    /// receives before it is asked): read before the socket's next ones.
+    pub(crate) unread: Vec<u8>,
     /// Replies not yet sent: `out[out_at..]`.
     pub(crate) out: Vec<u8>,
     pub(crate) out_at: usize,
@@ -152,6 +155,7 @@ impl<S> Conn<S> {
             stream,
             session: Some(session),
             input: Vec::new(),
+            unread: Vec::new(),
             out: Vec::new(),
             out_at: 0,
             sending: 0,
@@ -258,7 +262,12 @@ impl<S> Conn<S> {
     pub(crate) fn charge(&mut self, budget: &Arc<Budget>) -> bool {
         let held: usize = self.held.iter().map(|p| p.bytes.capacity()).sum();
         let spare: usize = self.spare.iter().map(Vec::capacity).sum();
-        let cap = self.input.capacity() + self.out.capacity() + self.sending_cap + held + spare;
+        let cap = self.input.capacity()
+            + self.unread.capacity()
+            + self.out.capacity()
+            + self.sending_cap
+            + held
+            + spare;
         if cap > self.charged {
             if !budget.take(cap - self.charged) {
                 return false;

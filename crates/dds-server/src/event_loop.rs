@@ -490,13 +490,20 @@ impl<S: Service> Core<S> {
             if c.unsent() >= cfg.output_pause || !c.readable {
                 break;
             }
-            let bytes = match io.read(c, scratch) {
-                Input::Data(bytes) => bytes,
-                Input::WouldBlock => break,
-                Input::Closed => {
-                    // Replies to what came before still go out.
-                    c.close_after = true;
-                    break;
+            // Bytes a completion-based backend received while the connection took no input
+            // come first.
+            let unread = std::mem::take(&mut c.unread);
+            let bytes = if !unread.is_empty() {
+                &unread[..]
+            } else {
+                match io.read(c, scratch) {
+                    Input::Data(bytes) => bytes,
+                    Input::WouldBlock => break,
+                    Input::Closed => {
+                        // Replies to what came before still go out.
+                        c.close_after = true;
+                        break;
+                    }
                 }
             };
             c.last_active = Instant::now();
@@ -567,10 +574,7 @@ impl<S: Service> Core<S> {
                 continue;
             }
             // Paused for output, or left input unread: go on now that replies went out.
-            if (c.readable || c.unoffered || io.stopped(c))
-                && !c.pending
-                && c.unsent() < self.cfg.output_pause
-            {
+            if (c.readable || io.stopped(c)) && !c.pending && c.unsent() < self.cfg.output_pause {
                 self.ready.push(slot);
             }
         }

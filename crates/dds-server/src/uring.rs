@@ -584,13 +584,7 @@ impl Uring {
         c.sending = 0;
         c.sending_cap = s.buf.capacity();
         c.writable = true;
-        if c.unsent() > 0
-            || c.close_after
-            || c.unoffered
-            || c.dead
-            || c.readable
-            || !self.armed[slot as usize]
-        {
+        if c.unsent() > 0 || c.close_after || c.dead || c.readable || !self.armed[slot as usize] {
             core.touch(slot);
         }
     }
@@ -634,34 +628,38 @@ impl Uring {
     }
 
     /// Bytes that arrived for a connection that takes no input now (a request pending, its
-    /// output paused) are kept in its input buffer and its receive is stopped (the socket's
-    /// buffer and TCP hold the rest, as with a readiness loop that stops reading); for one
-    /// that closes they are dropped. A connection whose output is paused has its receive
-    /// stopped at once; one that takes input again gets it back. True when `c`'s input grew.
+    /// output paused) are kept aside, as unread (the buffers go back to the kernel), and its
+    /// receive is stopped: the socket's buffer and TCP hold the rest, as with a readiness
+    /// loop that stops reading. For a connection that closes they are dropped. A paused
+    /// connection's receive is stopped at once; one that takes input again gets it back.
+    /// True when `c`'s buffers grew.
     pub(crate) fn after_serve<T>(&mut self, c: &mut Conn<T>, draining: bool, pause: usize) -> bool {
         let s = c.id.slot as usize;
         let closing = c.close_after || c.dead || draining;
         let paused = c.unsent() >= pause;
         let mut grew = false;
+        if closing && !c.unread.is_empty() {
+            c.unread = Vec::new();
+        }
         if self.head[s] != NONE {
             while self.head[s] != NONE {
                 let b = self.head[s];
                 self.head[s] = self.next[usize::from(b)];
                 if !closing {
                     // Copy: input that arrived while the connection could not take it.
-                    c.input
+                    c.unread
                         .extend_from_slice(self.bufs.bytes(b, self.len[usize::from(b)] as usize));
-                    c.unoffered = true;
                     grew = true;
                 }
                 self.bufs.give(b);
             }
             self.tail[s] = NONE;
-            c.readable = self.ended[s];
+            c.readable = !c.unread.is_empty() || self.ended[s];
             self.cancel_recv(c.id);
         } else if paused {
             self.cancel_recv(c.id);
-        } else if !closing && !self.armed[s] && !self.ended[s] && !c.pending && !c.unoffered {
+        } else if !closing && !self.armed[s] && !self.ended[s] && !c.pending && c.unread.is_empty()
+        {
             let fd = c.stream.as_raw_fd();
             self.arm_recv(fd, c.id);
         }
