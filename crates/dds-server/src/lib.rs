@@ -25,7 +25,10 @@
 //! - rounds: replies produced in a round leave after [`Service::end_round`] (group commit,
 //!   cache invalidations); when it fails, the round's connections are closed unanswered;
 //! - drain on stop: no new connections or requests, pending operations complete and replies
-//!   are sent (at most [`Config::drain`]), then [`Service::shutdown`].
+//!   are sent (at most [`Config::drain`]), then [`Service::shutdown`];
+//! - two I/O backends under that one loop ([`Backend`]): io_uring (multishot accept, multishot
+//!   receive into a ring of buffers lent to the kernel, every connection's replies handed over
+//!   by the one system call that also waits) where the kernel has it, epoll otherwise.
 
 #![warn(missing_docs)]
 

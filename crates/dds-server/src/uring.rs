@@ -263,14 +263,7 @@ impl Uring {
         let size = cfg.read_bytes.max(4096);
         u.check_multishot_recv(u32::try_from(size * 4).unwrap_or(u32::MAX))?;
         u.arm_accept();
-        if let Some(fd) = wake {
-            u.push(
-                &opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
-                    .multi(true)
-                    .build()
-                    .user_data(user_data(WAKE, 0, 0)),
-            );
-        }
+        u.arm_wake();
         Ok(u)
     }
 
@@ -373,6 +366,16 @@ impl Uring {
         self.accept_armed = true;
     }
 
+    fn arm_wake(&mut self) {
+        if let Some(fd) = self.wake {
+            let e = opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(user_data(WAKE, 0, 0));
+            self.push(&e);
+        }
+    }
+
     fn arm_recv(&mut self, fd: RawFd, id: ConnId) {
         let s = id.slot as usize;
         self.epoch[s] = self.epoch[s].wrapping_add(1) & 15;
@@ -445,18 +448,7 @@ impl Uring {
                     RECV => self.received(core, &cqe),
                     SEND => self.sent(core, &cqe),
                     ACCEPT => self.accepted(core, &cqe),
-                    WAKE => {
-                        if !cqueue::more(cqe.flags()) {
-                            if let Some(fd) = self.wake {
-                                self.push(
-                                    &opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
-                                        .multi(true)
-                                        .build()
-                                        .user_data(user_data(WAKE, 0, 0)),
-                                );
-                            }
-                        }
-                    }
+                    WAKE if !cqueue::more(cqe.flags()) => self.arm_wake(),
                     _ => {}
                 }
             }
