@@ -160,7 +160,6 @@ struct Sending {
     at: usize,
     busy: bool,
     fd: RawFd,
-    gen: u32,
 }
 
 pub(crate) struct Uring {
@@ -545,8 +544,10 @@ impl Uring {
             s.at += res as usize;
         }
         let Some(c) = live else {
-            // The connection closed meanwhile: its buffer is free now.
+            // The connection closed meanwhile: its buffer is free now, and the slot's next
+            // connection may send.
             *s = Sending::default();
+            core.touch(slot);
             return;
         };
         if res <= 0 {
@@ -673,7 +674,6 @@ impl Uring {
         s.at = 0;
         s.busy = true;
         s.fd = c.stream.as_raw_fd();
-        s.gen = c.id.gen;
         c.sending = s.buf.len();
         c.sending_cap = s.buf.capacity();
         let e = opcode::Send::new(Fd(s.fd), s.buf.as_ptr(), s.buf.len() as u32)
