@@ -429,3 +429,52 @@ fn idle_connections_are_closed_after_the_limit() {
         rt.thread.join().unwrap();
     }
 }
+
+#[test]
+fn clients_that_vanish_mid_request_leave_the_slab_and_budget_consistent() {
+    for backend in BACKENDS {
+        let rt = start(
+            backend,
+            Config {
+                max_connections: 8,
+                ..Config::default()
+            },
+        );
+        // Slots are reused while replies, receives and pending requests of the connections
+        // that held them may still be in flight.
+        let payload = "z".repeat(4000);
+        for i in 0..200 {
+            let mut s = TcpStream::connect(rt.addr).unwrap();
+            let mut req = Vec::new();
+            for j in 0..50 {
+                let op = ["ECHO", "SLOW", "LATE"][(i + j) % 3];
+                req.extend(format!("{op} {i}-{j}{payload}\n").bytes());
+            }
+            let _ = s.write_all(&req);
+            if i % 2 == 0 {
+                // Half of them half-close first, then vanish without reading.
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            }
+            drop(s);
+        }
+        // Everything still works afterwards.
+        let (mut s, mut r) = connect(rt.addr);
+        s.write_all(b"SLOW a\nECHO b\nLATE c\n").unwrap();
+        assert_eq!(line(&mut r), "a\n");
+        assert_eq!(line(&mut r), "b\n");
+        assert_eq!(line(&mut r), "c\n");
+        drop((s, r));
+        rt.stop.store(true, Ordering::Relaxed);
+        let svc = rt.thread.join().unwrap();
+        let stats = rt.counters.snapshot();
+        assert_eq!(
+            stats.accepted + stats.rejected,
+            201,
+            "{backend:?}: {stats:?}"
+        );
+        assert_eq!(stats.closed, stats.accepted, "{backend:?}: {stats:?}");
+        assert_eq!(svc.closed as u64, stats.accepted, "{backend:?}");
+        assert_eq!(svc.in_flight(), 0, "{backend:?}");
+        assert_eq!(rt.budget.used(), 0, "{backend:?}: every charged byte came back");
+    }
+}
