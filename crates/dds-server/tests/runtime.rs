@@ -457,7 +457,18 @@ fn clients_that_vanish_mid_request_leave_the_slab_and_budget_consistent() {
             }
             drop(s);
         }
-        // Everything still works afterwards.
+        // They are all closed (their pending requests done), and everything still works.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while {
+            let st = rt.counters.snapshot();
+            st.closed < st.accepted
+        } {
+            assert!(
+                Instant::now() < deadline,
+                "{backend:?}: connections left open"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
         let (mut s, mut r) = connect(rt.addr);
         s.write_all(b"SLOW a\nECHO b\nLATE c\n").unwrap();
         assert_eq!(line(&mut r), "a\n");
@@ -475,6 +486,10 @@ fn clients_that_vanish_mid_request_leave_the_slab_and_budget_consistent() {
         assert_eq!(stats.closed, stats.accepted, "{backend:?}: {stats:?}");
         assert_eq!(svc.closed as u64, stats.accepted, "{backend:?}");
         assert_eq!(svc.in_flight(), 0, "{backend:?}");
-        assert_eq!(rt.budget.used(), 0, "{backend:?}: every charged byte came back");
+        assert_eq!(
+            rt.budget.used(),
+            0,
+            "{backend:?}: every charged byte came back"
+        );
     }
 }
