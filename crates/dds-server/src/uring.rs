@@ -421,10 +421,12 @@ impl Uring {
         };
         match r {
             Ok(_) => Ok(()),
+            // A timeout, a signal, or a full completion queue or lack of kernel memory (the
+            // queued requests are handed over at the next wait).
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::ETIME | libc::EBUSY | libc::EINTR)
+                    Some(libc::ETIME | libc::EBUSY | libc::EINTR | libc::EAGAIN)
                 ) =>
             {
                 Ok(())
