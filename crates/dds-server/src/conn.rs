@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
-use mio::net::TcpStream;
+use std::net::TcpStream;
 
 use crate::budget::Budget;
 use crate::ConnId;
@@ -96,13 +96,22 @@ impl DerefMut for Out<'_> {
 
 pub(crate) struct Conn<S> {
     pub(crate) id: ConnId,
+    /// The socket (non-blocking).
     pub(crate) stream: TcpStream,
     pub(crate) session: Option<S>,
     /// Unparsed input: an incomplete request, or input held while a request is pending.
     pub(crate) input: Vec<u8>,
+    /// Bytes received for the connection while it took no input (a completion-based backend
+    /// receives before it is asked): read before the socket's next ones.
+    pub(crate) unread: Vec<u8>,
     /// Replies not yet sent: `out[out_at..]`.
     pub(crate) out: Vec<u8>,
     pub(crate) out_at: usize,
+    /// Replies handed to the kernel and not yet reported sent (a completion-based backend
+    /// sends from a buffer of its own).
+    pub(crate) sending: usize,
+    /// Capacity of the buffer those replies are sent from.
+    pub(crate) sending_cap: usize,
     /// Replies behind a deferred one, in order.
     pub(crate) held: VecDeque<Part>,
     pub(crate) next_ticket: u32,
@@ -146,8 +155,11 @@ impl<S> Conn<S> {
             stream,
             session: Some(session),
             input: Vec::new(),
+            unread: Vec::new(),
             out: Vec::new(),
             out_at: 0,
+            sending: 0,
+            sending_cap: 0,
             held: VecDeque::new(),
             next_ticket: 0,
             spare: Vec::new(),
@@ -166,7 +178,7 @@ impl<S> Conn<S> {
     }
 
     pub(crate) fn unsent(&self) -> usize {
-        self.out.len() - self.out_at
+        self.out.len() - self.out_at + self.sending
     }
 
     /// The connection's reply sink.
@@ -223,13 +235,19 @@ impl<S> Conn<S> {
                 Err(_) => self.dead = true,
             }
         }
+        self.settle(keep);
+    }
+
+    /// The output policy: spare part buffers and a sent output larger than `keep` are
+    /// released (a burst's memory goes back); a partly sent output drops its sent prefix
+    /// past 1 MiB.
+    pub(crate) fn settle(&mut self, keep: usize) {
         if self.held.is_empty() {
             self.spare.retain(|b| b.capacity() <= keep);
         }
         if self.out_at == self.out.len() {
             self.out_at = 0;
             if self.out.capacity() > keep {
-                // A burst is over: its memory goes back.
                 self.out = Vec::new();
             } else {
                 self.out.clear();
@@ -244,7 +262,12 @@ impl<S> Conn<S> {
     pub(crate) fn charge(&mut self, budget: &Arc<Budget>) -> bool {
         let held: usize = self.held.iter().map(|p| p.bytes.capacity()).sum();
         let spare: usize = self.spare.iter().map(Vec::capacity).sum();
-        let cap = self.input.capacity() + self.out.capacity() + held + spare;
+        let cap = self.input.capacity()
+            + self.unread.capacity()
+            + self.out.capacity()
+            + self.sending_cap
+            + held
+            + spare;
         if cap > self.charged {
             if !budget.take(cap - self.charged) {
                 return false;

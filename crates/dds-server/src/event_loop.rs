@@ -2,21 +2,25 @@
 //! pending operations, rounds, deadlines and the drain on stop.
 
 use std::io::{self, Write};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::TcpListener;
-use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
-
 use crate::budget::Budget;
 use crate::conn::{Conn, Out, ReadOutcome, Ticket};
-use crate::{Config, ConnId, Service, Verdict};
+use crate::io::Io;
+use crate::{Backend, Config, ConnId, Service, Verdict};
 
-const LISTENER: Token = Token(usize::MAX);
-const WAKE: Token = Token(usize::MAX - 1);
+/// What a backend read for a connection.
+pub(crate) enum Input<'a> {
+    /// Bytes that arrived (in the loop's scratch buffer or a buffer of the backend).
+    Data(&'a [u8]),
+    /// Nothing more now.
+    WouldBlock,
+    /// The peer closed or the socket failed.
+    Closed,
+}
 /// How often deadlines are checked when some are set.
 const SWEEP: Duration = Duration::from_millis(50);
 
@@ -144,12 +148,16 @@ impl<S> Completions<'_, S> {
 
 /// An event loop serving one listening socket with a [`Service`].
 pub struct Server<S: Service> {
-    cfg: Config,
-    poll: Poll,
-    listener: Option<TcpListener>,
+    io: Io,
+    core: Core<S>,
+}
+
+/// The state every backend shares: the slab, the service, the round's lists, the budget.
+pub(crate) struct Core<S: Service> {
+    pub(crate) cfg: Config,
     local: SocketAddr,
     service: S,
-    conns: Vec<Option<Conn<S::Session>>>,
+    pub(crate) conns: Vec<Option<Conn<S::Session>>>,
     gens: Vec<u32>,
     free: Vec<u32>,
     live: usize,
@@ -158,7 +166,7 @@ pub struct Server<S: Service> {
     touched: Vec<u32>,
     ready: Vec<u32>,
     counters: Arc<LoopCounters>,
-    draining: bool,
+    pub(crate) draining: bool,
 }
 
 impl<S: Service> Server<S> {
@@ -170,7 +178,8 @@ impl<S: Service> Server<S> {
         budget: Arc<Budget>,
         service: S,
     ) -> io::Result<Self> {
-        Self::serve_on(TcpListener::bind(addr)?, cfg, budget, service)
+        let listener = TcpListener::bind(addr)?;
+        Self::from_listener(listener, cfg, budget, service)
     }
 
     /// Serves a socket already bound and listening (made non-blocking here): for options
@@ -179,172 +188,140 @@ impl<S: Service> Server<S> {
     /// them; or one socket shared by the loops of several threads (a `try_clone` each),
     /// whichever loop is free accepting the next connection.
     pub fn from_listener(
-        listener: std::net::TcpListener,
+        listener: TcpListener,
         cfg: Config,
         budget: Arc<Budget>,
         service: S,
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
-        Self::serve_on(TcpListener::from_std(listener), cfg, budget, service)
-    }
-
-    fn serve_on(
-        mut listener: TcpListener,
-        cfg: Config,
-        budget: Arc<Budget>,
-        service: S,
-    ) -> io::Result<Self> {
-        let poll = Poll::new()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
-        if let Some(fd) = service.wake_fd() {
-            poll.registry()
-                .register(&mut SourceFd(&fd), WAKE, Interest::READABLE)?;
-        }
         let local = listener.local_addr()?;
         let n = cfg.max_connections.max(1);
+        let io = Io::new(listener, service.wake_fd(), &cfg)?;
         Ok(Server {
-            scratch: vec![0u8; cfg.read_bytes.max(4096)],
-            conns: (0..n).map(|_| None).collect(),
-            gens: vec![0; n],
-            free: (0..n as u32).rev().collect(),
-            touched: Vec::with_capacity(n),
-            ready: Vec::with_capacity(n),
-            live: 0,
-            cfg,
-            poll,
-            listener: Some(listener),
-            local,
-            service,
-            budget,
-            counters: Arc::new(LoopCounters::default()),
-            draining: false,
+            io,
+            core: Core {
+                scratch: vec![0u8; cfg.read_bytes.max(4096)],
+                conns: (0..n).map(|_| None).collect(),
+                gens: vec![0; n],
+                free: (0..n as u32).rev().collect(),
+                touched: Vec::with_capacity(n),
+                ready: Vec::with_capacity(n),
+                live: 0,
+                cfg,
+                local,
+                service,
+                budget,
+                counters: Arc::new(LoopCounters::default()),
+                draining: false,
+            },
         })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.core.local
+    }
+
+    /// The I/O backend the loop runs on ([`Backend::Epoll`] or [`Backend::Uring`]).
+    pub fn backend(&self) -> Backend {
+        self.io.backend()
     }
 
     /// The loop's counters (shared: readable while it runs).
     pub fn counters(&self) -> Arc<LoopCounters> {
-        self.counters.clone()
+        self.core.counters.clone()
     }
 
     /// The service.
     pub fn service(&self) -> &S {
-        &self.service
+        &self.core.service
     }
 
     /// The service, mutably (before [`Server::run`]).
     pub fn service_mut(&mut self) -> &mut S {
-        &mut self.service
+        &mut self.core.service
     }
 
     /// Connections open now.
     pub fn connections(&self) -> usize {
-        self.live
+        self.core.live
     }
 
     /// Serves until `stop` is set, drains, calls [`Service::shutdown`] and returns the
     /// service.
-    pub fn run(mut self, stop: &AtomicBool) -> S {
-        let mut events = Events::with_capacity(1024);
-        let mut next_tick = Instant::now() + self.cfg.tick;
+    pub fn run(self, stop: &AtomicBool) -> S {
+        let Server { mut io, mut core } = self;
+        let mut next_tick = Instant::now() + core.cfg.tick;
         let mut next_sweep = Instant::now() + SWEEP;
         let mut drain_until = None;
         loop {
             let now = Instant::now();
-            if stop.load(Ordering::Relaxed) && !self.draining {
-                self.begin_drain();
-                drain_until = Some(now + self.cfg.drain);
+            if stop.load(Ordering::Relaxed) && !core.draining {
+                core.begin_drain(&mut io);
+                drain_until = Some(now + core.cfg.drain);
             }
             if let Some(until) = drain_until {
-                if self.drained() || now >= until {
+                if core.drained() || now >= until {
                     break;
                 }
             }
             let mut timeout = next_tick.saturating_duration_since(now);
-            if self.cfg.frame_deadline.is_some() || self.cfg.idle_limit.is_some() || self.draining {
+            if core.cfg.frame_deadline.is_some() || core.cfg.idle_limit.is_some() || core.draining {
                 timeout = timeout.min(next_sweep.saturating_duration_since(now));
             }
-            if !self.ready.is_empty() {
+            if !core.ready.is_empty() {
                 timeout = Duration::ZERO;
             }
-            let sleep = !timeout.is_zero() && self.service.prepare_sleep();
-            let r = self.poll.poll(
-                &mut events,
-                Some(if sleep { timeout } else { Duration::ZERO }),
-            );
+            let sleep = !timeout.is_zero() && core.service.prepare_sleep();
+            let r = io.wait(if sleep { timeout } else { Duration::ZERO });
             if sleep {
-                self.service.end_sleep();
+                core.service.end_sleep();
             }
             if let Err(e) = r {
                 if e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "poll failed: stopping");
+                    tracing::error!(error = %e, "waiting for events failed: stopping");
                     break;
                 }
             }
-            for ev in events.iter() {
-                match ev.token() {
-                    LISTENER => self.accept(),
-                    WAKE => {}
-                    Token(t) => {
-                        let Some(c) = self.conns.get_mut(t).and_then(Option::as_mut) else {
-                            continue;
-                        };
-                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            c.readable = true;
-                            self.ready.push(t as u32);
-                        }
-                        if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
-                            c.writable = true;
-                            if c.unsent() > 0 && !c.touched {
-                                c.touched = true;
-                                self.touched.push(t as u32);
-                            }
-                        }
-                    }
-                }
-            }
+            io.dispatch(&mut core);
             let mut done = Completions {
-                conns: &mut self.conns,
-                touched: &mut self.touched,
-                ready: &mut self.ready,
+                conns: &mut core.conns,
+                touched: &mut core.touched,
+                ready: &mut core.ready,
             };
-            self.service.complete(&mut done);
-            let ready = std::mem::take(&mut self.ready);
+            core.service.complete(&mut done);
+            let ready = std::mem::take(&mut core.ready);
             for &slot in &ready {
-                self.serve(slot);
+                core.serve(&mut io, slot);
             }
-            self.ready = ready;
-            self.ready.clear();
-            self.end_round();
+            core.ready = ready;
+            core.ready.clear();
+            core.end_round(&mut io);
             let now = Instant::now();
             if now >= next_sweep {
-                self.sweep(now);
+                core.sweep(&mut io, now);
                 next_sweep = now + SWEEP;
             }
             if now >= next_tick {
-                self.service.tick();
-                next_tick = now + self.cfg.tick;
+                core.service.tick();
+                next_tick = now + core.cfg.tick;
             }
         }
-        for slot in 0..self.conns.len() {
-            if self.conns[slot].is_some() {
-                self.close(slot as u32);
+        for slot in 0..core.conns.len() {
+            if core.conns[slot].is_some() {
+                core.close(&mut io, slot as u32);
             }
         }
-        self.service.shutdown();
-        self.service
+        io.finish();
+        core.service.shutdown();
+        core.service
     }
+}
 
-    fn begin_drain(&mut self) {
+impl<S: Service> Core<S> {
+    fn begin_drain(&mut self, io: &mut Io) {
         self.draining = true;
-        if let Some(mut l) = self.listener.take() {
-            let _ = self.poll.registry().deregister(&mut l);
-        }
+        io.stop_accepting();
         // Connections waiting for nothing are done; the others finish what they started.
         for slot in 0..self.conns.len() {
             if let Some(c) = self.conns[slot].as_mut() {
@@ -361,46 +338,76 @@ impl<S: Service> Server<S> {
         self.live == 0 && self.service.in_flight() == 0
     }
 
-    fn accept(&mut self) {
-        loop {
-            let Some(listener) = self.listener.as_ref() else {
-                return;
-            };
-            let (mut stream, peer) = match listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    return;
-                }
-            };
-            let Some(slot) = self.free.pop() else {
-                self.counters.add(&self.counters.rejected, 1);
-                let _ = stream.write(self.service.rejected());
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            if let Err(e) = self.poll.registry().register(
-                &mut stream,
-                Token(slot as usize),
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
-                tracing::warn!(error = %e, %peer, "cannot register a connection");
-                self.free.push(slot);
-                continue;
-            }
-            let gen = self.gens[slot as usize].wrapping_add(1);
-            self.gens[slot as usize] = gen;
-            let id = ConnId { slot, gen };
-            let session = self.service.open(id);
-            self.conns[slot as usize] = Some(Conn::new(id, stream, session, Instant::now()));
-            self.live += 1;
-            self.counters.add(&self.counters.accepted, 1);
+    /// The id the next accepted connection gets; `None` when the slab is full.
+    pub(crate) fn next_id(&self) -> Option<ConnId> {
+        let slot = *self.free.last()?;
+        Some(ConnId {
+            slot,
+            gen: self.gens[slot as usize].wrapping_add(1),
+        })
+    }
+
+    /// A connection over the slab's bound: told so, then closed.
+    pub(crate) fn reject(&mut self, mut stream: TcpStream) {
+        self.counters.add(&self.counters.rejected, 1);
+        let _ = stream.write(self.service.rejected());
+    }
+
+    /// Takes an accepted connection (registered with the backend as `id`, from
+    /// [`Core::next_id`]) into the slab.
+    pub(crate) fn admit(&mut self, id: ConnId, stream: TcpStream) {
+        let slot = self.free.pop().expect("a slot from next_id");
+        debug_assert_eq!(slot, id.slot);
+        let _ = stream.set_nodelay(true);
+        self.gens[slot as usize] = id.gen;
+        let session = self.service.open(id);
+        self.conns[slot as usize] = Some(Conn::new(id, stream, session, Instant::now()));
+        self.live += 1;
+        self.counters.add(&self.counters.accepted, 1);
+        self.ready.push(slot);
+    }
+
+    /// The connection in `slot`, if it is still `gen` (a backend's completion may be older
+    /// than the slot's current occupant).
+    pub(crate) fn conn(
+        &mut self,
+        slot: u32,
+        gen: impl Fn(u32) -> bool,
+    ) -> Option<&mut Conn<S::Session>> {
+        self.conns
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .filter(|c| gen(c.id.gen))
+    }
+
+    /// The backend saw the socket of `slot` readable and/or writable.
+    pub(crate) fn ready_io(&mut self, slot: u32, readable: bool, writable: bool) {
+        let Some(c) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if readable {
+            c.readable = true;
             self.ready.push(slot);
+        }
+        if writable {
+            c.writable = true;
+            if c.unsent() > 0 && !c.touched {
+                c.touched = true;
+                self.touched.push(slot);
+            }
         }
     }
 
+    /// Puts `slot` in the round's list of connections whose output and state are looked at
+    /// when the round ends.
+    pub(crate) fn touch(&mut self, slot: u32) {
+        if let Some(c) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) {
+            if !c.touched {
+                c.touched = true;
+                self.touched.push(slot);
+            }
+        }
+    }
     /// Offers `c`'s held input (or `bytes` of the scratch buffer) to the service; keeps what
     /// it did not take.
     fn offer(service: &mut S, c: &mut Conn<S::Session>, from_scratch: Option<&[u8]>) {
@@ -457,8 +464,8 @@ impl<S: Service> Server<S> {
     }
 
     /// Reads the connection's input and runs its complete requests.
-    fn serve(&mut self, slot: u32) {
-        let Server {
+    fn serve(&mut self, io: &mut Io, slot: u32) {
+        let Core {
             service,
             conns,
             scratch,
@@ -483,22 +490,30 @@ impl<S: Service> Server<S> {
             if c.unsent() >= cfg.output_pause || !c.readable {
                 break;
             }
-            let n = match c.read(scratch) {
-                ReadOutcome::Data(n) => n,
-                ReadOutcome::WouldBlock => break,
-                ReadOutcome::Closed => {
-                    // Replies to what came before still go out.
-                    c.close_after = true;
-                    break;
+            // Bytes a completion-based backend received while the connection took no input
+            // come first.
+            let unread = std::mem::take(&mut c.unread);
+            let bytes = if !unread.is_empty() {
+                &unread[..]
+            } else {
+                match io.read(c, scratch) {
+                    Input::Data(bytes) => bytes,
+                    Input::WouldBlock => break,
+                    Input::Closed => {
+                        // Replies to what came before still go out.
+                        c.close_after = true;
+                        break;
+                    }
                 }
             };
             c.last_active = Instant::now();
             if c.input.is_empty() {
-                Self::offer(service, c, Some(&scratch[..n]));
+                Self::offer(service, c, Some(bytes));
             } else {
-                c.input.extend_from_slice(&scratch[..n]);
+                c.input.extend_from_slice(bytes);
                 Self::offer(service, c, None);
             }
+            io.consumed();
             if c.input.len() > cfg.input_limit && !c.pending && !c.close_after {
                 tracing::warn!(slot, bytes = c.input.len(), "input limit exceeded: closing");
                 counters.add(&counters.input_overflows, 1);
@@ -513,6 +528,10 @@ impl<S: Service> Server<S> {
                 c.dead = true;
             }
         }
+        if io.after_serve(c, *draining, cfg.output_pause) && !c.dead && !c.charge(budget) {
+            counters.add(&counters.out_of_memory, 1);
+            c.dead = true;
+        }
         if ((c.out.len(), c.held.len(), c.close_after) != before || c.dead) && !c.touched {
             c.touched = true;
             touched.push(slot);
@@ -520,7 +539,7 @@ impl<S: Service> Server<S> {
     }
 
     /// Ends the round: the service's round work, then the replies go out.
-    fn end_round(&mut self) {
+    fn end_round(&mut self, io: &mut Io) {
         if self.touched.is_empty() {
             return;
         }
@@ -540,22 +559,22 @@ impl<S: Service> Server<S> {
                 c.dead = true;
             }
             c.promote();
-            c.flush(self.cfg.output_keep);
+            io.flush(c, self.cfg.output_keep);
             if c.unsent() > 0 {
                 c.last_active = Instant::now();
             }
             let done = c.dead || (c.close_after && !c.pending && !c.waiting() && c.unsent() == 0);
             if done {
-                self.close(slot);
+                self.close(io, slot);
                 continue;
             }
             if !c.charge(&self.budget) {
                 self.counters.add(&self.counters.out_of_memory, 1);
-                self.close(slot);
+                self.close(io, slot);
                 continue;
             }
             // Paused for output, or left input unread: go on now that replies went out.
-            if c.readable && !c.pending && c.unsent() < self.cfg.output_pause {
+            if (c.readable || io.stopped(c)) && !c.pending && c.unsent() < self.cfg.output_pause {
                 self.ready.push(slot);
             }
         }
@@ -564,7 +583,7 @@ impl<S: Service> Server<S> {
     }
 
     /// Closes connections past their deadlines.
-    fn sweep(&mut self, now: Instant) {
+    fn sweep(&mut self, io: &mut Io, now: Instant) {
         for slot in 0..self.conns.len() {
             let Some(c) = self.conns[slot].as_ref() else {
                 continue;
@@ -579,17 +598,17 @@ impl<S: Service> Server<S> {
             if frame_late {
                 tracing::info!(slot, "incomplete request past its deadline: closing");
                 self.counters.add(&self.counters.frame_timeouts, 1);
-                self.close(slot as u32);
+                self.close(io, slot as u32);
             } else if idle {
                 self.counters.add(&self.counters.idle_timeouts, 1);
-                self.close(slot as u32);
+                self.close(io, slot as u32);
             } else if drain_done {
-                self.close(slot as u32);
+                self.close(io, slot as u32);
             }
         }
     }
 
-    fn close(&mut self, slot: u32) {
+    fn close(&mut self, io: &mut Io, slot: u32) {
         let Some(mut c) = self.conns[slot as usize].take() else {
             return;
         };
@@ -603,11 +622,11 @@ impl<S: Service> Server<S> {
                 }
             }
         }
-        let _ = self.poll.registry().deregister(&mut c.stream);
         c.uncharge(&self.budget);
         if let Some(s) = c.session.take() {
             self.service.closed(c.id, s);
         }
+        io.close(c.stream, c.id);
         self.free.push(slot);
         self.live -= 1;
         self.counters.add(&self.counters.closed, 1);

@@ -25,18 +25,25 @@
 //! - rounds: replies produced in a round leave after [`Service::end_round`] (group commit,
 //!   cache invalidations); when it fails, the round's connections are closed unanswered;
 //! - drain on stop: no new connections or requests, pending operations complete and replies
-//!   are sent (at most [`Config::drain`]), then [`Service::shutdown`].
+//!   are sent (at most [`Config::drain`]), then [`Service::shutdown`];
+//! - two I/O backends under that one loop ([`Backend`]): io_uring (multishot accept, multishot
+//!   receive into a ring of buffers lent to the kernel, every connection's replies handed over
+//!   by the one system call that also waits) where the kernel has it, epoll otherwise.
 
 #![warn(missing_docs)]
 
 mod budget;
 mod conn;
 mod counters;
+mod epoll;
 mod event_loop;
+mod io;
+mod uring;
 
 pub use budget::Budget;
 pub use conn::{Out, Ticket};
 pub use event_loop::{Completions, LoopCounters, LoopStats, Server};
+pub use io::BACKEND_ENV;
 
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -77,6 +84,20 @@ pub enum Verdict {
     Close,
 }
 
+/// How an event loop does its I/O (`docs/server-runtime.md`, Shape).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// [`BACKEND_ENV`] when set (`epoll` or `uring`); otherwise io_uring when the kernel has
+    /// what it needs, epoll when not.
+    #[default]
+    Auto,
+    /// Readiness: epoll; a system call per read and per write.
+    Epoll,
+    /// Completions: io_uring with multishot accept and receive into provided buffers, and
+    /// one submission per round for every connection's replies.
+    Uring,
+}
+
 /// Settings of an event loop.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -96,8 +117,14 @@ pub struct Config {
     pub tick: Duration,
     /// How long a stop waits for pending operations and unsent replies.
     pub drain: Duration,
-    /// Bytes read from a socket at once (the shared scratch buffer).
+    /// Bytes read from a socket at once (the shared scratch buffer; with io_uring, the size
+    /// of each receive buffer).
     pub read_bytes: usize,
+    /// The I/O backend.
+    pub backend: Backend,
+    /// With io_uring: receive buffers lent to the kernel (a power of two; bytes that arrived
+    /// and are not parsed yet hold one until the end of their round).
+    pub recv_buffers: usize,
 }
 
 impl Default for Config {
@@ -112,6 +139,8 @@ impl Default for Config {
             tick: Duration::from_millis(100),
             drain: Duration::from_secs(5),
             read_bytes: 64 << 10,
+            backend: Backend::Auto,
+            recv_buffers: 256,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `Server::from_listener`: loops on several threads serve one listening socket (a clone of
-//! it each), every connection is served by one of them, and they share one budget.
+//! it each), every connection is served by one of them, and they share one budget. On both backends.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dds_server::{Budget, Completions, Config, ConnId, Out, Server, Service, Verdict};
+use dds_server::{Backend, Budget, Completions, Config, ConnId, Out, Server, Service, Verdict};
 
 /// Answers every byte with itself, upper-cased.
 struct Upper;
@@ -32,8 +32,7 @@ impl Service for Upper {
     fn complete(&mut self, _done: &mut Completions<'_, ()>) {}
 }
 
-#[test]
-fn loops_on_several_threads_share_one_listener() {
+fn several_loops_share_one_listener(backend: Backend) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let budget = Budget::new(64 << 20);
@@ -43,12 +42,16 @@ fn loops_on_several_threads_share_one_listener() {
         .map(|_| {
             let server = Server::from_listener(
                 listener.try_clone().unwrap(),
-                Config::default(),
+                Config {
+                    backend,
+                    ..Config::default()
+                },
                 budget.clone(),
                 Upper,
             )
             .unwrap();
             assert_eq!(server.local_addr(), addr);
+            assert_eq!(server.backend(), backend);
             counters.push(server.counters());
             let stop = stop.clone();
             std::thread::spawn(move || {
@@ -82,4 +85,14 @@ fn loops_on_several_threads_share_one_listener() {
         t.join().unwrap();
     }
     assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn loops_on_several_threads_share_one_listener_epoll() {
+    several_loops_share_one_listener(Backend::Epoll);
+}
+
+#[test]
+fn loops_on_several_threads_share_one_listener_uring() {
+    several_loops_share_one_listener(Backend::Uring);
 }
