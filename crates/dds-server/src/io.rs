@@ -13,7 +13,8 @@ use crate::uring::Uring;
 use crate::{Backend, Config, ConnId, Service};
 
 /// The environment variable that chooses the backend of loops configured with
-/// [`Backend::Auto`]: `epoll` or `uring`.
+/// [`Backend::Auto`]: `epoll` (the default), `uring`, or `auto` (io_uring where the kernel has
+/// it).
 pub const BACKEND_ENV: &str = "DDS_SERVER_BACKEND";
 
 pub(crate) enum Io {
@@ -22,14 +23,14 @@ pub(crate) enum Io {
 }
 
 impl Io {
-    /// The backend `cfg` asks for (or the environment, for [`Backend::Auto`]); automatically:
-    /// io_uring when the kernel has what it needs, epoll otherwise.
+    /// The backend `cfg` asks for; for [`Backend::Auto`] the environment's (epoll when unset);
+    /// `auto` there: io_uring when the kernel has what it needs, epoll otherwise.
     pub(crate) fn new(listener: TcpListener, wake: Option<RawFd>, cfg: &Config) -> io::Result<Io> {
         let choice = match cfg.backend {
             Backend::Auto => match std::env::var(BACKEND_ENV).as_deref() {
-                Ok("epoll") => Backend::Epoll,
+                Ok("") | Ok("epoll") | Err(std::env::VarError::NotPresent) => Backend::Epoll,
                 Ok("uring") => Backend::Uring,
-                Ok("") | Ok("auto") | Err(std::env::VarError::NotPresent) => Backend::Auto,
+                Ok("auto") => Backend::Auto,
                 Ok(other) => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,

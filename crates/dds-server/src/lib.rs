@@ -87,8 +87,9 @@ pub enum Verdict {
 /// How an event loop does its I/O (`docs/server-runtime.md`, Shape).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
-    /// [`BACKEND_ENV`] when set (`epoll` or `uring`); otherwise io_uring when the kernel has
-    /// what it needs, epoll when not.
+    /// [`BACKEND_ENV`]: `epoll` (also when unset), `uring`, or `auto` (io_uring when the
+    /// kernel has what it needs, epoll when not). io_uring is chosen, not the default, until
+    /// a rare stall seen on it under heavy load is explained (`docs/server-runtime.md`).
     #[default]
     Auto,
     /// Readiness: epoll; a system call per read and per write.

@@ -1,5 +1,6 @@
 //! Which backend a loop runs on: `Config::backend`, or for `Backend::Auto` the
-//! `DDS_SERVER_BACKEND` environment variable, or io_uring where the kernel has it. (One test
+//! `DDS_SERVER_BACKEND` environment variable (epoll when unset; `auto`: io_uring where the
+//! kernel has it). (One test
 //! in its own binary: it sets the process's environment.)
 
 use std::io::ErrorKind;
@@ -45,6 +46,9 @@ fn bind(backend: Backend) -> std::io::Result<Server<Nothing>> {
 fn the_backend_follows_the_config_then_the_environment_then_the_kernel() {
     std::env::remove_var(BACKEND_ENV);
     let uring_here = bind(Backend::Uring).is_ok();
+    // Unset: epoll.
+    assert_eq!(bind(Backend::Auto).unwrap().backend(), Backend::Epoll);
+    std::env::set_var(BACKEND_ENV, "auto");
     let auto = bind(Backend::Auto).unwrap().backend();
     assert_eq!(
         auto,
