@@ -87,13 +87,15 @@ pub struct DpuArgs {
     #[command(flatten)]
     pub profile: DpuProfileArgs,
     // Its help lists the registered offload apps (`command` in main.rs).
-    #[arg(long, requires_all = ["director_listen", "host_app"])]
+    #[arg(long, requires = "director_listen")]
     pub offload: Option<String>,
     /// Public address the traffic director listens on (the storage server's address).
     #[arg(long)]
     pub director_listen: Option<std::net::SocketAddr>,
-    /// Address of the host application that requests not served on the DPU go to.
-    #[arg(long)]
+    /// Address of the host application that requests not served on the DPU go to. Without
+    /// it, the host application announces its address when it starts (`dds kv` and `dds
+    /// pageserver` do), and client connections are closed until it has.
+    #[arg(long, requires = "offload")]
     pub host_app: Option<std::net::SocketAddr>,
     /// Application signature: "srcIP/prefix:port dstIP/prefix:port proto" (port 0 = any);
     /// connections that do not match are spliced to the host uninspected.
@@ -149,7 +151,6 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
         return Ok(None);
     };
     let listen = a.director_listen.context("--director-listen is required")?;
-    let host = a.host_app.context("--host-app is required")?;
     let signature: dds_director::Signature = a
         .signature
         .parse()
@@ -178,7 +179,10 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
                 buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
                 memory_bytes: usize::try_from(a.director_memory).context("--director-memory")?,
                 max_connections: a.director_max_connections.max(1),
-                ..dds_director::DirectorConfig::new(listen, host)
+                ..match a.host_app {
+                    Some(host) => dds_director::DirectorConfig::new(listen, host),
+                    None => dds_director::DirectorConfig::announced(listen),
+                }
             }),
         )
     }))

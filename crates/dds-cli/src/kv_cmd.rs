@@ -102,6 +102,7 @@ pub struct KvArgs {
 
 pub fn run(a: KvArgs) -> Result<()> {
     let mut fetcher: Option<Box<dyn dds_storage::fileio::FileIo>> = None;
+    let mut announce = None;
     let (store, describe): (Box<dyn dds_kv::Engine>, String) = match a.engine {
         EngineArg::Memory => {
             let memory = usize::try_from(a.memory).context("--memory")?;
@@ -113,6 +114,9 @@ pub fn run(a: KvArgs) -> Result<()> {
         }
         EngineArg::HybridLog => {
             let (store, describe, dds) = open_hybrid_log(&a)?;
+            if !a.no_offload {
+                announce = dds.clone();
+            }
             // Records on storage are read ahead of their commands through the host
             // library's asynchronous API (the loop does not wait for them).
             fetcher = dds.zip(store.log_file_id()).map(|(dds, file)| {
@@ -138,6 +142,9 @@ pub fn run(a: KvArgs) -> Result<()> {
         describe.clone(),
         fetcher,
     )?;
+    if let Some(dds) = &announce {
+        crate::util::announce_host_app(dds, server.local_addr()?);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())?;

@@ -64,6 +64,7 @@ pub struct PageServerArgs {
 pub fn run(a: PageServerArgs) -> Result<()> {
     // On DDS files, page reads go through the host library's asynchronous API.
     let mut dds_conn = None;
+    let mut announce = None;
     let storage: Box<dyn Storage> = match a.storage {
         StorageArg::Dds => {
             let dds = dds_host::Dds::connect(&a.socket).with_context(|| {
@@ -74,6 +75,9 @@ pub fn run(a: PageServerArgs) -> Result<()> {
             })?;
             let dds = Arc::new(dds);
             dds_conn = Some(dds.clone());
+            if !a.no_offload {
+                announce = Some(dds.clone());
+            }
             Box::new(DdsStorage::new(dds, &a.dds_dir)?)
         }
         StorageArg::File => {
@@ -100,6 +104,9 @@ pub fn run(a: PageServerArgs) -> Result<()> {
         dds_conn,
     )
     .context("open the page server")?;
+    if let Some(dds) = &announce {
+        crate::util::announce_host_app(dds, server.local_addr()?);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())?;

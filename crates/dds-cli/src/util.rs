@@ -137,6 +137,29 @@ pub fn fmt_utc(ns: u64) -> String {
     )
 }
 
+/// Tells the DPU's traffic director where this host application listens (an unspecified
+/// address as loopback), so that `dds dpu --offload` needs no `--host-app` and no port is
+/// picked for the application before it binds. Failing to tell it is not fatal: the director
+/// may have its address already, or run elsewhere.
+pub fn announce_host_app(dds: &dds_host::Dds, mut addr: std::net::SocketAddr) {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    match dds.set_host_app(addr) {
+        Ok(i) if i.used => {
+            tracing::info!(%addr, "the DPU's traffic director forwards to this server")
+        }
+        Ok(i) if i.director => {
+            tracing::debug!(%addr, "the DPU's traffic director has a fixed host address")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "telling the DPU where this server listens failed"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -333,9 +333,9 @@ fn redis_benchmark_and_the_python_client_over_dds() {
 /// the processes, the DPU's socket, and a connection through the director and one straight
 /// to the host.
 fn offloaded_kv(dir: &Path) -> (Guard, Guard, std::path::PathBuf, TcpStream, TcpStream) {
-    let (dpu, socket, dport, hport) = common::start_offload_dpu(dir, "512M", "redis");
-    let (kv, _) = start_kv_on(
-        &format!("127.0.0.1:{hport}"),
+    let (dpu, socket, via_dpu) = common::start_offload_dpu(dir, "512M", "redis");
+    let (kv, direct) = start_kv_on(
+        "127.0.0.1:0",
         &[
             "--socket",
             socket.to_str().unwrap(),
@@ -349,8 +349,6 @@ fn offloaded_kv(dir: &Path) -> (Guard, Guard, std::path::PathBuf, TcpStream, Tcp
             "fsync",
         ],
     );
-    let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
-    let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
     let d = TcpStream::connect(via_dpu).unwrap();
     let h = TcpStream::connect(direct).unwrap();
     (dpu, kv, socket, d, h)

@@ -127,11 +127,11 @@ impl Servers {
         );
         let (mem_kv, mem_addr) =
             start_kv("127.0.0.1:0", &["--engine", "memory", "--memory", "64M"]);
-        let (dpu, socket, dport, hport) = common::start_offload_dpu(dir, "512M", "redis");
+        let (dpu, socket, director) = common::start_offload_dpu(dir, "512M", "redis");
         let s = socket.to_str().unwrap();
         let durability = if fsync { "fsync" } else { "periodic" };
         let (dds_kv, _) = start_kv(
-            &format!("127.0.0.1:{hport}"),
+            "127.0.0.1:0",
             &[
                 "--socket",
                 s,
@@ -153,7 +153,7 @@ impl Servers {
             dpu,
             socket,
             dds_kv,
-            director: format!("127.0.0.1:{dport}").parse().unwrap(),
+            director,
         }
     }
 }

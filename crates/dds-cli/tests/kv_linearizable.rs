@@ -6,12 +6,11 @@
 mod common;
 mod lincheck;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use common::{format_device, free_port, start_dpu, Guard, DDS};
+use common::{format_device, start_dpu, Guard};
 use lincheck::{check, Event, Op, Ret};
 use rand::{Rng, SeedableRng};
 
@@ -154,9 +153,9 @@ fn run_clients(addrs: &[SocketAddr], ops: usize) -> Vec<Event> {
     })
 }
 
-fn start_kv(listen: &str, socket: &std::path::Path) -> Guard {
+fn start_kv(listen: &str, socket: &std::path::Path) -> (Guard, SocketAddr) {
     let s = socket.to_str().unwrap();
-    start_kv_with(
+    common::start_kv(
         listen,
         &[
             "--socket",
@@ -173,21 +172,6 @@ fn start_kv(listen: &str, socket: &std::path::Path) -> Guard {
     )
 }
 
-fn start_kv_with(listen: &str, args: &[&str]) -> Guard {
-    let mut child = Command::new(DDS)
-        .args(["kv", "--listen", listen])
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("ready"), "{line}");
-    Guard(child)
-}
-
 #[test]
 fn the_checker_accepts_linearizable_histories_and_rejects_the_others() {
     lincheck::check_the_checker();
@@ -196,10 +180,8 @@ fn the_checker_accepts_linearizable_histories_and_rejects_the_others() {
 #[test]
 fn histories_with_dpu_served_gets_are_linearizable() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "256M", "redis");
-    let _kv = start_kv(&format!("127.0.0.1:{hport}"), &socket);
-    let via_dpu: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
-    let direct: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
+    let (_dpu, socket, via_dpu) = common::start_offload_dpu(dir.path(), "256M", "redis");
+    let (_kv, direct) = start_kv("127.0.0.1:0", &socket);
     let history = run_clients(&[via_dpu, via_dpu, via_dpu, direct], 400);
     assert_eq!(history.len(), 1604);
     if let Err(v) = check(&history) {
@@ -217,9 +199,7 @@ fn histories_without_the_dpu_in_the_path_are_linearizable() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
     let _dpu = start_dpu(&img, &socket, &[]);
-    let port = free_port();
-    let _kv = start_kv(&format!("127.0.0.1:{port}"), &socket);
-    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (_kv, a) = start_kv("127.0.0.1:0", &socket);
     let history = run_clients(&[a, a, a, a], 300);
     if let Err(v) = check(&history) {
         panic!("not linearizable: {v}");
@@ -228,12 +208,7 @@ fn histories_without_the_dpu_in_the_path_are_linearizable() {
 
 #[test]
 fn histories_of_the_memory_engine_are_linearizable() {
-    let port = free_port();
-    let _kv = start_kv_with(
-        &format!("127.0.0.1:{port}"),
-        &["--engine", "memory", "--memory", "16M"],
-    );
-    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (_kv, a) = common::start_kv("127.0.0.1:0", &["--engine", "memory", "--memory", "16M"]);
     let history = run_clients(&[a, a, a, a], 300);
     if let Err(v) = check(&history) {
         panic!("not linearizable: {v}");

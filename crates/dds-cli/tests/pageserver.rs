@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
+use common::{format_device, offloaded, start_dpu, Guard, DDS};
 use dds_pageserver::page;
 use dds_pageserver::proto::{self, status, GetPage, Record, Response};
 use rand::{Rng, SeedableRng};
@@ -20,7 +20,9 @@ use rand::{Rng, SeedableRng};
 const PS: usize = 8192;
 const PAGES: u64 = 64;
 
-fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> Guard {
+/// `dds pageserver --listen LISTEN` on the DPU at `socket`: the process and the address of its
+/// ready line.
+fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> (Guard, SocketAddr) {
     // GetPages wait for the replay as long as it takes (unless a test says otherwise): on a
     // machine running several emulated DPUs at once a storage round trip can take seconds,
     // and a GetPage's LSN_TIMEOUT is not what these tests look at.
@@ -43,7 +45,13 @@ fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> Guard {
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("ready"), "{line}");
-    Guard(child)
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (Guard(child), addr)
 }
 
 /// Sends a message and reads `n` responses.
@@ -196,10 +204,8 @@ fn run_workload(writer: SocketAddr, readers: &[SocketAddr], ranges: usize) -> (u
 #[test]
 fn getpages_match_the_model_with_the_dpu_serving_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) = common::start_offload_dpu(dir.path(), "256M", "pageserver");
-    let _ps = start_pageserver(&format!("127.0.0.1:{hport}"), &socket, &[]);
-    let d: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
-    let h: SocketAddr = format!("127.0.0.1:{hport}").parse().unwrap();
+    let (_dpu, socket, d) = common::start_offload_dpu(dir.path(), "256M", "pageserver");
+    let (_ps, h) = start_pageserver("127.0.0.1:0", &socket, &[]);
     let (checked, retried) = run_workload(h, &[d, d, d, h], 400);
     let served = offloaded(&socket);
     eprintln!("{checked} pages checked, {served} served by the DPU, {retried} retried");
@@ -213,9 +219,7 @@ fn getpages_match_the_model_without_offload() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
     let _dpu = start_dpu(&img, &socket, &[]);
-    let port = free_port();
-    let _ps = start_pageserver(&format!("127.0.0.1:{port}"), &socket, &[]);
-    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (_ps, a) = start_pageserver("127.0.0.1:0", &socket, &[]);
     let (checked, retried) = run_workload(a, &[a, a, a], 300);
     assert!(checked > 300, "{checked} pages checked");
     assert_eq!(retried, 0, "the host never answers RETRY");
@@ -227,14 +231,14 @@ fn acknowledged_log_survives_kill_9_during_replay() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
     let _dpu = start_dpu(&img, &socket, &[]);
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let addr: SocketAddr = listen.parse().unwrap();
+    // The first life binds a port of its choosing; the next ones bind the same.
+    let mut listen = "127.0.0.1:0".to_string();
     let mut log: Log = Vec::new();
     let mut lsn = 1u64;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
     for life in 0..3 {
-        let mut ps = start_pageserver(&listen, &socket, &[]);
+        let (mut ps, addr) = start_pageserver(&listen, &socket, &[]);
+        listen = addr.to_string();
         let mut s = TcpStream::connect(addr).unwrap();
         // What earlier lives acknowledged is there.
         let last = lsn - 1;
@@ -282,13 +286,7 @@ fn bad_input_gets_clear_statuses_and_loses_nothing() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
     let _dpu = start_dpu(&img, &socket, &[]);
-    let port = free_port();
-    let _ps = start_pageserver(
-        &format!("127.0.0.1:{port}"),
-        &socket,
-        &["--lsn-wait-ms", "300"],
-    );
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (_ps, addr) = start_pageserver("127.0.0.1:0", &socket, &["--lsn-wait-ms", "300"]);
     let mut s = TcpStream::connect(addr).unwrap();
     let rec = |lsn, page, data: &[u8]| (lsn, page, 0u16, data.to_vec());
     assert_eq!(
@@ -403,13 +401,7 @@ fn partial_messages_stay_within_the_input_budget() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
     let _dpu = start_dpu(&img, &socket, &[]);
-    let port = free_port();
-    let ps = start_pageserver(
-        &format!("127.0.0.1:{port}"),
-        &socket,
-        &["--input-memory", "1M"],
-    );
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (ps, addr) = start_pageserver("127.0.0.1:0", &socket, &["--input-memory", "1M"]);
     let rss = || -> u64 {
         let st = std::fs::read_to_string(format!("/proc/{}/status", ps.0.id())).unwrap();
         st.lines()

@@ -1,7 +1,7 @@
 //! Director options.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::signature::Signature;
 
@@ -10,8 +10,8 @@ use crate::signature::Signature;
 pub struct DirectorConfig {
     /// Public address the director listens on.
     pub listen: SocketAddr,
-    /// Address of the host application.
-    pub host: SocketAddr,
+    /// Address of the host application: fixed, or announced by it (`HostApp`).
+    pub host: Arc<HostApp>,
     /// Connections matching it are split; others are spliced through.
     pub signature: Signature,
     /// Director threads (each gets a lane of the port: `port.lanes() >= threads`).
@@ -47,7 +47,7 @@ impl std::fmt::Debug for DirectorConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectorConfig")
             .field("listen", &self.listen)
-            .field("host", &self.host)
+            .field("host", &self.host.get())
             .field("signature", &self.signature.to_string())
             .field("threads", &self.threads)
             .field("copy_mode", &self.copy_mode)
@@ -57,9 +57,61 @@ impl std::fmt::Debug for DirectorConfig {
     }
 }
 
+/// Where the director connects a client's host leg: the host application's address, fixed
+/// when the director starts, or announced by the host application itself over the DPU's
+/// control socket once it listens (`set_host_app`, `docs/control-protocol.md`), so that it
+/// can bind port 0 and no one picks a port for it. Read once per accepted connection.
+#[derive(Debug)]
+pub struct HostApp {
+    addr: Mutex<Option<SocketAddr>>,
+    fixed: bool,
+}
+
+impl HostApp {
+    /// An address given at start; announcements do not change it.
+    pub fn fixed(addr: SocketAddr) -> HostApp {
+        HostApp {
+            addr: Mutex::new(Some(addr)),
+            fixed: true,
+        }
+    }
+
+    /// No address until the host application announces one.
+    pub fn announced() -> HostApp {
+        HostApp {
+            addr: Mutex::new(None),
+            fixed: false,
+        }
+    }
+
+    /// The address new connections go to, if known.
+    pub fn get(&self) -> Option<SocketAddr> {
+        *self.addr.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host application announces where it listens; false when the address is fixed
+    /// (the announcement is ignored). Connections split before keep their host leg.
+    pub fn announce(&self, addr: SocketAddr) -> bool {
+        if self.fixed {
+            return false;
+        }
+        *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+        true
+    }
+}
+
 impl DirectorConfig {
     /// Defaults for the given addresses, matching every TCP connection.
     pub fn new(listen: SocketAddr, host: SocketAddr) -> Self {
+        DirectorConfig::with_host(listen, Arc::new(HostApp::fixed(host)))
+    }
+
+    /// Defaults for a director whose host application announces its address.
+    pub fn announced(listen: SocketAddr) -> Self {
+        DirectorConfig::with_host(listen, Arc::new(HostApp::announced()))
+    }
+
+    fn with_host(listen: SocketAddr, host: Arc<HostApp>) -> Self {
         DirectorConfig {
             listen,
             host,
@@ -76,5 +128,24 @@ impl DirectorConfig {
             max_contexts_per_conn: 64,
             on_thread_start: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_announced_host_app_takes_the_latest_address_and_a_fixed_one_none() {
+        let a: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        let announced = HostApp::announced();
+        assert_eq!(announced.get(), None);
+        assert!(announced.announce(a));
+        assert!(announced.announce(b));
+        assert_eq!(announced.get(), Some(b));
+        let fixed = HostApp::fixed(a);
+        assert!(!fixed.announce(b));
+        assert_eq!(fixed.get(), Some(a));
     }
 }

@@ -192,7 +192,7 @@ impl Director {
                     })?,
             );
         }
-        tracing::info!(%local, host = %cfg.host, signature = %cfg.signature, threads, app = app.name(), "traffic director started");
+        tracing::info!(%local, host = ?cfg.host.get(), signature = %cfg.signature, threads, app = app.name(), "traffic director started");
         Ok(DirectorHandle {
             local,
             stop,

@@ -25,7 +25,7 @@ mod split;
 pub mod stats;
 mod worker;
 
-pub use config::DirectorConfig;
+pub use config::{DirectorConfig, HostApp};
 pub use director::{Director, DirectorHandle, StatsSource};
 pub use signature::{Proto, Signature};
 pub use stats::DirectorStats;

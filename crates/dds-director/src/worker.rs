@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::buffer::{Budget, Buf, OutOfMemory};
-use crate::config::DirectorConfig;
+use crate::config::{DirectorConfig, HostApp};
 use crate::conn::{Close, Conn, Entry};
 use crate::signature::{Proto, Signature};
 use crate::stats::{add, Stats};
@@ -41,7 +41,7 @@ pub(crate) struct Worker {
     pub(crate) planner: Planner,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) stats: Arc<Stats>,
-    pub(crate) host_addr: SocketAddr,
+    pub(crate) host_app: Arc<HostApp>,
     pub(crate) signature: Signature,
     pub(crate) copy_mode: bool,
     pub(crate) conn_buf: usize,
@@ -105,7 +105,7 @@ impl Worker {
             gated: Vec::with_capacity(nconn),
             stop,
             stats,
-            host_addr: cfg.host,
+            host_app: cfg.host.clone(),
             signature: cfg.signature,
             copy_mode: cfg.copy_mode,
             conn_buf: cfg.conn_buffer_bytes.max(4096),
@@ -278,7 +278,13 @@ impl Worker {
                 tracing::warn!(%peer, "connection limit reached: closing new connection");
                 continue;
             };
-            let local = client.local_addr().unwrap_or(self.host_addr);
+            let Some(host_addr) = self.host_app.get() else {
+                tracing::warn!(%peer, "no host application has announced itself yet: closing new connection");
+                add(&self.stats.aborted, 1);
+                self.free_slots.push(slot);
+                continue;
+            };
+            let local = client.local_addr().unwrap_or(host_addr);
             let split = self.signature.matches(peer, local, Proto::Tcp);
             let n = self.conn_buf;
             let b = &self.budget;
@@ -296,7 +302,7 @@ impl Worker {
                 self.free_slots.push(slot);
                 continue;
             };
-            let mut host = match TcpStream::connect(self.host_addr) {
+            let mut host = match TcpStream::connect(host_addr) {
                 Ok(h) => h,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "cannot connect to the host application");

@@ -71,6 +71,8 @@ pub(crate) struct OffloadHooks {
     pub exposed: Arc<ExposedFiles>,
     /// Counters of the running directors (for `dds stats`).
     pub directors: Directors,
+    /// Where the director started with the DPU connects host legs (`SetHostApp`).
+    pub host_app: Option<Arc<dds_director::HostApp>>,
 }
 
 /// The counter sources of the directors attached to this DPU.
@@ -168,6 +170,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
         director: None,
         directors: Directors::default(),
     };
+    let host_app = cfg.director.as_ref().map(|d| d.host.clone());
     if let Some(d) = cfg.director {
         runtime.director = Some(runtime.start_director(d)?);
     }
@@ -177,6 +180,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
             port: port_service,
             exposed,
             directors: runtime.directors.clone(),
+            host_app,
         },
         runtime,
     ))

@@ -11,7 +11,7 @@ use dds_dma::{DmaCompletion, DmaEngine, EmulatedDma, RegionExport};
 use dds_fs::{FileId, FileService, MetaDone, MetaOp};
 use dds_proto::control::{
     BufferInfo, DirEntry, DmaCounters, DpuStats, EntryKind, ExposeInfo, FileInfo, GroupInfo,
-    GroupStats, HelloInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
+    GroupStats, HelloInfo, HostAppInfo, Reply, Request, SpaceInfo, PROTOCOL_VERSION,
 };
 use dds_proto::Status;
 use rustix::event::{PollFd, PollFlags, Timespec};

@@ -278,6 +278,22 @@ impl Dds {
         Ok(info.engine)
     }
 
+    /// Announces the address this host application serves its clients on to the DPU's traffic
+    /// director, which connects the host legs of the client connections it splits there
+    /// (unless `dds dpu --host-app` fixed the address). Returns whether a director runs and
+    /// whether it took the address.
+    pub fn set_host_app(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<dds_proto::control::HostAppInfo> {
+        self.shared.rpc(
+            &Request::SetHostApp {
+                addr: addr.to_string(),
+            },
+            &[],
+        )
+    }
+
     /// Runtime statistics of the DPU: per-group counters, memory, DMA, space, offload engine.
     pub fn stats(&self) -> Result<dds_proto::control::DpuStats> {
         self.shared.rpc(&Request::Stats, &[])

@@ -132,6 +132,12 @@ pub enum Request {
         id: u32,
         exposed: bool,
     },
+    /// The host application announces the address it serves its clients on (`"ip:port"`),
+    /// for the DPU's traffic director to connect client connections' host legs to. Replies
+    /// `HostAppInfo`.
+    SetHostApp {
+        addr: String,
+    },
     /// Runtime statistics of the DPU (`DpuStats`).
     Stats,
     /// Registers an application buffer (one fd: a sealed memfd of at least `len` bytes) that
@@ -229,6 +235,16 @@ pub struct DpuStats {
     pub registered_buffers: u64,
     #[serde(default)]
     pub registered_bytes: u64,
+}
+
+/// Reply of `SetHostApp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostAppInfo {
+    /// Whether the DPU runs a traffic director.
+    pub director: bool,
+    /// Whether the director takes the address (false: none runs, or `dds dpu --host-app`
+    /// fixed its address).
+    pub used: bool,
 }
 
 /// Reply of `ExposeFile`.

@@ -2,6 +2,7 @@
 //! a formatted device file and a DPU process that accepts connections.
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -103,25 +104,33 @@ pub fn free_port() -> u16 {
 }
 
 /// A DPU on a new `size` device in `dir` running the offload app `app` with its traffic
-/// director: returns it, its control socket, the director's port (clients) and the host
-/// application's port (where the director forwards).
-pub fn start_offload_dpu(dir: &Path, size: &str, app: &str) -> (Guard, PathBuf, u16, u16) {
+/// director on a port of its choosing: returns it, its control socket and the director's
+/// address (clients). The host application started next binds port 0 too and announces its
+/// address to the director itself (`dds kv` and `dds pageserver` do): no port is picked for
+/// either.
+pub fn start_offload_dpu(dir: &Path, size: &str, app: &str) -> (Guard, PathBuf, SocketAddr) {
     let img = format_device(dir, size);
     let socket = dir.join("dpu.sock");
-    let (dport, hport) = (free_port(), free_port());
-    let g = start_dpu(
-        &img,
-        &socket,
-        &[
-            "--offload",
-            app,
-            "--director-listen",
-            &format!("127.0.0.1:{dport}"),
-            "--host-app",
-            &format!("127.0.0.1:{hport}"),
-        ],
+    let (g, line) = ready_line(
+        Command::new(DDS)
+            .args(["dpu", "--json", "--device"])
+            .arg(&img)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--offload", app, "--director-listen", "127.0.0.1:0"])
+            .stderr(if std::env::var_os("DDS_TEST_DPU_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            }),
     );
-    (g, socket, dport, hport)
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    let director = ready["director"]
+        .as_str()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("no director in the ready line {line:?}"));
+    (g, socket, director)
 }
 
 /// Requests the DPU's traffic directors served on the DPU so far (`dds stats --json`).

@@ -185,6 +185,21 @@ impl Service {
                 tracing::debug!(id, exposed, engine, "file exposure");
                 Reply::ok(&ExposeInfo { engine })
             }),
+            Request::SetHostApp { addr } => {
+                let Ok(addr) = addr.parse::<std::net::SocketAddr>() else {
+                    return Reply::err(
+                        Status::InvalidArgument,
+                        format!("set_host_app: {addr:?} is not an ip:port address"),
+                    );
+                };
+                let host = self.offload.as_ref().and_then(|o| o.host_app.as_ref());
+                let used = host.is_some_and(|h| h.announce(addr));
+                tracing::info!(%addr, used, "host application announced");
+                return Reply::ok(&HostAppInfo {
+                    director: host.is_some(),
+                    used,
+                });
+            }
             Request::Stats => return Reply::ok(&self.stats()),
             Request::RegisterBuffer { len } => return self.register_buffer(conn, fds, len),
             Request::UnregisterBuffer { buffer } => {
