@@ -149,6 +149,8 @@ fn plan(a: &KvArgs) -> Plan {
     }
 }
 
+/// A free port, for `redis-server` only: it cannot bind port 0 and say which port it got (our
+/// own daemons bind port 0 and print their address on their ready line).
 pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -180,8 +182,8 @@ struct Side {
 /// The device file [`spawn_dpu`] formats in its directory.
 pub(crate) const DEVICE_FILE: &str = "dev.img";
 
-/// The device reads of a GET of a record on storage: `dds kv` reads at most 256 bytes of a
-/// record, which the file service reads from the device as one aligned block of up to 4 KiB.
+/// The device reads of a GET of a record on storage: `dds kv` (and the DPU's offload app)
+/// read the whole 4 KiB block a small record starts in.
 const KV_IO_BYTES: u32 = 4096;
 
 /// `redis-server` on a free loopback port (no persistence, `dir` as its directory), on
@@ -220,7 +222,8 @@ pub(crate) fn wait_port(addr: SocketAddr) -> Result<()> {
 }
 
 /// Formats a device in `dir` and starts `dds dpu` on it (pinned as `place` says, with
-/// `extra` arguments); returns it once its socket accepts connections.
+/// `extra` arguments); returns it once it is ready, with its socket and the address its
+/// traffic director got (with `--director-listen`).
 pub(crate) fn spawn_dpu(
     exe: &Path,
     dir: &Path,
@@ -228,7 +231,7 @@ pub(crate) fn spawn_dpu(
     dma_cost: &str,
     extra: &[String],
     place: &Placement,
-) -> Result<(ChildGuard, PathBuf)> {
+) -> Result<(ChildGuard, PathBuf, Option<SocketAddr>)> {
     let device = dir.join(DEVICE_FILE);
     let st = Command::new(exe)
         .args(["format", "--size", device_size, "--device"])
@@ -241,6 +244,7 @@ pub(crate) fn spawn_dpu(
     let socket = dir.join("dpu.sock");
     let mut dargs: Vec<String> = vec![
         "dpu".into(),
+        "--json".into(),
         "--device".into(),
         device.display().to_string(),
         "--socket".into(),
@@ -253,22 +257,27 @@ pub(crate) fn spawn_dpu(
     let log = std::fs::File::create(dir.join("dpu.log"))?;
     let child = Command::new(exe)
         .args(&dargs)
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
         .context("start dds dpu")?;
-    let dpu = ChildGuard::new(child, "dds dpu");
-    let t0 = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if t0.elapsed() > Duration::from_secs(20) {
-            bail!(
-                "dds dpu did not start (see {})",
-                dir.join("dpu.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok((dpu, socket))
+    let mut dpu = ChildGuard::new(child, "dds dpu");
+    let line = dpu
+        .ready_line(Duration::from_secs(20))
+        .with_context(|| format!("see {}", dir.join("dpu.log").display()))?;
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).with_context(|| format!("dds dpu's ready line {line:?}"))?;
+    let director = ready["director"].as_str().map(str::parse).transpose()?;
+    Ok((dpu, socket, director))
+}
+
+/// The address on a host server's ready line (`... listening on ADDR ...`).
+pub(crate) fn listening_on(line: &str) -> Result<SocketAddr> {
+    line.split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .with_context(|| format!("no address on the ready line {line:?}"))
 }
 
 fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Side> {
@@ -288,29 +297,28 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
             dir,
         });
     }
-    let (director, host_port) = (free_port()?, free_port()?);
     let mut extra: Vec<String> = vec![
         "--cache-items".into(),
         (2 * (p.keys + p.rb_keys)).to_string(),
     ];
     if mode == Mode::Offload {
+        // The director binds a port of its own; `dds kv` tells it where it listens.
         extra.extend([
             "--offload".into(),
             "redis".into(),
             "--director-listen".into(),
-            format!("127.0.0.1:{director}"),
-            "--host-app".into(),
-            format!("127.0.0.1:{host_port}"),
+            "127.0.0.1:0".into(),
         ]);
     }
-    let (dpu, socket) = spawn_dpu(&exe, dir.path(), p.device, &a.dma_cost, &extra, place)?;
+    let (dpu, socket, director) =
+        spawn_dpu(&exe, dir.path(), p.device, &a.dma_cost, &extra, place)?;
     let memory = if mode == Mode::Inmemory {
         (p.log_size / 2).max(4 * p.memory)
     } else {
         p.memory
     };
     let mut child = taskset(&exe, host)
-        .args(["kv", "--listen", &format!("127.0.0.1:{host_port}")])
+        .args(["kv", "--listen", "127.0.0.1:0"])
         .arg("--socket")
         .arg(&socket)
         .args(["--memory", &memory.to_string()])
@@ -327,10 +335,10 @@ fn start_side(mode: Mode, a: &KvArgs, p: &Plan, place: &Placement) -> Result<Sid
     if !line.contains("ready") {
         bail!("dds kv did not start: {line}");
     }
-    let addr = if mode == Mode::Offload {
-        SocketAddr::from(([127, 0, 0, 1], director))
-    } else {
-        SocketAddr::from(([127, 0, 0, 1], host_port))
+    let host_addr = listening_on(&line)?;
+    let addr = match director {
+        Some(d) if mode == Mode::Offload => d,
+        _ => host_addr,
     };
     wait_port(addr)?;
     Ok(Side {

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
 use crate::device::DeviceReads;
-use crate::kv::{free_port, spawn_dpu, taskset, wait_port, DEVICE_FILE};
+use crate::kv::{spawn_dpu, taskset, wait_port, DEVICE_FILE};
 use crate::machine::{cost_model_text, Machine};
 use crate::placement::Placement;
 use crate::plot::{LineChart, Series};
@@ -221,16 +221,14 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
         Some(w) => tempfile::tempdir_in(w)?,
         None => tempfile::tempdir()?,
     };
-    let (director, host_port) = (free_port()?, free_port()?);
     let mut extra: Vec<String> = vec!["--cache-items".into(), (2 * pages).to_string()];
     if offload {
+        // The director binds a port of its own; `dds pageserver` tells it where it listens.
         extra.extend([
             "--offload".into(),
             "pageserver".into(),
             "--director-listen".into(),
-            format!("127.0.0.1:{director}"),
-            "--host-app".into(),
-            format!("127.0.0.1:{host_port}"),
+            "127.0.0.1:0".into(),
         ]);
     }
     let size = if pages * PS as u64 > (400 << 20) {
@@ -238,9 +236,9 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
     } else {
         "1G"
     };
-    let (dpu, socket) = spawn_dpu(&exe, dir.path(), size, &a.dma_cost, &extra, place)?;
+    let (dpu, socket, director) = spawn_dpu(&exe, dir.path(), size, &a.dma_cost, &extra, place)?;
     let mut child = taskset(&exe, place.host_cpus.as_deref())
-        .args(["pageserver", "--listen", &format!("127.0.0.1:{host_port}")])
+        .args(["pageserver", "--listen", "127.0.0.1:0"])
         .arg("--socket")
         .arg(&socket)
         .args(["--pages", &pages.to_string()])
@@ -256,11 +254,10 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
     if !line.contains("ready") {
         bail!("dds pageserver did not start: {line}");
     }
-    let host = SocketAddr::from(([127, 0, 0, 1], host_port));
-    let addr = if offload {
-        SocketAddr::from(([127, 0, 0, 1], director))
-    } else {
-        host
+    let host = crate::kv::listening_on(&line)?;
+    let addr = match director {
+        Some(d) if offload => d,
+        _ => host,
     };
     wait_port(addr)?;
     Ok(Side {

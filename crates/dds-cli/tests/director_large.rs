@@ -455,7 +455,9 @@ fn pageserver_messages_and_responses_larger_than_the_buffer() {
             .map(|i| GetPage {
                 req_id: round * 100 + i,
                 lsn: 32,
-                nms: 0,
+                // The page's last change (the client knows it; with a lower one it would
+                // accept an older version: the replay may not have got there yet).
+                nms: i + 1,
                 page: i,
             })
             .collect();
