@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
+use dds_testkit::resp::command as cmd;
 use rand::{Rng, RngCore, SeedableRng};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -69,17 +70,6 @@ fn connect(port: u16) -> TcpStream {
     s.set_read_timeout(Some(TIMEOUT)).unwrap();
     s.set_write_timeout(Some(TIMEOUT)).unwrap();
     s
-}
-
-/// A RESP command.
-fn cmd(words: &[&[u8]]) -> Vec<u8> {
-    let mut b = format!("*{}\r\n", words.len()).into_bytes();
-    for w in words {
-        b.extend(format!("${}\r\n", w.len()).bytes());
-        b.extend_from_slice(w);
-        b.extend_from_slice(b"\r\n");
-    }
-    b
 }
 
 fn bulk(v: &[u8]) -> Vec<u8> {

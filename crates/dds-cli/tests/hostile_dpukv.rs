@@ -13,6 +13,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::{assert_alive, hostile_clients, random_blob, start_dpukv, test_seed};
+use dds_testkit::resp::command_of as resp;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -82,16 +83,6 @@ const MALFORMED: &[&[u8]] = &[
     b"*01\r\n$4\r\nPING\r\n",
     b"*1\r\n$04\r\nPING\r\n",
 ];
-
-fn resp(args: &[Vec<u8>]) -> Vec<u8> {
-    let mut m = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        m.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        m.extend_from_slice(a);
-        m.extend_from_slice(b"\r\n");
-    }
-    m
-}
 
 fn random_arg(rng: &mut SmallRng) -> Vec<u8> {
     match rng.gen_range(0..10) {

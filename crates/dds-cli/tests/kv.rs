@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
+use dds_testkit::resp::command as cmd;
 
 /// `dds kv ARGS --listen 127.0.0.1:0`; returns the process and its address.
 fn start_kv(args: &[&str]) -> (Guard, SocketAddr) {
@@ -28,17 +29,6 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
         .output()
         .expect("redis-cli (package redis-tools) is installed by scripts/test.sh");
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A RESP command.
-fn cmd(words: &[&[u8]]) -> Vec<u8> {
-    let mut b = format!("*{}\r\n", words.len()).into_bytes();
-    for w in words {
-        b.extend(format!("${}\r\n", w.len()).bytes());
-        b.extend_from_slice(w);
-        b.extend_from_slice(b"\r\n");
-    }
-    b
 }
 
 /// Reads one reply (as framed by the codec) from a blocking stream.

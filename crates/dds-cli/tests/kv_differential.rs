@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{offloaded, start_kv, Guard};
+use dds_testkit::resp::command_of as multibulk;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -156,16 +157,6 @@ impl Servers {
             director,
         }
     }
-}
-
-fn multibulk(words: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = format!("*{}\r\n", words.len()).into_bytes();
-    for w in words {
-        b.extend(format!("${}\r\n", w.len()).bytes());
-        b.extend_from_slice(w);
-        b.extend_from_slice(b"\r\n");
-    }
-    b
 }
 
 /// The same words as an inline command, each in double quotes with escapes (what a telnet

@@ -11,18 +11,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
 use common::{format_device, start_dpu, Guard};
+use dds_testkit::resp::command as cmd;
 use lincheck::{check, Event, Op, Ret};
 use rand::{Rng, SeedableRng};
-
-fn cmd(words: &[&[u8]]) -> Vec<u8> {
-    let mut b = format!("*{}\r\n", words.len()).into_bytes();
-    for w in words {
-        b.extend(format!("${}\r\n", w.len()).bytes());
-        b.extend_from_slice(w);
-        b.extend_from_slice(b"\r\n");
-    }
-    b
-}
 
 /// Reads one reply of a simple, error, integer or bulk type.
 fn reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Ret {

@@ -513,16 +513,7 @@ impl OffloadApp for RedisApp {
 mod tests {
     use super::*;
     use dds_cache::{CacheWriter, Config};
-
-    fn cmd(words: &[&[u8]]) -> Vec<u8> {
-        let mut b = format!("*{}\r\n", words.len()).into_bytes();
-        for w in words {
-            b.extend(format!("${}\r\n", w.len()).bytes());
-            b.extend_from_slice(w);
-            b.extend_from_slice(b"\r\n");
-        }
-        b
-    }
+    use dds_testkit::resp::command as cmd;
 
     #[test]
     fn gets_of_cached_records_are_read_and_answered_on_the_dpu() {

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
 use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Verdict};
 use dds_storage::fileio::{FileIo, IoDone};
+use dds_storage::inflight::InFlightReads;
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
@@ -78,16 +79,15 @@ pub struct KvSession {
     rounds: u8,
 }
 
-/// A read in flight.
+/// What a read in flight is for.
+#[derive(Clone, Copy)]
 struct Read {
     conn: ConnId,
     addr: u64,
-    buf: Vec<u8>,
     /// The read covers the whole record (its length was known).
     whole: bool,
     /// Bytes read before the record (the read starts at the record's block).
     skip: usize,
-    live: bool,
 }
 
 /// The `dds kv` service: the Redis protocol over an engine.
@@ -99,8 +99,8 @@ pub struct KvService {
     argv: Argv,
     spare: Vec<&'static [u8]>,
     fetcher: Option<Box<dyn FileIo>>,
-    reads: Vec<Read>,
-    free_reads: Vec<u32>,
+    /// Reads in flight, each tagged with its place + 1.
+    reads: InFlightReads<Read, Vec<u8>>,
     /// Buffers of finished reads, for the next ones.
     bufs: Vec<Vec<u8>>,
     completions: Vec<IoDone>,
@@ -134,40 +134,27 @@ impl KvService {
             return false;
         };
         let (off, _) = self.store.file_span(addr);
-        let slot = match self.free_reads.pop() {
-            Some(s) => s,
-            None => {
-                self.reads.push(Read {
-                    conn,
-                    addr,
-                    buf: Vec::new(),
-                    whole,
-                    skip,
-                    live: false,
-                });
-                (self.reads.len() - 1) as u32
-            }
+        let read = Read {
+            conn,
+            addr,
+            whole,
+            skip,
         };
-        let r = &mut self.reads[slot as usize];
-        r.conn = conn;
-        r.addr = addr;
-        r.whole = whole;
-        r.skip = skip;
-        r.buf = buf;
-        r.buf.resize(len, 0);
+        let slot = self.reads.take_place(|| (read, Vec::new()));
+        *self.reads.state_mut(slot) = read;
+        let b = self.reads.buf_mut(slot);
+        *b = buf;
+        b.resize(len, 0);
         let at = off - skip as u64;
-        // SAFETY: the buffer belongs to the read's slot and is neither moved nor touched until
-        // the read's completion is polled (its heap memory stays where it is).
-        let issued = unsafe { f.read(0, at, r.buf.as_mut_ptr(), len as u32, u64::from(slot) + 1) };
-        match issued {
-            Ok(()) => {
-                r.live = true;
-                true
-            }
+        match self
+            .reads
+            .issue(f.as_mut(), 0, slot, at, u64::from(slot) + 1)
+        {
+            Ok(()) => true,
             Err(e) => {
                 tracing::debug!(?e, "read ahead not issued: the command will wait");
-                let b = std::mem::take(&mut r.buf);
-                self.free_reads.push(slot);
+                let b = std::mem::take(self.reads.buf_mut(slot));
+                self.reads.release(slot);
                 self.give_buf(b);
                 false
             }
@@ -334,14 +321,18 @@ impl Service for KvService {
         for &(tag, res) in &completions {
             // Tags are this service's own (slot + 1); anything else on the group is not ours.
             let slot = tag.wrapping_sub(1) as u32;
-            let Some(r) = self.reads.get_mut(slot as usize).filter(|r| r.live) else {
+            if !self.reads.finish(slot) {
                 tracing::warn!(tag, "a completion for no read in flight: ignored");
                 continue;
-            };
-            r.live = false;
-            let (conn, addr, whole, skip) = (r.conn, r.addr, r.whole, r.skip);
-            let mut buf = std::mem::take(&mut r.buf);
-            self.free_reads.push(slot);
+            }
+            let Read {
+                conn,
+                addr,
+                whole,
+                skip,
+            } = *self.reads.state(slot);
+            let mut buf = std::mem::take(self.reads.buf_mut(slot));
+            self.reads.release(slot);
             let n = res.map_or(0, |n| n as usize);
             buf.truncate(n);
             // The record starts `skip` bytes in.
@@ -427,7 +418,7 @@ impl Service for KvService {
     }
 
     fn in_flight(&self) -> usize {
-        self.reads.len() - self.free_reads.len()
+        self.reads.in_use()
     }
 
     fn shutdown(&mut self) {
@@ -506,8 +497,7 @@ impl Server {
             argv: Argv::new(),
             spare: Vec::new(),
             fetcher,
-            reads: Vec::new(),
-            free_reads: Vec::new(),
+            reads: InFlightReads::new(),
             bufs: Vec::new(),
             completions: Vec::new(),
             sync_interval: cfg.sync_interval,

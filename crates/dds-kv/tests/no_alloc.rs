@@ -13,19 +13,10 @@ use dds_kv::server::{Server, ServerConfig};
 use dds_kv::{Durability, Store, StoreConfig};
 use dds_storage::OsStorage;
 use dds_testkit::alloc::{allocations_in, count_this_thread, CountingAlloc};
+use dds_testkit::resp::command as cmd;
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
-
-fn cmd(words: &[&[u8]]) -> Vec<u8> {
-    let mut b = format!("*{}\r\n", words.len()).into_bytes();
-    for w in words {
-        b.extend(format!("${}\r\n", w.len()).bytes());
-        b.extend_from_slice(w);
-        b.extend_from_slice(b"\r\n");
-    }
-    b
-}
 
 /// Sends `batch` and reads until the reply bytes end with `last`.
 fn round_trip(s: &mut TcpStream, batch: &[u8], replies: usize) {

@@ -32,6 +32,7 @@ use anyhow::{bail, Context, Result};
 use dds_host::Dds;
 use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Ticket, Verdict};
 use dds_storage::fileio::{DdsIo, FileIo, IoDone, SyncIo};
+use dds_storage::inflight::InFlightReads;
 use dds_storage::{Storage, StoreFile};
 
 use crate::page;
@@ -169,10 +170,7 @@ struct Waiter {
 /// A page read: issued, or waiting for a place among the reads in flight.
 struct PageRead {
     page: u64,
-    buf: Box<[u8]>,
     waiters: Vec<Waiter>,
-    /// In flight (its completion is still to come).
-    issued: bool,
     /// Issued for the replay (no GetPage asked for it yet).
     for_replay: bool,
 }
@@ -258,12 +256,10 @@ pub struct PageService {
     input_bytes: usize,
     stats: PageServerStats,
     io: Box<dyn FileIo>,
-    slots: Vec<PageRead>,
-    free_slots: Vec<u32>,
+    /// Page reads, each with the buffer it fills (in flight, or waiting for a place).
+    slots: InFlightReads<PageRead, Box<[u8]>>,
     /// Page → its read.
     reading: HashMap<u64, u32>,
-    /// Reads in flight.
-    issued: usize,
     /// Reads issued for the replay and not completed.
     replay_reads: usize,
     /// The replay waits for a page read (or a free frame): it goes on at a completion.
@@ -404,7 +400,7 @@ impl PageService {
 
     /// Storage operations whose completions will wake the loop.
     fn io_in_flight(&self) -> bool {
-        self.issued > 0
+        self.slots.issued() > 0
             || self.writes > 0
             || self.commit.active
             || self.restart == Restart::Flushing
@@ -422,12 +418,7 @@ impl PageService {
                 let object = t & ((1 << TAG_KIND) - 1);
                 match t >> TAG_KIND {
                     TAG_READ => {
-                        if let Some(r) = self.slots.get_mut(object as usize) {
-                            if r.issued {
-                                r.issued = false;
-                                self.issued -= 1;
-                            }
-                        }
+                        self.slots.finish(object as u32);
                     }
                     TAG_PAGE_WRITE => self.write_done(object as usize, res.is_some()),
                     TAG_LOG_WRITE => self.commit.writes = self.commit.writes.saturating_sub(1),
@@ -445,7 +436,7 @@ impl PageService {
                 self.wal.end_commit();
                 self.commit.active = false;
             }
-            let busy = self.issued > 0 || self.writes > 0 || self.commit.active;
+            let busy = self.slots.issued() > 0 || self.writes > 0 || self.commit.active;
             if !busy || Instant::now() >= until {
                 break;
             }
@@ -455,13 +446,13 @@ impl PageService {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.done = list;
-        if self.issued > 0 || self.writes > 0 || self.commit.active {
+        if self.slots.issued() > 0 || self.writes > 0 || self.commit.active {
             tracing::error!(
-                reads = self.issued,
+                reads = self.slots.issued(),
                 writes = self.writes,
                 "storage operations still in flight at the stop: their buffers are left to them"
             );
-            std::mem::forget(std::mem::take(&mut self.slots));
+            // The reads' buffers are the table's: it leaves them to the reads when dropped.
             bail!("storage operations did not complete within {IO_DRAIN:?}");
         }
         if self.fatal.is_some() {
@@ -664,10 +655,7 @@ impl Service for PageService {
     }
 
     fn in_flight(&self) -> usize {
-        self.slots.len() - self.free_slots.len()
-            + self.writes
-            + self.commit.acks.len()
-            + self.round_acks.len()
+        self.slots.in_use() + self.writes + self.commit.acks.len() + self.round_acks.len()
     }
 
     fn shutdown(&mut self) {
@@ -799,10 +787,8 @@ impl PageServer {
             input_bytes: 0,
             stats: PageServerStats::default(),
             io,
-            slots: Vec::new(),
-            free_slots: Vec::new(),
+            slots: InFlightReads::new(),
             reading: HashMap::with_capacity(READS_MAX * 2),
-            issued: 0,
             replay_reads: 0,
             replay_blocked: false,
             queued: VecDeque::new(),

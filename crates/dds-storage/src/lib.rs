@@ -22,6 +22,7 @@
 
 pub mod aio;
 pub mod fileio;
+pub mod inflight;
 pub mod pattern;
 
 use std::fs::File;

@@ -80,12 +80,4 @@ pub fn deploy(design: Design, slot_bytes: u32, max_value: u32) -> Deployment {
 }
 
 /// A command in RESP.
-pub fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut m = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        m.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        m.extend_from_slice(a);
-        m.extend_from_slice(b"\r\n");
-    }
-    m
-}
+pub use dds_testkit::resp::command as resp;

@@ -18,33 +18,28 @@ impl PageService {
     pub(super) fn want(&mut self, page: u64, w: Option<Waiter>) {
         if let Some(&slot) = self.reading.get(&page) {
             if let Some(w) = w {
-                self.slots[slot as usize].waiters.push(w);
+                self.slots.state_mut(slot).waiters.push(w);
             }
             return;
         }
-        let slot = match self.free_slots.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(PageRead {
-                    page,
-                    buf: vec![0u8; self.cfg.page_size].into_boxed_slice(),
-                    waiters: Vec::new(),
-                    issued: false,
-                    for_replay: false,
-                });
-                (self.slots.len() - 1) as u32
-            }
-        };
-        let r = &mut self.slots[slot as usize];
+        let ps = self.cfg.page_size;
+        let slot = self.slots.take_place(|| {
+            let r = PageRead {
+                page,
+                waiters: Vec::new(),
+                for_replay: false,
+            };
+            (r, vec![0u8; ps].into_boxed_slice())
+        });
+        let r = self.slots.state_mut(slot);
         r.page = page;
-        r.issued = false;
         r.for_replay = w.is_none();
         if r.for_replay {
             self.replay_reads += 1;
         }
         r.waiters.extend(w);
         self.reading.insert(page, slot);
-        if self.issued < READS_MAX && self.queued.is_empty() {
+        if self.slots.issued() < READS_MAX && self.queued.is_empty() {
             self.issue(slot);
         } else {
             self.queued.push_back(slot);
@@ -54,30 +49,25 @@ impl PageService {
     /// Issues a page read; false when the storage library has no place for it now (it then
     /// waits at the head of the queue).
     pub(super) fn issue(&mut self, slot: u32) -> bool {
-        let ps = self.cfg.page_size;
-        let r = &mut self.slots[slot as usize];
-        let off = r.page * ps as u64;
+        let off = self.slots.state(slot).page * self.cfg.page_size as u64;
         let tag = tag(TAG_READ, u64::from(slot));
-        // SAFETY: the buffer belongs to the read's slot; it is neither moved (a boxed slice),
-        // touched nor freed until the read's completion is polled (`finish_read`; `shutdown`
-        // waits for the reads in flight).
-        let issued = unsafe { self.io.read(PAGES, off, r.buf.as_mut_ptr(), ps as u32, tag) };
-        match issued {
+        match self.slots.issue(self.io.as_mut(), PAGES, slot, off, tag) {
             Ok(()) => {}
             Err(SubmitError::Busy) => {
                 self.queued.push_front(slot);
                 return false;
             }
-            Err(SubmitError::Failed(_)) => self.failed.push((tag, None)),
+            Err(SubmitError::Failed(_)) => {
+                self.slots.mark_issued(slot);
+                self.failed.push((tag, None));
+            }
         }
-        r.issued = true;
-        self.issued += 1;
         true
     }
 
     /// Issues waiting reads while there is room.
     pub(super) fn pump_reads(&mut self) {
-        while self.issued < READS_MAX {
+        while self.slots.issued() < READS_MAX {
             let Some(slot) = self.queued.pop_front() else {
                 break;
             };
@@ -95,12 +85,11 @@ impl PageService {
         res: Option<u32>,
         done: &mut Completions<'_, PageSession>,
     ) {
-        let Some(r) = self.slots.get_mut(slot as usize).filter(|r| r.issued) else {
+        if !self.slots.finish(slot) {
             tracing::error!(slot, "a completion for a read not in flight");
             return;
-        };
-        r.issued = false;
-        self.issued -= 1;
+        }
+        let r = self.slots.state_mut(slot);
         let for_replay = std::mem::take(&mut r.for_replay);
         if for_replay {
             self.replay_reads -= 1;
@@ -120,7 +109,7 @@ impl PageService {
                 status::IO_ERROR
             }),
         };
-        let mut waiters = std::mem::take(&mut self.slots[slot as usize].waiters);
+        let mut waiters = std::mem::take(&mut self.slots.state_mut(slot).waiters);
         for w in &waiters {
             let Some((s, buf)) = done.fill(w.conn, w.ticket) else {
                 continue;
@@ -132,7 +121,7 @@ impl PageService {
             }
             match page {
                 Ok(Some(f)) => answer(buf, &self.frames[f].data, w.req_id, w.lsn),
-                Ok(None) => answer(buf, &self.slots[slot as usize].buf, w.req_id, w.lsn),
+                Ok(None) => answer(buf, self.slots.buf(slot), w.req_id, w.lsn),
                 Err(st) => header(buf, st, w.req_id, 0),
             }
             self.stats.deferred += 1;
@@ -141,9 +130,9 @@ impl PageService {
             }
         }
         waiters.clear();
-        self.slots[slot as usize].waiters = waiters;
+        self.slots.state_mut(slot).waiters = waiters;
         self.reading.remove(&id);
-        self.free_slots.push(slot);
+        self.slots.release(slot);
     }
 
     /// Puts the page read into `slot` (`n` bytes) into a frame of the buffer pool, and, with
@@ -151,11 +140,11 @@ impl PageService {
     /// change: its write-back tells the DPU). `None`: every frame is busy (written back); the
     /// page is answered from the read's buffer and read again when needed.
     pub(super) fn install(&mut self, slot: u32, n: usize, recache: bool) -> Result<Option<usize>> {
-        let r = &mut self.slots[slot as usize];
-        let id = r.page;
-        let n = n.min(r.buf.len());
-        r.buf[n..].fill(0);
-        let Some(lsn) = page::from_storage(&mut r.buf, id) else {
+        let id = self.slots.state(slot).page;
+        let buf = self.slots.buf_mut(slot);
+        let n = n.min(buf.len());
+        buf[n..].fill(0);
+        let Some(lsn) = page::from_storage(buf, id) else {
             bail!("page {id} is damaged on storage (checksum)");
         };
         self.stats.page_reads += 1;
@@ -167,7 +156,7 @@ impl PageService {
         let Some(f) = self.victim() else {
             return Ok(None);
         };
-        std::mem::swap(&mut self.frames[f].data, &mut self.slots[slot as usize].buf);
+        std::mem::swap(&mut self.frames[f].data, self.slots.buf_mut(slot));
         let fr = &mut self.frames[f];
         fr.page = id;
         fr.dirty = false;
