@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_alive, free_port, hostile_clients, random_blob, spawn_ready, test_seed, DDS};
+use common::{assert_alive, hostile_clients, random_blob, spawn_listening, test_seed, DDS};
 use dds_pageserver::page;
 use dds_pageserver::proto::{self, status, GetPage, Record, Response};
 use rand::rngs::SmallRng;
@@ -276,13 +276,11 @@ fn random_frames_never_stop_the_page_server() {
     let seed = test_seed("random_frames_never_stop_the_page_server");
     let mut rng = SmallRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut ps = spawn_ready(
+    let (mut ps, addr) = spawn_listening(
         Command::new(DDS)
             .args(["pageserver", "--storage", "file", "--dir"])
             .arg(dir.path())
-            .args(["--listen", &addr.to_string(), "--pages", &PAGES.to_string()])
+            .args(["--listen", "127.0.0.1:0", "--pages", &PAGES.to_string()])
             .args([
                 "--buffer-pool",
                 "16",

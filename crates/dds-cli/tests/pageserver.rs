@@ -45,13 +45,7 @@ fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> (Guard, Sock
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("ready"), "{line}");
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    (Guard(child), addr)
+    (Guard(child), common::listening_on(&line))
 }
 
 /// Sends a message and reads `n` responses.

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{format_device, free_port, spawn_ready, start_dpu, DDS};
+use common::{format_device, spawn_listening, start_dpu, DDS};
 use dds_pageserver::page;
 use dds_pageserver::proto::{self, status, GetPage, Record, Response};
 use rand::rngs::SmallRng;
@@ -49,10 +49,9 @@ fn pipelined_getpage_batches_come_back_in_order_from_storage() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
     let _dpu = start_dpu(&img, &socket, &[]);
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _ps = spawn_ready(
+    let (_ps, addr) = spawn_listening(
         Command::new(DDS)
-            .args(["pageserver", "--listen", &addr.to_string(), "--socket"])
+            .args(["pageserver", "--listen", "127.0.0.1:0", "--socket"])
             .arg(&socket)
             .args(["--pages", &PAGES.to_string(), "--buffer-pool", "32"])
             .args(["--wal-size", "16M"])

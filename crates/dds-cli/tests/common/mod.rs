@@ -83,15 +83,16 @@ pub fn start_kv(listen: &str, args: &[&str]) -> (Guard, std::net::SocketAddr) {
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let g = Guard(child);
-    let addr = line
-        .split("listening on ")
+    (Guard(child), listening_on(&line))
+}
+
+/// The address on a server's ready line (`... listening on ADDR ...`).
+pub fn listening_on(line: &str) -> SocketAddr {
+    line.split("listening on ")
         .nth(1)
         .and_then(|s| s.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no ready line: {line:?}"))
-        .parse()
-        .unwrap();
-    (g, addr)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address on the ready line {line:?}"))
 }
 
 /// A TCP port nothing listens on now.
@@ -517,6 +518,14 @@ pub fn hostile_clients(
         }
     });
     received.into_inner()
+}
+
+/// Spawns a server that binds port 0 (`cmd`, stdout piped) and waits for its ready line:
+/// the process and the address it got.
+pub fn spawn_listening(cmd: &mut Command) -> (Guard, SocketAddr) {
+    let (g, line) = ready_line(cmd);
+    assert!(line.contains("ready"), "{line}");
+    (g, listening_on(&line))
 }
 
 /// Spawns `cmd` with its stdout piped and waits for its first line, which must say `ready`.
