@@ -229,6 +229,15 @@ fn run_pagestore(a: PagestoreArgs) -> Result<()> {
         },
         storage.clone(),
     )?;
+    if let BackendArg::Dds = a.backend {
+        // The DPU's traffic director (if any) forwards to where this server listens.
+        match dds_host::Dds::connect(&a.socket) {
+            Ok(dds) => crate::util::announce_host_app(&dds, server.local_addr()),
+            Err(e) => {
+                tracing::warn!(error = %e, "telling the DPU where this server listens failed")
+            }
+        }
+    }
     let ready = serde_json::json!({
         "ready": true,
         "listen": server.local_addr().to_string(),

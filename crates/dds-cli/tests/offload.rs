@@ -3,6 +3,7 @@
 //! files) and the load client, over real TCP.
 
 use std::io::BufRead;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,9 +11,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{free_port, wait_for_socket, Guard, DDS};
+use common::{ready_line, Guard, DDS};
 
-fn start_dpu(dir: &Path, director: u16, host: u16) -> Guard {
+/// `dds dpu` with the pagestore offload app, its director on `director` (port 0 the first
+/// time, then the address it got); the host application announces itself to the director.
+/// Returns the DPU and the director's address.
+fn start_dpu(dir: &Path, director: &str) -> (Guard, SocketAddr) {
     let device = dir.join("dev.img");
     if !device.exists() {
         let out = Command::new(DDS)
@@ -30,30 +34,31 @@ fn start_dpu(dir: &Path, director: u16, host: u16) -> Guard {
         assert!(out.status.success());
     }
     let socket = dir.join("dpu.sock");
-    let child = Command::new(DDS)
-        .args([
-            "dpu",
-            "--dma-cost",
-            "on",
-            "--offload",
-            "pagestore",
-            "--device",
-        ])
-        .arg(&device)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--director-listen", &format!("127.0.0.1:{director}")])
-        .args(["--host-app", &format!("127.0.0.1:{host}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_socket(&socket);
-    Guard(child)
+    let (g, line) = ready_line(
+        Command::new(DDS)
+            .args([
+                "dpu",
+                "--json",
+                "--dma-cost",
+                "on",
+                "--offload",
+                "pagestore",
+                "--device",
+            ])
+            .arg(&device)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--director-listen", director])
+            .stderr(Stdio::piped()),
+    );
+    let ready: Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    let addr = ready["director"].as_str().unwrap().parse().unwrap();
+    (g, addr)
 }
 
 /// Starts the host application; returns it and its file ids.
-fn start_app(dir: &Path, host: u16) -> (Guard, Vec<u64>) {
+fn start_app(dir: &Path) -> (Guard, Vec<u64>) {
     let mut child = Command::new(DDS)
         .args([
             "app",
@@ -67,7 +72,7 @@ fn start_app(dir: &Path, host: u16) -> (Guard, Vec<u64>) {
         ])
         .arg("--socket")
         .arg(dir.join("dpu.sock"))
-        .args(["--listen", &format!("127.0.0.1:{host}")])
+        .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -86,11 +91,11 @@ fn start_app(dir: &Path, host: u16) -> (Guard, Vec<u64>) {
     (Guard(child), files)
 }
 
-fn client(director: u16, files: &[u64], extra: &[&str]) -> Value {
+fn client(director: SocketAddr, files: &[u64], extra: &[&str]) -> Value {
     let ids: Vec<String> = files.iter().map(|f| f.to_string()).collect();
     let out = Command::new(DDS)
         .args(["app", "client", "--json", "--file-size", "8M"])
-        .args(["--connect", &format!("127.0.0.1:{director}")])
+        .args(["--connect", &director.to_string()])
         .args(["--files", &ids.join(",")])
         .args(extra)
         .output()
@@ -130,9 +135,8 @@ fn stop_dpu(mut dpu: Guard) -> (u64, u64) {
 #[test]
 fn reads_are_served_on_the_dpu_with_verified_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let (director, host) = (free_port(), free_port());
-    let dpu = start_dpu(dir.path(), director, host);
-    let (_app, files) = start_app(dir.path(), host);
+    let (dpu, director) = start_dpu(dir.path(), "127.0.0.1:0");
+    let (_app, files) = start_app(dir.path());
     // --verify writes the pattern through the director (forwarded to the host, which writes
     // DDS files: cache-on-write fills the cache table), then checks every read.
     let r = client(
@@ -152,9 +156,8 @@ fn reads_are_served_on_the_dpu_with_verified_bytes() {
 #[test]
 fn host_death_fails_clients_and_the_director_survives() {
     let dir = tempfile::tempdir().unwrap();
-    let (director, host) = (free_port(), free_port());
-    let dpu = start_dpu(dir.path(), director, host);
-    let (app, files) = start_app(dir.path(), host);
+    let (dpu, director) = start_dpu(dir.path(), "127.0.0.1:0");
+    let (app, files) = start_app(dir.path());
     let r = client(
         director,
         &files,
@@ -175,7 +178,7 @@ fn host_death_fails_clients_and_the_director_survives() {
         "{r}"
     );
     // The host comes back: the director serves new connections.
-    let (_app2, files2) = start_app(dir.path(), host);
+    let (_app2, files2) = start_app(dir.path());
     assert_eq!(files, files2);
     let r = client(
         director,
@@ -190,9 +193,8 @@ fn host_death_fails_clients_and_the_director_survives() {
 #[test]
 fn dpu_restart_under_the_director_keeps_acknowledged_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let (director, host) = (free_port(), free_port());
-    let mut dpu = start_dpu(dir.path(), director, host);
-    let (app, files) = start_app(dir.path(), host);
+    let (mut dpu, director) = start_dpu(dir.path(), "127.0.0.1:0");
+    let (app, files) = start_app(dir.path());
     // Writes acknowledged through the director (forwarded to the host, stored in DDS files).
     let r = client(director, &files, &["--verify", "--requests", "200"]);
     assert_eq!(
@@ -211,8 +213,8 @@ fn dpu_restart_under_the_director_keeps_acknowledged_writes() {
         "{r}"
     );
     // Restart both: the files and their ids survive, and the director serves again.
-    let _dpu = start_dpu(dir.path(), director, host);
-    let (_app, files2) = start_app(dir.path(), host);
+    let (_dpu, _) = start_dpu(dir.path(), &director.to_string());
+    let (_app, files2) = start_app(dir.path());
     assert_eq!(files, files2, "the files survive the restart");
     // The bytes acknowledged before the crash are on the device.
     let dds = dds_host::Dds::connect(dir.path().join("dpu.sock")).unwrap();
