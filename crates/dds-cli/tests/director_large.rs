@@ -14,29 +14,37 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
+use common::{format_device, offloaded, ready_line, Guard, DDS};
 use dds_testkit::resp::command as cmd;
 use rand::{Rng, RngCore, SeedableRng};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// `dds dpu --offload APP` on a new device of `size`, with `extra` flags: the DPU, its
-/// control socket, the director's and the host application's addresses.
-fn dpu(dir: &Path, size: &str, app: &str, extra: &[&str]) -> (Guard, std::path::PathBuf, u16, u16) {
+/// `dds dpu --offload APP` on a new device of `size`, with `extra` flags, its director on a
+/// port of its choosing (the host application started next announces itself to it): the
+/// DPU, its control socket and the director's address.
+fn dpu(
+    dir: &Path,
+    size: &str,
+    app: &str,
+    extra: &[&str],
+) -> (Guard, std::path::PathBuf, SocketAddr) {
     let img = format_device(dir, size);
     let socket = dir.join("dpu.sock");
-    let (dport, hport) = (free_port(), free_port());
-    let mut args = vec![
-        "--offload".to_string(),
-        app.to_string(),
-        "--director-listen".to_string(),
-        format!("127.0.0.1:{dport}"),
-        "--host-app".to_string(),
-        format!("127.0.0.1:{hport}"),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    (start_dpu(&img, &socket, &refs), socket, dport, hport)
+    let (g, line) = ready_line(
+        Command::new(DDS)
+            .args(["dpu", "--json", "--device"])
+            .arg(&img)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--offload", app, "--director-listen", "127.0.0.1:0"])
+            .args(extra)
+            .stderr(Stdio::null()),
+    );
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    let director = ready["director"].as_str().unwrap().parse().unwrap();
+    (g, socket, director)
 }
 
 /// Starts `dds ARGS` (the `dds` binary with `args`, then `socket`, then `extra`) and waits
@@ -57,16 +65,19 @@ fn spawn_ready(args: &[&str], socket: &Path, extra: &[&str]) -> (Guard, String) 
     (Guard(child), line)
 }
 
-/// `dds kv` on the DPU's socket, listening where the director forwards.
-fn start_kv(socket: &Path, hport: u16, extra: &[&str]) -> Guard {
-    let listen = format!("127.0.0.1:{hport}");
-    let (g, line) = spawn_ready(&["kv", "--listen", &listen, "--socket"], socket, extra);
+/// `dds kv` on the DPU's socket (it tells the director where it listens).
+fn start_kv(socket: &Path, extra: &[&str]) -> Guard {
+    let (g, line) = spawn_ready(
+        &["kv", "--listen", "127.0.0.1:0", "--socket"],
+        socket,
+        extra,
+    );
     assert!(line.contains("listening on"), "no ready line: {line:?}");
     g
 }
 
-fn connect(port: u16) -> TcpStream {
-    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(TIMEOUT)).unwrap();
     s.set_write_timeout(Some(TIMEOUT)).unwrap();
     s
@@ -173,11 +184,9 @@ fn set_get(s: &mut TcpStream, buf: &mut Vec<u8>, key: &[u8], v: &[u8]) {
 #[test]
 fn values_mgets_and_pipelines_larger_than_the_buffer_pass_through_the_director() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) =
-        dpu(dir.path(), "1G", "redis", &["--offload-max-message", "20M"]);
+    let (_dpu, socket, dport) = dpu(dir.path(), "1G", "redis", &["--offload-max-message", "20M"]);
     let _kv = start_kv(
         &socket,
-        hport,
         &[
             "--page-size",
             "64M",
@@ -281,10 +290,9 @@ fn records_larger_than_the_dpu_read_buffer_are_read_on_the_dpu_or_by_the_host() 
         if copy {
             extra.push("--offload-copy");
         }
-        let (_dpu, socket, dport, hport) = dpu(dir.path(), "512M", "redis", &extra);
+        let (_dpu, socket, dport) = dpu(dir.path(), "512M", "redis", &extra);
         let _kv = start_kv(
             &socket,
-            hport,
             &["--page-size", "1M", "--memory", "4M", "--log-size", "128M"],
         );
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
@@ -329,13 +337,12 @@ fn records_larger_than_the_dpu_read_buffer_are_read_on_the_dpu_or_by_the_host() 
 #[test]
 fn pagestore_messages_and_responses_larger_than_the_buffer() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) = dpu(
+    let (_dpu, socket, dport) = dpu(
         dir.path(),
         "256M",
         "pagestore",
         &["--offload-buffer", "1M", "--offload-uncached"],
     );
-    let listen = format!("127.0.0.1:{hport}");
     let (_app, line) = spawn_ready(
         &[
             "app",
@@ -347,7 +354,7 @@ fn pagestore_messages_and_responses_larger_than_the_buffer() {
             "--socket",
         ],
         &socket,
-        &["--file-size", "8M", "--listen", &listen],
+        &["--file-size", "8M", "--listen", "127.0.0.1:0"],
     );
     assert!(line.contains("files"), "{line}");
     let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -362,7 +369,7 @@ fn pagestore_messages_and_responses_larger_than_the_buffer() {
     let start = Instant::now();
     let out = Command::new("timeout")
         .args(["120", DDS, "app", "client", "--json", "--file-size", "8M"])
-        .args(["--connect", &format!("127.0.0.1:{dport}")])
+        .args(["--connect", &dport.to_string()])
         .args(["--files", &files.join(",")])
         .args(["--verify", "--io-size", "256K", "--batch", "4"])
         .args(["--requests", "400"])
@@ -409,10 +416,9 @@ fn pageserver_messages_and_responses_larger_than_the_buffer() {
     use dds_pageserver::proto::{self, status, GetPage, Record};
     const PS: usize = 8192;
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, dport, hport) = dpu(dir.path(), "256M", "pageserver", &[]);
-    let listen = format!("127.0.0.1:{hport}");
+    let (_dpu, socket, dport) = dpu(dir.path(), "256M", "pageserver", &[]);
     let (_ps, line) = spawn_ready(
-        &["pageserver", "--listen", &listen, "--socket"],
+        &["pageserver", "--listen", "127.0.0.1:0", "--socket"],
         &socket,
         &["--pages", "256", "--buffer-pool", "16", "--wal-size", "8M"],
     );
@@ -547,19 +553,18 @@ fn hostile(rng: &mut impl RngCore) -> Vec<u8> {
 #[test]
 fn no_client_input_stops_the_director_from_serving_others() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut dpu, socket, dport, hport) = dpu(dir.path(), "512M", "redis", &[]);
+    let (mut dpu, socket, dport) = dpu(dir.path(), "512M", "redis", &[]);
     let _kv = start_kv(
         &socket,
-        hport,
         &["--page-size", "1M", "--memory", "4M", "--log-size", "256M"],
     );
-    let good: SocketAddr = format!("127.0.0.1:{dport}").parse().unwrap();
+    let good = dport;
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {
         // A well-behaved client, writing and reading its keys the whole time.
         let checker = sc.spawn(|| {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-            let mut s = connect(good.port());
+            let mut s = connect(good);
             let mut buf = Vec::new();
             let mut rounds = 0;
             while !stop.load(std::sync::atomic::Ordering::Acquire) || rounds < 20 {
