@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{format_device, offloaded, ready_line, Guard, DDS};
+use common::{offloaded, Guard, DDS};
 use dds_testkit::resp::command as cmd;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -29,22 +29,7 @@ fn dpu(
     app: &str,
     extra: &[&str],
 ) -> (Guard, std::path::PathBuf, SocketAddr) {
-    let img = format_device(dir, size);
-    let socket = dir.join("dpu.sock");
-    let (g, line) = ready_line(
-        Command::new(DDS)
-            .args(["dpu", "--json", "--device"])
-            .arg(&img)
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--offload", app, "--director-listen", "127.0.0.1:0"])
-            .args(extra)
-            .stderr(Stdio::null()),
-    );
-    let ready: serde_json::Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
-    let director = ready["director"].as_str().unwrap().parse().unwrap();
-    (g, socket, director)
+    common::start_offload_dpu_with(dir, size, app, extra)
 }
 
 /// Starts `dds ARGS` (the `dds` binary with `args`, then `socket`, then `extra`) and waits

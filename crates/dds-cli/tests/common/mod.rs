@@ -110,6 +110,16 @@ pub fn free_port() -> u16 {
 /// address to the director itself (`dds kv` and `dds pageserver` do): no port is picked for
 /// either.
 pub fn start_offload_dpu(dir: &Path, size: &str, app: &str) -> (Guard, PathBuf, SocketAddr) {
+    start_offload_dpu_with(dir, size, app, &[])
+}
+
+/// [`start_offload_dpu`] with `extra` flags of `dds dpu`.
+pub fn start_offload_dpu_with(
+    dir: &Path,
+    size: &str,
+    app: &str,
+    extra: &[&str],
+) -> (Guard, PathBuf, SocketAddr) {
     let img = format_device(dir, size);
     let socket = dir.join("dpu.sock");
     let (g, line) = ready_line(
@@ -119,6 +129,7 @@ pub fn start_offload_dpu(dir: &Path, size: &str, app: &str) -> (Guard, PathBuf, 
             .arg("--socket")
             .arg(&socket)
             .args(["--offload", app, "--director-listen", "127.0.0.1:0"])
+            .args(extra)
             .stderr(if std::env::var_os("DDS_TEST_DPU_LOG").is_some() {
                 Stdio::inherit()
             } else {
