@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
-use common::{ready_line, Guard, DDS};
+use common::{director_of, ready_line, Guard, DDS};
 
 /// `dds dpu` with the pagestore offload app, its director on `director` (port 0 the first
 /// time, then the address it got); the host application announces itself to the director.
@@ -51,10 +51,7 @@ fn start_dpu(dir: &Path, director: &str) -> (Guard, SocketAddr) {
             .args(["--director-listen", director])
             .stderr(Stdio::piped()),
     );
-    let ready: Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
-    let addr = ready["director"].as_str().unwrap().parse().unwrap();
-    (g, addr)
+    (g, director_of(&line))
 }
 
 /// Starts the host application; returns it and its file ids.

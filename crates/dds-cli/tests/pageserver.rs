@@ -4,10 +4,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -31,21 +31,14 @@ fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> (Guard, Sock
     } else {
         &["--lsn-wait-ms", "120000"]
     };
-    let mut child = Command::new(DDS)
-        .args(["pageserver", "--listen", listen, "--socket"])
-        .arg(socket)
-        .args(["--pages", "256", "--buffer-pool", "16", "--wal-size", "4M"])
-        .args(lsn_wait)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("ready"), "{line}");
-    (Guard(child), common::listening_on(&line))
+    common::spawn_listening(
+        Command::new(DDS)
+            .args(["pageserver", "--listen", listen, "--socket"])
+            .arg(socket)
+            .args(["--pages", "256", "--buffer-pool", "16", "--wal-size", "4M"])
+            .args(lsn_wait)
+            .args(extra),
+    )
 }
 
 /// Sends a message and reads `n` responses.

@@ -70,20 +70,13 @@ pub fn start_dpu(img: &Path, socket: &Path, extra: &[&str]) -> Guard {
 }
 
 /// `dds kv --listen LISTEN ARGS...`; returns the process and the address of its ready line.
-pub fn start_kv(listen: &str, args: &[&str]) -> (Guard, std::net::SocketAddr) {
-    use std::io::BufRead;
-    let mut child = Command::new(DDS)
-        .args(["kv", "--listen", listen])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (Guard(child), listening_on(&line))
+pub fn start_kv(listen: &str, args: &[&str]) -> (Guard, SocketAddr) {
+    spawn_listening(
+        Command::new(DDS)
+            .args(["kv", "--listen", listen])
+            .args(args)
+            .stderr(Stdio::inherit()),
+    )
 }
 
 /// The address on a server's ready line (`... listening on ADDR ...`).
@@ -136,13 +129,17 @@ pub fn start_offload_dpu_with(
                 Stdio::null()
             }),
     );
+    (g, socket, director_of(&line))
+}
+
+/// The traffic director's address on `dds dpu --json`'s ready line.
+pub fn director_of(line: &str) -> SocketAddr {
     let ready: serde_json::Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
-    let director = ready["director"]
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    ready["director"]
         .as_str()
         .and_then(|d| d.parse().ok())
-        .unwrap_or_else(|| panic!("no director in the ready line {line:?}"));
-    (g, socket, director)
+        .unwrap_or_else(|| panic!("no director in the ready line {line:?}"))
 }
 
 /// Requests the DPU's traffic directors served on the DPU so far (`dds stats --json`).
