@@ -242,10 +242,10 @@ impl Gen {
             4 => "9999999999999999999".into(),
             5 => "-9223372036854775808".into(),
             6 => "9223372036854775807".into(),
-            // At least a second: a key that expires while the sequence runs is read by the
-            // servers a moment apart, on either side of its expiry (`expiry_passes` checks
-            // expiry itself).
-            7 => ((1 + self.rng.gen_range(0..1000u64)) * unit).to_string(),
+            // Ten minutes at least, longer than a sequence runs: a key that expired while
+            // the sequence runs would be read by the servers a moment apart, on either side
+            // of its expiry (`expiry_passes` checks expiry itself).
+            7 => ((600 + self.rng.gen_range(0..1000u64)) * unit).to_string(),
             _ if absolute => ((now_s() + 100_000 + self.step) * unit).to_string(),
             _ => ((1000 + self.step) * unit).to_string(),
         };

@@ -244,7 +244,7 @@ impl MemEngine {
     fn live(&mut self, key: &[u8]) -> Option<(u64, &[u8])> {
         let (p, h) = self.store.part(key);
         let exp = u64::from_le_bytes(p.get(key, h)?[..8].try_into().expect("expiry prefix"));
-        if exp != 0 && exp <= now_ms() {
+        if exp != 0 && exp < now_ms() {
             p.del(key, h);
             self.expiring -= 1;
             return None;

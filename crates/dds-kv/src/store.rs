@@ -513,7 +513,8 @@ impl Store {
             tracing::error!("128-bit key hash collision; treating the key as missing");
             return Ok(None);
         }
-        if hdr.expire_ms != 0 && hdr.expire_ms <= now_ms() {
+        if hdr.expire_ms != 0 && hdr.expire_ms < now_ms() {
+            // Expired once the clock has passed the expiry, as in Redis (`now > when`).
             // Expired: the key is gone (as Redis deletes it when read). Its records are
             // garbage for compaction, which moves only what the index points at; a restart
             // finds the expired record again and reads it as expired.

@@ -83,7 +83,7 @@ impl Store {
                 if h.kind == KIND_TOMBSTONE {
                     // Every older record of the key is below it and gone: forget the key.
                     self.index.remove(&kh);
-                } else if h.expire_ms != 0 && h.expire_ms <= now {
+                } else if h.expire_ms != 0 && h.expire_ms < now {
                     // Expired: garbage like a tombstone, and the key is gone.
                     self.index.remove(&kh);
                     self.live -= 1;
