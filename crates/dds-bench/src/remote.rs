@@ -301,27 +301,14 @@ fn parse_ready(v: &Value) -> Result<(SocketAddr, Vec<u32>)> {
     Ok((addr, files))
 }
 
-/// Waits until something accepts connections at `addr`.
-fn wait_listening(addr: SocketAddr) -> Result<()> {
-    for _ in 0..500 {
-        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("nothing listens on {addr}")
-}
-
 /// How clients reach a mode's server.
 #[derive(Clone, Copy)]
 enum Front {
     /// The host server itself, on a port it picks.
     Host,
-    /// The traffic director on the DPU, forwarding to the host server at `host`.
-    Director {
-        director: SocketAddr,
-        host: SocketAddr,
-    },
+    /// The traffic director on the DPU, forwarding to the host server (which binds a port of
+    /// its own and announces it to the DPU).
+    Director { director: SocketAddr },
 }
 
 /// Runs one mode: for each host core count, a server pinned to that many of the host side's
@@ -348,17 +335,13 @@ fn run_mode(
     }
     for &cores in &core_counts {
         let list = cpu_list(&plan.host_cpus[..cores]);
-        let listen = match front {
-            Front::Host => "127.0.0.1:0".parse()?,
-            Front::Director { host, .. } => host,
-        };
+        let listen = "127.0.0.1:0".parse()?;
         let mut cmd = dds_command(&server_args(plan, backend, where_, listen), Some(&list))?;
         let (mut server, ready) =
             spawn_ready("pagestore server", &mut cmd, Duration::from_secs(120))?;
         let (mut addr, files) = parse_ready(&ready)?;
-        if let Front::Director { director, .. } = front {
+        if let Front::Director { director } = front {
             addr = director;
-            wait_listening(director)?;
         }
         // Warm-up (connections, page tables, the DPU's first requests).
         let _ = client::run(&ClientConfig {
@@ -610,7 +593,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) ->
     let mut base_args = dpu_args(&device, &socket, &a.dma_cost);
     base_args.extend(place.dpu_args());
     let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let (mut dpu, _) = start_dpu(&base_args, &socket)?;
+    let (mut dpu, _, _) = start_dpu(&base_args)?;
     let r = run_mode(
         "b",
         "dds",
@@ -628,18 +611,18 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) ->
     let mut c_unavailable = None;
     let mut director_stats = serde_json::Map::new();
     for (mode, copy) in [("c", false), ("c-copy", true)] {
-        let host: SocketAddr = free_port()?;
         let mut args = base_args.clone();
-        match offload_dpu_args(&mut args, host, copy) {
-            Ok(director) => {
-                let (mut dpu, stats) = start_dpu(&args, &socket)?;
+        match offload_dpu_args(&mut args, copy) {
+            Ok(()) => {
+                let (mut dpu, stats, director) = start_dpu(&args)?;
+                let director = director.context("dds dpu's ready line names no director")?;
                 let r = run_mode(
                     mode,
                     "dds",
                     &where_b,
                     plan,
                     Some(&dpu),
-                    Front::Director { director, host },
+                    Front::Director { director },
                     copy,
                     &mut points,
                 );

@@ -71,13 +71,15 @@ pub(super) fn dpu_args(device: &Path, socket: &Path, dma_cost: &str) -> Vec<Stri
 /// at exit), which the join handle returns (the report holds its counters).
 pub(super) type DirectorStatsLine = std::thread::JoinHandle<Option<String>>;
 
-/// Starts `dds <args>` (`dds dpu ...`, its CPUs in `args`); returns it once `socket` accepts
-/// connections.
-pub(super) fn start_dpu(args: &[String], socket: &Path) -> Result<(Proc, DirectorStatsLine)> {
-    let mut cmd = dds_command(args, None)?;
+/// Starts `dds <args>` (`dds dpu ...`, its CPUs in `args`, `--json` added); returns it once
+/// it printed its ready line, with the address its traffic director got (when it has one).
+pub(super) fn start_dpu(args: &[String]) -> Result<(Proc, DirectorStatsLine, Option<SocketAddr>)> {
+    let mut args = args.to_vec();
+    args.push("--json".into());
+    let mut cmd = dds_command(&args, None)?;
     let mut child = cmd
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("start dds dpu")?;
@@ -94,16 +96,11 @@ pub(super) fn start_dpu(args: &[String], socket: &Path) -> Result<(Proc, Directo
         last
     });
     let mut p = ChildGuard::new(child, "dds dpu");
-    for _ in 0..1000 {
-        if let Some(st) = p.try_wait()? {
-            bail!("dds dpu exited at start ({st})");
-        }
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok((p, stats));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("dds dpu did not open {} in time", socket.display())
+    let line = p.ready_line(Duration::from_secs(20))?;
+    let ready: Value =
+        serde_json::from_str(&line).with_context(|| format!("dds dpu's ready line {line:?}"))?;
+    let director = ready["director"].as_str().map(str::parse).transpose()?;
+    Ok((p, stats, director))
 }
 
 /// How `dds dpu` begins the line of its director's counters at exit.
@@ -131,26 +128,17 @@ pub struct NotAvailable(pub String);
 
 /// EXTENSION POINT for mode (c), DDS offload: given the `dds dpu` command line, adds the
 /// traffic-director and offload-engine flags so the DPU serves the pagestore's clients itself
-/// (reads offloaded to the DPU's file service, the rest forwarded to the host server at
-/// `host_server`), and returns the address clients must connect to. `copy` selects the offload
-/// engine's copy mode (the Fig. 20 baseline). Reports [`NotAvailable`] when `dds dpu` lacks the
-/// flags.
-pub fn offload_dpu_args(
-    dpu_args: &mut Vec<String>,
-    host_server: SocketAddr,
-    copy: bool,
-) -> Result<SocketAddr, NotAvailable> {
+/// (reads offloaded to the DPU's file service, the rest forwarded to the host server, which
+/// announces its address to the DPU when it starts). The director binds a port of its own and
+/// reports it on the DPU's ready line. `copy` selects the offload engine's copy mode (the
+/// Fig. 20 baseline). Reports [`NotAvailable`] when `dds dpu` lacks the flags.
+pub fn offload_dpu_args(dpu_args: &mut Vec<String>, copy: bool) -> Result<(), NotAvailable> {
     let help = std::env::current_exe()
         .ok()
         .and_then(|exe| Command::new(exe).args(["dpu", "--help"]).output().ok())
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    for flag in [
-        "--offload ",
-        "--director-listen",
-        "--host-app",
-        "--offload-uncached",
-    ] {
+    for flag in ["--offload ", "--director-listen", "--offload-uncached"] {
         if !help.contains(flag) {
             return Err(NotAvailable(format!(
                 "`dds dpu` has no {} flag: the traffic director and offload engine are not available",
@@ -161,26 +149,18 @@ pub fn offload_dpu_args(
     if copy && !help.contains("--offload-copy") {
         return Err(NotAvailable("`dds dpu` has no --offload-copy flag".into()));
     }
-    let director = free_port().map_err(|e| NotAvailable(format!("no free port: {e}")))?;
     dpu_args.extend([
         "--offload".to_string(),
         "pagestore".to_string(),
         "--director-listen".to_string(),
-        director.to_string(),
-        "--host-app".to_string(),
-        host_server.to_string(),
+        "127.0.0.1:0".to_string(),
         // The files were written by the host server, not through this DPU: serve every read.
         "--offload-uncached".to_string(),
     ]);
     if copy {
         dpu_args.push("--offload-copy".into());
     }
-    Ok(director)
-}
-
-/// A loopback address with a port nothing listens on right now.
-pub(super) fn free_port() -> std::io::Result<SocketAddr> {
-    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+    Ok(())
 }
 
 #[cfg(test)]
