@@ -64,6 +64,8 @@ pub enum Status {
 
 const VALUE: u8 = 5;
 const INT: u8 = 6;
+/// A GET hit of fewer than 128 bytes: the code's low 7 bits are the value's length.
+const SHORT_VALUE: u8 = 0x80;
 
 /// A response record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +111,7 @@ pub fn max_value_response(max_value: usize) -> usize {
 pub fn response_len(r: &Response<'_>) -> usize {
     match r {
         Response::Status(_) => 1,
+        Response::Value(v) if v.len() < 0x80 => 1 + v.len(),
         Response::Value(v) => 1 + varint_len(v.len()) + v.len(),
         Response::Int(_) => 9,
     }
@@ -176,6 +179,10 @@ impl<'b> BatchWriter<'b> {
         }
         match *r {
             Response::Status(st) => self.buf.push(st as u8),
+            Response::Value(v) if v.len() < 0x80 => {
+                self.buf.push(SHORT_VALUE | v.len() as u8);
+                self.buf.extend_from_slice(v);
+            }
             Response::Value(v) => {
                 assert!(v.len() <= u16::MAX as usize, "value length");
                 self.buf.push(VALUE);
@@ -310,6 +317,9 @@ fn response<'a>(body: &'a [u8], at: &mut usize) -> Result<Response<'a>, Malforme
         INT => {
             let n = take(body, at, 8)?;
             Response::Int(i64::from_le_bytes(n.try_into().expect("8 bytes")))
+        }
+        short if short & SHORT_VALUE != 0 => {
+            Response::Value(take(body, at, usize::from(short & 0x7F))?)
         }
         _ => return Err(Malformed("unknown response code")),
     })
@@ -456,8 +466,8 @@ mod tests {
     }
 
     #[test]
-    fn value_lengths_are_varints_of_one_to_three_bytes() {
-        for n in [0usize, 1, 127, 128, 300, 16_383, 16_384, 60_000] {
+    fn value_lengths_are_in_the_code_or_varints_of_one_to_three_bytes() {
+        for n in [0usize, 1, 8, 127, 128, 300, 16_383, 16_384, 60_000] {
             let v = vec![7u8; n];
             let mut b = Vec::new();
             let mut w = BatchWriter::new(&mut b, 1, BATCH_MAX);
@@ -467,6 +477,11 @@ mod tests {
             assert!(response_len(&Response::Value(&v)) <= max_value_response(n));
             let got: Vec<_> = responses(&b).collect::<Result<_, _>>().unwrap();
             assert_eq!(got, vec![Response::Value(&v)]);
+            // Under 128 bytes the length is in the code: one byte before the value.
+            if n < 128 {
+                assert_eq!(b[BATCH_HEADER], 0x80 | n as u8);
+                assert_eq!(len, BATCH_HEADER + 1 + n);
+            }
         }
         // A fourth length byte, or a length past the batch, is an error.
         let bad = [1u8, 0, 12, 0, 1, 0, 0, 0, VALUE, 0x80, 0x80, 0x80];

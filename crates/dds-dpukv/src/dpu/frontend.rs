@@ -91,7 +91,8 @@ pub struct Queues {
     engine: EmulatedDma,
     queues: Vec<DpuQueue<Waiter>>,
     partitions: usize,
-    value_mean: f64,
+    /// Running mean of the response bytes of a GET (the prediction a response read uses).
+    get_mean: f64,
     max_value: usize,
     completions: Vec<DmaCompletion>,
     last_stats: (u64, u64),
@@ -118,7 +119,7 @@ impl Queues {
                 .map(|w| DpuQueue::new(region, g, c, w))
                 .collect(),
             partitions: partitions.max(1),
-            value_mean: 8.0,
+            get_mean: 10.0,
             max_value: g.max_value as usize,
             completions: vec![DmaCompletion::default(); 256],
             last_stats: (0, 0),

@@ -6,6 +6,7 @@ use crate::queue::{align8, Geometry};
 use dds_dma::{DmaEngine, DmaError, DmaOp, LocalBuf, RegionId};
 use dds_kvmem::qp::{batch_header, Malformed, BATCH_HEADER};
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 /// A complete response batch and the request batch it answers.
 pub type Answered<'a, W> = Option<(&'a [u8], Outstanding<W>)>;
@@ -20,6 +21,8 @@ pub struct Outstanding<W> {
     pub expect: usize,
     /// What each request's response goes to, in order.
     pub waiters: Vec<W>,
+    /// When its write was posted.
+    pub sent_at: Instant,
 }
 
 /// State of the response read of the oldest outstanding batch.
@@ -61,7 +64,13 @@ pub struct DpuQueue<W> {
     pub empty_polls: u64,
     /// Misses in a row for the oldest batch (backoff; re-polls read the header line only).
     misses: u32,
-    not_before: std::time::Instant,
+    not_before: Instant,
+    /// Running mean of the time from a batch's write to its response being found: the first
+    /// read of a batch waits for most of it.
+    service: Duration,
+    /// Whether the first read of a batch fetches the whole predicted batch (the previous
+    /// batch was there at its first read) or its header only.
+    read_whole: bool,
 }
 
 /// Requests a batch needs before it is sent while another batch of its queue is in flight.
@@ -99,7 +108,9 @@ impl<W> DpuQueue<W> {
             writes_in_flight: 0,
             empty_polls: 0,
             misses: 0,
-            not_before: std::time::Instant::now(),
+            not_before: Instant::now(),
+            service: Duration::ZERO,
+            read_whole: true,
         }
     }
 
@@ -197,11 +208,12 @@ impl<W> DpuQueue<W> {
         self.outstanding.push_back(Outstanding {
             n,
             count: self.building_count,
-            expect: align8(self.building_expect),
+            expect: self.building_expect,
             waiters: std::mem::replace(
                 &mut self.building_waiters,
                 self.spare_waiters.pop().unwrap_or_default(),
             ),
+            sent_at: Instant::now(),
         });
         self.building.clear();
         self.building_count = 0;
@@ -225,12 +237,19 @@ impl<W> DpuQueue<W> {
         if self.read != ReadState::Idle || self.writes_in_flight > 0 {
             return Ok(false);
         }
-        if self.misses > 0 && std::time::Instant::now() < self.not_before {
+        let now = Instant::now();
+        if self.misses > 0 && now < self.not_before {
             return Ok(false);
         }
-        // The first read fetches the whole predicted batch; after a miss, only the header until
-        // it shows the batch.
-        let len = if self.misses == 0 {
+        // The first read waits for three quarters of the usual service time: a read that
+        // finds nothing costs PCIe bytes and an operation.
+        if self.misses == 0 && now < o.sent_at + self.service * 3 / 4 {
+            return Ok(false);
+        }
+        // The first read fetches the whole predicted batch while batches are there when first
+        // read; otherwise, and after a miss, only the header until it shows the batch (a
+        // second read then fetches the rest).
+        let len = if self.misses == 0 && self.read_whole {
             o.expect
         } else {
             BATCH_HEADER
@@ -278,11 +297,14 @@ impl<W> DpuQueue<W> {
                     self.read = ReadState::Idle;
                     self.empty_polls += 1;
                     self.misses += 1;
+                    self.read_whole = false;
                     // 1, 2, 4, 8 µs: the host serves a batch in a few microseconds.
                     let wait = 1u64 << (self.misses - 1).min(3);
-                    self.not_before =
-                        std::time::Instant::now() + std::time::Duration::from_micros(wait);
+                    self.not_before = Instant::now() + Duration::from_micros(wait);
                     return Ok(None);
+                }
+                if self.misses == 0 {
+                    self.read_whole = true;
                 }
                 self.misses = 0;
                 let len = u16::from_le_bytes([b[2], b[3]]) as usize;
@@ -315,6 +337,9 @@ impl<W> DpuQueue<W> {
     fn finish(&mut self, len: usize) -> Result<Answered<'_, W>, QueueFault> {
         self.read = ReadState::Idle;
         let o = self.outstanding.pop_front().expect("outstanding batch");
+        // Running mean, 1/8 weight for the newest.
+        let took = o.sent_at.elapsed().min(Duration::from_millis(10));
+        self.service = (self.service * 7 + took) / 8;
         let b = &self.inb.as_slice()[..len];
         let (count, blen, _) = batch_header(b).map_err(QueueFault::Malformed)?;
         if count != o.count || blen != len {

@@ -197,7 +197,7 @@ impl FrontState {
                     _ => 1,
                 };
                 let expect = match req.op {
-                    Op::Get => 2 + q.value_mean as usize,
+                    Op::Get => q.get_mean.ceil() as usize,
                     _ => worst,
                 };
                 record.clear();
@@ -358,19 +358,25 @@ pub(super) fn pump(
             more = true;
             continue;
         };
-        let mut values = 0usize;
+        // The response bytes of GET answers, hits and misses (a miss may also answer a DEL
+        // or EXISTS: close enough for a prediction).
+        let mut bytes = 0usize;
         let mut gets = 0usize;
         for (resp, &w) in qp::responses(batch).zip(&o.waiters) {
             let resp = resp.map_err(QueueFault::Malformed)?;
-            if let Response::Value(v) = resp {
-                values += v.len();
+            if matches!(
+                resp,
+                Response::Value(_) | Response::Status(qp::Status::NotFound)
+            ) {
+                bytes += qp::response_len(&resp);
                 gets += 1;
             }
             deliver(waits, free_waits, stats, sink, w, resp);
         }
         q.queues[idx].recycle(o.waiters);
-        if let Some(mean) = values.checked_div(gets) {
-            q.value_mean = 0.9 * q.value_mean + 0.1 * mean as f64;
+        if gets > 0 {
+            let mean = bytes as f64 / gets as f64;
+            q.get_mean = 0.9 * q.get_mean + 0.1 * mean;
         }
         more = true;
     }
