@@ -65,9 +65,14 @@ pub struct DpuQueue<W> {
     /// Misses in a row for the oldest batch (backoff; re-polls read the header line only).
     misses: u32,
     not_before: Instant,
-    /// Running mean of the time from a batch's write to its response being found: the first
-    /// read of a batch waits for most of it.
+    /// A low estimate of the time from a batch's write to its response being found (it
+    /// follows a faster batch at once and a slower one by a sixteenth of the difference, so
+    /// a tail of slow batches does not raise it): the first read of a batch waits for most
+    /// of it.
     service: Duration,
+    /// Running mean of the same time (1/8 weight for the newest): re-polls after a miss back
+    /// off up to an eighth of it.
+    service_mean: Duration,
     /// Whether the first read of a batch fetches the whole predicted batch (the previous
     /// batch was there at its first read) or its header only.
     read_whole: bool,
@@ -110,6 +115,7 @@ impl<W> DpuQueue<W> {
             misses: 0,
             not_before: Instant::now(),
             service: Duration::ZERO,
+            service_mean: Duration::ZERO,
             read_whole: true,
         }
     }
@@ -241,8 +247,8 @@ impl<W> DpuQueue<W> {
         if self.misses > 0 && now < self.not_before {
             return Ok(false);
         }
-        // The first read waits for three quarters of the usual service time: a read that
-        // finds nothing costs PCIe bytes and an operation.
+        // The first read waits for three quarters of the low estimate of the service time: a
+        // read that finds nothing costs PCIe bytes and an operation.
         if self.misses == 0 && now < o.sent_at + self.service * 3 / 4 {
             return Ok(false);
         }
@@ -298,9 +304,12 @@ impl<W> DpuQueue<W> {
                     self.empty_polls += 1;
                     self.misses += 1;
                     self.read_whole = false;
-                    // 1, 2, 4, 8 µs: the host serves a batch in a few microseconds.
-                    let wait = 1u64 << (self.misses - 1).min(3);
-                    self.not_before = Instant::now() + Duration::from_micros(wait);
+                    // 1, 2, 4, 8 µs: the host serves a batch in a few microseconds; a host
+                    // that takes longer (a busy core) is polled up to 8 times a batch's mean
+                    // time rather than every 8 µs.
+                    let wait = Duration::from_micros(1 << (self.misses - 1).min(6))
+                        .min(Duration::from_micros(8).max(self.service_mean / 8));
+                    self.not_before = Instant::now() + wait;
                     return Ok(None);
                 }
                 if self.misses == 0 {
@@ -337,9 +346,13 @@ impl<W> DpuQueue<W> {
     fn finish(&mut self, len: usize) -> Result<Answered<'_, W>, QueueFault> {
         self.read = ReadState::Idle;
         let o = self.outstanding.pop_front().expect("outstanding batch");
-        // Running mean, 1/8 weight for the newest.
-        let took = o.sent_at.elapsed().min(Duration::from_millis(10));
-        self.service = (self.service * 7 + took) / 8;
+        let took = o.sent_at.elapsed();
+        self.service_mean = (self.service_mean * 7 + took.min(Duration::from_millis(100))) / 8;
+        self.service = if took < self.service {
+            took
+        } else {
+            self.service + (took - self.service) / 16
+        };
         let b = &self.inb.as_slice()[..len];
         let (count, blen, _) = batch_header(b).map_err(QueueFault::Malformed)?;
         if count != o.count || blen != len {
