@@ -17,6 +17,9 @@ pub enum StorageArg {
     File,
 }
 
+/// A service's storage and, on DDS files, the connection to the DPU.
+pub type OpenedStorage = (Box<dyn Storage>, Option<Arc<Dds>>);
+
 /// A service's storage: DDS files under `dds_dir` through the DPU at `socket` (with the
 /// connection, for the host library's asynchronous API), or regular files in `dir`.
 pub fn open_storage(
@@ -24,7 +27,7 @@ pub fn open_storage(
     socket: &Path,
     dds_dir: &str,
     dir: Option<&Path>,
-) -> anyhow::Result<(Box<dyn Storage>, Option<Arc<Dds>>)> {
+) -> anyhow::Result<OpenedStorage> {
     Ok(match kind {
         StorageArg::Dds => {
             let dds = Arc::new(connect_dpu(socket)?);
