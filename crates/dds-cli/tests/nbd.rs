@@ -73,6 +73,8 @@ fn fio_write_then_verify(dir: &Path, uri: &str, size: &str) {
             "--iodepth=16",
             &format!("--size={size}"),
             "--verify=crc32c",
+            // A request stalled for seconds fails the job (ETIMEDOUT).
+            "--max_latency=5s",
             "--output-format=json",
         ])
         .arg(format!("--output={}", out.display()))

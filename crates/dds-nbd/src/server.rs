@@ -223,6 +223,8 @@ pub struct NbdService {
     queue: VecDeque<u32>,
     /// Bytes of READ buffers in flight.
     read_bytes: usize,
+    /// Storage operations in flight (all places).
+    ops: usize,
     /// Connections waiting for a place, a read budget or the library's ring.
     waiters: Vec<ConnId>,
     /// Operations that failed when issued: completed on the next turn.
@@ -391,6 +393,7 @@ impl NbdService {
             Ok(()) => {
                 pl.ops += 1;
                 pl.issued += bytes;
+                self.ops += 1;
                 true
             }
             Err(SubmitError::Busy) => false,
@@ -401,6 +404,7 @@ impl NbdService {
                 pl.flush = false;
                 pl.fua = false;
                 pl.ops += 1;
+                self.ops += 1;
                 self.failed.push((tag(p), None));
                 true
             }
@@ -614,7 +618,7 @@ impl NbdService {
 
     /// Operations in flight (their buffers may still be written by the storage library).
     fn ops_in_flight(&self) -> bool {
-        self.places.iter().any(|p| p.ops > 0)
+        self.ops > 0
     }
 }
 
@@ -719,6 +723,7 @@ impl Service for NbdService {
                 continue;
             };
             pl.ops -= 1;
+            self.ops -= 1;
             match res {
                 Some(n) => pl.moved += n,
                 None => {
@@ -745,7 +750,9 @@ impl Service for NbdService {
                 self.settle(p, done);
             }
         }
-        if progressed {
+        // A connection waits for room that completions make, or, when none is in flight,
+        // for the DPU to take what fills the request ring: it tries again.
+        if progressed || self.ops == 0 {
             for id in self.waiters.drain(..) {
                 done.resume(id);
             }
@@ -771,7 +778,11 @@ impl Service for NbdService {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        if !self.failed.is_empty() {
+        // Failures to deliver, or operations that found the request ring full with nothing
+        // in flight (no completion will wake the loop: the ring empties as the DPU takes its
+        // entries).
+        let stuck = self.ops == 0 && !(self.queue.is_empty() && self.waiters.is_empty());
+        if !self.failed.is_empty() || stuck {
             return false;
         }
         self.io.prepare_sleep()
@@ -794,8 +805,9 @@ impl Service for NbdService {
             list.append(&mut self.failed);
             self.io.poll(&mut list);
             for &(t, _) in &list {
-                if let Some(pl) = self.places.get_mut(t as usize) {
-                    pl.ops = pl.ops.saturating_sub(1);
+                if let Some(pl) = self.places.get_mut(t as usize).filter(|pl| pl.ops > 0) {
+                    pl.ops -= 1;
+                    self.ops -= 1;
                 }
             }
             list.clear();
@@ -890,6 +902,7 @@ impl NbdServer {
             free: Vec::with_capacity(PLACES_MAX),
             queue: VecDeque::with_capacity(PLACES_MAX),
             read_bytes: 0,
+            ops: 0,
             waiters: Vec::with_capacity(64),
             failed: Vec::with_capacity(64),
             done: Vec::with_capacity(PLACES_MAX),
