@@ -64,21 +64,23 @@ fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
 fn fio_write_then_verify(dir: &Path, uri: &str, size: &str) {
     let job = |extra: &[&str], out: &Path| {
         let mut cmd = Command::new("fio");
-        cmd.args([
-            "--name=nbd",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            &format!("--size={size}"),
-            "--verify=crc32c",
-            // A request stalled for seconds fails the job (ETIMEDOUT).
-            "--max_latency=5s",
-            "--output-format=json",
-        ])
-        .arg(format!("--output={}", out.display()))
-        .args(extra);
+        // fio writes its verify state in its working directory.
+        cmd.current_dir(dir)
+            .args([
+                "--name=nbd",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=16",
+                &format!("--size={size}"),
+                "--verify=crc32c",
+                // A request stalled for seconds fails the job (ETIMEDOUT).
+                "--max_latency=5s",
+                "--output-format=json",
+            ])
+            .arg(format!("--output={}", out.display()))
+            .args(extra);
         run(&mut cmd);
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
