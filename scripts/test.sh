@@ -10,6 +10,11 @@ command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
 # Real Redis peers and clients of the key-value service's tests.
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v redis-benchmark >/dev/null || need_pkgs+=(redis-tools)
+# NBD clients and reference servers of `dds nbd`'s tests and benchmark.
+command -v fio >/dev/null || need_pkgs+=(fio)
+command -v nbdcopy >/dev/null || need_pkgs+=(libnbd-bin)
+command -v nbdkit >/dev/null || need_pkgs+=(nbdkit)
+command -v qemu-img >/dev/null || need_pkgs+=(qemu-utils)
 # etcd, where DPU-KV registers its endpoints.
 command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -15,6 +15,7 @@ pub mod files;
 pub mod interrupt;
 pub mod kv;
 pub mod machine;
+pub mod nbd;
 pub mod objects;
 pub mod pageserver;
 pub mod placement;

@@ -39,6 +39,9 @@ enum Which {
     /// §9.1 / Figs. 2 and 21: GetPage@LSN from `dds pageserver` without and with DPU offload
     /// while the log is replayed.
     Pageserver(dds_bench::pageserver::PageServerBenchArgs),
+    /// Block storage: fio's nbd engine (4 KiB random reads and a 70/30 mix at depths 1, 16,
+    /// 64) against `dds nbd` on the DPU, `nbdkit file` and `qemu-nbd` on the same disk.
+    Nbd(dds_bench::nbd::NbdBenchArgs),
     /// DPU-KV: the six placements of the communication and processing engines, against
     /// redis-server, on YCSB A/B/C (throughput, latency, host cores, bytes over PCIe).
     #[command(name = "dpu-kv")]
@@ -307,6 +310,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             run_to(&out, "objects", |command| {
                 dds_bench::objects::run(k, command)
             })
+        }
+        Which::Nbd(k) => {
+            let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
+            run_to(&out, "nbd", |command| dds_bench::nbd::run(k, command))
         }
         Which::Pageserver(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);

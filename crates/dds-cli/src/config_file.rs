@@ -1,14 +1,15 @@
-//! `dds dpu --config FILE`: the daemon's options from a TOML file, every one overridable on
-//! the command line. Keys are the long option names (`director-memory = "64M"`,
+//! `dds dpu --config FILE` and `dds nbd --config FILE`: the daemon's options from a TOML file,
+//! every one overridable on the command line. Keys are the long option names (`director-memory = "64M"`,
 //! `allow-uid = [1000, 1001]`, `spin = true`); the file's values go in front of the command
 //! line's, so a value given on the command line wins.
 
 use anyhow::{bail, Context, Result};
 
-/// `args` with the options of the `--config FILE` (or `--config=FILE`) of a `dds dpu`
-/// command line expanded in place of it. Other command lines are returned unchanged.
+/// `args` with the options of the `--config FILE` (or `--config=FILE`) of a `dds dpu` or
+/// `dds nbd` command line expanded in place of it. Other command lines are returned
+/// unchanged.
 pub fn expand(args: Vec<String>) -> Result<Vec<String>> {
-    let Some(dpu) = args.iter().position(|a| a == "dpu") else {
+    let Some(dpu) = args.iter().position(|a| a == "dpu" || a == "nbd") else {
         return Ok(args);
     };
     let mut file = None;

@@ -7,21 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use dds_kv::server::{Server, ServerConfig};
 use dds_kv::{Durability, Store, StoreConfig};
-use dds_storage::{DdsStorage, OsStorage, Storage};
 
-use crate::util::parse_size;
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-enum StorageArg {
-    /// DDS files through the host library; the file service runs in `dds dpu`.
-    Dds,
-    /// Regular files in --dir (the host doing the same work).
-    File,
-}
+use crate::util::{open_storage, parse_size, StorageArg};
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 enum EngineArg {
@@ -172,30 +163,8 @@ fn open_hybrid_log(a: &KvArgs) -> Result<(Store, String, Option<Arc<dds_host::Dd
         Some(v) => usize::try_from(v).context("--max-value-bytes")?,
         None => page_size / 2 - a.max_key_bytes as usize - 64,
     };
-    let mut conn = None;
-    let (storage, describe): (Box<dyn Storage>, String) = match a.storage {
-        StorageArg::Dds => {
-            let dds = dds_host::Dds::connect(&a.socket).with_context(|| {
-                format!(
-                    "connect to the DPU at {} (start `dds dpu --offload redis` first, or use --storage file)",
-                    a.socket.display()
-                )
-            })?;
-            let dds = Arc::new(dds);
-            conn = Some(dds.clone());
-            let s = DdsStorage::new(dds, &a.dds_dir)?;
-            let d = s.describe();
-            (Box::new(s), d)
-        }
-        StorageArg::File => {
-            let Some(dir) = a.dir.as_ref() else {
-                bail!("--storage file needs --dir");
-            };
-            let s = OsStorage::new(dir)?;
-            let d = s.describe();
-            (Box::new(s), d)
-        }
-    };
+    let (storage, conn) = open_storage(a.storage, &a.socket, &a.dds_dir, a.dir.as_deref())?;
+    let describe = storage.describe();
     let durability = match a.durability {
         DurabilityArg::None => Durability::None,
         DurabilityArg::Periodic => Durability::Periodic,

@@ -11,6 +11,7 @@ mod dpukv_cmd;
 mod fs_cmd;
 mod fsck_cmd;
 mod kv_cmd;
+mod nbd_cmd;
 mod offload_apps;
 mod osd_cmd;
 mod pageserver_cmd;
@@ -80,6 +81,9 @@ enum Cmd {
     /// Serve GetPage@LSN and log appends for a storage-disaggregated DBMS from pages in DDS
     /// files (page versions on storage served by the DPU with `dds dpu --offload pageserver`).
     Pageserver(pageserver_cmd::PageServerArgs),
+    /// Serve DDS files as Network Block Device exports to NBD clients (fio, nbdcopy,
+    /// qemu-img, the Linux nbd driver); docs/nbd.md.
+    Nbd(nbd_cmd::NbdArgs),
     /// Run an object storage daemon of a cluster map: objects with data, xattrs and omap,
     /// placement groups replicated to their OSDs, recovery from peers (docs/osd-protocol.md).
     Osd(osd_cmd::OsdArgs),
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
         Cmd::Kv(a) => kv_cmd::run(a),
         Cmd::Dpukv(c) => dpukv_cmd::run(c),
         Cmd::Pageserver(a) => pageserver_cmd::run(a),
+        Cmd::Nbd(a) => nbd_cmd::run(a),
         Cmd::Osd(a) => osd_cmd::run_osd(a),
         Cmd::Objects(a) => osd_cmd::run_objects(a),
         Cmd::OsdStore(a) => osd_cmd::run_osd_store(a),

@@ -7,20 +7,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use anyhow::{Context, Result};
+use clap::Args;
 use dds_pageserver::{PageServer, PageServerConfig};
-use dds_storage::{DdsStorage, OsStorage, Storage};
 
-use crate::util::parse_size;
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-enum StorageArg {
-    /// DDS files through the host library; the file service runs in `dds dpu`.
-    Dds,
-    /// Regular files in --dir.
-    File,
-}
+use crate::util::{open_storage, parse_size, StorageArg};
 
 #[derive(Args, Debug)]
 pub struct PageServerArgs {
@@ -63,30 +54,8 @@ pub struct PageServerArgs {
 
 pub fn run(a: PageServerArgs) -> Result<()> {
     // On DDS files, page reads go through the host library's asynchronous API.
-    let mut dds_conn = None;
-    let mut announce = None;
-    let storage: Box<dyn Storage> = match a.storage {
-        StorageArg::Dds => {
-            let dds = dds_host::Dds::connect(&a.socket).with_context(|| {
-                format!(
-                    "connect to the DPU at {} (start `dds dpu` first, or use --storage file)",
-                    a.socket.display()
-                )
-            })?;
-            let dds = Arc::new(dds);
-            dds_conn = Some(dds.clone());
-            if !a.no_offload {
-                announce = Some(dds.clone());
-            }
-            Box::new(DdsStorage::new(dds, &a.dds_dir)?)
-        }
-        StorageArg::File => {
-            let Some(dir) = a.dir.as_ref() else {
-                bail!("--storage file needs --dir");
-            };
-            Box::new(OsStorage::new(dir)?)
-        }
-    };
+    let (storage, dds_conn) = open_storage(a.storage, &a.socket, &a.dds_dir, a.dir.as_deref())?;
+    let announce = dds_conn.clone().filter(|_| !a.no_offload);
     let describe = storage.describe();
     let server = PageServer::open_with_dds(
         PageServerConfig {

@@ -1,9 +1,48 @@
 //! Small helpers shared by the subcommands: sizes, exit statuses, reaching the DPU.
 
 use std::path::Path;
+use std::sync::Arc;
 
+use anyhow::{bail, Context};
 use dds_host::{Dds, DdsError, Status};
 pub use dds_proto::units::parse_size;
+use dds_storage::{DdsStorage, OsStorage, Storage};
+
+/// Where a service's files live (`--storage`).
+#[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq, Eq)]
+pub enum StorageArg {
+    /// DDS files through the host library; the file service runs in `dds dpu`.
+    Dds,
+    /// Regular files in --dir (the host doing the same work, no DPU).
+    File,
+}
+
+/// A service's storage and, on DDS files, the connection to the DPU.
+pub type OpenedStorage = (Box<dyn Storage>, Option<Arc<Dds>>);
+
+/// A service's storage: DDS files under `dds_dir` through the DPU at `socket` (with the
+/// connection, for the host library's asynchronous API), or regular files in `dir`.
+pub fn open_storage(
+    kind: StorageArg,
+    socket: &Path,
+    dds_dir: &str,
+    dir: Option<&Path>,
+) -> anyhow::Result<OpenedStorage> {
+    Ok(match kind {
+        StorageArg::Dds => {
+            let dds = Arc::new(connect_dpu(socket)?);
+            let st = DdsStorage::new(dds.clone(), dds_dir)
+                .with_context(|| format!("DDS directory {dds_dir}"))?;
+            (Box::new(st), Some(dds))
+        }
+        StorageArg::File => {
+            let Some(dir) = dir else {
+                bail!("--storage file needs --dir");
+            };
+            (Box::new(OsStorage::new(dir)?), None)
+        }
+    })
+}
 
 /// The exit statuses of every `dds` command (the README's table).
 pub mod exit {

@@ -361,7 +361,19 @@ impl<S: Service> Core<S> {
         let _ = stream.set_nodelay(true);
         self.gens[slot as usize] = id.gen;
         let session = self.service.open(id);
-        self.conns[slot as usize] = Some(Conn::new(id, stream, session, Instant::now()));
+        let c = self.conns[slot as usize].insert(Conn::new(id, stream, session, Instant::now()));
+        let mut out = Out {
+            out: &mut c.out,
+            held: &mut c.held,
+            next_ticket: &mut c.next_ticket,
+            spare: &mut c.spare,
+        };
+        self.service
+            .greet(id, c.session.as_mut().expect("open session"), &mut out);
+        if !c.out.is_empty() && !c.touched {
+            c.touched = true;
+            self.touched.push(slot);
+        }
         self.live += 1;
         self.counters.add(&self.counters.accepted, 1);
         self.ready.push(slot);

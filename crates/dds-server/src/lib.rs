@@ -154,6 +154,11 @@ pub trait Service {
     /// A new connection.
     fn open(&mut self, id: ConnId) -> Self::Session;
 
+    /// What the server says first, for a protocol whose server speaks before the client (the
+    /// NBD handshake): written to `out` once the connection is accepted, sent with the round's
+    /// replies.
+    fn greet(&mut self, _id: ConnId, _session: &mut Self::Session, _out: &mut Out<'_>) {}
+
     /// Runs the complete requests at the start of `input`, appending their replies to `out`
     /// (or reserving their places with [`Out::defer`], to fill when their operations
     /// complete); returns the bytes they took and what the connection does next. With

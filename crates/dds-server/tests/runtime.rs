@@ -24,6 +24,8 @@ struct Lines {
     late: Vec<(ConnId, Ticket, Vec<u8>)>,
     closed: usize,
     shut: bool,
+    /// What the server says first, if anything.
+    greeting: &'static [u8],
 }
 
 impl Service for Lines {
@@ -31,6 +33,10 @@ impl Service for Lines {
 
     fn open(&mut self, _id: ConnId) -> u64 {
         0
+    }
+
+    fn greet(&mut self, _id: ConnId, _n: &mut u64, out: &mut Out<'_>) {
+        out.extend_from_slice(self.greeting);
     }
 
     fn on_input(
@@ -124,12 +130,16 @@ struct Running {
 const BACKENDS: [Backend; 2] = [Backend::Epoll, Backend::Uring];
 
 fn start(backend: Backend, cfg: Config) -> Running {
+    start_lines(backend, cfg, Lines::default())
+}
+
+fn start_lines(backend: Backend, cfg: Config, lines: Lines) -> Running {
     let budget = Budget::new(64 << 20);
     let server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
         Config { backend, ..cfg },
         budget.clone(),
-        Lines::default(),
+        lines,
     )
     .unwrap();
     assert_eq!(server.backend(), backend);
@@ -158,6 +168,28 @@ fn line(r: &mut BufReader<TcpStream>) -> String {
     let mut l = String::new();
     r.read_line(&mut l).unwrap();
     l
+}
+
+#[test]
+fn a_server_that_speaks_first_greets_before_any_request() {
+    for backend in BACKENDS {
+        let lines = Lines {
+            greeting: b"HELLO\n",
+            ..Lines::default()
+        };
+        let rt = start_lines(backend, Config::default(), lines);
+        // Many clients, none of which says anything first.
+        let mut clients: Vec<_> = (0..20).map(|_| connect(rt.addr)).collect();
+        for (_, r) in &mut clients {
+            assert_eq!(line(r), "HELLO\n", "{backend:?}");
+        }
+        let (s, r) = &mut clients[3];
+        s.write_all(b"ECHO after\n").unwrap();
+        assert_eq!(line(r), "after\n");
+        drop(clients);
+        rt.stop.store(true, Ordering::SeqCst);
+        rt.thread.join().unwrap();
+    }
 }
 
 #[test]

@@ -106,7 +106,12 @@ impl DdsIo {
 fn submitted(r: Result<(), DdsError>, what: &str) -> Result<(), SubmitError> {
     match r {
         Ok(()) => Ok(()),
-        Err(e) if e.status == Status::TooManyOutstanding || e.status == Status::Busy => {
+        Err(e)
+            if matches!(
+                e.status,
+                Status::TooManyOutstanding | Status::Busy | Status::RingFull
+            ) =>
+        {
             Err(SubmitError::Busy)
         }
         Err(e) => {
