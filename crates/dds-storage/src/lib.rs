@@ -69,6 +69,16 @@ pub trait Storage: Send {
     fn cache(&self, _file: &dyn StoreFile, _items: &[(u64, u64, u32, u64)]) -> Result<()> {
         Ok(())
     }
+    /// Asynchronous I/O on the files `names` (file `k` of the set is `names[k]`, opened as
+    /// [`Storage::open`] opens it): the host library's asynchronous API on DDS files, else
+    /// operations done when issued ([`fileio::SyncIo`]).
+    fn file_io(&self, names: &[&str]) -> Result<Box<dyn fileio::FileIo>> {
+        let files = names
+            .iter()
+            .map(|n| self.open(n))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(fileio::SyncIo::new(files)))
+    }
     /// What it is, for logs.
     fn describe(&self) -> String;
 }
@@ -242,6 +252,16 @@ impl Storage for DdsStorage {
             })
             .collect();
         Ok(self.dds.cache_items(&items)?)
+    }
+    fn file_io(&self, names: &[&str]) -> Result<Box<dyn fileio::FileIo>> {
+        let ids = names
+            .iter()
+            .map(|n| {
+                let f = self.open(n)?;
+                f.dds_id().context("a DDS file without an id")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(fileio::DdsIo::new(self.dds.clone(), &ids)))
     }
     fn describe(&self) -> String {
         format!("DDS files in {}", self.dir)
