@@ -476,6 +476,85 @@ fn acknowledged_writes_survive_kill_9_and_restarts() {
     }
 }
 
+/// Sends `sig` (`STOP`, `CONT`) to a process.
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+/// Continues a stopped process when dropped (also when the test fails).
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+/// In fsync mode a commit does not stop the server: while the DPU (the storage) is stopped
+/// with a commit in flight, the write's reply waits, a read of a durable key on another
+/// connection is answered, and a read of the written key waits for the commit too (it must
+/// not see a write that may not survive a crash). When the DPU goes on, both are answered.
+#[test]
+fn a_commit_in_flight_holds_its_replies_and_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let dpu = start_dpu(&img, &socket, &[]);
+    let (_kv, addr) = start_kv(&[
+        "--socket",
+        socket.to_str().unwrap(),
+        "--memory",
+        "256K",
+        "--page-size",
+        "64K",
+        "--log-size",
+        "16M",
+        "--durability",
+        "fsync",
+    ]);
+    let mut a = TcpStream::connect(addr).unwrap();
+    let mut b = TcpStream::connect(addr).unwrap();
+    let (mut ab, mut bb) = (Vec::new(), Vec::new());
+    b.write_all(&cmd(&[b"SET", b"durable", b"before"])).unwrap();
+    assert_eq!(read_reply(&mut b, &mut bb), b"+OK\r\n");
+    let stopped = Resume(dpu.0.id());
+    signal(dpu.0.id(), "STOP");
+    a.write_all(&cmd(&[b"SET", b"written", b"during"])).unwrap();
+    // The commit cannot complete: no reply.
+    a.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    let mut chunk = [0u8; 64];
+    match a.read(&mut chunk) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            || e.kind() == std::io::ErrorKind::TimedOut => {}
+        r => panic!("a write was acknowledged before its commit completed: {r:?}"),
+    }
+    // Another connection is served meanwhile: its durable key is read at once.
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.write_all(&cmd(&[b"GET", b"durable"])).unwrap();
+    assert_eq!(read_reply(&mut b, &mut bb), b"$6\r\nbefore\r\n");
+    b.write_all(&cmd(&[b"PING"])).unwrap();
+    assert_eq!(read_reply(&mut b, &mut bb), b"+PONG\r\n");
+    // The written key is not durable yet: its read waits with the write.
+    b.write_all(&cmd(&[b"GET", b"written"])).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    match b.read(&mut chunk) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            || e.kind() == std::io::ErrorKind::TimedOut => {}
+        r => panic!("a read saw a write that is not durable: {r:?}"),
+    }
+    drop(stopped);
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(read_reply(&mut a, &mut ab), b"+OK\r\n");
+    assert_eq!(read_reply(&mut b, &mut bb), b"$6\r\nduring\r\n");
+}
+
 #[test]
 fn hostile_clients_get_clear_errors_and_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();

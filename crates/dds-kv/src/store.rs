@@ -607,10 +607,6 @@ impl Store {
         &mut self.fetched
     }
 
-    /// The DDS file id of the log (for asynchronous reads through the host library).
-    pub fn log_file_id(&self) -> Option<u32> {
-        self.file.dds_id()
-    }
 
     /// The expiry of `key` (Unix ms; `Some(0)`: none), or `None` when the key is missing.
     pub fn expiry(&mut self, key: &[u8]) -> StoreResult<Option<u64>> {

@@ -15,8 +15,9 @@
 //!   pagestore server (`dds app pagestore`) serves its files so.
 //! - [`fileio`]: asynchronous reads, writes and flushes of a set of files for an event-loop
 //!   thread ([`fileio::DdsIo`] through the host library's asynchronous API, [`fileio::SyncIo`]
-//!   for any [`StoreFile`]); the key-value service reads records on storage so, and the page
-//!   server (`dds pageserver`) reads and writes its pages and commits its log so.
+//!   for any [`StoreFile`]; [`Storage::file_io`] opens one on a storage's files); the
+//!   key-value service reads its records, writes its log and commits so, and the page server
+//!   (`dds pageserver`) reads and writes its pages and commits its log so.
 //!
 //! [`pattern`] is the deterministic data those files are filled with and checked against.
 

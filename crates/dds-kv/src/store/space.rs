@@ -596,6 +596,11 @@ impl Store {
         self.io.as_mut()
     }
 
+    /// The asynchronous I/O of the log, to look at (its wake-up descriptor).
+    pub fn io_ref(&self) -> &dyn FileIo {
+        self.io.as_ref()
+    }
+
     /// Completions of reads ahead are waiting already (the loop must not sleep).
     pub fn io_ready(&self) -> bool {
         !self.foreign.is_empty()
