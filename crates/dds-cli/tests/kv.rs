@@ -485,6 +485,27 @@ fn signal(pid: u32, sig: &str) {
     assert!(st.success(), "kill -{sig} {pid}");
 }
 
+/// Stops a process and waits until every thread of it is stopped (`kill` returns before
+/// they are).
+fn stop(pid: u32) {
+    signal(pid, "STOP");
+    let t0 = Instant::now();
+    loop {
+        let all = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("stat")).ok())
+            .all(|st| st.rsplit(") ").next().is_some_and(|r| r.starts_with('T')));
+        if all {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{pid} does not stop"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Continues a stopped process when dropped (also when the test fails).
 struct Resume(u32);
 
@@ -522,16 +543,24 @@ fn a_commit_in_flight_holds_its_replies_and_others_are_served() {
     b.write_all(&cmd(&[b"SET", b"durable", b"before"])).unwrap();
     assert_eq!(read_reply(&mut b, &mut bb), b"+OK\r\n");
     let stopped = Resume(dpu.0.id());
-    signal(dpu.0.id(), "STOP");
+    stop(dpu.0.id());
     a.write_all(&cmd(&[b"SET", b"written", b"during"])).unwrap();
     // The commit cannot complete: no reply.
     a.set_read_timeout(Some(Duration::from_millis(700)))
         .unwrap();
     let mut chunk = [0u8; 64];
     match a.read(&mut chunk) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-            || e.kind() == std::io::ErrorKind::TimedOut => {}
-        r => panic!("a write was acknowledged before its commit completed: {r:?}"),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
+        r => panic!(
+            "a write was acknowledged before its commit completed: {r:?} (DPU {})",
+            std::fs::read_to_string(format!("/proc/{}/status", dpu.0.id()))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("State"))
+                .unwrap_or("")
+        ),
     }
     // Another connection is served meanwhile: its durable key is read at once.
     b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -544,8 +573,9 @@ fn a_commit_in_flight_holds_its_replies_and_others_are_served() {
     b.set_read_timeout(Some(Duration::from_millis(700)))
         .unwrap();
     match b.read(&mut chunk) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-            || e.kind() == std::io::ErrorKind::TimedOut => {}
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
         r => panic!("a read saw a write that is not durable: {r:?}"),
     }
     drop(stopped);

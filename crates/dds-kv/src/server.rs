@@ -170,8 +170,7 @@ impl KvService {
         *b = buf;
         b.resize(len, 0);
         let at = off - skip as u64;
-        match self.reads.issue(f, 0, slot, at, u64::from(slot) + 1)
-        {
+        match self.reads.issue(f, 0, slot, at, u64::from(slot) + 1) {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(?e, "read ahead not issued: the command will wait");

@@ -607,7 +607,6 @@ impl Store {
         &mut self.fetched
     }
 
-
     /// The expiry of `key` (Unix ms; `Some(0)`: none), or `None` when the key is missing.
     pub fn expiry(&mut self, key: &[u8]) -> StoreResult<Option<u64>> {
         Ok(self.find(key)?.map(|f| f.hdr.expire_ms))
