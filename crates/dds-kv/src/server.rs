@@ -133,14 +133,15 @@ pub struct KvService {
 }
 
 impl KvService {
+    /// A buffer of `len` bytes for a read (a used one keeps its bytes: the read overwrites
+    /// them, so only growth is zeroed).
     fn take_buf(&mut self, len: usize) -> Vec<u8> {
         let mut b = self.bufs.pop().unwrap_or_default();
         b.resize(len, 0);
         b
     }
 
-    fn give_buf(&mut self, mut b: Vec<u8>) {
-        b.clear();
+    fn give_buf(&mut self, b: Vec<u8>) {
         self.bufs.push(b);
     }
 
@@ -274,9 +275,7 @@ impl KvService {
             std::mem::swap(f, &mut s.fetched);
         }
         for f in s.fetched.drain(..) {
-            let mut b = f.bytes;
-            b.clear();
-            self.bufs.push(b);
+            self.bufs.push(f.bytes);
         }
         s.rounds = 0;
         after
@@ -402,24 +401,29 @@ impl Service for KvService {
             let n = res.map_or(0, |n| n as usize);
             buf.truncate(n);
             // The record starts `skip` bytes in.
-            buf.drain(..skip.min(n));
+            let mut skip = skip.min(n);
             if !whole {
                 // The first bytes tell the record's length: read the rest when it is longer.
-                if let Some(h) = record::decode_header(&buf) {
+                if let Some(h) = record::decode_header(&buf[skip..]) {
                     let (_, span) = self.store.file_span(addr);
                     let max = self.store.io_ref().map_or(0, |f| f.max_io());
-                    if h.len() > buf.len() && h.len() <= span.min(max) {
+                    if h.len() > n - skip && h.len() <= span.min(max) {
                         let len = h.len();
                         if self.fetch(conn, addr, (0, len), true, buf) {
                             continue;
                         }
                         buf = self.take_buf(0);
+                        skip = 0;
                     }
                 }
             }
             match done.reply(conn) {
                 Some((s, _)) => {
-                    s.fetched.push(Fetched { addr, bytes: buf });
+                    s.fetched.push(Fetched {
+                        addr,
+                        skip,
+                        bytes: buf,
+                    });
                     s.outstanding -= 1;
                     if s.outstanding == 0 {
                         done.resume(conn);

@@ -266,8 +266,10 @@ pub struct Store {
 /// address and the bytes read there (the whole record, unless the read failed or fell short).
 #[derive(Debug, Default)]
 pub struct Fetched {
-    /// Log address the read started at.
+    /// Log address of the record.
     pub addr: u64,
+    /// Bytes read before the record (the read started at the block the record starts in).
+    pub skip: usize,
     /// The bytes read.
     pub bytes: Vec<u8>,
 }
@@ -520,7 +522,8 @@ impl Store {
         self.stats.storage_reads += 1;
         if let Some(i) = self.fetched.iter().position(|f| f.addr == a) {
             // Read ahead: used when it holds a whole, valid record (else read again below).
-            let b = &self.fetched[i].bytes;
+            let f = &self.fetched[i];
+            let b = &f.bytes[f.skip.min(f.bytes.len())..];
             if let Some(h) = record::check(b) {
                 self.scratch.clear();
                 self.scratch.extend_from_slice(&b[..h.len()]);
