@@ -426,6 +426,20 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
 
 #[test]
 fn acknowledged_writes_survive_kill_9_and_restarts() {
+    survive_kill_9("16M");
+}
+
+/// The same with a log of 16 pages: it wraps, pages are compacted (their reads, the moved
+/// records' writes and the checkpoints that move recovery's start all asynchronous).
+#[test]
+fn acknowledged_writes_survive_kill_9_while_the_log_wraps() {
+    let compactions = survive_kill_9("1M");
+    assert!(compactions > 0, "the log did not wrap");
+}
+
+/// Three lives of pipelined writes in fsync mode, each ended by kill -9 right after the last
+/// acknowledgement and checked by the next; returns the compactions of the last life.
+fn survive_kill_9(log_size: &str) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let img = format_device(dir.path(), "512M");
     let socket = dir.path().join("dpu.sock");
@@ -438,11 +452,12 @@ fn acknowledged_writes_survive_kill_9_and_restarts() {
         "--page-size",
         "64K",
         "--log-size",
-        "16M",
+        log_size,
         "--durability",
         "fsync",
     ];
     let mut expect: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    let mut compactions = 0;
     for life in 0..3u32 {
         let (mut kv, addr) = start_kv(&args);
         let mut s = TcpStream::connect(addr).unwrap();
@@ -470,10 +485,18 @@ fn acknowledged_writes_survive_kill_9_and_restarts() {
             let v = format!("{life}:{i}:{}", "y".repeat((i % 300) as usize));
             expect.insert(i % 700, v);
         }
-        // kill -9 right after the last acknowledgement.
+        s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
+        let info = String::from_utf8(read_reply(&mut s, &mut b)).unwrap();
+        compactions = info
+            .lines()
+            .find_map(|l| l.strip_prefix("compactions:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO engine tells the compactions");
+        // kill -9 right after the last acknowledgement (and that read).
         kv.0.kill().unwrap();
         kv.0.wait().unwrap();
     }
+    compactions
 }
 
 /// Sends `sig` (`STOP`, `CONT`) to a process.

@@ -246,6 +246,9 @@ pub struct Store {
     tail_page_end: u64,
     /// `begin` as the newest durable checkpoint has it.
     durable_begin: u64,
+    /// Compactions not yet in a durable checkpoint: `begin` after each, and the tail after
+    /// its moves (a checkpoint takes that `begin` once the tail is durable).
+    compacted: VecDeque<(u64, u64)>,
     seq: u64,
     /// (h1, h2) → address | TOMB | EXPIRES.
     index: HashMap<(u64, u64), u64, BuildHasherDefault<PassHasher>>,
@@ -377,6 +380,7 @@ impl Store {
             tail: 0,
             tail_page_end: 0,
             durable_begin: 0,
+            compacted: VecDeque::new(),
             seq: 0,
             index: HashMap::default(),
             live: 0,
@@ -951,6 +955,7 @@ impl Store {
         self.flush_want = self.begin;
         self.written = self.begin;
         self.durable_end = self.begin;
+        self.compacted.clear();
         self.tail = self.begin;
         if self.ckpt.is_some() {
             self.write_checkpoint()?;

@@ -292,6 +292,9 @@ impl Store {
             self.stats.compaction_moves += 1;
             self.dirty = true;
         }
+        // A checkpoint may start recovery at the new `begin` once the moved records, below
+        // the tail now, are durable.
+        self.compacted.push_back((self.begin, self.tail));
         Ok(())
     }
 
@@ -417,8 +420,14 @@ impl Store {
         loop {
             match self.commit.phase {
                 Phase::Idle => {
-                    // What is issued is what the commit can cover now; the rest follows.
-                    let target = self.commit.want.min(self.flushed);
+                    // What is issued is what the commit can cover now; the rest follows. A
+                    // checkpoint asked before a page slot is reused covers every write issued
+                    // (the records compaction moved off that slot among them).
+                    let target = if self.commit.ckpt_wanted {
+                        self.flushed
+                    } else {
+                        self.commit.want.min(self.flushed)
+                    };
                     if target <= self.durable_end && !self.commit.ckpt_wanted {
                         return;
                     }
@@ -441,8 +450,17 @@ impl Store {
                         self.finish_commit();
                         continue;
                     };
+                    // Recovery starts past a compacted page only once the records moved off it
+                    // are durable (below the target).
+                    let target = self.commit.target;
+                    let begin = self
+                        .compacted
+                        .iter()
+                        .rev()
+                        .find(|c| c.1 <= target)
+                        .map_or(self.durable_begin, |c| c.0);
                     let cp = Checkpoint {
-                        begin: self.begin,
+                        begin,
                         flushed: self.commit.target,
                         page_size: self.ps,
                         capacity: self.cap,
@@ -475,6 +493,13 @@ impl Store {
             ck.written(p);
             self.durable_begin = p.checkpoint().begin;
             self.stats.checkpoints += 1;
+            while self
+                .compacted
+                .front()
+                .is_some_and(|c| c.0 <= self.durable_begin)
+            {
+                self.compacted.pop_front();
+            }
         }
         self.commit.phase = Phase::Idle;
         self.stats.commits += 1;
