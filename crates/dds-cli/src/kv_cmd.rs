@@ -92,7 +92,6 @@ pub struct KvArgs {
 }
 
 pub fn run(a: KvArgs) -> Result<()> {
-    let mut fetcher: Option<Box<dyn dds_storage::fileio::FileIo>> = None;
     let mut announce = None;
     let (store, describe): (Box<dyn dds_kv::Engine>, String) = match a.engine {
         EngineArg::Memory => {
@@ -108,12 +107,6 @@ pub fn run(a: KvArgs) -> Result<()> {
             if !a.no_offload {
                 announce = dds.clone();
             }
-            // Records on storage are read ahead of their commands through the host
-            // library's asynchronous API (the loop does not wait for them).
-            fetcher = dds.zip(store.log_file_id()).map(|(dds, file)| {
-                Box::new(dds_storage::fileio::DdsIo::new(dds, &[file]))
-                    as Box<dyn dds_storage::fileio::FileIo>
-            });
             (Box::new(store), describe)
         }
     };
@@ -131,7 +124,6 @@ pub fn run(a: KvArgs) -> Result<()> {
         },
         store,
         describe.clone(),
-        fetcher,
     )?;
     if let Some(dds) = &announce {
         crate::util::announce_host_app(dds, server.local_addr()?);

@@ -426,6 +426,20 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
 
 #[test]
 fn acknowledged_writes_survive_kill_9_and_restarts() {
+    survive_kill_9("16M");
+}
+
+/// The same with a log of 16 pages: it wraps, pages are compacted (their reads, the moved
+/// records' writes and the checkpoints that move recovery's start all asynchronous).
+#[test]
+fn acknowledged_writes_survive_kill_9_while_the_log_wraps() {
+    let compactions = survive_kill_9("1M");
+    assert!(compactions > 0, "the log did not wrap");
+}
+
+/// Three lives of pipelined writes in fsync mode, each ended by kill -9 right after the last
+/// acknowledgement and checked by the next; returns the compactions of the last life.
+fn survive_kill_9(log_size: &str) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let img = format_device(dir.path(), "512M");
     let socket = dir.path().join("dpu.sock");
@@ -438,11 +452,12 @@ fn acknowledged_writes_survive_kill_9_and_restarts() {
         "--page-size",
         "64K",
         "--log-size",
-        "16M",
+        log_size,
         "--durability",
         "fsync",
     ];
     let mut expect: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    let mut compactions = 0;
     for life in 0..3u32 {
         let (mut kv, addr) = start_kv(&args);
         let mut s = TcpStream::connect(addr).unwrap();
@@ -470,10 +485,127 @@ fn acknowledged_writes_survive_kill_9_and_restarts() {
             let v = format!("{life}:{i}:{}", "y".repeat((i % 300) as usize));
             expect.insert(i % 700, v);
         }
-        // kill -9 right after the last acknowledgement.
+        s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
+        let info = String::from_utf8(read_reply(&mut s, &mut b)).unwrap();
+        compactions = info
+            .lines()
+            .find_map(|l| l.strip_prefix("compactions:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO engine tells the compactions");
+        // kill -9 right after the last acknowledgement (and that read).
         kv.0.kill().unwrap();
         kv.0.wait().unwrap();
     }
+    compactions
+}
+
+/// Sends `sig` (`STOP`, `CONT`) to a process.
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+/// Stops a process and waits until every thread of it is stopped (`kill` returns before
+/// they are).
+fn stop(pid: u32) {
+    signal(pid, "STOP");
+    let t0 = Instant::now();
+    loop {
+        let all = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("stat")).ok())
+            .all(|st| st.rsplit(") ").next().is_some_and(|r| r.starts_with('T')));
+        if all {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{pid} does not stop"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Continues a stopped process when dropped (also when the test fails).
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+/// In fsync mode a commit does not stop the server: while the DPU (the storage) is stopped
+/// with a commit in flight, the write's reply waits, a read of a durable key on another
+/// connection is answered, and a read of the written key waits for the commit too (it must
+/// not see a write that may not survive a crash). When the DPU goes on, both are answered.
+#[test]
+fn a_commit_in_flight_holds_its_replies_and_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let dpu = start_dpu(&img, &socket, &[]);
+    let (_kv, addr) = start_kv(&[
+        "--socket",
+        socket.to_str().unwrap(),
+        "--memory",
+        "256K",
+        "--page-size",
+        "64K",
+        "--log-size",
+        "16M",
+        "--durability",
+        "fsync",
+    ]);
+    let mut a = TcpStream::connect(addr).unwrap();
+    let mut b = TcpStream::connect(addr).unwrap();
+    let (mut ab, mut bb) = (Vec::new(), Vec::new());
+    b.write_all(&cmd(&[b"SET", b"durable", b"before"])).unwrap();
+    assert_eq!(read_reply(&mut b, &mut bb), b"+OK\r\n");
+    let stopped = Resume(dpu.0.id());
+    stop(dpu.0.id());
+    a.write_all(&cmd(&[b"SET", b"written", b"during"])).unwrap();
+    // The commit cannot complete: no reply.
+    a.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    let mut chunk = [0u8; 64];
+    match a.read(&mut chunk) {
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
+        r => panic!(
+            "a write was acknowledged before its commit completed: {r:?} (DPU {})",
+            std::fs::read_to_string(format!("/proc/{}/status", dpu.0.id()))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("State"))
+                .unwrap_or("")
+        ),
+    }
+    // Another connection is served meanwhile: its durable key is read at once.
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.write_all(&cmd(&[b"GET", b"durable"])).unwrap();
+    assert_eq!(read_reply(&mut b, &mut bb), b"$6\r\nbefore\r\n");
+    b.write_all(&cmd(&[b"PING"])).unwrap();
+    assert_eq!(read_reply(&mut b, &mut bb), b"+PONG\r\n");
+    // The written key is not durable yet: its read waits with the write.
+    b.write_all(&cmd(&[b"GET", b"written"])).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    match b.read(&mut chunk) {
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
+        r => panic!("a read saw a write that is not durable: {r:?}"),
+    }
+    drop(stopped);
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(read_reply(&mut a, &mut ab), b"+OK\r\n");
+    assert_eq!(read_reply(&mut b, &mut bb), b"$6\r\nduring\r\n");
 }
 
 #[test]

@@ -5,7 +5,8 @@ use anyhow::Result;
 use dds_storage::StoreFile;
 
 const MAGIC: &[u8; 8] = b"DKVCKPT1";
-const SLOT: usize = 512;
+/// Bytes of a slot.
+pub const SLOT: usize = 512;
 
 /// What recovery starts from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,13 +84,36 @@ impl CheckpointFile {
 
     /// Writes `c` over the older slot and makes it durable.
     pub fn write(&mut self, c: &Checkpoint) -> Result<()> {
+        let (at, bytes, next) = self.next(c);
+        self.file.write_at(at, &bytes)?;
+        self.file.sync()?;
+        self.written(next);
+        Ok(())
+    }
+
+    /// The write of `c` for an asynchronous writer: the file offset, the slot's bytes, and
+    /// what to pass to [`CheckpointFile::written`] once they are durable.
+    pub fn next(&self, c: &Checkpoint) -> (u64, [u8; SLOT], Pending) {
         let (seq, slot) = match self.newest {
             None => (1, 0),
             Some((s, i, _)) => (s + 1, 1 - i),
         };
-        self.file.write_at((slot * SLOT) as u64, &encode(c, seq))?;
-        self.file.sync()?;
-        self.newest = Some((seq, slot, *c));
-        Ok(())
+        ((slot * SLOT) as u64, encode(c, seq), Pending(seq, slot, *c))
+    }
+
+    /// A checkpoint of [`CheckpointFile::next`] is durable: it is the newest.
+    pub fn written(&mut self, p: Pending) {
+        self.newest = Some((p.0, p.1, p.2));
+    }
+}
+
+/// A checkpoint written and not yet known durable ([`CheckpointFile::next`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Pending(u64, usize, Checkpoint);
+
+impl Pending {
+    /// The checkpoint.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.2
     }
 }

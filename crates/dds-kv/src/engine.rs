@@ -5,6 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use dds_kvmem::KvError;
+use dds_storage::fileio::{FileIo, IoDone};
 
 use crate::store::{
     Durability, Expiry, Fetched, Modifier, Modify, OldValue, SetCond, Store, StoreError,
@@ -79,6 +80,48 @@ pub trait Engine: Send {
     /// Records read ahead for the next command (engines without storage: none).
     fn fetched(&mut self) -> Option<&mut Vec<Fetched>> {
         None
+    }
+    /// The asynchronous I/O of the engine's storage, for reads ahead (tags with the top four
+    /// bits zero); engines without storage: none.
+    fn io(&mut self) -> Option<&mut dyn FileIo> {
+        None
+    }
+    /// The same, to look at.
+    fn io_ref(&self) -> Option<&dyn FileIo> {
+        None
+    }
+    /// Takes the storage completions: the engine's own move its writes and commits along,
+    /// the reads ahead are appended to `reads`.
+    fn poll_io(&mut self, _reads: &mut Vec<IoDone>) {}
+    /// Completions of reads ahead wait already (the loop must not sleep).
+    fn io_ready(&self) -> bool {
+        false
+    }
+    /// The engine's storage operations in flight.
+    fn io_in_flight(&self) -> usize {
+        0
+    }
+    /// Begins a commit of every write so far without waiting ([`Engine::durable_end`] tells
+    /// when it is done).
+    fn start_commit(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Every write below this log address is durable.
+    fn durable_end(&self) -> u64 {
+        u64::MAX
+    }
+    /// The log's tail: a commit begun now makes the writes so far durable once
+    /// [`Engine::durable_end`] reaches it.
+    fn tail(&self) -> u64 {
+        0
+    }
+    /// Whether the commands since the last call read or wrote a record that is not durable.
+    fn take_undurable(&mut self) -> bool {
+        false
+    }
+    /// A storage operation failed: nothing more can be acknowledged as durable.
+    fn is_broken(&self) -> bool {
+        false
     }
 }
 
@@ -173,6 +216,8 @@ impl Engine for Store {
             ("compaction_moves", st.compaction_moves.to_string()),
             ("dpu_invalidations", st.invalidations.to_string()),
             ("checkpoints", st.checkpoints.to_string()),
+            ("commits", st.commits.to_string()),
+            ("storage_waits", st.storage_waits.to_string()),
         ]
     }
     fn limits(&self) -> (usize, usize) {
@@ -189,6 +234,36 @@ impl Engine for Store {
     }
     fn fetched(&mut self) -> Option<&mut Vec<Fetched>> {
         Some(Store::fetched(self))
+    }
+    fn io(&mut self) -> Option<&mut dyn FileIo> {
+        Some(Store::io(self))
+    }
+    fn io_ref(&self) -> Option<&dyn FileIo> {
+        Some(Store::io_ref(self))
+    }
+    fn poll_io(&mut self, reads: &mut Vec<IoDone>) {
+        Store::poll_io(self, reads)
+    }
+    fn io_ready(&self) -> bool {
+        Store::io_ready(self)
+    }
+    fn io_in_flight(&self) -> usize {
+        Store::io_in_flight(self)
+    }
+    fn start_commit(&mut self) -> StoreResult<()> {
+        Store::start_commit(self)
+    }
+    fn durable_end(&self) -> u64 {
+        Store::durable_end(self)
+    }
+    fn tail(&self) -> u64 {
+        Store::tail(self)
+    }
+    fn take_undurable(&mut self) -> bool {
+        Store::take_undurable(self)
+    }
+    fn is_broken(&self) -> bool {
+        Store::is_broken(self)
     }
 }
 

@@ -5,8 +5,12 @@
 //! record's read is issued through the host library's asynchronous API, the command (still in
 //! the connection's input) becomes pending, and the loop serves other connections. When the
 //! reads complete the command runs, taking the records read ahead instead of reading
-//! storage. A round's replies leave after its writes are durable (fsync mode) and the DPU's
-//! stale cache entries are dropped.
+//! storage. A round's replies leave after the DPU's stale cache entries are dropped. In
+//! `fsync` mode a reply that depends on a write not yet durable (the command wrote, or read a
+//! record above the durable end) is held in its connection's order until the group commit
+//! that covers it completes; the loop serves other connections meanwhile.
+
+use std::collections::VecDeque;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -15,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dds_resp::{parse_command, reuse, Argv, Limits, Reply};
-use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Verdict};
-use dds_storage::fileio::{FileIo, IoDone};
+use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Ticket, Verdict};
+use dds_storage::fileio::IoDone;
 use dds_storage::inflight::InFlightReads;
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
@@ -67,6 +71,9 @@ const FIRST_READ: usize = 4096;
 /// Rounds of reads ahead one command may take before it runs anyway (a key updated again and
 /// again meanwhile is then read while the command waits).
 const MAX_FETCH_ROUNDS: u8 = 2;
+/// Replies of one connection waiting for a commit above which it is not read until half of
+/// them are sent.
+const ACKS_MAX: u32 = 1024;
 
 /// A connection's state.
 pub struct KvSession {
@@ -77,6 +84,19 @@ pub struct KvSession {
     outstanding: u32,
     /// Rounds of reads ahead the pending command took.
     rounds: u8,
+    /// Replies waiting for a commit.
+    acks: u32,
+    /// Pending until its replies waiting for a commit fall below half of `ACKS_MAX`.
+    commit_blocked: bool,
+}
+
+/// A reply held until the commit that covers its command is durable.
+#[derive(Clone, Copy)]
+struct Ack {
+    conn: ConnId,
+    ticket: Ticket,
+    /// The log's tail after the command: durable once the durable end reaches it.
+    need: u64,
 }
 
 /// What a read in flight is for.
@@ -98,7 +118,11 @@ pub struct KvService {
     password: Option<String>,
     argv: Argv,
     spare: Vec<&'static [u8]>,
-    fetcher: Option<Box<dyn FileIo>>,
+    /// The engine reads records on storage ahead of their commands.
+    reads_ahead: bool,
+    /// Replies held for durability, in the order of their `need`.
+    acks: VecDeque<Ack>,
+    fsync: bool,
     /// Reads in flight, each tagged with its place + 1.
     reads: InFlightReads<Read, Vec<u8>>,
     /// Buffers of finished reads, for the next ones.
@@ -109,14 +133,15 @@ pub struct KvService {
 }
 
 impl KvService {
+    /// A buffer of `len` bytes for a read (a used one keeps its bytes: the read overwrites
+    /// them, so only growth is zeroed).
     fn take_buf(&mut self, len: usize) -> Vec<u8> {
         let mut b = self.bufs.pop().unwrap_or_default();
         b.resize(len, 0);
         b
     }
 
-    fn give_buf(&mut self, mut b: Vec<u8>) {
-        b.clear();
+    fn give_buf(&mut self, b: Vec<u8>) {
         self.bufs.push(b);
     }
 
@@ -130,10 +155,10 @@ impl KvService {
         whole: bool,
         buf: Vec<u8>,
     ) -> bool {
-        let Some(f) = self.fetcher.as_mut() else {
+        let (off, _) = self.store.file_span(addr);
+        let Some(f) = self.store.io() else {
             return false;
         };
-        let (off, _) = self.store.file_span(addr);
         let read = Read {
             conn,
             addr,
@@ -146,10 +171,7 @@ impl KvService {
         *b = buf;
         b.resize(len, 0);
         let at = off - skip as u64;
-        match self
-            .reads
-            .issue(f.as_mut(), 0, slot, at, u64::from(slot) + 1)
-        {
+        match self.reads.issue(f, 0, slot, at, u64::from(slot) + 1) {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(?e, "read ahead not issued: the command will wait");
@@ -163,7 +185,7 @@ impl KvService {
 
     /// Issues the reads a command needs before it runs; returns how many.
     fn fetch_for(&mut self, id: ConnId, s: &mut KvSession, argv: &[&[u8]]) -> u32 {
-        if self.fetcher.is_none() || s.rounds >= MAX_FETCH_ROUNDS {
+        if !self.reads_ahead || s.rounds >= MAX_FETCH_ROUNDS {
             return 0;
         }
         let mut want: [u64; 16] = [0; 16];
@@ -187,7 +209,7 @@ impl KvService {
         let mut issued = 0;
         for &a in &want[..n] {
             let (off, span) = self.store.file_span(a);
-            let max = self.fetcher.as_ref().map_or(0, |f| f.max_io());
+            let max = self.store.io_ref().map_or(0, |f| f.max_io());
             // From the record's block up to FIRST_READ bytes of the record, in whole blocks
             // where its page allows.
             let skip = (off % BLOCK) as usize;
@@ -207,6 +229,35 @@ impl KvService {
         issued
     }
 
+    /// Releases the replies whose commit is durable (and resumes connections that waited for
+    /// room among them); after a storage failure, closes the connections whose replies can
+    /// no longer be made durable.
+    fn complete_acks(&mut self, done: &mut Completions<'_, KvSession>) {
+        let durable = self.store.durable_end();
+        while let Some(a) = self.acks.front().copied() {
+            if a.need > durable {
+                break;
+            }
+            self.acks.pop_front();
+            if let Some((s, _)) = done.fill(a.conn, a.ticket) {
+                s.acks -= 1;
+                if s.commit_blocked && s.acks < ACKS_MAX / 2 {
+                    s.commit_blocked = false;
+                    done.resume(a.conn);
+                }
+            }
+        }
+        if self.store.is_broken() && !self.acks.is_empty() {
+            tracing::error!(
+                replies = self.acks.len(),
+                "storage failed: replies waiting for a commit are withheld"
+            );
+            for a in self.acks.drain(..) {
+                done.close(a.conn);
+            }
+        }
+    }
+
     /// Runs one command with the connection's records read ahead.
     fn run(&mut self, s: &mut KvSession, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
         if let Some(f) = self.store.fetched() {
@@ -224,9 +275,7 @@ impl KvService {
             std::mem::swap(f, &mut s.fetched);
         }
         for f in s.fetched.drain(..) {
-            let mut b = f.bytes;
-            b.clear();
-            self.bufs.push(b);
+            self.bufs.push(f.bytes);
         }
         s.rounds = 0;
         after
@@ -249,6 +298,8 @@ impl Service for KvService {
             fetched: Vec::new(),
             outstanding: 0,
             rounds: 0,
+            acks: 0,
+            commit_blocked: false,
         }
     }
 
@@ -284,9 +335,26 @@ impl Service for KvService {
                         spare = reuse(args);
                         break Verdict::Pending;
                     }
+                    let mark = out.len();
+                    self.store.take_undurable();
                     let after = self.run(s, &args, out);
                     spare = reuse(args);
                     at += used;
+                    if self.fsync && self.store.take_undurable() {
+                        // The reply waits, in the connection's order, for the commit that
+                        // covers what the command wrote or read.
+                        let ticket = out.defer_written(mark);
+                        self.acks.push_back(Ack {
+                            conn: id,
+                            ticket,
+                            need: self.store.tail(),
+                        });
+                        s.acks += 1;
+                        if s.acks >= ACKS_MAX && after != After::Close {
+                            s.commit_blocked = true;
+                            break Verdict::Pending;
+                        }
+                    }
                     if after == After::Close {
                         break Verdict::Close;
                     }
@@ -313,11 +381,8 @@ impl Service for KvService {
     }
 
     fn complete(&mut self, done: &mut Completions<'_, KvSession>) {
-        let Some(f) = self.fetcher.as_mut() else {
-            return;
-        };
         let mut completions = std::mem::take(&mut self.completions);
-        f.poll(&mut completions);
+        self.store.poll_io(&mut completions);
         for &(tag, res) in &completions {
             // Tags are this service's own (slot + 1); anything else on the group is not ours.
             let slot = tag.wrapping_sub(1) as u32;
@@ -336,24 +401,29 @@ impl Service for KvService {
             let n = res.map_or(0, |n| n as usize);
             buf.truncate(n);
             // The record starts `skip` bytes in.
-            buf.drain(..skip.min(n));
+            let mut skip = skip.min(n);
             if !whole {
                 // The first bytes tell the record's length: read the rest when it is longer.
-                if let Some(h) = record::decode_header(&buf) {
+                if let Some(h) = record::decode_header(&buf[skip..]) {
                     let (_, span) = self.store.file_span(addr);
-                    let max = self.fetcher.as_ref().map_or(0, |f| f.max_io());
-                    if h.len() > buf.len() && h.len() <= span.min(max) {
+                    let max = self.store.io_ref().map_or(0, |f| f.max_io());
+                    if h.len() > n - skip && h.len() <= span.min(max) {
                         let len = h.len();
                         if self.fetch(conn, addr, (0, len), true, buf) {
                             continue;
                         }
                         buf = self.take_buf(0);
+                        skip = 0;
                     }
                 }
             }
             match done.reply(conn) {
                 Some((s, _)) => {
-                    s.fetched.push(Fetched { addr, bytes: buf });
+                    s.fetched.push(Fetched {
+                        addr,
+                        skip,
+                        bytes: buf,
+                    });
                     s.outstanding -= 1;
                     if s.outstanding == 0 {
                         done.resume(conn);
@@ -364,6 +434,7 @@ impl Service for KvService {
         }
         completions.clear();
         self.completions = completions;
+        self.complete_acks(done);
     }
 
     fn end_round(&mut self) -> bool {
@@ -375,8 +446,10 @@ impl Service for KvService {
             tracing::error!(error = %e, "DPU cache invalidation failed: the round's replies are withheld");
             return false;
         }
-        if self.store.durability() == Durability::Fsync {
-            if let Err(e) = self.store.commit() {
+        if self.fsync {
+            // Group commit: the round's writes go into the commit in flight's successor
+            // (its replies are held until it is durable, see `on_input`).
+            if let Err(e) = self.store.start_commit() {
                 tracing::error!(error = %e, "commit failed: the round's replies are withheld");
                 return false;
             }
@@ -389,14 +462,17 @@ impl Service for KvService {
             return;
         }
         if self.store.durability() == Durability::Periodic {
-            if let Err(e) = self.store.commit() {
+            if let Err(e) = self.store.start_commit() {
                 tracing::error!(error = %e, "periodic commit failed");
             }
         }
         self.next_sync = Instant::now() + self.sync_interval;
     }
 
-    fn closed(&mut self, _id: ConnId, mut s: KvSession) {
+    fn closed(&mut self, id: ConnId, mut s: KvSession) {
+        if s.acks > 0 {
+            self.acks.retain(|a| a.conn != id);
+        }
         self.info.clients -= 1;
         for f in s.fetched.drain(..) {
             self.give_buf(f.bytes);
@@ -404,21 +480,21 @@ impl Service for KvService {
     }
 
     fn wake_fd(&self) -> Option<RawFd> {
-        self.fetcher.as_ref().and_then(|f| f.wake_fd())
+        self.store.io_ref().and_then(|f| f.wake_fd())
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        self.fetcher.as_ref().is_none_or(|f| f.prepare_sleep())
+        !self.store.io_ready() && self.store.io_ref().is_none_or(|f| f.prepare_sleep())
     }
 
     fn end_sleep(&mut self) {
-        if let Some(f) = self.fetcher.as_ref() {
+        if let Some(f) = self.store.io_ref() {
             f.end_sleep();
         }
     }
 
     fn in_flight(&self) -> usize {
-        self.reads.in_use()
+        self.reads.in_use() + self.store.io_in_flight() + self.acks.len()
     }
 
     fn shutdown(&mut self) {
@@ -436,14 +512,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listening socket. With a `fetcher`, reads of records on storage are issued
-    /// ahead of their commands instead of blocking the loop.
-    pub fn bind(
-        cfg: ServerConfig,
-        store: Box<dyn Engine>,
-        storage: String,
-        fetcher: Option<Box<dyn FileIo>>,
-    ) -> Result<Server> {
+    /// Binds the listening socket. Reads of records on storage are issued ahead of their
+    /// commands through the engine's asynchronous I/O instead of blocking the loop.
+    pub fn bind(cfg: ServerConfig, store: Box<dyn Engine>, storage: String) -> Result<Server> {
         let (max_key, max_value) = store.limits();
         let limits = Limits {
             max_bulk: max_value.max(max_key) + 1024,
@@ -477,6 +548,8 @@ impl Server {
                 cfg.query_buffer_limit.to_string(),
             ),
         ]);
+        let reads_ahead = store.io_ref().is_some();
+        let fsync = store.durability() == Durability::Fsync;
         let service = KvService {
             info: ServerInfo {
                 clients: 0,
@@ -496,7 +569,9 @@ impl Server {
             password: cfg.password.clone(),
             argv: Argv::new(),
             spare: Vec::new(),
-            fetcher,
+            reads_ahead,
+            acks: VecDeque::with_capacity(1024),
+            fsync,
             reads: InFlightReads::new(),
             bufs: Vec::new(),
             completions: Vec::new(),

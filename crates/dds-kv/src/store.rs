@@ -1,7 +1,7 @@
 //! The hybrid log and its index (`docs/kv-service.md` §1–§3), single-threaded: the server's
 //! event loop owns the store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -9,6 +9,8 @@ use anyhow::{ensure, Context, Result};
 
 use crate::checkpoint::{Checkpoint, CheckpointFile};
 use crate::record::{self, Header, FLAG_SUPERSEDED, HEADER, KIND_TOMBSTONE, KIND_VALUE};
+use dds_storage::aio::SubmitError;
+use dds_storage::fileio::{FileIo, IoDone};
 use dds_storage::{Storage, StoreFile};
 
 /// What survives a restart (`docs/kv-service.md` §3).
@@ -153,6 +155,12 @@ pub struct StoreStats {
     pub invalidations: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
+    /// Commits made durable.
+    pub commits: u64,
+    /// Times a command waited for storage inside the loop: a page leaving memory whose
+    /// write had not completed, or a compaction whose page read had not (the device behind
+    /// the log's appends).
+    pub storage_waits: u64,
 }
 
 /// The index hashes keys with XXH3 already: its hasher passes the low word through.
@@ -203,12 +211,44 @@ pub struct Store {
     begin: u64,
     head: u64,
     read_only: u64,
+    /// Log writes are issued up to here.
     flushed: u64,
+    /// Records below are marked superseded or not, as they go to storage (`flushed ≤
+    /// marked`): an update of one of them is invalidated in the DPU's cache.
+    marked: u64,
+    /// Log writes are asked up to here (`flushed ≤ flush_want ≤ read_only`); issued as they
+    /// may be.
+    flush_want: u64,
+    /// Every log write below it completed (`written ≤ flushed`): pages below may leave
+    /// memory, and records below be read from storage.
+    written: u64,
+    /// Log writes in flight: (start, end, completed), in address order (bounded).
+    writes: VecDeque<(u64, u64, bool)>,
+    /// Everything below it is durable (the end of the last completed commit).
+    durable_end: u64,
+    /// A command read or wrote a record at or above `durable_end` ([`Store::take_undurable`]).
+    undurable: bool,
+    /// The commit in flight.
+    commit: space::Commit,
+    /// The page read for compaction, and what it holds.
+    compact_buf: Box<[u8]>,
+    compact_read: space::CompactRead,
+    /// Asynchronous I/O on the log (file 0) and the checkpoint (file 1).
+    io: Box<dyn FileIo>,
+    /// Completions of operations that are not the store's (reads ahead), for the server.
+    foreign: Vec<IoDone>,
+    /// Completions being handled (scratch).
+    polled: Vec<IoDone>,
+    /// A storage operation failed: nothing more is made durable or acknowledged.
+    broken: bool,
     tail: u64,
     /// End of the page the tail is in (equal to `tail` when no page is started).
     tail_page_end: u64,
     /// `begin` as the newest durable checkpoint has it.
     durable_begin: u64,
+    /// Compactions not yet in a durable checkpoint: `begin` after each, and the tail after
+    /// its moves (a checkpoint takes that `begin` once the tail is durable).
+    compacted: VecDeque<(u64, u64)>,
     seq: u64,
     /// (h1, h2) → address | TOMB | EXPIRES.
     index: HashMap<(u64, u64), u64, BuildHasherDefault<PassHasher>>,
@@ -229,8 +269,10 @@ pub struct Store {
 /// address and the bytes read there (the whole record, unless the read failed or fell short).
 #[derive(Debug, Default)]
 pub struct Fetched {
-    /// Log address the read started at.
+    /// Log address of the record.
     pub addr: u64,
+    /// Bytes read before the record (the read started at the block the record starts in).
+    pub skip: usize,
     /// The bytes read.
     pub bytes: Vec<u8>,
 }
@@ -306,6 +348,10 @@ impl Store {
             Durability::None => None,
             _ => Some(CheckpointFile::open(storage.open("checkpoint")?)?),
         };
+        let io = match cfg.durability {
+            Durability::None => storage.file_io(&["log"])?,
+            _ => storage.file_io(&["log", "checkpoint"])?,
+        };
         let frames = (0..mem_pages)
             .map(|_| vec![0u8; cfg.page_size].into_boxed_slice())
             .collect();
@@ -318,9 +364,23 @@ impl Store {
             head: 0,
             read_only: 0,
             flushed: 0,
+            marked: 0,
+            flush_want: 0,
+            written: 0,
+            writes: VecDeque::with_capacity(space::WRITES_MAX),
+            durable_end: 0,
+            undurable: false,
+            commit: space::Commit::default(),
+            compact_buf: vec![0u8; cfg.page_size].into_boxed_slice(),
+            compact_read: space::CompactRead::None,
+            io,
+            foreign: Vec::with_capacity(64),
+            polled: Vec::with_capacity(64),
+            broken: false,
             tail: 0,
             tail_page_end: 0,
             durable_begin: 0,
+            compacted: VecDeque::new(),
             seq: 0,
             index: HashMap::default(),
             live: 0,
@@ -415,6 +475,10 @@ impl Store {
         }
         self.read_only = self.tail;
         self.flushed = self.tail;
+        self.marked = self.tail;
+        self.flush_want = self.tail;
+        self.written = self.tail;
+        self.durable_end = self.tail;
         self.durable_begin = self.begin;
         tracing::info!(
             begin = self.begin,
@@ -462,7 +526,8 @@ impl Store {
         self.stats.storage_reads += 1;
         if let Some(i) = self.fetched.iter().position(|f| f.addr == a) {
             // Read ahead: used when it holds a whole, valid record (else read again below).
-            let b = &self.fetched[i].bytes;
+            let f = &self.fetched[i];
+            let b = &f.bytes[f.skip.min(f.bytes.len())..];
             if let Some(h) = record::check(b) {
                 self.scratch.clear();
                 self.scratch.extend_from_slice(&b[..h.len()]);
@@ -505,6 +570,9 @@ impl Store {
         let Some(&e) = self.index.get(&h) else {
             return Ok(None);
         };
+        if e & ADDR >= self.durable_end {
+            self.undurable = true;
+        }
         if e & TOMB != 0 {
             return Ok(None);
         }
@@ -545,11 +613,6 @@ impl Store {
     /// instead of waiting for storage.
     pub fn fetched(&mut self) -> &mut Vec<Fetched> {
         &mut self.fetched
-    }
-
-    /// The DDS file id of the log (for asynchronous reads through the host library).
-    pub fn log_file_id(&self) -> Option<u32> {
-        self.file.dds_id()
     }
 
     /// The expiry of `key` (Unix ms; `Some(0)`: none), or `None` when the key is missing.
@@ -701,6 +764,7 @@ impl Store {
                     }
                     self.stats.in_place_updates += 1;
                     self.dirty = true;
+                    self.undurable = true;
                     return Ok(());
                 }
             }
@@ -731,9 +795,10 @@ impl Store {
         );
         self.stats.appends += 1;
         self.dirty = true;
+        self.undurable = true;
         let old = self.index.get(&h).copied();
         if let Some(e) = old {
-            if (e & ADDR) < self.flushed && self.cfg.offload {
+            if (e & ADDR) < self.marked && self.cfg.offload {
                 // The DPU may hold the old record in its cache: drop it before the reply.
                 self.invalidate.push(h.0);
             }
@@ -872,12 +937,14 @@ impl Store {
             let keys: Vec<u64> = self
                 .index
                 .iter()
-                .filter(|(_, &e)| e & ADDR < self.flushed)
+                .filter(|(_, &e)| e & ADDR < self.marked)
                 .map(|(k, _)| k.0)
                 .collect();
             self.invalidate.extend(keys);
             self.invalidate_now()?;
         }
+        // What is in flight lands first (the log's addresses start over past it).
+        self.drain_io()?;
         self.index.clear();
         self.live = 0;
         self.expiring = 0;
@@ -885,6 +952,11 @@ impl Store {
         self.head = self.begin;
         self.read_only = self.begin;
         self.flushed = self.begin;
+        self.marked = self.begin;
+        self.flush_want = self.begin;
+        self.written = self.begin;
+        self.durable_end = self.begin;
+        self.compacted.clear();
         self.tail = self.begin;
         if self.ckpt.is_some() {
             self.write_checkpoint()?;
@@ -893,12 +965,22 @@ impl Store {
         Ok(())
     }
 
-    /// Closes the store cleanly: commits (unless durability is `None`).
+    /// Closes the store cleanly: commits (unless durability is `None`) and waits for every
+    /// storage operation in flight.
     pub fn close(mut self) -> Result<()> {
         if self.cfg.durability != Durability::None {
             self.commit().map_err(|e| anyhow::anyhow!("{e}"))?;
         }
-        Ok(())
+        self.drain_io().map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if self.compact_read.in_flight() {
+            // The storage library may still write into it.
+            std::mem::forget(std::mem::take(&mut self.compact_buf));
+        }
     }
 }
 

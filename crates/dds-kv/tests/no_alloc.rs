@@ -97,7 +97,6 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
         },
         Box::new(store),
         "files".into(),
-        None,
     )
     .unwrap();
     let addr = server.local_addr().unwrap();

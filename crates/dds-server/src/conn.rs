@@ -49,9 +49,26 @@ pub struct Out<'a> {
 impl Out<'_> {
     /// Reserves the next reply's place; the reply is written when its operation completes.
     pub fn defer(&mut self) -> Ticket {
+        let a = self.spare.pop().unwrap_or_default();
+        self.defer_with(a)
+    }
+
+    /// Reserves a place for the reply already written since `from` (an offset into the buffer
+    /// this sink derefs to, taken before the reply was written): those bytes move into the
+    /// slot and leave when it is released with [`Completions::fill`](crate::Completions::fill)
+    /// (which may add to them), in request order like any reserved reply. For a reply that
+    /// must wait for something its request did (a commit).
+    pub fn defer_written(&mut self, from: usize) -> Ticket {
+        let mut a = self.spare.pop().unwrap_or_default();
+        a.clear();
+        a.extend_from_slice(&self[from..]);
+        self.truncate(from);
+        self.defer_with(a)
+    }
+
+    fn defer_with(&mut self, a: Vec<u8>) -> Ticket {
         *self.next_ticket = self.next_ticket.wrapping_add(1).max(1);
         let t = *self.next_ticket;
-        let a = self.spare.pop().unwrap_or_default();
         let b = self.spare.pop().unwrap_or_default();
         self.held.push_back(Part {
             ticket: t,

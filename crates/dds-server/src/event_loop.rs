@@ -92,10 +92,11 @@ impl<S> Completions<'_, S> {
         ))
     }
 
-    /// The session and the buffer of the reply slot `ticket` reserved with [`Out::defer`];
-    /// `None` when the connection is gone (or the slot was filled). A slot that no earlier
-    /// reply waits before (slots filled in request order) is the output itself: its reply is
-    /// written there, without a second copy.
+    /// The session and the buffer of the reply slot `ticket` reserved with [`Out::defer`]
+    /// (or [`Out::defer_written`]: what it holds already leaves first); `None` when the
+    /// connection is gone (or the slot was filled). A slot that no earlier reply waits before
+    /// (slots filled in request order) is the output itself: its reply is written there,
+    /// without a second copy.
     pub fn fill(&mut self, id: ConnId, ticket: Ticket) -> Option<(&mut S, &mut Vec<u8>)> {
         let c = self
             .conns
@@ -111,7 +112,9 @@ impl<S> Completions<'_, S> {
             .front()
             .is_some_and(|p| p.ticket == ticket.0 && !p.filled)
         {
-            let p = c.held.pop_front().expect("front");
+            let mut p = c.held.pop_front().expect("front");
+            c.out.extend_from_slice(&p.bytes);
+            p.bytes.clear();
             c.spare.push(p.bytes);
             return Some((c.session.as_mut().expect("open session"), &mut c.out));
         }

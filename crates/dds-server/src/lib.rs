@@ -22,8 +22,10 @@
 //!   the loop serves the other connections meanwhile, and the service completes the operation
 //!   through [`Completions`]. The service's completion source (an eventfd of the storage
 //!   library) wakes the loop like a socket;
-//! - rounds: replies produced in a round leave after [`Service::end_round`] (group commit,
-//!   cache invalidations); when it fails, the round's connections are closed unanswered;
+//! - rounds: replies produced in a round leave after [`Service::end_round`] (cache
+//!   invalidations, the start of a group commit); when it fails, the round's connections are
+//!   closed unanswered. A reply already written that must wait (for a commit in flight) is
+//!   held with [`Out::defer_written`];
 //! - drain on stop: no new connections or requests, pending operations complete and replies
 //!   are sent (at most [`Config::drain`]), then [`Service::shutdown`];
 //! - two I/O backends under that one loop ([`Backend`]): io_uring (multishot accept, multishot

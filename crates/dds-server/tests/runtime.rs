@@ -1,5 +1,7 @@
 //! The runtime with a line protocol over real sockets: `ECHO x` answers at once, `SLOW x`
-//! becomes a pending operation completed by the service a few rounds later. Replies keep
+//! becomes a pending operation completed by the service a few rounds later, `LATE x` a
+//! reserved reply filled later, `HELD x` a reply written at once and held until the service
+//! releases it (adding its line end). Replies keep
 //! each connection's request order; slow and half-sent requests, floods and too many
 //! connections are bounded; a stop drains pending work. Every case runs on both backends.
 
@@ -64,6 +66,11 @@ impl Service for Lines {
                 r.push(b'\n');
                 let t = out.defer();
                 self.late.push((id, t, r));
+            } else if let Some(x) = line.strip_prefix(b"HELD ") {
+                let mark = out.len();
+                out.extend_from_slice(x);
+                let t = out.defer_written(mark);
+                self.late.push((id, t, b"\n".to_vec()));
             } else if line == b"QUIT" {
                 out.extend_from_slice(b"BYE\n");
                 return (at, Verdict::Close);
@@ -200,13 +207,8 @@ fn replies_keep_request_order_across_pending_operations() {
         for (i, (s, _)) in clients.iter_mut().enumerate() {
             let mut req = Vec::new();
             for j in 0..50 {
-                if (i + j) % 3 == 0 {
-                    req.extend(format!("SLOW {i}-{j}\n").bytes());
-                } else if (i + j) % 3 == 1 {
-                    req.extend(format!("LATE {i}-{j}\n").bytes());
-                } else {
-                    req.extend(format!("ECHO {i}-{j}\n").bytes());
-                }
+                let kind = ["SLOW", "LATE", "ECHO", "HELD"][(i + j) % 4];
+                req.extend(format!("{kind} {i}-{j}\n").bytes());
             }
             s.write_all(&req).unwrap();
         }

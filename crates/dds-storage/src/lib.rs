@@ -15,8 +15,9 @@
 //!   pagestore server (`dds app pagestore`) serves its files so.
 //! - [`fileio`]: asynchronous reads, writes and flushes of a set of files for an event-loop
 //!   thread ([`fileio::DdsIo`] through the host library's asynchronous API, [`fileio::SyncIo`]
-//!   for any [`StoreFile`]); the key-value service reads records on storage so, and the page
-//!   server (`dds pageserver`) reads and writes its pages and commits its log so.
+//!   for any [`StoreFile`]; [`Storage::file_io`] opens one on a storage's files); the
+//!   key-value service reads its records, writes its log and commits so, and the page server
+//!   (`dds pageserver`) reads and writes its pages and commits its log so.
 //!
 //! [`pattern`] is the deterministic data those files are filled with and checked against.
 
@@ -68,6 +69,16 @@ pub trait Storage: Send {
     /// Tells the DPU's cache table where objects of `file` are: (key, offset, size, tag).
     fn cache(&self, _file: &dyn StoreFile, _items: &[(u64, u64, u32, u64)]) -> Result<()> {
         Ok(())
+    }
+    /// Asynchronous I/O on the files `names` (file `k` of the set is `names[k]`, opened as
+    /// [`Storage::open`] opens it): the host library's asynchronous API on DDS files, else
+    /// operations done when issued ([`fileio::SyncIo`]).
+    fn file_io(&self, names: &[&str]) -> Result<Box<dyn fileio::FileIo>> {
+        let files = names
+            .iter()
+            .map(|n| self.open(n))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(fileio::SyncIo::new(files)))
     }
     /// What it is, for logs.
     fn describe(&self) -> String;
@@ -242,6 +253,16 @@ impl Storage for DdsStorage {
             })
             .collect();
         Ok(self.dds.cache_items(&items)?)
+    }
+    fn file_io(&self, names: &[&str]) -> Result<Box<dyn fileio::FileIo>> {
+        let ids = names
+            .iter()
+            .map(|n| {
+                let f = self.open(n)?;
+                f.dds_id().context("a DDS file without an id")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(fileio::DdsIo::new(self.dds.clone(), &ids)))
     }
     fn describe(&self) -> String {
         format!("DDS files in {}", self.dir)
