@@ -34,6 +34,11 @@ fn parse_req(b: &[u8]) -> proto::GetPage {
     }
 }
 
+/// The page whose image a write at `offset` of `ps`-byte images is (three slots a page).
+fn image_page(offset: u64, ps: usize) -> u64 {
+    offset / ps as u64 / page::SLOTS as u64
+}
+
 /// The stored version serves the request when its LSN `l` has `nms ≤ l ≤ lsn`.
 fn serves(g: &proto::GetPage, l: u64) -> bool {
     g.nms <= l && l <= g.lsn && l > 0
@@ -207,14 +212,14 @@ impl OffloadApp for PageServerApp {
             offset.is_multiple_of(ps as u64)
                 && data.len().is_multiple_of(ps)
                 && data.len() >= ps
-                && page::check(&data[..ps]).is_some_and(|(id, _)| id == offset / ps as u64)
+                && page::check(&data[..ps]).is_some_and(|(id, _)| id == image_page(offset, ps))
         }) else {
             return;
         };
         for (i, p) in data.chunks_exact(ps).enumerate() {
             let off = offset + (i * ps) as u64;
             if let Some((id, lsn)) = page::check(p) {
-                if id == off / ps as u64 && lsn > 0 {
+                if id == image_page(off, ps) && lsn > 0 {
                     let mut it = CacheItem::new(id, 0, file_id, off, ps as u32);
                     it.tag = lsn;
                     if items.push(it).is_err() {
@@ -225,24 +230,8 @@ impl OffloadApp for PageServerApp {
         }
     }
 
-    fn invalidate_on_read(&self, _file_id: u32, offset: u64, len: u32, keys: &mut KeyList) {
-        // The host reads pages back to replay the log into them: the DPU stops serving them
-        // until they are written again. Pages are at least 4 KiB.
-        // The page size is the largest one the read is a whole number of pages of.
-        let ps = PAGE_SIZES
-            .iter()
-            .copied()
-            .filter(|&ps| {
-                offset.is_multiple_of(ps as u64) && u64::from(len).is_multiple_of(ps as u64)
-            })
-            .max()
-            .unwrap_or(4096) as u64;
-        let mut p = offset / ps;
-        while p * ps < offset + u64::from(len) {
-            if keys.push(p).is_err() {
-                return;
-            }
-            p += 1;
-        }
+    fn invalidate_on_read(&self, _file_id: u32, _offset: u64, _len: u32, _keys: &mut KeyList) {
+        // The host reads images to answer GetPages and to roll pages forward; an image is
+        // changed only by a write of its slot, which replaces the cache entry as it passes.
     }
 }
