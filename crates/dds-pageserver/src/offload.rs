@@ -34,9 +34,18 @@ fn parse_req(b: &[u8]) -> proto::GetPage {
     }
 }
 
-/// The page whose image a write at `offset` of `ps`-byte images is (three slots a page).
+/// The page whose image a write at `offset` of `ps`-byte images is (`SLOTS` slots a page).
 fn image_page(offset: u64, ps: usize) -> u64 {
     offset / ps as u64 / page::SLOTS as u64
+}
+
+/// The cached image of one of `g.page`'s slots that serves `g` (cache key: the slot's number
+/// in the file, `page × SLOTS + slot`).
+fn serving(cache: &CacheView<'_>, g: &proto::GetPage) -> Option<CacheItem> {
+    let first = g.page.checked_mul(page::SLOTS as u64)?;
+    (first..first.checked_add(page::SLOTS as u64)?)
+        .filter_map(|k| cache.get(k))
+        .find(|it| serves(g, it.tag))
 }
 
 /// The stored version serves the request when its LSN `l` has `nms ≤ l ≤ lsn`.
@@ -104,7 +113,7 @@ impl OffloadApp for PageServerApp {
                 pos: i as u32,
             };
             let g = proto::getpage(msg, i);
-            let hit = cache.get(g.page).is_some_and(|it| serves(&g, it.tag));
+            let hit = serving(cache, &g).is_some();
             let list = if hit { &mut *dpu } else { &mut *host };
             list.push(d).map_err(|_| full)?;
         }
@@ -115,8 +124,8 @@ impl OffloadApp for PageServerApp {
         let Some(g) = req_at(msg, req) else {
             return Offload::Host;
         };
-        match cache.get(g.page) {
-            Some(it) if serves(&g, it.tag) => Offload::Read(ReadOp {
+        match serving(cache, &g) {
+            Some(it) => Offload::Read(ReadOp {
                 file_id: it.file_id,
                 size: it.size,
                 offset: it.offset,
@@ -220,7 +229,8 @@ impl OffloadApp for PageServerApp {
             let off = offset + (i * ps) as u64;
             if let Some((id, lsn)) = page::check(p) {
                 if id == image_page(off, ps) && lsn > 0 {
-                    let mut it = CacheItem::new(id, 0, file_id, off, ps as u32);
+                    let key = off / ps as u64;
+                    let mut it = CacheItem::new(key, 0, file_id, off, ps as u32);
                     it.tag = lsn;
                     if items.push(it).is_err() {
                         return;

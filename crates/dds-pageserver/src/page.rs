@@ -7,7 +7,7 @@ pub const MAGIC: u32 = 0x5047_5344;
 /// Header bytes.
 pub const HEADER: usize = 32;
 /// Image slots per page in the page file.
-pub const SLOTS: usize = 3;
+pub const SLOTS: usize = 4;
 
 /// Byte offset of image slot `slot` of page `id` in the page file.
 pub fn slot_offset(id: u64, slot: usize, page_size: usize) -> u64 {

@@ -12,7 +12,7 @@
 //! - The replay appends durable records to their pages' record chains (the log's records in
 //!   memory, per page) and applies them to the pages in the buffer pool; a page not in the
 //!   pool is materialized in the background (its newest image read, its chain applied). The
-//!   pages it changed are written back as new images, to one of the page's three slots
+//!   pages it changed are written back as new images, to one of the page's four slots
 //!   (`history`), without waiting (the DPU's cache-on-write learns them).
 //! - GetPage@LSN answers the page as of any LSN from the retention horizon up: the newest image
 //!   at or below it plus the chain's records after it.
@@ -356,6 +356,8 @@ pub struct PageService {
     scratch: Box<[u8]>,
     /// The retention horizon in force (the durable header's).
     horizon: u64,
+    /// Image slots holding an image (of the pages whose slots are known).
+    images: u64,
     /// The horizon of the checkpoint in flight (its bases are kept too).
     pending_horizon: u64,
     /// The wanted horizon raised for room in the log (0: none).
@@ -508,17 +510,20 @@ impl PageService {
 
     fn watermark(&self, msg: &[u8], out: &mut Vec<u8>) {
         let req_id = proto::u64_at(msg, MSG_HEADER);
-        let mut h = [0u8; RESP_HEADER + 16];
+        let mut h = [0u8; RESP_HEADER + 32];
         proto::response_header(
             &mut h,
-            (RESP_HEADER + 16) as u32,
+            (RESP_HEADER + 32) as u32,
             status::OK,
             proto::KIND_WATERMARK,
             req_id,
             self.applied,
         );
         h[RESP_HEADER..RESP_HEADER + 8].copy_from_slice(&self.wal.last_lsn().to_le_bytes());
-        h[RESP_HEADER + 8..].copy_from_slice(&self.horizon.to_le_bytes());
+        h[RESP_HEADER + 8..RESP_HEADER + 16].copy_from_slice(&self.horizon.to_le_bytes());
+        let (versions, bytes) = self.versions();
+        h[RESP_HEADER + 16..RESP_HEADER + 24].copy_from_slice(&versions.to_le_bytes());
+        h[RESP_HEADER + 24..].copy_from_slice(&bytes.to_le_bytes());
         out.extend_from_slice(&h);
     }
 
@@ -923,6 +928,7 @@ impl PageServer {
             scratch: vec![0u8; ps].into_boxed_slice(),
             horizon: hd.horizon,
             pending_horizon: hd.horizon,
+            images: 0,
             pressure: 0,
             log_full: false,
             samples: VecDeque::from([(Instant::now(), last)]),

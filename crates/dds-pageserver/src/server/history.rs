@@ -185,21 +185,37 @@ impl PageService {
             m.base(self.pending_horizon, u64::MAX),
         ];
         let base_lsn = keep[0].map_or(0, |b| m.slots[b as usize].lsn);
+        let images = || {
+            m.slots
+                .iter()
+                .enumerate()
+                .filter(|(s, sl)| sl.state == SlotState::Image && !keep.contains(&Some(*s as u8)))
+        };
+        // The newest image (the version before the one written now, for readers that lag)
+        // and the oldest image above the base (to age into the next base) are kept too.
+        let newest = images().max_by_key(|(_, sl)| sl.lsn).map(|(s, _)| s as u8);
+        let aging = images()
+            .filter(|(_, sl)| sl.lsn >= base_lsn)
+            .min_by_key(|(_, sl)| sl.lsn)
+            .map(|(s, _)| s as u8);
         let mut best: Option<(u8, u8, u64)> = None; // (slot, preference, lsn)
         for (s, sl) in m.slots.iter().enumerate() {
             let s = s as u8;
             if keep.contains(&Some(s)) || sl.state == SlotState::Writing || sl.reads > 0 {
                 continue;
             }
-            // Empty or damaged first, then older than the base, then the newest image.
+            // Empty or damaged first, then older than the base, then an image between the
+            // aging one and the newest, then (no other) the newest image.
             let pref = match sl.state {
                 SlotState::Empty => 0,
                 _ if sl.lsn < base_lsn || sl.lsn < m.floor => 1,
-                _ => 2,
+                _ if Some(s) != newest && Some(s) != aging => 2,
+                _ if Some(s) == newest && Some(s) != aging => 3,
+                _ => continue,
             };
             let better = match best {
                 None => true,
-                Some((_, bp, bl)) => pref < bp || (pref == bp && pref == 2 && sl.lsn > bl),
+                Some((_, bp, bl)) => pref < bp || (pref == bp && sl.lsn > bl),
             };
             if better {
                 best = Some((s, pref, sl.lsn));
@@ -211,6 +227,9 @@ impl PageService {
     /// Marks slot `s` of `page` as being written with the image at `lsn`.
     pub(super) fn slot_writing(&mut self, page: u64, s: u8, lsn: u64) {
         let sl = &mut self.meta[page as usize].slots[s as usize];
+        if sl.state == SlotState::Image {
+            self.images -= 1;
+        }
         sl.state = SlotState::Writing;
         sl.lsn = lsn;
     }
@@ -222,12 +241,13 @@ impl PageService {
         if ok {
             sl.state = SlotState::Image;
             sl.flush = next_flush;
+            self.images += 1;
         } else {
             sl.state = SlotState::Empty;
         }
     }
 
-    /// Learns a page's slots from the read of all of them (`buf`: the three images).
+    /// Learns a page's slots from the read of all of them (`buf`: their images).
     pub(super) fn learn_slots(&mut self, page: u64, buf: &[u8]) {
         let ps = self.cfg.page_size;
         let m = &mut self.meta[page as usize];
@@ -254,6 +274,11 @@ impl PageService {
             };
         }
         m.known = true;
+        self.images += m
+            .slots
+            .iter()
+            .filter(|s| s.state == SlotState::Image)
+            .count() as u64;
     }
 
     /// Writes the image in `self.scratch` (page `page`) to a free slot, for a checkpoint.
@@ -540,21 +565,11 @@ impl PageService {
         }
     }
 
-    /// The retained versions and the storage they use.
+    /// The retained versions (images known and records in the log) and the bytes they use
+    /// (image slots × page size, and the log between its tail and head).
     pub(super) fn versions(&self) -> (u64, u64) {
-        let images: u64 = self
-            .meta
-            .iter()
-            .filter(|m| m.known)
-            .map(|m| {
-                m.slots
-                    .iter()
-                    .filter(|s| s.state == SlotState::Image)
-                    .count() as u64
-            })
-            .sum();
-        let versions = images + self.log_order.len() as u64;
-        let bytes = images * self.cfg.page_size as u64 + self.wal.used_bytes();
+        let versions = self.images + self.log_order.len() as u64;
+        let bytes = self.images * self.cfg.page_size as u64 + self.wal.used_bytes();
         (versions, bytes)
     }
 
@@ -568,5 +583,47 @@ impl PageService {
             bytes_per_version = bytes / versions.max(1),
             "retained page versions"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_is_lsns_or_a_time_and_nonsense_is_refused() {
+        assert_eq!("100000".parse(), Ok(Retention::Lsns(100_000)));
+        assert_eq!("10s".parse(), Ok(Retention::Time(Duration::from_secs(10))));
+        assert_eq!(
+            "500ms".parse(),
+            Ok(Retention::Time(Duration::from_millis(500)))
+        );
+        assert_eq!("2m".parse(), Ok(Retention::Time(Duration::from_secs(120))));
+        for bad in ["", "s", "-5", "1h", "ten"] {
+            assert!(bad.parse::<Retention>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_version_is_an_image_rolled_forward_through_its_chain() {
+        let ps = 4096;
+        let mut chain = VecDeque::new();
+        for (lsn, b) in [(5u64, 1u8), (9, 2), (12, 3)] {
+            chain.push_back(Rec {
+                lsn,
+                offset: 0,
+                data: vec![b; 4].into(),
+            });
+        }
+        let mut img = vec![0u8; ps];
+        page::seal(&mut img, 7, 5);
+        let mut p = img.clone();
+        assert_eq!(roll_forward(&mut p, 7, &chain, 10), 9);
+        assert_eq!(&p[page::HEADER..page::HEADER + 4], &[2; 4]);
+        assert_eq!(page::check(&p), Some((7, 9)));
+        // Nothing after the image up to the read point: the image itself.
+        let mut q = img.clone();
+        assert_eq!(roll_forward(&mut q, 7, &chain, 8), 5);
+        assert_eq!(q, img);
     }
 }
