@@ -265,7 +265,9 @@ fn load(addr: SocketAddr, log: &Log, pages: u64) -> Result<()> {
     let t0 = Instant::now();
     loop {
         let r = call(&mut s, &w, 1, &mut Vec::new())?;
-        if r[0].1 >= log.acked.load(Ordering::Acquire) {
+        // Applied, and every page's image written (the server materializes the pages the log
+        // changed in the background): one image and one log record a page.
+        if r[0].1 >= log.acked.load(Ordering::Acquire) && retained(addr)?.0 >= 2 * pages {
             return Ok(());
         }
         if t0.elapsed() > Duration::from_secs(300) {

@@ -45,7 +45,7 @@ impl std::str::FromStr for Retention {
 }
 
 /// Checkpoints begin at most this often (unless the log needs room).
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// Retained records a checkpoint looks at, at most.
 const CHECKPOINT_SCAN: usize = 1 << 16;
 /// Images a checkpoint asks for, at most.
@@ -581,6 +581,11 @@ impl PageService {
             versions,
             bytes,
             bytes_per_version = bytes / versions.max(1),
+            page_reads = self.stats.page_reads,
+            page_writes = self.stats.page_writes,
+            checkpoint_images = self.stats.checkpoint_images,
+            checkpoints = self.stats.checkpoints,
+            applied_records = self.stats.applied,
             "retained page versions"
         );
     }
