@@ -294,8 +294,8 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
         Some(w) => tempfile::tempdir_in(w)?,
         None => tempfile::tempdir()?,
     };
-    // Four image slots a page, each with its cache entry.
-    let mut extra: Vec<String> = vec!["--cache-items".into(), (5 * pages).to_string()];
+    // Four image slots a page, each with its cache entry, at a low load of the table.
+    let mut extra: Vec<String> = vec!["--cache-items".into(), (16 * pages).to_string()];
     if offload {
         // The director binds a port of its own; `dds pageserver` tells it where it listens.
         extra.extend([
