@@ -6,11 +6,15 @@
 //!
 //! Clients read random pages of the database (GetPage at the newest acknowledged LSN, with the
 //! page's exact last-modified LSN as not-modified-since) while a log writer appends page
-//! patches at a fixed rate, which the host replays. The buffer pool holds a tenth of the
+//! patches at a fixed rate, which the host replays. A read-replica workload then compares, in
+//! each mode, readers at the newest LSN with readers lagging it by `--lag-ms` of log (read
+//! replicas): their throughput, p99 and the fraction of their reads the DPU served, and the
+//! storage the page server uses per retained page version. The buffer pool holds a tenth of the
 //! database, so most page reads come from storage. Host CPU per read is the server process's CPU
 //! minus what the replay alone costs at that log rate (measured first, with no readers). The DPU
 //! is the `dds dpu` process with an emulated DMA engine, on a core of its own.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -73,6 +77,13 @@ pub struct PageServerBenchArgs {
     /// Let the DPU share the host's cores.
     #[arg(long)]
     pub shared_cores: bool,
+    /// How far the read-replica workload's lagging readers are behind the newest LSN, in
+    /// milliseconds of log.
+    #[arg(long, default_value_t = 1000)]
+    pub lag_ms: u64,
+    /// Client connections of the read-replica workload.
+    #[arg(long, default_value_t = 16)]
+    pub replica_connections: usize,
 }
 
 const PS: usize = 8192;
@@ -94,13 +105,73 @@ struct Point {
     retries: u64,
 }
 
+/// A point of the read-replica workload.
+#[derive(Clone, Debug, Serialize)]
+struct ReplicaPoint {
+    mode: &'static str,
+    /// `latest` (at the newest acknowledged LSN) or `lagging` (`lag_ms` behind it).
+    readers: &'static str,
+    connections: usize,
+    reads_per_sec: f64,
+    p99_us: f64,
+    dpu_read_fraction: f64,
+    retries: u64,
+    /// Page versions the server retained after the run, and the bytes they use.
+    retained_versions: u64,
+    retained_bytes: u64,
+}
+
+/// LSNs of each page's last modifications kept for lagging readers.
+const HIST: usize = 8;
+
 /// Shared state of the log writer and the readers.
 struct Log {
     /// Newest acknowledged LSN.
     acked: AtomicU64,
     /// Per page, the LSN of its last record sent (set before the record is appended).
     page_lsn: Vec<AtomicU64>,
+    /// Per page, the LSNs of its last `HIST` records sent (record `k` in `k % HIST`), and how
+    /// many it had.
+    page_hist: Vec<[AtomicU64; HIST]>,
+    page_count: Vec<AtomicU64>,
     next_lsn: AtomicU64,
+    /// The acknowledged LSN of `lag` ago (the lagging readers' read point), kept by the writer.
+    lagging: AtomicU64,
+}
+
+impl Log {
+    fn new(pages: u64) -> Log {
+        Log {
+            acked: AtomicU64::new(0),
+            page_lsn: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            page_hist: (0..pages)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            page_count: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+            next_lsn: AtomicU64::new(1),
+            lagging: AtomicU64::new(0),
+        }
+    }
+
+    /// A record of `page` at `lsn` is about to be sent (one writer at a time).
+    fn modified(&self, page: u64, lsn: u64) {
+        let p = page as usize;
+        let k = self.page_count[p].fetch_add(1, Ordering::AcqRel) as usize;
+        self.page_hist[p][k % HIST].store(lsn, Ordering::Release);
+        self.page_lsn[p].store(lsn, Ordering::Release);
+    }
+
+    /// The LSN of `page`'s last record at or below `r` (its not-modified-since LSN as of `r`),
+    /// if it is among the last `HIST`.
+    fn last_mod_at(&self, page: u64, r: u64) -> Option<u64> {
+        let p = page as usize;
+        let hist = &self.page_hist[p];
+        let lsns = hist.iter().map(|a| a.load(Ordering::Acquire));
+        let n = self.page_count[p].load(Ordering::Acquire);
+        let best = lsns.filter(|&l| l <= r && l > 0).max();
+        // Fewer than HIST records: none older is missing.
+        best.or((n < HIST as u64).then_some(0))
+    }
 }
 
 fn call(s: &mut TcpStream, msg: &[u8], n: usize, buf: &mut Vec<u8>) -> Result<Vec<(u16, u64)>> {
@@ -137,7 +208,7 @@ fn append_range(
     let mut lsn = start;
     for _ in 0..n {
         let page = rng.gen_range(0..pages);
-        log.page_lsn[page as usize].store(lsn, Ordering::Release);
+        log.modified(page, lsn);
         recs.push(Record {
             lsn,
             page,
@@ -169,7 +240,7 @@ fn load(addr: SocketAddr, log: &Log, pages: u64) -> Result<()> {
         let recs: Vec<Record<'_>> = (p..end_page)
             .map(|pg| {
                 let lsn = start + (pg - p);
-                log.page_lsn[pg as usize].store(lsn, Ordering::Release);
+                log.modified(pg, lsn);
                 Record {
                     lsn,
                     page: pg,
@@ -194,7 +265,9 @@ fn load(addr: SocketAddr, log: &Log, pages: u64) -> Result<()> {
     let t0 = Instant::now();
     loop {
         let r = call(&mut s, &w, 1, &mut Vec::new())?;
-        if r[0].1 >= log.acked.load(Ordering::Acquire) {
+        // Applied, and every page's image written (the server materializes the pages the log
+        // changed in the background): one image and one log record a page.
+        if r[0].1 >= log.acked.load(Ordering::Acquire) && retained(addr)?.0 >= 2 * pages {
             return Ok(());
         }
         if t0.elapsed() > Duration::from_secs(300) {
@@ -221,7 +294,8 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
         Some(w) => tempfile::tempdir_in(w)?,
         None => tempfile::tempdir()?,
     };
-    let mut extra: Vec<String> = vec!["--cache-items".into(), (2 * pages).to_string()];
+    // Four image slots a page, each with its cache entry, at a low load of the table.
+    let mut extra: Vec<String> = vec!["--cache-items".into(), (16 * pages).to_string()];
     if offload {
         // The director binds a port of its own; `dds pageserver` tells it where it listens.
         extra.extend([
@@ -231,7 +305,8 @@ fn start(offload: bool, a: &PageServerBenchArgs, pages: u64, place: &Placement) 
             "127.0.0.1:0".into(),
         ]);
     }
-    let size = if pages * PS as u64 > (400 << 20) {
+    // The page file holds four image slots a page, next to a log of 256 MiB.
+    let size = if pages * 4 * PS as u64 + (256 << 20) > (900 << 20) {
         "2G"
     } else {
         "1G"
@@ -282,12 +357,14 @@ fn dpu_reads(socket: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs the log writer at `rate` records/s until `stop`.
+/// Runs the log writer at `rate` records/s until `stop`, keeping the acknowledged LSN of
+/// `lag` ago in `log.lagging`.
 fn log_writer(
     addr: SocketAddr,
     log: &Log,
     pages: u64,
     rate: u64,
+    lag: Duration,
     stop: &AtomicBool,
 ) -> Result<u64> {
     let mut s = TcpStream::connect(addr)?;
@@ -296,6 +373,7 @@ fn log_writer(
     let per = 50usize;
     let t0 = Instant::now();
     let mut sent = 0u64;
+    let mut samples: VecDeque<(Instant, u64)> = VecDeque::new();
     while !stop.load(Ordering::Relaxed) {
         let due = (t0.elapsed().as_secs_f64() * rate as f64) as u64;
         if sent + per as u64 > due {
@@ -304,11 +382,21 @@ fn log_writer(
         }
         append_range(&mut s, log, pages, per, &mut rng)?;
         sent += per as u64;
+        samples.push_back((Instant::now(), log.acked.load(Ordering::Acquire)));
+        while samples.len() > 1 && samples[1].0.elapsed() >= lag {
+            samples.pop_front();
+        }
+        if let Some(&(at, lsn)) = samples.front() {
+            if at.elapsed() >= lag {
+                log.lagging.store(lsn, Ordering::Release);
+            }
+        }
     }
     Ok(sent)
 }
 
-/// Closed-loop readers for `secs`; returns (reads, retries, histogram).
+/// Closed-loop readers for `secs`, at the newest acknowledged LSN or (`lagging`) at
+/// `log.lagging`; returns (reads, retries, histogram).
 fn readers(
     addr: SocketAddr,
     log: &Log,
@@ -316,6 +404,7 @@ fn readers(
     conns: usize,
     batch: usize,
     secs: f64,
+    lagging: bool,
 ) -> Result<(u64, u64, Histogram<u64>)> {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let results: Vec<Result<(u64, u64, Histogram<u64>)>> = std::thread::scope(|sc| {
@@ -330,11 +419,27 @@ fn readers(
                     let mut buf = Vec::new();
                     let mut m = Vec::new();
                     while Instant::now() < deadline {
-                        let r = log.acked.load(Ordering::Acquire);
+                        let r = if lagging {
+                            log.lagging.load(Ordering::Acquire)
+                        } else {
+                            log.acked.load(Ordering::Acquire)
+                        };
+                        if r == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                            continue;
+                        }
                         let mut reqs = Vec::with_capacity(batch);
                         while reqs.len() < batch {
                             let page = rng.gen_range(0..pages);
-                            let n = log.page_lsn[page as usize].load(Ordering::Acquire);
+                            let n = if lagging {
+                                // Its last record at or below the read point.
+                                let Some(n) = log.last_mod_at(page, r) else {
+                                    continue;
+                                };
+                                n
+                            } else {
+                                log.page_lsn[page as usize].load(Ordering::Acquire)
+                            };
                             if n > r {
                                 continue; // its newest record is not acknowledged yet
                             }
@@ -395,20 +500,18 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
     let place = Placement::plan(nproc, a.dpu_cpus.as_deref(), a.shared_cores)?;
     let _pin = place.pin_host()?;
     let mut points = Vec::new();
+    let mut replicas = Vec::new();
+    let lag = Duration::from_millis(a.lag_ms);
     let mut device = None;
     for (offload, mode) in [(false, "no-offload"), (true, "offload")] {
         eprintln!("dds bench pageserver: {mode} ...");
         let side = start(offload, &a, pages, &place)?;
-        let log = Log {
-            acked: AtomicU64::new(0),
-            page_lsn: (0..pages).map(|_| AtomicU64::new(0)).collect(),
-            next_lsn: AtomicU64::new(1),
-        };
+        let log = Log::new(pages);
         load(side.host, &log, pages)?;
         // The replay's own CPU at this log rate, with no readers.
         let stop = AtomicBool::new(false);
         let replay_cpu_per_sec = std::thread::scope(|sc| -> Result<f64> {
-            let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, &stop));
+            let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, lag, &stop));
             std::thread::sleep(Duration::from_millis(300));
             let c0 = process_cpu_seconds(side.server.pid())?;
             let t0 = Instant::now();
@@ -422,14 +525,14 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
         for &c in &conns {
             let stop = AtomicBool::new(false);
             let (r, logged, cpu, dcpu, dreads, t) = std::thread::scope(|sc| -> Result<_> {
-                let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, &stop));
+                let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, lag, &stop));
                 let (h0, d0, r0) = (
                     process_cpu_seconds(side.server.pid())?,
                     process_cpu_seconds(side.dpu.pid())?,
                     dpu_reads(&side.socket),
                 );
                 let t0 = Instant::now();
-                let r = readers(side.addr, &log, pages, c, a.batch.max(1), secs)?;
+                let r = readers(side.addr, &log, pages, c, a.batch.max(1), secs, false)?;
                 let t = t0.elapsed().as_secs_f64();
                 let (h1, d1, r1) = (
                     process_cpu_seconds(side.server.pid())?,
@@ -461,6 +564,47 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
             );
             points.push(p);
         }
+        // The read-replica workload: readers at the newest LSN, then readers lagging it.
+        for lagging in [false, true] {
+            let stop = AtomicBool::new(false);
+            let c = a.replica_connections.max(1);
+            let (r, dreads, t) = std::thread::scope(|sc| -> Result<_> {
+                let w = sc.spawn(|| log_writer(side.host, &log, pages, a.log_rate, lag, &stop));
+                // The lagging read point needs `lag` of log first.
+                std::thread::sleep(lag + Duration::from_millis(300));
+                let r0 = dpu_reads(&side.socket);
+                let t0 = Instant::now();
+                let r = readers(side.addr, &log, pages, c, a.batch.max(1), secs, lagging);
+                let t = t0.elapsed().as_secs_f64();
+                let r1 = dpu_reads(&side.socket);
+                stop.store(true, Ordering::Relaxed);
+                w.join().expect("log writer")?;
+                Ok((r?, r1 - r0, t))
+            })?;
+            let (reads, retries, hist) = r;
+            let (versions, bytes) = retained(side.host)?;
+            let p = ReplicaPoint {
+                mode,
+                readers: if lagging { "lagging" } else { "latest" },
+                connections: c,
+                reads_per_sec: reads as f64 / t,
+                p99_us: hist.value_at_quantile(0.99) as f64,
+                dpu_read_fraction: dreads as f64 / reads.max(1) as f64,
+                retries,
+                retained_versions: versions,
+                retained_bytes: bytes,
+            };
+            eprintln!(
+                "  replica {:>7} {c:>3} conns: {:>8.0} reads/s  p99 {:>7.0} µs  on DPU {:.2}  {} versions retained, {} bytes each",
+                p.readers,
+                p.reads_per_sec,
+                p.p99_us,
+                p.dpu_read_fraction,
+                versions,
+                bytes / versions.max(1)
+            );
+            replicas.push(p);
+        }
         let mut side = side;
         let _ = side.server.stop(Duration::from_secs(10));
         let _ = side.dpu.stop(Duration::from_secs(5));
@@ -476,9 +620,27 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
         command,
         machine,
         &place,
-        points,
+        (points, replicas),
         device.as_ref(),
     ))
+}
+
+/// The page versions the server retains and the bytes they use (its Watermark).
+fn retained(addr: SocketAddr) -> Result<(u64, u64)> {
+    let mut s = TcpStream::connect(addr)?;
+    let mut w = Vec::new();
+    proto::encode_watermark(&mut w, 1);
+    s.write_all(&w)?;
+    let mut b = [0u8; proto::RESP_HEADER + 32];
+    s.read_exact(&mut b[..4])?;
+    if u32::from_le_bytes(b[..4].try_into().expect("4")) as usize != b.len() {
+        bail!("a Watermark reply of another length");
+    }
+    s.read_exact(&mut b[4..])?;
+    let at = proto::RESP_HEADER + 16;
+    let versions = u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+    let bytes = u64::from_le_bytes(b[at + 8..at + 16].try_into().expect("8"));
+    Ok((versions, bytes))
 }
 
 fn report(
@@ -487,9 +649,19 @@ fn report(
     command: String,
     machine: Machine,
     place: &Placement,
-    points: Vec<Point>,
+    (points, replicas): (Vec<Point>, Vec<ReplicaPoint>),
     device: Option<&DeviceReads>,
 ) -> Report {
+    let replica = |m: &str, r: &str| replicas.iter().find(|p| p.mode == m && p.readers == r);
+    let lag_ratio = |m: &str| match (replica(m, "lagging"), replica(m, "latest")) {
+        (Some(l), Some(n)) => ratio(l.reads_per_sec, n.reads_per_sec),
+        _ => f64::NAN,
+    };
+    let lagging_dpu = replica("offload", "lagging").map_or(f64::NAN, |p| p.dpu_read_fraction);
+    let lagging_over_latest = lag_ratio("offload");
+    let bytes_per_version = replicas.last().map_or(f64::NAN, |p| {
+        p.retained_bytes as f64 / p.retained_versions.max(1) as f64
+    });
     fn of<'a>(points: &'a [Point], m: &'a str) -> impl Iterator<Item = &'a Point> + 'a {
         points.iter().filter(move |p| p.mode == m)
     }
@@ -525,6 +697,12 @@ fn report(
             fractions[0].1,
             0.5,
         ),
+        Target::at_least("lagging_read_dpu_fraction", lagging_dpu, 0.9),
+        Target::at_least(
+            "lagging_over_latest_read_throughput",
+            lagging_over_latest,
+            0.8,
+        ),
     ];
     let mut summary = json!({
         "offload_host_cpu_per_read_over_no_offload": cpu_ratio,
@@ -535,12 +713,45 @@ fn report(
         "device_read_iops_8k": device.map(|d| d.iops),
         "device_read_queue_depth": device.map(|d| d.threads * d.depth),
         "device_read_data_bytes": device.map(|d| d.data_bytes),
+        "lagging_read_dpu_fraction": lagging_dpu,
+        "lagging_over_latest_read_throughput": lagging_over_latest,
+        "no_offload_lagging_over_latest_read_throughput": lag_ratio("no-offload"),
+        "lag_ms": a.lag_ms,
+        "bytes_per_retained_version": bytes_per_version,
         "targets": targets,
     });
     for (k, r) in &fractions {
         summary[k.as_str()] = json!(r);
     }
     let t2 = crate::device::fraction_table(device, &throughput, "Peak page reads/s");
+    let mut t3 = Table::new(
+        format!(
+            "Read replicas: readers at the newest LSN and {} ms behind it, log at {} records/s",
+            a.lag_ms, a.log_rate
+        ),
+        &[
+            "mode",
+            "readers",
+            "conns",
+            "reads/s",
+            "p99 µs",
+            "on DPU",
+            "versions retained",
+            "bytes/version",
+        ],
+    );
+    for p in &replicas {
+        t3.row(vec![
+            p.mode.into(),
+            p.readers.into(),
+            p.connections.to_string(),
+            fmt_num(p.reads_per_sec),
+            fmt_num(p.p99_us),
+            format!("{:.0}%", 100.0 * p.dpu_read_fraction),
+            p.retained_versions.to_string(),
+            fmt_num(p.retained_bytes as f64 / p.retained_versions.max(1) as f64),
+        ]);
+    }
     let mut t = Table::new(
         format!(
             "GetPage over {pages} pages of 8 KiB (buffer pool 10%), log applied at {} records/s",
@@ -618,8 +829,14 @@ fn report(
         machine,
         config: json!({"args": a, "placement": place, "pages": pages, "page_size": PS}),
         summary,
-        points: Value::Array(points.iter().map(|p| json!(p)).collect()),
-        tables: vec![t, t2],
+        points: Value::Array(
+            points
+                .iter()
+                .map(|p| json!(p))
+                .chain(replicas.iter().map(|p| json!(p)))
+                .collect(),
+        ),
+        tables: vec![t, t2, t3],
         charts,
         panels: Vec::new(),
     }

@@ -50,6 +50,10 @@ pub struct PageServerArgs {
     /// Do not tell the DPU's offload engine about the pages.
     #[arg(long)]
     no_offload: bool,
+    /// How far back GetPage@LSN reaches: LSNs behind the last applied one (`100000`), or a
+    /// time of log (`10s`, `500ms`, `2m`).
+    #[arg(long, default_value = "10s")]
+    retention: dds_pageserver::Retention,
 }
 
 pub fn run(a: PageServerArgs) -> Result<()> {
@@ -68,6 +72,7 @@ pub fn run(a: PageServerArgs) -> Result<()> {
             max_connections: 1024,
             offload: !a.no_offload && a.storage == StorageArg::Dds,
             input_memory: usize::try_from(a.input_memory).context("--input-memory")?,
+            retention: a.retention,
         },
         storage,
         dds_conn,

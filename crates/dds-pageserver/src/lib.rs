@@ -12,4 +12,4 @@ pub mod proto;
 pub mod server;
 pub mod wal;
 
-pub use server::{PageServer, PageServerConfig, PageServerStats};
+pub use server::{PageServer, PageServerConfig, PageServerStats, Retention};

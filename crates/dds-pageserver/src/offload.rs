@@ -34,6 +34,20 @@ fn parse_req(b: &[u8]) -> proto::GetPage {
     }
 }
 
+/// The page whose image a write at `offset` of `ps`-byte images is (`SLOTS` slots a page).
+fn image_page(offset: u64, ps: usize) -> u64 {
+    offset / ps as u64 / page::SLOTS as u64
+}
+
+/// The cached image of one of `g.page`'s slots that serves `g` (cache key: the slot's number
+/// in the file, `page × SLOTS + slot`).
+fn serving(cache: &CacheView<'_>, g: &proto::GetPage) -> Option<CacheItem> {
+    let first = g.page.checked_mul(page::SLOTS as u64)?;
+    (first..first.checked_add(page::SLOTS as u64)?)
+        .filter_map(|k| cache.get(k))
+        .find(|it| serves(g, it.tag))
+}
+
 /// The stored version serves the request when its LSN `l` has `nms ≤ l ≤ lsn`.
 fn serves(g: &proto::GetPage, l: u64) -> bool {
     g.nms <= l && l <= g.lsn && l > 0
@@ -99,7 +113,7 @@ impl OffloadApp for PageServerApp {
                 pos: i as u32,
             };
             let g = proto::getpage(msg, i);
-            let hit = cache.get(g.page).is_some_and(|it| serves(&g, it.tag));
+            let hit = serving(cache, &g).is_some();
             let list = if hit { &mut *dpu } else { &mut *host };
             list.push(d).map_err(|_| full)?;
         }
@@ -110,8 +124,8 @@ impl OffloadApp for PageServerApp {
         let Some(g) = req_at(msg, req) else {
             return Offload::Host;
         };
-        match cache.get(g.page) {
-            Some(it) if serves(&g, it.tag) => Offload::Read(ReadOp {
+        match serving(cache, &g) {
+            Some(it) => Offload::Read(ReadOp {
                 file_id: it.file_id,
                 size: it.size,
                 offset: it.offset,
@@ -207,15 +221,16 @@ impl OffloadApp for PageServerApp {
             offset.is_multiple_of(ps as u64)
                 && data.len().is_multiple_of(ps)
                 && data.len() >= ps
-                && page::check(&data[..ps]).is_some_and(|(id, _)| id == offset / ps as u64)
+                && page::check(&data[..ps]).is_some_and(|(id, _)| id == image_page(offset, ps))
         }) else {
             return;
         };
         for (i, p) in data.chunks_exact(ps).enumerate() {
             let off = offset + (i * ps) as u64;
             if let Some((id, lsn)) = page::check(p) {
-                if id == off / ps as u64 && lsn > 0 {
-                    let mut it = CacheItem::new(id, 0, file_id, off, ps as u32);
+                if id == image_page(off, ps) && lsn > 0 {
+                    let key = off / ps as u64;
+                    let mut it = CacheItem::new(key, 0, file_id, off, ps as u32);
                     it.tag = lsn;
                     if items.push(it).is_err() {
                         return;
@@ -225,24 +240,8 @@ impl OffloadApp for PageServerApp {
         }
     }
 
-    fn invalidate_on_read(&self, _file_id: u32, offset: u64, len: u32, keys: &mut KeyList) {
-        // The host reads pages back to replay the log into them: the DPU stops serving them
-        // until they are written again. Pages are at least 4 KiB.
-        // The page size is the largest one the read is a whole number of pages of.
-        let ps = PAGE_SIZES
-            .iter()
-            .copied()
-            .filter(|&ps| {
-                offset.is_multiple_of(ps as u64) && u64::from(len).is_multiple_of(ps as u64)
-            })
-            .max()
-            .unwrap_or(4096) as u64;
-        let mut p = offset / ps;
-        while p * ps < offset + u64::from(len) {
-            if keys.push(p).is_err() {
-                return;
-            }
-            p += 1;
-        }
+    fn invalidate_on_read(&self, _file_id: u32, _offset: u64, _len: u32, _keys: &mut KeyList) {
+        // The host reads images to answer GetPages and to roll pages forward; an image is
+        // changed only by a write of its slot, which replaces the cache entry as it passes.
     }
 }

@@ -1,4 +1,4 @@
-//! Pages (`docs/pageserver-protocol.md` §1): header, checksum, patches.
+//! Pages and page images (`docs/pageserver-protocol.md` §1): header, checksum, slots, patches.
 
 use crate::proto::{u32_at, u64_at};
 
@@ -6,6 +6,13 @@ use crate::proto::{u32_at, u64_at};
 pub const MAGIC: u32 = 0x5047_5344;
 /// Header bytes.
 pub const HEADER: usize = 32;
+/// Image slots per page in the page file.
+pub const SLOTS: usize = 4;
+
+/// Byte offset of image slot `slot` of page `id` in the page file.
+pub fn slot_offset(id: u64, slot: usize, page_size: usize) -> u64 {
+    (id * SLOTS as u64 + slot as u64) * page_size as u64
+}
 
 /// CRC32C of a page with its checksum field zeroed.
 pub fn checksum(page: &[u8]) -> u32 {

@@ -31,7 +31,8 @@ pub mod status {
     pub const UNKNOWN_PAGE: u16 = 1;
     /// The log up to the not-modified-since LSN was not applied in time.
     pub const LSN_TIMEOUT: u16 = 2;
-    /// The page changed after the request LSN.
+    /// The page changed after the request LSN (not sent any more: versions are kept down
+    /// to the retention horizon).
     pub const OLD_VERSION: u16 = 3;
     /// Inconsistent request.
     pub const BAD_REQUEST: u16 = 4;
@@ -43,6 +44,8 @@ pub mod status {
     pub const RETRY: u16 = 7;
     /// Storage failed.
     pub const IO_ERROR: u16 = 8;
+    /// The request LSN is below the retention horizon (in the response's LSN field).
+    pub const BELOW_HORIZON: u16 = 9;
 }
 
 /// Why bytes are not a valid message.

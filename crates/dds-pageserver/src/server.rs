@@ -9,12 +9,15 @@
 //! - A round's AppendWal records are committed (written, then flushed) after the round, in
 //!   one commit with those of the rounds that arrived while the previous commit was in flight
 //!   (group commit); their replies wait in reserved places until the commit is durable.
-//! - The replay applies durable records in LSN order. A record whose page is not in the pool
-//!   stops it while that page (and the pages of the records after it) are read; the pages it
-//!   changed are written back without waiting (the DPU's cache-on-write learns them), and a
-//!   page leaves the pool only once its last write-back completed.
-//! - A full log starts over once the replay caught up and every dirty page is written back
-//!   and flushed; AppendWal waits meanwhile.
+//! - The replay appends durable records to their pages' record chains (the log's records in
+//!   memory, per page) and applies them to the pages in the buffer pool; a page not in the
+//!   pool is materialized in the background (its newest image read, its chain applied). The
+//!   pages it changed are written back as new images, to one of the page's four slots
+//!   (`history`), without waiting (the DPU's cache-on-write learns them).
+//! - GetPage@LSN answers the page as of any LSN from the retention horizon up: the newest image
+//!   at or below it plus the chain's records after it.
+//! - Checkpoints (`history`) flush the page file, move the horizon and the log's tail in its
+//!   header, and so free log space in the background.
 //!
 //! What must stay ordered does: AppendWal ranges are taken in order and acknowledged after
 //! their commit, the replay applies records in LSN order, and a GetPage batch that needs the
@@ -38,11 +41,15 @@ use dds_storage::{Storage, StoreFile};
 use crate::page;
 use crate::proto::{self, status, Malformed, MSG_HEADER, RESP_HEADER};
 use crate::wal::Wal;
+use reads::Plan;
 
+mod history;
 mod log;
 mod pool;
 mod reads;
 mod replay;
+
+pub use history::Retention;
 
 /// Settings of the page server.
 #[derive(Clone, Debug)]
@@ -66,6 +73,8 @@ pub struct PageServerConfig {
     /// Bytes of unparsed input all connections may hold together; a connection past it is
     /// not read until the others' messages are done.
     pub input_memory: usize,
+    /// How much history GetPage@LSN reaches back (the retention horizon).
+    pub retention: Retention,
 }
 
 impl Default for PageServerConfig {
@@ -80,6 +89,7 @@ impl Default for PageServerConfig {
             max_connections: 1024,
             offload: true,
             input_memory: 256 << 20,
+            retention: Retention::Time(Duration::from_secs(10)),
         }
     }
 }
@@ -97,6 +107,14 @@ pub struct PageServerStats {
     pub page_reads: u64,
     /// GetPage requests answered after an asynchronous page read.
     pub deferred: u64,
+    /// GetPage requests answered below the newest version of their page.
+    pub historical: u64,
+    /// GetPage requests answered `BELOW_HORIZON`.
+    pub below_horizon: u64,
+    /// Images written for checkpoints (versions at the horizon).
+    pub checkpoint_images: u64,
+    /// Checkpoints whose header is durable.
+    pub checkpoints: u64,
 }
 
 /// Records applied per turn of the loop at most, so GetPages keep moving.
@@ -105,9 +123,6 @@ const REPLAY_BATCH: usize = 512;
 const REPLAY_QUEUE_MAX: usize = 1 << 18;
 /// Page reads in flight at most (more wait for a place).
 const READS_MAX: usize = 512;
-/// Records the replay looks ahead of a record whose page is being read, to read their pages
-/// meanwhile.
-const REPLAY_LOOKAHEAD: usize = 1024;
 /// GetPages of one connection waiting for page reads above which its next batch waits.
 const WAITING_MAX: u32 = proto::REQUESTS_MAX as u32;
 /// Unsent replies above which a connection is not read.
@@ -128,6 +143,9 @@ const TAG_PAGE_WRITE: u64 = 1;
 const TAG_LOG_WRITE: u64 = 2;
 const TAG_LOG_FLUSH: u64 = 3;
 const TAG_PAGES_FLUSH: u64 = 4;
+const TAG_IMAGE_WRITE: u64 = 5;
+const TAG_HEADER_WRITE: u64 = 6;
+const TAG_HEADER_FLUSH: u64 = 7;
 
 fn tag(kind: u64, object: u64) -> u64 {
     debug_assert!(object < 1 << TAG_KIND);
@@ -139,8 +157,9 @@ struct Frame {
     data: Box<[u8]>,
     /// Changed since its last write-back was issued.
     dirty: bool,
-    /// A write-back is in flight: the frame stays in the pool until it completes.
+    /// A write-back is in flight (to `slot`): the frame stays in the pool until it completes.
     writing: bool,
+    slot: u8,
     /// Waits in the write queue.
     queued: bool,
     used: bool,
@@ -152,9 +171,82 @@ enum Replay {
         page: u64,
         offset: u16,
         data: Vec<u8>,
+        /// Log offset just past the record.
+        end: u64,
     },
     /// Every LSN up to this one is applied once the queue reaches it.
     Applied(u64),
+}
+
+/// A retained log record of a page (its chain, `docs/pageserver-protocol.md` §5.2).
+struct Rec {
+    lsn: u64,
+    offset: u16,
+    data: Box<[u8]>,
+}
+
+/// A retained record in log order: what moving the log's tail past it needs.
+#[derive(Clone, Copy)]
+struct LogRec {
+    lsn: u64,
+    page: u64,
+    /// Log offset just past it.
+    end: u64,
+}
+
+/// Image slots per page.
+const SLOTS: usize = page::SLOTS;
+/// The read of every slot of a page (its images not known yet).
+const ALL: u8 = SLOTS as u8;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SlotState {
+    Empty,
+    Image,
+    /// A write is in flight: the slot's content is undefined until it completes.
+    Writing,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: SlotState,
+    lsn: u64,
+    /// The page-file flush that makes the image durable (durable once it completed).
+    flush: u64,
+    /// Reads in flight.
+    reads: u16,
+}
+
+const EMPTY_SLOT: Slot = Slot {
+    state: SlotState::Empty,
+    lsn: 0,
+    flush: 0,
+    reads: 0,
+};
+
+/// A page's images and record chain.
+struct PageMeta {
+    /// The slots were read (or written).
+    known: bool,
+    slots: [Slot; SLOTS],
+    chain: VecDeque<Rec>,
+    /// Waits for (or has) a materialization read.
+    materialize: bool,
+    /// A checkpoint's image of it is being made.
+    imaging: bool,
+    /// The LSN of the last record dropped from the chain (images below it are not used).
+    floor: u64,
+}
+
+/// What a page read is for besides its GetPages.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Purpose {
+    /// GetPages only.
+    Get,
+    /// The page's newest version into the pool (materialization).
+    Latest,
+    /// An image at this LSN for a checkpoint.
+    At(u64),
 }
 
 /// A GetPage waiting for its page's read.
@@ -170,9 +262,10 @@ struct Waiter {
 /// A page read: issued, or waiting for a place among the reads in flight.
 struct PageRead {
     page: u64,
+    /// The slot read, or `ALL`.
+    slot: u8,
     waiters: Vec<Waiter>,
-    /// Issued for the replay (no GetPage asked for it yet).
-    for_replay: bool,
+    purpose: Purpose,
 }
 
 /// An AppendWal acknowledged once its commit is durable.
@@ -189,8 +282,7 @@ struct Ack {
 struct Commit {
     /// A commit is in flight.
     active: bool,
-    /// Log offset and bytes of the commit (a copy of the log's committing bytes' range).
-    off: u64,
+    /// Bytes of the commit.
     len: usize,
     /// Bytes issued so far.
     issued: usize,
@@ -203,15 +295,16 @@ struct Commit {
     records: Vec<Replay>,
 }
 
-/// Starting the log over when it is full: the replay catches up, every dirty page is
-/// written back and flushed, then the log's header moves its start.
+/// A checkpoint (`docs/pageserver-protocol.md` §5.4): the page file's flush, then the log's
+/// next header, then the log's flush.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Restart {
+enum Checkpoint {
     Idle,
-    /// Waiting for the commit, the replay and the write-backs.
-    Draining,
-    /// The page file's flush is in flight.
-    Flushing,
+    FlushingPages,
+    WritingHeader,
+    /// The header is written; its flush waits for a place.
+    HeaderWritten,
+    FlushingLog,
 }
 
 /// A connection's state.
@@ -229,7 +322,8 @@ pub struct PageSession {
 /// The page server's protocol and engine, served by a [`dds_server::Server`].
 pub struct PageService {
     cfg: PageServerConfig,
-    storage: Box<dyn Storage>,
+    /// The storage the files are on, open while they are.
+    _storage: Box<dyn Storage>,
     pages_file: Box<dyn StoreFile>,
     wal: Wal,
     /// End of the log ranges accepted (the next AppendWal's start), 0 before the first.
@@ -241,7 +335,6 @@ pub struct PageService {
     round_records: Vec<Replay>,
     round_acks: Vec<Ack>,
     commit: Commit,
-    restart: Restart,
     frames: Vec<Frame>,
     index: HashMap<u64, usize>,
     hand: usize,
@@ -249,21 +342,52 @@ pub struct PageService {
     write_queue: VecDeque<usize>,
     /// Frames the replay batch changed (scratch).
     changed: Vec<usize>,
-    /// Page write-backs in flight.
+    /// Page write-backs in flight (frames' and checkpoints' images).
     writes: usize,
-    recache: Vec<(u64, u64, u32, u64)>,
+    /// Frames whose write-back found no free slot: queued again at the next completion.
+    stalled: Vec<usize>,
+    /// Every page's images and chain.
+    meta: Vec<PageMeta>,
+    /// Retained records in log order.
+    log_order: VecDeque<LogRec>,
+    /// Pages waiting for a materialization read.
+    materialize_queue: VecDeque<u64>,
+    /// Scratch page for checkpoint images.
+    scratch: Box<[u8]>,
+    /// The retention horizon in force (the durable header's).
+    horizon: u64,
+    /// Image slots holding an image (of the pages whose slots are known).
+    images: u64,
+    /// The horizon of the checkpoint in flight (its bases are kept too).
+    pending_horizon: u64,
+    /// The wanted horizon raised for room in the log (0: none).
+    pressure: u64,
+    /// An AppendWal found no room in the log: it waits for a checkpoint.
+    log_full: bool,
+    /// (when, applied LSN) of recent commits, for a horizon in time.
+    samples: VecDeque<(Instant, u64)>,
+    checkpoint: Checkpoint,
+    /// When the last checkpoint began.
+    checkpoint_at: Instant,
+    /// Records the checkpoint in flight moves the tail past.
+    reclaim: usize,
+    next_header: crate::wal::Header,
+    /// Page-file flushes issued and completed (an image is durable once the flush numbered
+    /// in its slot completed).
+    flushes_issued: u64,
+    flushes_done: u64,
+    /// When the stats were last logged.
+    stats_at: Instant,
     /// Unparsed input held by all connections.
     input_bytes: usize,
     stats: PageServerStats,
     io: Box<dyn FileIo>,
     /// Page reads, each with the buffer it fills (in flight, or waiting for a place).
-    slots: InFlightReads<PageRead, Box<[u8]>>,
-    /// Page → its read.
-    reading: HashMap<u64, u32>,
-    /// Reads issued for the replay and not completed.
+    slots: InFlightReads<PageRead, Vec<u8>>,
+    /// (page, slot or `ALL`) → its read.
+    reading: HashMap<(u64, u8), u32>,
+    /// Materialization reads not completed.
     replay_reads: usize,
-    /// The replay waits for a page read (or a free frame): it goes on at a completion.
-    replay_blocked: bool,
     /// Reads waiting for a place.
     queued: VecDeque<u32>,
     /// Operations that could not be issued: completed as failures on the next turn.
@@ -271,8 +395,7 @@ pub struct PageService {
     done: Vec<IoDone>,
     /// Connections whose GetPage batch waits for the log: (connection, LSN, since).
     lsn_waiters: Vec<(ConnId, u64, Instant)>,
-    /// Connections whose AppendWal waits for the replay queue to shrink or the log to start
-    /// over.
+    /// Connections whose AppendWal waits for the replay queue to shrink or room in the log.
     replay_waiters: Vec<ConnId>,
     /// Connections with unparsed input that wait for the input budget.
     budget_waiters: Vec<ConnId>,
@@ -296,13 +419,9 @@ fn header(out: &mut Vec<u8>, st: u16, req_id: u64, lsn: u64) {
     );
 }
 
-/// A GetPage's reply from the page in memory: the page, or `OLD_VERSION` when it changed
-/// after the read point.
-fn answer(out: &mut Vec<u8>, data: &[u8], req_id: u64, read_point: u64) {
+/// A GetPage's reply from the page in memory (its version at or below the read point).
+fn answer(out: &mut Vec<u8>, data: &[u8], req_id: u64) {
     let lsn = page::lsn(data);
-    if lsn > read_point {
-        return header(out, status::OLD_VERSION, req_id, lsn);
-    }
     let at = out.len();
     out.resize(at + RESP_HEADER, 0);
     out.extend_from_slice(data);
@@ -317,13 +436,13 @@ fn answer(out: &mut Vec<u8>, data: &[u8], req_id: u64, read_point: u64) {
 }
 
 impl PageService {
-    /// Answers a GetPage batch (pages in memory at once, the others when their reads
-    /// complete), or returns false when it must wait for the replay.
+    /// Answers a GetPage batch (from the pool or the empty image at once, the others when
+    /// their image reads complete), or returns false when it must wait for the replay.
     fn getpages(&mut self, id: ConnId, s: &mut PageSession, msg: &[u8], out: &mut Out<'_>) -> bool {
         let count = proto::u16_at(msg, 4) as usize;
         let need = (0..count)
             .map(|k| proto::getpage(msg, k))
-            .filter(|g| g.page < self.cfg.pages && g.nms <= g.lsn)
+            .filter(|g| g.page < self.cfg.pages && g.nms <= g.lsn && g.lsn >= self.horizon)
             .map(|g| g.nms)
             .max()
             .unwrap_or(0);
@@ -338,6 +457,7 @@ impl PageService {
             false
         };
         s.blocked_since = None;
+        let ps = self.cfg.page_size;
         for k in 0..count {
             let g = proto::getpage(msg, k);
             self.stats.getpages += 1;
@@ -345,47 +465,65 @@ impl PageService {
                 status::UNKNOWN_PAGE
             } else if g.nms > g.lsn {
                 status::BAD_REQUEST
+            } else if g.lsn < self.horizon {
+                self.stats.below_horizon += 1;
+                status::BELOW_HORIZON
             } else if timed_out && g.nms > self.applied {
                 status::LSN_TIMEOUT
             } else {
                 status::OK
             };
             if st != status::OK {
-                header(out, st, g.req_id, 0);
+                let lsn = if st == status::BELOW_HORIZON {
+                    self.horizon
+                } else {
+                    0
+                };
+                header(out, st, g.req_id, lsn);
                 continue;
             }
-            if let Some(&f) = self.index.get(&g.page) {
-                self.frames[f].used = true;
-                answer(out, &self.frames[f].data, g.req_id, g.lsn);
-                continue;
+            match self.plan(g.page, g.lsn) {
+                Plan::Frame(f) => {
+                    self.frames[f].used = true;
+                    answer(out, &self.frames[f].data, g.req_id);
+                }
+                Plan::Empty => {
+                    let chain = &self.meta[g.page as usize].chain;
+                    history::reply_version(out, None, ps, g.page, chain, g.lsn, g.req_id);
+                }
+                Plan::Lost => header(out, status::IO_ERROR, g.req_id, 0),
+                Plan::Read(slot) => {
+                    let ticket = out.defer();
+                    s.waiting += 1;
+                    let w = Waiter {
+                        conn: id,
+                        ticket,
+                        req_id: g.req_id,
+                        lsn: g.lsn,
+                    };
+                    self.want(g.page, slot, Some(w), Purpose::Get);
+                }
             }
-            let ticket = out.defer();
-            s.waiting += 1;
-            self.want(
-                g.page,
-                Some(Waiter {
-                    conn: id,
-                    ticket,
-                    req_id: g.req_id,
-                    lsn: g.lsn,
-                }),
-            );
         }
         true
     }
 
     fn watermark(&self, msg: &[u8], out: &mut Vec<u8>) {
         let req_id = proto::u64_at(msg, MSG_HEADER);
-        let mut h = [0u8; RESP_HEADER + 8];
+        let mut h = [0u8; RESP_HEADER + 32];
         proto::response_header(
             &mut h,
-            (RESP_HEADER + 8) as u32,
+            (RESP_HEADER + 32) as u32,
             status::OK,
             proto::KIND_WATERMARK,
             req_id,
             self.applied,
         );
-        h[RESP_HEADER..].copy_from_slice(&self.wal.last_lsn().to_le_bytes());
+        h[RESP_HEADER..RESP_HEADER + 8].copy_from_slice(&self.wal.last_lsn().to_le_bytes());
+        h[RESP_HEADER + 8..RESP_HEADER + 16].copy_from_slice(&self.horizon.to_le_bytes());
+        let (versions, bytes) = self.versions();
+        h[RESP_HEADER + 16..RESP_HEADER + 24].copy_from_slice(&versions.to_le_bytes());
+        h[RESP_HEADER + 24..].copy_from_slice(&bytes.to_le_bytes());
         out.extend_from_slice(&h);
     }
 
@@ -403,11 +541,12 @@ impl PageService {
         self.slots.issued() > 0
             || self.writes > 0
             || self.commit.active
-            || self.restart == Restart::Flushing
+            || self.checkpoint != Checkpoint::Idle
     }
 
     /// Waits (bounded) for the storage operations in flight, whose buffers the storage
-    /// library may still write into, then writes every dirty page back.
+    /// library may still write into, then syncs the page file (the log holds every record
+    /// no durable image holds).
     fn drain_io(&mut self) -> Result<()> {
         let until = Instant::now() + IO_DRAIN;
         let mut list = std::mem::take(&mut self.done);
@@ -421,6 +560,7 @@ impl PageService {
                         self.slots.finish(object as u32);
                     }
                     TAG_PAGE_WRITE => self.write_done(object as usize, res.is_some()),
+                    TAG_IMAGE_WRITE => self.image_written(object, res.is_some()),
                     TAG_LOG_WRITE => self.commit.writes = self.commit.writes.saturating_sub(1),
                     TAG_LOG_FLUSH => {
                         if res.is_some() {
@@ -428,7 +568,7 @@ impl PageService {
                         }
                         self.commit.active = false;
                     }
-                    _ => self.restart = Restart::Idle,
+                    _ => self.checkpoint = Checkpoint::Idle,
                 }
             }
             list.clear();
@@ -436,7 +576,10 @@ impl PageService {
                 self.wal.end_commit();
                 self.commit.active = false;
             }
-            let busy = self.slots.issued() > 0 || self.writes > 0 || self.commit.active;
+            let busy = self.slots.issued() > 0
+                || self.writes > 0
+                || self.commit.active
+                || self.checkpoint != Checkpoint::Idle;
             if !busy || Instant::now() >= until {
                 break;
             }
@@ -456,15 +599,8 @@ impl PageService {
             bail!("storage operations did not complete within {IO_DRAIN:?}");
         }
         if self.fatal.is_some() {
-            // What is in memory may not follow what is durable: recovery redoes the log.
+            // What is in memory may not follow what is durable: recovery reads the log.
             return Ok(());
-        }
-        for fr in &mut self.frames {
-            if fr.dirty && fr.page != u64::MAX {
-                let ps = self.cfg.page_size as u64;
-                self.pages_file.write_at(fr.page * ps, &fr.data)?;
-                fr.dirty = false;
-            }
         }
         self.pages_file.sync()
     }
@@ -563,17 +699,20 @@ impl Service for PageService {
         list.append(&mut self.failed);
         self.io.poll(&mut list);
         if !list.is_empty() {
-            // A completion may have brought the replay's page in or freed a frame for it.
-            self.replay_blocked = false;
+            // A completion may have freed a slot for a stalled write-back.
+            self.unstall();
         }
         for &(t, res) in &list {
             let object = t & ((1 << TAG_KIND) - 1);
             match t >> TAG_KIND {
                 TAG_READ => self.finish_read(object as u32, res, done),
                 TAG_PAGE_WRITE => self.write_done(object as usize, res.is_some()),
+                TAG_IMAGE_WRITE => self.image_written(object, res.is_some()),
                 TAG_LOG_WRITE => self.commit_done(TAG_LOG_WRITE, res.is_some(), done),
                 TAG_LOG_FLUSH => self.commit_done(TAG_LOG_FLUSH, res.is_some(), done),
-                TAG_PAGES_FLUSH => self.restart_done(res.is_some(), done),
+                TAG_PAGES_FLUSH => self.pages_flushed(object, res.is_some()),
+                TAG_HEADER_WRITE => self.header_written(res.is_some()),
+                TAG_HEADER_FLUSH => self.header_flushed(res.is_some(), done),
                 _ => tracing::error!(tag = t, "a completion for no operation of ours"),
             }
         }
@@ -586,7 +725,11 @@ impl Service for PageService {
         self.pump_writes();
         self.pump_commit();
         self.replay_some();
-        self.advance_restart();
+        self.pump_materialize();
+        if self.checkpoint == Checkpoint::HeaderWritten {
+            self.flush_header();
+        }
+        self.maybe_checkpoint();
         if !self.lsn_waiters.is_empty() {
             let (applied, wait) = (self.applied, self.cfg.lsn_wait);
             self.lsn_waiters.retain(|&(id, need, since)| {
@@ -599,7 +742,7 @@ impl Service for PageService {
             });
         }
         if !self.replay_waiters.is_empty()
-            && self.restart == Restart::Idle
+            && !self.log_full
             && self.replay.len() + self.round_records.len() <= REPLAY_QUEUE_MAX
         {
             for id in self.replay_waiters.drain(..) {
@@ -617,12 +760,6 @@ impl Service for PageService {
         // The round's log records are committed (after the commit in flight, if any); their
         // replies wait in reserved places until it is durable.
         self.start_commit();
-        if !self.recache.is_empty() {
-            if let Err(e) = self.storage.cache(self.pages_file.as_ref(), &self.recache) {
-                tracing::warn!(error = %format!("{e:#}"), "telling the DPU about pages failed");
-            }
-            self.recache.clear();
-        }
         true
     }
 
@@ -635,13 +772,17 @@ impl Service for PageService {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        let replay_can_move = !self.replay.is_empty() && !self.replay_blocked;
+        let replay_can_move = !self.replay.is_empty();
         // Work that no completion will wake the loop for.
         let idle_io = !self.io_in_flight();
         let busy = (replay_can_move && self.fatal.is_none())
             || !self.failed.is_empty()
             || (self.commit.active && self.commit.len == 0)
-            || (idle_io && (self.restart == Restart::Draining || !self.write_queue.is_empty()))
+            || self.checkpoint == Checkpoint::HeaderWritten
+            || (idle_io
+                && (!self.write_queue.is_empty()
+                    || !self.stalled.is_empty()
+                    || !self.materialize_queue.is_empty()))
             || (!self.budget_waiters.is_empty() && self.input_bytes < self.cfg.input_memory);
         if busy {
             return false;
@@ -690,7 +831,7 @@ impl PageServer {
             bail!("the buffer pool needs at least 4 pages");
         }
         let pages_file = storage.open("pages")?;
-        let want = cfg.pages * cfg.page_size as u64;
+        let want = cfg.pages * (page::SLOTS * cfg.page_size) as u64;
         if pages_file.size()? < want {
             pages_file
                 .set_size(want)
@@ -698,45 +839,40 @@ impl PageServer {
         }
         let ps = cfg.page_size;
         let n = cfg.pages;
-        // Recovery: redo every logged record the stored page does not hold yet.
-        let mut redo: HashMap<u64, Vec<u8>> = HashMap::new();
-        let mut last = 0u64;
+        let count = usize::try_from(n).context("--pages")?;
+        // Recovery: every retained record goes to its page's chain; pages are read when first
+        // needed (`docs/pageserver-protocol.md` §5.5).
+        let mut meta: Vec<PageMeta> = (0..count).map(|_| PageMeta::new()).collect();
+        let mut log_order = VecDeque::new();
         let wal_file = storage.open("wal")?;
         let wal_id = wal_file.dds_id();
-        let wal = Wal::open(wal_file, cfg.wal_size, |r| {
+        let wal = Wal::open(wal_file, cfg.wal_size, |r, end| {
             if r.page >= n || r.offset as usize + r.data.len() > ps - page::HEADER {
                 bail!("log record {} is outside the database", r.lsn);
             }
-            let p = match redo.entry(r.page) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    let mut b = vec![0u8; ps];
-                    pages_file.read_at(r.page * ps as u64, &mut b)?;
-                    if page::from_storage(&mut b, r.page).is_none() {
-                        bail!("page {} is damaged on storage", r.page);
-                    }
-                    v.insert(b)
-                }
-            };
-            if r.lsn > page::lsn(p) {
-                page::patch(p, r.offset as usize, r.data);
-                page::seal(p, r.page, r.lsn);
-            }
-            last = r.lsn;
+            meta[r.page as usize].chain.push_back(Rec {
+                lsn: r.lsn,
+                offset: r.offset,
+                data: r.data.into(),
+            });
+            log_order.push_back(LogRec {
+                lsn: r.lsn,
+                page: r.page,
+                end,
+            });
             Ok(())
         })?;
-        let mut redone = 0;
-        for (id, p) in &redo {
-            pages_file.write_at(id * ps as u64, p)?;
-            redone += 1;
-        }
-        pages_file.sync()?;
-        let last = last.max(wal.last_lsn());
-        if redone > 0 || last > 0 {
+        let last = wal.last_lsn();
+        // A page whose records left the log has a base image at or below the horizon, and
+        // GetPages below it are refused: the newest image at or below a read point is one the
+        // chain completes, so no floor is needed after a restart.
+        let hd = wal.header();
+        if last > 0 {
             tracing::info!(
-                pages = redone,
+                records = log_order.len(),
                 lsn = last,
-                "recovered the log into the pages"
+                horizon = hd.horizon,
+                "recovered the log"
             );
         }
         let mut cfg = cfg;
@@ -747,7 +883,9 @@ impl PageServer {
         // Page reads and write-backs and log commits go through the host library's
         // asynchronous API on DDS files; through second handles, done when issued, otherwise.
         let io: Box<dyn FileIo> = match (dds, pages_file.dds_id(), wal_id) {
-            (Some(dds), Some(pages), Some(log)) if dds.hello().max_io_bytes as usize >= ps => {
+            (Some(dds), Some(pages), Some(log))
+                if dds.hello().max_io_bytes as usize >= page::SLOTS * ps =>
+            {
                 Box::new(DdsIo::new(dds, &[pages, log]))
             }
             _ => Box::new(SyncIo::new(vec![
@@ -761,13 +899,14 @@ impl PageServer {
                 data: vec![0u8; ps].into_boxed_slice(),
                 dirty: false,
                 writing: false,
+                slot: 0,
                 queued: false,
                 used: false,
             })
             .collect();
         let halt = Arc::new(AtomicBool::new(false));
         let service = PageService {
-            storage,
+            _storage: storage,
             pages_file,
             wal,
             log_end: if last > 0 { last + 1 } else { 0 },
@@ -776,21 +915,36 @@ impl PageServer {
             round_records: Vec::new(),
             round_acks: Vec::new(),
             commit: Commit::default(),
-            restart: Restart::Idle,
             frames,
             index: HashMap::with_capacity(cfg.buffer_pool * 2),
             hand: 0,
             write_queue: VecDeque::with_capacity(cfg.buffer_pool),
             writes: 0,
             changed: Vec::with_capacity(REPLAY_BATCH),
-            recache: Vec::new(),
+            stalled: Vec::new(),
+            meta,
+            log_order,
+            materialize_queue: VecDeque::new(),
+            scratch: vec![0u8; ps].into_boxed_slice(),
+            horizon: hd.horizon,
+            pending_horizon: hd.horizon,
+            images: 0,
+            pressure: 0,
+            log_full: false,
+            samples: VecDeque::from([(Instant::now(), last)]),
+            checkpoint: Checkpoint::Idle,
+            checkpoint_at: Instant::now(),
+            reclaim: 0,
+            next_header: hd,
+            flushes_issued: 0,
+            flushes_done: 0,
+            stats_at: Instant::now(),
             input_bytes: 0,
             stats: PageServerStats::default(),
             io,
             slots: InFlightReads::new(),
             reading: HashMap::with_capacity(READS_MAX * 2),
             replay_reads: 0,
-            replay_blocked: false,
             queued: VecDeque::new(),
             failed: Vec::new(),
             done: Vec::with_capacity(READS_MAX),

@@ -1,19 +1,16 @@
 //! The log: AppendWal ranges taken in order, group commits (writes, then a flush) whose
-//! replies wait in reserved places, and the log's restart when it is full.
+//! replies wait in reserved places; a full log waits for a checkpoint to move its tail.
 
 use dds_server::{Completions, ConnId, Out};
 use dds_storage::aio::SubmitError;
 
-use super::{
-    tag, Ack, PageService, PageSession, Replay, Restart, LOG, PAGES, TAG_LOG_FLUSH, TAG_LOG_WRITE,
-    TAG_PAGES_FLUSH,
-};
+use super::{tag, Ack, PageService, PageSession, Replay, LOG, TAG_LOG_FLUSH, TAG_LOG_WRITE};
 use crate::page;
 use crate::proto::{self, status, RESP_HEADER};
 
 impl PageService {
     /// Queues an AppendWal range; its reply goes out once the commit holding it is durable.
-    /// `None`: the log is full and must start over first (the message waits). `Some(false)`:
+    /// `None`: the log has no room until a checkpoint moves its tail (the message waits). `Some(false)`:
     /// the message is malformed (the connection closes).
     pub(super) fn append(&mut self, id: ConnId, msg: &[u8], out: &mut Out<'_>) -> Option<bool> {
         let reply = |s: &mut Self, out: &mut Out<'_>, st: u16| {
@@ -62,23 +59,22 @@ impl PageService {
         if !self.wal.fits_at_all(bytes) {
             return reply(self, out, status::BAD_REQUEST);
         }
-        if self.restart != Restart::Idle || !self.wal.has_room(bytes) {
-            if self.restart == Restart::Idle {
-                tracing::info!(
-                    lsn = self.wal.last_lsn(),
-                    "the log is full: starting it over"
-                );
-                self.restart = Restart::Draining;
-            }
+        let sizes = proto::records(a.records, a.count)
+            .flatten()
+            .map(|r| r.wire_len());
+        if self.log_full || !self.wal.has_room(sizes) {
+            self.log_full = true;
+            self.log_full();
             return None;
         }
         for r in proto::records(a.records, a.count).flatten() {
-            self.wal.add(&r);
+            let end = self.wal.add(&r);
             self.round_records.push(Replay::Record {
                 lsn: r.lsn,
                 page: r.page,
                 offset: r.offset,
                 data: r.data.to_vec(),
+                end,
             });
         }
         self.round_records.push(Replay::Applied(a.end - 1));
@@ -98,11 +94,10 @@ impl PageService {
         if self.commit.active || (!self.wal.has_pending() && self.round_records.is_empty()) {
             return;
         }
+        let len = self.wal.begin_commit();
         let c = &mut self.commit;
-        let (off, bytes) = self.wal.begin_commit();
         c.active = true;
-        c.off = off;
-        c.len = bytes.len();
+        c.len = len;
         c.issued = 0;
         c.writes = 0;
         c.flushing = false;
@@ -122,10 +117,9 @@ impl PageService {
         }
         let max = self.io.max_io() as u64;
         while c.issued < c.len {
-            let at = c.off + c.issued as u64;
-            let n = ((at / max + 1) * max - at).min((c.len - c.issued) as u64) as usize;
-            let data = &self.wal.committing()[c.issued..c.issued + n];
-            match self.io.write(LOG, at, data, tag(TAG_LOG_WRITE, 0)) {
+            let (at, piece) = self.wal.segment(c.issued);
+            let n = ((at / max + 1) * max - at).min(piece.len() as u64) as usize;
+            match self.io.write(LOG, at, &piece[..n], tag(TAG_LOG_WRITE, 0)) {
                 Ok(()) => {
                     c.issued += n;
                     c.writes += 1;
@@ -187,62 +181,15 @@ impl PageService {
         let c = &mut self.commit;
         c.active = false;
         self.replay.extend(c.records.drain(..));
+        let last = self.wal.last_lsn();
+        self.sample(last);
+        let c = &mut self.commit;
         for a in c.acks.drain(..) {
             if let Some((_, buf)) = done.fill(a.conn, a.ticket) {
                 append_reply(buf, status::OK, a.lsn);
             }
         }
         self.start_commit();
-    }
-
-    /// Drives the log's restart: once the commit, the replay and every write-back are done,
-    /// flush the page file, then move the log's start.
-    pub(super) fn advance_restart(&mut self) {
-        if self.restart != Restart::Draining
-            || self.commit.active
-            || self.wal.has_pending()
-            || !self.replay.is_empty()
-            || self.fatal.is_some()
-        {
-            return;
-        }
-        for f in 0..self.frames.len() {
-            if self.frames[f].dirty {
-                self.write_back(f);
-            }
-        }
-        if self.writes > 0 || !self.write_queue.is_empty() {
-            return;
-        }
-        match self.io.flush(PAGES, tag(TAG_PAGES_FLUSH, 0)) {
-            Ok(()) => self.restart = Restart::Flushing,
-            Err(SubmitError::Busy) => {}
-            Err(SubmitError::Failed(_)) => {
-                self.failed.push((tag(TAG_PAGES_FLUSH, 0), None));
-                self.restart = Restart::Flushing;
-            }
-        }
-    }
-
-    /// The page file's flush of a restart completed.
-    pub(super) fn restart_done(&mut self, ok: bool, done: &mut Completions<'_, PageSession>) {
-        if self.restart != Restart::Flushing {
-            tracing::error!("a page-file flush with no restart in flight");
-            return;
-        }
-        let r = if ok {
-            self.wal.restart()
-        } else {
-            Err(anyhow::anyhow!("flushing the page file failed"))
-        };
-        if let Err(e) = r {
-            self.fail(e.context("starting the log over"));
-            return;
-        }
-        self.restart = Restart::Idle;
-        for id in self.replay_waiters.drain(..) {
-            done.resume(id);
-        }
     }
 }
 

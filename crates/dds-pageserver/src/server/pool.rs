@@ -4,6 +4,7 @@
 use dds_storage::aio::SubmitError;
 
 use super::{tag, PageService, PAGES, READS_MAX, TAG_PAGE_WRITE};
+use crate::page;
 
 impl PageService {
     /// Issues queued write-backs while there is room.
@@ -13,7 +14,9 @@ impl PageService {
                 break;
             };
             self.frames[f].queued = false;
-            if !self.write_back(f) {
+            let stalled = self.stalled.len();
+            if !self.write_back(f) && self.stalled.len() == stalled {
+                // No place for it now (it is back in the queue).
                 break;
             }
         }
@@ -25,9 +28,10 @@ impl PageService {
         (self.frames.len() / 4).clamp(1, READS_MAX)
     }
 
-    /// Issues the write-back of frame `f` (the page's bytes are taken at once). False when
-    /// there is no place for it now (it waits in the write queue). A frame with a write in
-    /// flight stays dirty and is written again when that write completes.
+    /// Issues the write-back of frame `f` as a new image of its page (the page's bytes are
+    /// taken at once), to a slot `choose_slot` gives. False when there is no place for it now
+    /// (it waits in the write queue, or, with no free slot, until a completion). A frame with
+    /// a write in flight stays dirty and is written again when that write completes.
     pub(super) fn write_back(&mut self, f: usize) -> bool {
         let max = self.writes_max();
         let fr = &mut self.frames[f];
@@ -39,9 +43,25 @@ impl PageService {
             self.write_queue.push_back(f);
             return false;
         }
-        let ps = self.cfg.page_size as u64;
+        let (id, lsn) = (fr.page, page::lsn(&fr.data));
+        let s = match self.choose_slot(id, lsn) {
+            Some(Some(s)) => s,
+            Some(None) => {
+                // That image is on storage (or being written) already.
+                self.frames[f].dirty = false;
+                return true;
+            }
+            None => {
+                let fr = &mut self.frames[f];
+                fr.queued = true;
+                self.stalled.push(f);
+                return false;
+            }
+        };
+        let fr = &mut self.frames[f];
+        let off = page::slot_offset(id, s as usize, self.cfg.page_size);
         let t = tag(TAG_PAGE_WRITE, f as u64);
-        match self.io.write(PAGES, fr.page * ps, &fr.data, t) {
+        match self.io.write(PAGES, off, &fr.data, t) {
             Ok(()) => {}
             Err(SubmitError::Busy) => {
                 fr.queued = true;
@@ -52,14 +72,10 @@ impl PageService {
         }
         fr.dirty = false;
         fr.writing = true;
+        fr.slot = s;
+        self.slot_writing(id, s, lsn);
         self.writes += 1;
         self.stats.page_writes += 1;
-        if !self.recache.is_empty() {
-            // The write tells the DPU the page's new version (cache-on-write): an older one
-            // must not follow it.
-            let page = self.frames[f].page;
-            self.recache.retain(|r| r.0 != page);
-        }
         true
     }
 
@@ -71,15 +87,45 @@ impl PageService {
         };
         fr.writing = false;
         self.writes -= 1;
-        self.replay_blocked = false;
+        let (id, s) = (fr.page, fr.slot);
+        self.slot_written(id, s, ok);
         if !ok {
-            let page = fr.page;
-            self.fail(anyhow::anyhow!("writing page {page} back failed"));
+            self.fail(anyhow::anyhow!("writing page {id} back failed"));
             return;
         }
-        if fr.dirty {
+        if self.frames[f].dirty {
             self.write_back(f);
         }
+    }
+
+    /// Frames whose write-back found no free slot go back to the write queue (a completion
+    /// may have freed one).
+    pub(super) fn unstall(&mut self) {
+        for f in self.stalled.drain(..) {
+            self.write_queue.push_back(f);
+        }
+    }
+
+    /// Brings a page with no image into the pool (the empty page with its chain applied);
+    /// false when every frame is busy.
+    pub(super) fn materialize_empty(&mut self, id: u64) -> bool {
+        let Some(f) = self.victim() else {
+            return false;
+        };
+        let m = &mut self.meta[id as usize];
+        m.materialize = false;
+        let fr = &mut self.frames[f];
+        fr.data.fill(0);
+        page::seal(&mut fr.data, id, 0);
+        let lsn = super::history::roll_forward(&mut fr.data, id, &m.chain, u64::MAX);
+        fr.page = id;
+        fr.used = true;
+        fr.dirty = lsn > 0;
+        self.index.insert(id, f);
+        if self.frames[f].dirty {
+            self.write_back(f);
+        }
+        true
     }
 
     /// A free frame (CLOCK): an unused clean frame with no write in flight. A dirty one met

@@ -1,47 +1,56 @@
-//! The replay: durable records applied to their pages in LSN order, reading the pages it
-//! needs ahead of it and writing back the pages it changed.
+//! The replay: durable records appended to their pages' chains in LSN order, applied to the
+//! pages in the buffer pool (written back as new images), and the other pages they changed
+//! materialized in the background.
 
-use super::{PageService, Replay, READS_MAX, REPLAY_BATCH, REPLAY_LOOKAHEAD};
-use crate::page;
+use super::reads::Plan;
+use super::{LogRec, PageService, Purpose, Rec, Replay, REPLAY_BATCH};
 
 impl PageService {
-    /// Applies up to a batch of durable records in LSN order, then writes the pages they
-    /// changed back. A record whose page is not in the pool stops the batch: its page is read
-    /// (with the pages of the records after it, read ahead), and the replay goes on when a
-    /// read completes.
+    /// Takes up to a batch of durable records in LSN order; never waits for storage.
     pub(super) fn replay_some(&mut self) {
-        if self.replay_blocked || self.fatal.is_some() {
+        if self.fatal.is_some() {
             return;
         }
         let mut changed = std::mem::take(&mut self.changed);
         for _ in 0..REPLAY_BATCH {
-            match self.replay.front() {
+            match self.replay.pop_front() {
                 None => break,
-                Some(&Replay::Applied(lsn)) => {
+                Some(Replay::Applied(lsn)) => {
                     self.applied = self.applied.max(lsn);
-                    self.replay.pop_front();
                 }
-                Some(&Replay::Record { page: id, .. }) => {
-                    let Some(&f) = self.index.get(&id) else {
-                        self.read_ahead();
-                        break;
+                Some(Replay::Record {
+                    lsn,
+                    page: id,
+                    offset,
+                    data,
+                    end,
+                }) => {
+                    let rec = Rec {
+                        lsn,
+                        offset,
+                        data: data.into_boxed_slice(),
                     };
-                    let Some(Replay::Record {
-                        lsn, offset, data, ..
-                    }) = self.replay.pop_front()
-                    else {
-                        unreachable!("the front is a record");
-                    };
-                    let fr = &mut self.frames[f];
-                    fr.used = true;
-                    if lsn > page::lsn(&fr.data) {
-                        page::patch(&mut fr.data, offset as usize, &data);
-                        page::seal(&mut fr.data, id, lsn);
-                        if !fr.dirty {
-                            fr.dirty = true;
-                            changed.push(f);
+                    if let Some(&f) = self.index.get(&id) {
+                        let fr = &mut self.frames[f];
+                        fr.used = true;
+                        if lsn > crate::page::lsn(&fr.data) {
+                            crate::page::patch(&mut fr.data, offset as usize, &rec.data);
+                            crate::page::seal(&mut fr.data, id, lsn);
+                            if !fr.dirty {
+                                fr.dirty = true;
+                                changed.push(f);
+                            }
+                        }
+                    } else {
+                        let m = &mut self.meta[id as usize];
+                        if !m.materialize {
+                            m.materialize = true;
+                            self.materialize_queue.push_back(id);
                         }
                     }
+                    self.meta[id as usize].chain.push_back(rec);
+                    self.log_order.push_back(LogRec { lsn, page: id, end });
+                    self.applied = self.applied.max(lsn);
                     self.stats.applied += 1;
                 }
             }
@@ -51,25 +60,32 @@ impl PageService {
         }
         changed.clear();
         self.changed = changed;
+        self.pump_materialize();
     }
 
-    /// The replay's next record needs a page that is not in the pool: read it, and the pages
-    /// of the records after it (up to an eighth of the pool, so that pages read ahead are not
-    /// evicted before the replay gets to them), so that many reads are in flight.
-    pub(super) fn read_ahead(&mut self) {
-        self.replay_blocked = true;
-        let room = (self.frames.len() / 8).clamp(1, READS_MAX / 2);
-        let mut k = 0;
-        while k < REPLAY_LOOKAHEAD.min(self.replay.len()) && self.replay_reads < room {
-            if let Replay::Record { page, .. } = self.replay[k] {
-                if !self.index.contains_key(&page) && !self.reading.contains_key(&page) {
-                    self.want(page, None);
-                }
+    /// Reads the pages waiting for materialization (up to an eighth of the pool at once, so
+    /// that the pages read are not evicted before they are written back).
+    pub(super) fn pump_materialize(&mut self) {
+        let room = (self.frames.len() / 8).clamp(1, super::READS_MAX / 2);
+        while self.replay_reads < room {
+            let Some(id) = self.materialize_queue.pop_front() else {
+                break;
+            };
+            if self.index.contains_key(&id) {
+                self.meta[id as usize].materialize = false;
+                continue;
             }
-            k += 1;
+            match self.plan(id, u64::MAX) {
+                Plan::Read(s) => self.want(id, s, None, Purpose::Latest),
+                Plan::Empty => {
+                    if !self.materialize_empty(id) {
+                        // Every frame is busy: later.
+                        self.materialize_queue.push_front(id);
+                        break;
+                    }
+                }
+                Plan::Frame(_) | Plan::Lost => self.meta[id as usize].materialize = false,
+            }
         }
-        // Any completion may free a frame or bring a page in; with none to come, try again on
-        // the next turn.
-        self.replay_blocked = self.io_in_flight();
     }
 }

@@ -1,0 +1,301 @@
+//! `dds pageserver` page versions against a model: random AppendWal ranges and GetPage@LSN at
+//! random LSNs below, within and at the top of the retention horizon, with the DPU serving
+//! pages and without, through clean restarts, `kill -9` of the page server and `kill -9` of
+//! the DPU. The model is every page at every LSN (the acknowledged log, replayed); every OK
+//! answer must be it exactly, and `BELOW_HORIZON` only comes for an LSN below the horizon the
+//! server reports (which never passes the configured retention unless the log ran full).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{format_device, ready_line, start_dpu, Guard, DDS};
+use dds_pageserver::page;
+use dds_pageserver::proto::{self, status, GetPage, Record, Response};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const PS: usize = 8192;
+const PAGES: u64 = 32;
+
+/// The acknowledged log: (lsn, page, offset, bytes), in LSN order.
+type Log = Vec<(u64, u64, u16, Vec<u8>)>;
+
+/// Page `page` as of `lsn`: its payload and LSN.
+fn model_page(log: &Log, page: u64, lsn: u64) -> (Vec<u8>, u64) {
+    let mut p = vec![0u8; PS - page::HEADER];
+    let mut last = 0;
+    for (l, _, off, data) in log.iter().filter(|r| r.1 == page && r.0 <= lsn) {
+        p[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+        last = *l;
+    }
+    (p, last)
+}
+
+fn call(s: &mut TcpStream, msg: &[u8], n: usize) -> Vec<Response> {
+    s.write_all(msg).unwrap();
+    (0..n)
+        .map(|_| {
+            let mut h = [0u8; 4];
+            s.read_exact(&mut h).unwrap();
+            let len = u32::from_le_bytes(h) as usize;
+            let mut b = vec![0u8; len];
+            b[..4].copy_from_slice(&h);
+            s.read_exact(&mut b[4..]).unwrap();
+            proto::decode_response(&b)
+        })
+        .collect()
+}
+
+/// The DPU on `img` (formatted already), with the `pageserver` offload app and its director
+/// when `offload`.
+fn dpu(img: &Path, socket: &Path, offload: bool) -> (Guard, Option<SocketAddr>) {
+    if !offload {
+        return (start_dpu(img, socket, &[]), None);
+    }
+    let (g, line) = ready_line(
+        Command::new(DDS)
+            .args(["dpu", "--json", "--device"])
+            .arg(img)
+            .arg("--socket")
+            .arg(socket)
+            .args([
+                "--offload",
+                "pageserver",
+                "--director-listen",
+                "127.0.0.1:0",
+            ])
+            .stderr(Stdio::null()),
+    );
+    (g, Some(common::director_of(&line)))
+}
+
+fn pageserver(listen: &str, socket: &Path, retention: &str, wal: &str) -> (Guard, SocketAddr) {
+    common::spawn_listening(
+        Command::new(DDS)
+            .args(["pageserver", "--listen", listen, "--socket"])
+            .arg(socket)
+            .args(["--pages", &PAGES.to_string(), "--buffer-pool", "8"])
+            .args(["--wal-size", wal, "--retention", retention])
+            .args(["--lsn-wait-ms", "120000"]),
+    )
+}
+
+/// (applied LSN, horizon) by a Watermark.
+fn watermark(s: &mut TcpStream) -> (u64, u64) {
+    let mut m = Vec::new();
+    proto::encode_watermark(&mut m, 1);
+    let r = call(s, &m, 1).remove(0);
+    assert_eq!(r.status, status::OK);
+    (r.lsn, u64::from_le_bytes(r.body[8..16].try_into().unwrap()))
+}
+
+struct Checker {
+    log: Log,
+    /// Last acknowledged LSN.
+    acked: u64,
+    retention: u64,
+    /// The log may run full (the horizon may pass the retention).
+    pressure: bool,
+    id: u64,
+    checked: u64,
+    below: u64,
+    retried: u64,
+}
+
+impl Checker {
+    /// GetPages of `pages` at `lsns`, on `s`, checked against the model.
+    fn get(&mut self, s: &mut TcpStream, reqs: &[(u64, u64)]) {
+        let gets: Vec<GetPage> = reqs
+            .iter()
+            .map(|&(page, lsn)| {
+                self.id += 1;
+                GetPage {
+                    req_id: self.id,
+                    lsn,
+                    nms: model_page(&self.log, page, lsn).1,
+                    page,
+                }
+            })
+            .collect();
+        let mut m = Vec::new();
+        proto::encode_getpages(&mut m, &gets);
+        for (g, r) in gets.iter().zip(call(s, &m, gets.len())) {
+            assert_eq!(r.req_id, g.req_id, "in request order");
+            match r.status {
+                status::OK => {
+                    let (want, lsn) = model_page(&self.log, g.page, g.lsn);
+                    assert_eq!(r.lsn, lsn, "page {} LSN as of {}", g.page, g.lsn);
+                    assert_eq!(page::check(&r.body), Some((g.page, lsn)));
+                    assert!(
+                        r.body[page::HEADER..] == want[..],
+                        "page {} as of {} differs from the model",
+                        g.page,
+                        g.lsn
+                    );
+                    self.checked += 1;
+                }
+                status::BELOW_HORIZON => {
+                    assert!(
+                        g.lsn < r.lsn,
+                        "{} refused above the horizon {}",
+                        g.lsn,
+                        r.lsn
+                    );
+                    if !self.pressure {
+                        assert!(
+                            r.lsn + self.retention <= self.acked,
+                            "horizon {} within the retention of {} LSNs of {}",
+                            r.lsn,
+                            self.retention,
+                            self.acked
+                        );
+                    }
+                    self.below += 1;
+                }
+                status::RETRY => self.retried += 1,
+                other => panic!("status {other} for {g:?}"),
+            }
+        }
+    }
+
+    /// A random read point: below the retention, within it, or the newest.
+    fn read_point(&self, rng: &mut SmallRng) -> u64 {
+        let low = self.acked.saturating_sub(self.retention).max(1);
+        match rng.gen_range(0..6) {
+            0 if low > 1 => rng.gen_range(1..low),
+            0 | 1 => self.acked,
+            _ => rng.gen_range(low..=self.acked),
+        }
+    }
+}
+
+fn run_model(offload: bool, retention: u64, wal: &str, pressure: bool, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let ret = retention.to_string();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut c = Checker {
+        log: Vec::new(),
+        acked: 0,
+        retention,
+        pressure,
+        id: 0,
+        checked: 0,
+        below: 0,
+        retried: 0,
+    };
+    let mut lsn = 1u64;
+    let mut listen = "127.0.0.1:0".to_string();
+    let (mut dpu_guard, mut director) = dpu(&img, &socket, offload);
+    for life in 0..4 {
+        let (mut ps, addr) = pageserver(&listen, &socket, &ret, wal);
+        listen = addr.to_string();
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut reader = director.map(|d| TcpStream::connect(d).unwrap());
+        if c.acked > 0 {
+            // Everything acknowledged is there: every page at the top, and within the horizon.
+            let (applied, horizon) = watermark(&mut s);
+            assert!(
+                applied >= c.log.last().unwrap().0,
+                "life {life}: applied {applied}"
+            );
+            assert!(horizon <= c.acked, "life {life}: horizon {horizon}");
+            for p in 0..PAGES {
+                let r = c.read_point(&mut rng).max(horizon);
+                c.get(&mut s, &[(p, c.acked), (p, r)]);
+            }
+        }
+        for _ in 0..200 {
+            let start = lsn;
+            let recs: Log = (0..rng.gen_range(1..8))
+                .map(|_| {
+                    lsn += rng.gen_range(1..4);
+                    let len = rng.gen_range(1..300);
+                    let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                    let off = rng.gen_range(0..(PS - page::HEADER - len)) as u16;
+                    (lsn, rng.gen_range(0..PAGES), off, data)
+                })
+                .collect();
+            let end = lsn + 1;
+            let r: Vec<Record<'_>> = recs
+                .iter()
+                .map(|(l, p, o, d)| Record {
+                    lsn: *l,
+                    page: *p,
+                    offset: *o,
+                    data: d,
+                })
+                .collect();
+            let mut m = Vec::new();
+            proto::encode_append(&mut m, start, end, &r);
+            let a = call(&mut s, &m, 1).remove(0);
+            assert_eq!(a.status, status::OK, "append [{start}, {end})");
+            lsn = end;
+            c.log.extend(recs);
+            c.acked = lsn - 1;
+            let reqs: Vec<(u64, u64)> = (0..6)
+                .map(|_| (rng.gen_range(0..PAGES), c.read_point(&mut rng)))
+                .collect();
+            // Reads through the director (the DPU serves what it can) and to the host.
+            match reader.as_mut() {
+                Some(d) if rng.gen_bool(0.7) => c.get(d, &reqs),
+                _ => c.get(&mut s, &reqs),
+            }
+        }
+        drop(s);
+        drop(reader);
+        match life % 3 {
+            0 => {
+                // A clean stop.
+                let pid = ps.0.id().to_string();
+                Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+                let st = ps.0.wait().unwrap();
+                assert!(st.success(), "the page server stopped with {st}");
+            }
+            1 => {
+                ps.0.kill().unwrap();
+                ps.0.wait().unwrap();
+            }
+            _ => {
+                // The DPU dies too: the page server with it.
+                dpu_guard.0.kill().unwrap();
+                dpu_guard.0.wait().unwrap();
+                ps.0.kill().unwrap();
+                ps.0.wait().unwrap();
+                drop(dpu_guard);
+                (dpu_guard, director) = dpu(&img, &socket, offload);
+            }
+        }
+    }
+    eprintln!(
+        "{} versions checked, {} below the horizon, {} retried",
+        c.checked, c.below, c.retried
+    );
+    assert!(c.checked > 2000, "{} versions checked", c.checked);
+    assert!(c.below > 0, "no read point fell below the horizon");
+    if !offload {
+        assert_eq!(c.retried, 0, "the host never answers RETRY");
+    }
+}
+
+#[test]
+fn versions_match_the_model_through_restarts_without_offload() {
+    // A log of 256 KiB wraps several times behind a horizon of 300 LSNs.
+    run_model(false, 300, "256K", false, 11);
+}
+
+#[test]
+fn versions_match_the_model_through_restarts_with_the_dpu_serving_pages() {
+    run_model(true, 300, "256K", false, 12);
+}
+
+#[test]
+fn a_full_log_moves_the_horizon_and_answers_stay_exact() {
+    // A retention far beyond what 64 KiB of log holds: the horizon moves up for room.
+    run_model(false, 1_000_000, "64K", true, 13);
+}
