@@ -29,10 +29,8 @@ use commands::MetaWaiter;
 /// Control commands handled per loop iteration at most, so the data path keeps moving.
 const COMMANDS_PER_ROUND: usize = 4;
 /// Idle rounds (no work at all, nothing in flight on the device) before the thread parks
-/// (`crate::bell`): about 12 µs. Longer spins (2,000 rounds, ~0.25 ms) outlasted the gaps
-/// between requests at moderate load, so the thread never parked and its spin was half of
-/// the DPU's CPU per offloaded GET (`docs/offload.md` §7).
-const SPIN_ROUNDS: u32 = 100;
+/// (`crate::bell`).
+const SPIN_ROUNDS: u32 = 2_000;
 /// Longest park: the thread looks at its stop flag (and at hosts that never ring their
 /// doorbell) at least this often.
 const PARK_MAX: Duration = Duration::from_millis(100);
@@ -192,7 +190,7 @@ impl Service {
             } else if idle_rounds < SPIN_ROUNDS {
                 idle_rounds += 1;
                 // Politely: a director thread woken by this round's completions may share
-                // the DPU's core, and waits for it otherwise (a spin lasts ~12 µs).
+                // the DPU's core, and waits for it otherwise (a spin lasts ~0.25 ms).
                 std::thread::yield_now();
             } else if !stopping {
                 match self.park() {
