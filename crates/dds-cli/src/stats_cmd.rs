@@ -1,6 +1,6 @@
 //! `dds stats`: what a running DPU is doing, like `redis-cli INFO`: its notification groups
 //! (requests, errors, bytes), memory, DMA engine, space, and the offload engine (cache table,
-//! cache writer, traffic directors).
+//! cache writer, traffic directors, DPU CPU per request served on the DPU).
 
 use std::path::PathBuf;
 
@@ -78,6 +78,20 @@ pub fn run(a: StatsArgs) -> Result<()> {
                 100.0 * live as f64 / cap.max(1) as f64
             );
             println!("cache_writer: {}", o["cache_writer"]);
+            let c = &o["cpu"];
+            let us = |k: &str| {
+                c[k].as_f64()
+                    .map_or("-".to_string(), |v| format!("{v:.1} µs"))
+            };
+            println!(
+                "cpu: {} per {} served on the DPU ({} in the directors' threads); {} requests, {:.3} s of DPU CPU in the {:.1} s since the last stats",
+                us("dpu_cpu_us_per_request"),
+                c["request"].as_str().unwrap_or("request"),
+                us("director_cpu_us_per_request"),
+                c["offloaded"].as_u64().unwrap_or(0),
+                c["process_cpu_seconds"].as_f64().unwrap_or(0.0),
+                c["window_seconds"].as_f64().unwrap_or(0.0),
+            );
             for (i, d) in o["directors"].as_array().into_iter().flatten().enumerate() {
                 println!("director {i}: {d}");
             }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{format_device, free_port, offloaded, start_dpu, Guard, DDS};
+use common::{format_device, free_port, offloaded, start_dpu, Guard};
 use dds_testkit::resp::command as cmd;
 
 /// `dds kv ARGS --listen 127.0.0.1:0`; returns the process and its address.
@@ -62,16 +62,6 @@ fn dds_resp_frame(b: &[u8]) -> Option<usize> {
         }
         _ => Some(nl + 2),
     }
-}
-
-fn stats(socket: &Path) -> serde_json::Value {
-    let out = Command::new(DDS)
-        .args(["stats", "--json", "--socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn start_redis_server(dir: &Path) -> (Guard, u16) {
@@ -415,13 +405,26 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
         offloaded(&socket) - before > 200,
         "MGET keys were not read on the DPU"
     );
-    let st = stats(&socket);
+    let st = common::dpu_stats(&socket);
     let dirs = st["offload"]["directors"].as_array().unwrap();
     let offloaded: u64 = dirs.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum();
     assert!(
         offloaded > keys as u64,
         "the DPU served {offloaded} GETs: {st}"
     );
+    // DPU CPU per GET served on it, over the window of the pipelined GETs below.
+    let mut batch = Vec::new();
+    for i in 0..keys {
+        batch.extend(cmd(&[b"GET", format!("key{i}").as_bytes()]));
+    }
+    for _ in 0..5 {
+        d.write_all(&batch).unwrap();
+        for _ in 0..keys {
+            read_reply(&mut d, &mut db);
+        }
+    }
+    let us = common::dpu_cpu_per_request(&socket, "KV GET", keys as u64);
+    eprintln!("DPU CPU per offloaded GET: {us:.1} µs");
 }
 
 #[test]

@@ -145,6 +145,8 @@ fn reads_are_served_on_the_dpu_with_verified_bytes() {
     assert_eq!(r["verify_failures"], 0, "{r}");
     assert_eq!(r["order_violations"], 0, "{r}");
     assert_eq!(r["requests"], 3000);
+    let us = common::dpu_cpu_per_request(&dir.path().join("dpu.sock"), "pagestore read", 3000);
+    eprintln!("DPU CPU per offloaded pagestore read: {us:.1} µs");
     let (offloaded, forwarded) = stop_dpu(dpu);
     assert!(offloaded >= 3000, "offloaded {offloaded}");
     assert!(forwarded > 0, "the verify pass's writes go to the host");

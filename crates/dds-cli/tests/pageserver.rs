@@ -193,7 +193,11 @@ fn getpages_match_the_model_with_the_dpu_serving_pages() {
     let dir = tempfile::tempdir().unwrap();
     let (_dpu, socket, d) = common::start_offload_dpu(dir.path(), "256M", "pageserver");
     let (_ps, h) = start_pageserver("127.0.0.1:0", &socket, &[]);
+    // The window of `dds stats`'s DPU CPU per page read starts here.
+    offloaded(&socket);
     let (checked, retried) = run_workload(h, &[d, d, d, h], 400);
+    let us = common::dpu_cpu_per_request(&socket, "page read", 100);
+    eprintln!("DPU CPU per offloaded page read: {us:.1} µs");
     let served = offloaded(&socket);
     eprintln!("{checked} pages checked, {served} served by the DPU, {retried} retried");
     assert!(checked > 500, "{checked} pages checked");

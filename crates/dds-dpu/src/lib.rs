@@ -9,6 +9,7 @@
 
 mod bell;
 mod control;
+mod cpu;
 mod group;
 mod offload;
 pub mod profile;

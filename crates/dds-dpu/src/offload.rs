@@ -19,6 +19,8 @@ use dds_offload_engine::{
 };
 use dds_proto::Status;
 
+use crate::cpu::CpuMeter;
+
 /// Offload settings of a DPU.
 #[derive(Clone)]
 pub struct OffloadConfig {
@@ -73,6 +75,8 @@ pub(crate) struct OffloadHooks {
     pub directors: Directors,
     /// Where the director started with the DPU connects host legs (`SetHostApp`).
     pub host_app: Option<Arc<dds_director::HostApp>>,
+    /// DPU CPU per offloaded request, a window per `dds stats`.
+    pub cpu: CpuMeter,
 }
 
 /// The counter sources of the directors attached to this DPU.
@@ -90,12 +94,14 @@ impl OffloadHooks {
             .iter()
             .map(StatsSource::stats)
             .collect();
+        let cpu = self.cpu.window(directors.iter().map(|d| d.offloaded).sum());
         serde_json::json!({
             "app": self.maintainer.app_name(),
             "cache": cache,
             "cache_capacity": capacity,
             "cache_writer": self.maintainer.stats(),
             "directors": directors,
+            "cpu": cpu,
         })
     }
 }
@@ -162,6 +168,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
     let port_service = port
         .service()
         .ok_or_else(|| io::Error::other("the port's service side is taken"))?;
+    let cpu = CpuMeter::new(cfg.app.offloaded_request());
     let mut runtime = OffloadRuntime {
         app: cfg.app,
         cache: maintainer.reader(),
@@ -181,6 +188,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
             exposed,
             directors: runtime.directors.clone(),
             host_app,
+            cpu,
         },
         runtime,
     ))

@@ -223,6 +223,11 @@ impl OffloadApp for RedisApp {
     fn name(&self) -> &str {
         "redis"
     }
+
+    fn offloaded_request(&self) -> &str {
+        "KV GET"
+    }
+
     fn max_message_len(&self) -> usize {
         self.max_message
     }

@@ -237,6 +237,12 @@ pub trait OffloadApp: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &str;
 
+    /// What one request served on the DPU is, for the DPU's statistics (DPU CPU per
+    /// request): `KV GET`, `page read`.
+    fn offloaded_request(&self) -> &str {
+        "read"
+    }
+
     /// Largest client message (bytes).
     fn max_message_len(&self) -> usize;
     /// Largest host response (bytes).

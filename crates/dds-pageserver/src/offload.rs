@@ -57,6 +57,11 @@ impl OffloadApp for PageServerApp {
     fn name(&self) -> &str {
         "pageserver"
     }
+
+    fn offloaded_request(&self) -> &str {
+        "page read"
+    }
+
     fn max_message_len(&self) -> usize {
         proto::MSG_MAX
     }

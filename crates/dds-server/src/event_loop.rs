@@ -43,6 +43,13 @@ crate::counters! {
         out_of_memory,
         /// Rounds whose replies the service withheld.
         failed_rounds,
+        /// io_uring: multishot requests (a connection's receive, the accept, the poll of the
+        /// service's descriptor) that the kernel ended and the loop started again.
+        uring_rearms,
+        /// io_uring: receives ended because every receive buffer was lent out.
+        uring_no_buffers,
+        /// io_uring: waits that found completions held back by a full completion queue.
+        uring_cq_overflows,
     }
 }
 
@@ -168,7 +175,7 @@ pub(crate) struct Core<S: Service> {
     scratch: Vec<u8>,
     touched: Vec<u32>,
     ready: Vec<u32>,
-    counters: Arc<LoopCounters>,
+    pub(crate) counters: Arc<LoopCounters>,
     pub(crate) draining: bool,
 }
 
@@ -276,7 +283,7 @@ impl<S: Service> Server<S> {
                 timeout = Duration::ZERO;
             }
             let sleep = !timeout.is_zero() && core.service.prepare_sleep();
-            let r = io.wait(if sleep { timeout } else { Duration::ZERO });
+            let r = io.wait(&core, if sleep { timeout } else { Duration::ZERO });
             if sleep {
                 core.service.end_sleep();
             }

@@ -13,8 +13,8 @@ use crate::uring::Uring;
 use crate::{Backend, Config, ConnId, Service};
 
 /// The environment variable that chooses the backend of loops configured with
-/// [`Backend::Auto`]: `epoll` (the default), `uring`, or `auto` (io_uring where the kernel has
-/// it).
+/// [`Backend::Auto`]: `auto` (the default: io_uring where the kernel has it, epoll where not),
+/// `uring`, or `epoll`.
 pub const BACKEND_ENV: &str = "DDS_SERVER_BACKEND";
 
 pub(crate) enum Io {
@@ -23,18 +23,19 @@ pub(crate) enum Io {
 }
 
 impl Io {
-    /// The backend `cfg` asks for; for [`Backend::Auto`] the environment's (epoll when unset);
-    /// `auto` there: io_uring when the kernel has what it needs, epoll otherwise.
+    /// The backend `cfg` asks for; for [`Backend::Auto`] the environment's: when it is unset
+    /// or `auto`, io_uring when the kernel has what it needs (it may be missing, too old, or
+    /// refused: `ENOSYS`, `EPERM`), epoll otherwise.
     pub(crate) fn new(listener: TcpListener, wake: Option<RawFd>, cfg: &Config) -> io::Result<Io> {
         let choice = match cfg.backend {
             Backend::Auto => match std::env::var(BACKEND_ENV).as_deref() {
-                Ok("") | Ok("epoll") | Err(std::env::VarError::NotPresent) => Backend::Epoll,
+                Ok("") | Ok("auto") | Err(std::env::VarError::NotPresent) => Backend::Auto,
+                Ok("epoll") => Backend::Epoll,
                 Ok("uring") => Backend::Uring,
-                Ok("auto") => Backend::Auto,
                 Ok(other) => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        format!("{BACKEND_ENV}={other}: expected epoll, uring or auto"),
+                        format!("{BACKEND_ENV}={other}: expected auto, uring or epoll"),
                     ))
                 }
                 Err(e) => {
@@ -52,7 +53,7 @@ impl Io {
             Backend::Auto => match Uring::new(listener.try_clone()?, wake, cfg) {
                 Ok(u) => Ok(Io::Uring(Box::new(u))),
                 Err(e) => {
-                    tracing::info!(error = %e, "io_uring unavailable: the event loop runs on epoll");
+                    tracing::warn!(error = %e, "io_uring unavailable: the event loop runs on epoll");
                     Ok(Io::Epoll(Epoll::new(listener, wake)?))
                 }
             },
@@ -67,10 +68,10 @@ impl Io {
     }
 
     /// Waits at most `timeout` for events (zero: only collects what is there).
-    pub(crate) fn wait(&mut self, timeout: Duration) -> io::Result<()> {
+    pub(crate) fn wait<S: Service>(&mut self, core: &Core<S>, timeout: Duration) -> io::Result<()> {
         match self {
             Io::Epoll(e) => e.wait(timeout),
-            Io::Uring(u) => u.wait(timeout),
+            Io::Uring(u) => u.wait(core, timeout),
         }
     }
 

@@ -89,9 +89,8 @@ pub enum Verdict {
 /// How an event loop does its I/O (`docs/server-runtime.md`, Shape).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
-    /// [`BACKEND_ENV`]: `epoll` (also when unset), `uring`, or `auto` (io_uring when the
-    /// kernel has what it needs, epoll when not). io_uring is chosen, not the default, until
-    /// a rare stall seen on it under heavy load is explained (`docs/server-runtime.md`).
+    /// [`BACKEND_ENV`]: `auto` (also when unset: io_uring when the kernel has what it needs,
+    /// epoll when it is missing, too old or refused), `uring`, or `epoll`.
     #[default]
     Auto,
     /// Readiness: epoll; a system call per read and per write.
@@ -128,6 +127,10 @@ pub struct Config {
     /// With io_uring: receive buffers lent to the kernel (a power of two; bytes that arrived
     /// and are not parsed yet hold one until the end of their round).
     pub recv_buffers: usize,
+    /// With io_uring: completion queue entries of the loop's ring (its submission queue has
+    /// an eighth, at most 1024). Completions past a full queue wait in the kernel, and the
+    /// multishot requests that could not post end and are started again.
+    pub ring_entries: u32,
 }
 
 impl Default for Config {
@@ -144,6 +147,7 @@ impl Default for Config {
             read_bytes: 64 << 10,
             backend: Backend::Auto,
             recv_buffers: 256,
+            ring_entries: 8192,
         }
     }
 }

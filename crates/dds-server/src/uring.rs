@@ -35,9 +35,10 @@ const GEN_MASK: u64 = 0x00ff_ffff;
 const NONE: u16 = u16::MAX;
 /// The buffer group of the receive buffers.
 const GROUP: u16 = 0;
-/// Submission queue entries; a round with more requests submits in several steps.
+/// Submission queue entries at most; a round with more requests submits in several steps.
 const SQ_ENTRIES: u32 = 1024;
-const CQ_ENTRIES: u32 = 8192;
+/// How long a failed accept waits before it is tried again (a full descriptor table).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
 /// A request's user data: what it is for (4 bits), which receive of the connection (4 bits:
 /// a stopped receive's last completion may come after the next one started), the
@@ -188,8 +189,17 @@ pub(crate) struct Uring {
     len: Vec<u32>,
     /// The buffer of the last read, returned to the kernel once used.
     current: u16,
-    /// Completions taken from the queue at once.
+    /// Completions taken from the queue at once (the completion queue's size).
     cqes: Vec<cqueue::Entry>,
+}
+
+/// A receive, send or poll that failed for a passing lack of memory or buffers, or was
+/// interrupted: it is started again, the connection is not ended for it.
+fn transient(res: i32) -> bool {
+    matches!(
+        -res,
+        libc::ENOBUFS | libc::ENOMEM | libc::EAGAIN | libc::EINTR | libc::ECANCELED
+    )
 }
 
 impl Uring {
@@ -200,16 +210,14 @@ impl Uring {
         wake: Option<RawFd>,
         cfg: &Config,
     ) -> io::Result<Uring> {
+        let cq = cfg.ring_entries.clamp(8, 1 << 16).next_power_of_two();
+        let sq = (cq / 8).clamp(1, SQ_ENTRIES);
         let ring = IoUring::builder()
             .setup_coop_taskrun()
             .setup_taskrun_flag()
-            .setup_cqsize(CQ_ENTRIES)
-            .build(SQ_ENTRIES)
-            .or_else(|_| {
-                IoUring::builder()
-                    .setup_cqsize(CQ_ENTRIES)
-                    .build(SQ_ENTRIES)
-            })?;
+            .setup_cqsize(cq)
+            .build(sq)
+            .or_else(|_| IoUring::builder().setup_cqsize(cq).build(sq))?;
         let mut probe = Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         for (code, name) in [
@@ -253,7 +261,7 @@ impl Uring {
             next: vec![NONE; usize::from(entries)],
             len: vec![0; usize::from(entries)],
             current: NONE,
-            cqes: Vec::with_capacity(CQ_ENTRIES as usize),
+            cqes: Vec::with_capacity(cq as usize),
         };
         for bid in 0..entries {
             u.bufs.give(bid);
@@ -398,12 +406,33 @@ impl Uring {
         }
     }
 
-    pub(crate) fn wait(&mut self, timeout: Duration) -> io::Result<()> {
-        if !self.accept_armed && self.accept_retry.is_none_or(|t| Instant::now() >= t) {
-            self.accept_retry = None;
-            self.arm_accept();
+    pub(crate) fn wait<S: Service>(&mut self, core: &Core<S>, timeout: Duration) -> io::Result<()> {
+        let mut timeout = timeout;
+        if !self.accept_armed {
+            let now = Instant::now();
+            match self.accept_retry {
+                Some(t) if now < t => {
+                    // The pause of a failed accept ends the wait: nothing else would wake
+                    // a loop without connections to start it again.
+                    timeout = timeout.min(t - now);
+                }
+                _ => {
+                    self.accept_retry = None;
+                    self.arm_accept();
+                }
+            }
         }
         self.bufs.publish();
+        let overflow = {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            sq.cq_overflow()
+        };
+        if overflow {
+            // Completions wait in the kernel: the enter below (GETEVENTS) moves them into
+            // the queue as it empties; the multishot requests that could not post ended.
+            core.counters.add(&core.counters.uring_cq_overflows, 1);
+        }
         let r = if timeout.is_zero() || !self.ring.completion().is_empty() {
             let mut sq = self.ring.submission();
             sq.sync();
@@ -426,9 +455,15 @@ impl Uring {
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::ETIME | libc::EBUSY | libc::EINTR | libc::EAGAIN)
+                    Some(libc::ETIME | libc::EBUSY | libc::EINTR | libc::EAGAIN | libc::ENOMEM)
                 ) =>
             {
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBADR) => {
+                // The kernel dropped completions it had no memory to keep: the loop goes on
+                // (the connections they were for are ended by their deadlines or clients).
+                tracing::error!("io_uring dropped completions (no kernel memory)");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -436,10 +471,10 @@ impl Uring {
     }
 
     pub(crate) fn dispatch<S: Service>(&mut self, core: &mut Core<S>) {
+        let most = self.cqes.capacity();
         loop {
             self.cqes.clear();
-            self.cqes
-                .extend(self.ring.completion().take(CQ_ENTRIES as usize));
+            self.cqes.extend(self.ring.completion().take(most));
             if self.cqes.is_empty() {
                 return;
             }
@@ -449,7 +484,13 @@ impl Uring {
                     RECV => self.received(core, &cqe),
                     SEND => self.sent(core, &cqe),
                     ACCEPT => self.accepted(core, &cqe),
-                    WAKE if !cqueue::more(cqe.flags()) => self.arm_wake(),
+                    WAKE if !cqueue::more(cqe.flags()) => {
+                        // The poll ended (a full completion queue, a lack of memory): the
+                        // service is woken by a new one, which also reports a descriptor
+                        // that became readable meanwhile.
+                        core.counters.add(&core.counters.uring_rearms, 1);
+                        self.arm_wake();
+                    }
                     _ => {}
                 }
             }
@@ -457,15 +498,19 @@ impl Uring {
     }
 
     fn accepted<S: Service>(&mut self, core: &mut Core<S>, cqe: &cqueue::Entry) {
-        if !cqueue::more(cqe.flags()) {
-            self.accept_armed = false;
-        }
         let res = cqe.result();
+        if !cqueue::more(cqe.flags()) {
+            // Started again at the next wait (after a pause if it failed).
+            self.accept_armed = false;
+            if self.listener.is_some() {
+                core.counters.add(&core.counters.uring_rearms, 1);
+            }
+        }
         if res < 0 {
             let e = io::Error::from_raw_os_error(-res);
-            if res != -libc::ECANCELED {
+            if !transient(res) {
                 tracing::warn!(error = %e, "accept failed");
-                self.accept_retry = Some(Instant::now() + Duration::from_millis(50));
+                self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
             }
             return;
         }
@@ -492,15 +537,18 @@ impl Uring {
         let slot = data as u32;
         let bid = cqueue::buffer_select(cqe.flags());
         let res = cqe.result();
-        let Some(c) = core.conn(slot, same_gen(data)) else {
+        if core.conn(slot, same_gen(data)).is_none() {
             // A completion for a connection that closed.
             if let Some(b) = bid {
                 self.bufs.give(b);
             }
             return;
-        };
+        }
         let s = slot as usize;
         let current = (data >> 56) & 15 == u64::from(self.epoch[s]);
+        // The kernel ended the receive the loop runs (not one it stopped): a byte limit, a
+        // full completion queue, no buffer, a lack of memory.
+        let ended_by_kernel = current && self.armed[s] && !cqueue::more(cqe.flags());
         if !cqueue::more(cqe.flags()) && current {
             self.armed[s] = false;
         }
@@ -518,19 +566,23 @@ impl Uring {
                 self.bufs.give(b);
                 self.ended[s] = true;
             }
-            (r, None) if r == -libc::ENOBUFS => {
-                // Every buffer is lent out: they come back by the end of this round, before
-                // the receive is handed over again.
-                if current && !self.ended[s] {
-                    let fd = c.stream.as_raw_fd();
-                    let id = c.id;
-                    self.arm_recv(fd, id);
+            (r, None) if transient(r) => {
+                // Every buffer is lent out (they come back by the end of this round, before
+                // the receive is handed over again), or a passing failure; a receive the
+                // loop stopped itself (cancelled) stays stopped. Serving the connection
+                // starts its receive again if it takes input (`after_serve`).
+                if !ended_by_kernel {
+                    return;
                 }
-                return;
+                if r == -libc::ENOBUFS {
+                    core.counters.add(&core.counters.uring_no_buffers, 1);
+                }
             }
-            (r, None) if r == -libc::ECANCELED => return,
             // The end of the stream (0) or an error.
             (_, None) => self.ended[s] = true,
+        }
+        if ended_by_kernel && !self.ended[s] {
+            core.counters.add(&core.counters.uring_rearms, 1);
         }
         core.ready_io(slot, true, false);
     }
@@ -552,10 +604,11 @@ impl Uring {
             core.touch(slot);
             return;
         };
-        if res <= 0 {
+        if (res <= 0 && !transient(res)) || res == 0 {
             c.dead = true;
         } else if s.at < s.buf.len() && !c.dead {
-            // A short send (the kernel retries stream sends itself; this is for the rest).
+            // A short send (the kernel retries stream sends itself; this is for the rest), or
+            // one that failed for a passing lack of memory: the rest goes again.
             c.sending = s.buf.len() - s.at;
             let e = opcode::Send::new(
                 Fd(s.fd),

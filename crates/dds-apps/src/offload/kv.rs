@@ -222,6 +222,11 @@ impl OffloadApp for KvApp {
     fn name(&self) -> &str {
         "kv"
     }
+
+    fn offloaded_request(&self) -> &str {
+        "KV GET"
+    }
+
     fn max_message_len(&self) -> usize {
         KV_MSG_MAX
     }

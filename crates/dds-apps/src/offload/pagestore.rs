@@ -228,6 +228,11 @@ impl OffloadApp for PagestoreApp {
     fn name(&self) -> &str {
         "pagestore"
     }
+
+    fn offloaded_request(&self) -> &str {
+        "pagestore read"
+    }
+
     fn max_message_len(&self) -> usize {
         MSG_BYTES_MAX
     }

@@ -142,19 +142,62 @@ pub fn director_of(line: &str) -> SocketAddr {
         .unwrap_or_else(|| panic!("no director in the ready line {line:?}"))
 }
 
-/// Requests the DPU's traffic directors served on the DPU so far (`dds stats --json`).
-pub fn offloaded(socket: &Path) -> u64 {
+/// `dds stats --json` of the DPU on `socket`.
+pub fn dpu_stats(socket: &Path) -> serde_json::Value {
     let out = Command::new(DDS)
         .args(["stats", "--json", "--socket"])
         .arg(socket)
         .output()
         .unwrap();
     assert!(out.status.success(), "dds stats failed");
-    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    st["offload"]["directors"]
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Requests the DPU's traffic directors served on the DPU so far (`dds stats --json`).
+pub fn offloaded(socket: &Path) -> u64 {
+    dpu_stats(socket)["offload"]["directors"]
         .as_array()
         .map(|d| d.iter().map(|x| x["offloaded"].as_u64().unwrap()).sum())
         .unwrap_or(0)
+}
+
+/// The DPU's CPU per request served on it, in µs, over the window since the previous `dds
+/// stats` (the offload section's `cpu`), after checking that the window holds at least
+/// `requests` of the app's kind `request` and that the figures are plausible: some CPU per
+/// request, the directors' threads' part of it, no more CPU than the window's wall time on
+/// every core.
+pub fn dpu_cpu_per_request(socket: &Path, request: &str, requests: u64) -> f64 {
+    let st = dpu_stats(socket);
+    let c = &st["offload"]["cpu"];
+    assert_eq!(c["request"], request, "{c}");
+    assert!(c["offloaded"].as_u64().unwrap() >= requests, "{c}");
+    let us = c["dpu_cpu_us_per_request"].as_f64().unwrap();
+    let director = c["director_cpu_us_per_request"].as_f64().unwrap();
+    assert!((0.5..20_000.0).contains(&us), "{c}");
+    assert!(director > 0.0 && director <= us, "{c}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let (cpu, wall) = (
+        c["process_cpu_seconds"].as_f64().unwrap(),
+        c["window_seconds"].as_f64().unwrap(),
+    );
+    assert!(cpu > 0.0 && cpu <= wall * cores + 0.05, "{c}");
+    let threads = c["threads"].as_array().unwrap();
+    assert!(
+        threads.iter().any(|t| t[0] == "dds-director"),
+        "the directors' threads are listed: {c}"
+    );
+    // The text form says the same.
+    let out = Command::new(DDS)
+        .args(["stats", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("per {request} served on the DPU")),
+        "{text}"
+    );
+    us
 }
 
 /// A DPU-KV deployment: its processes (DPU first, when there is one), the host's ready lines
