@@ -11,12 +11,14 @@
 pub mod client;
 mod conn;
 pub mod etcd;
+mod link;
 pub mod map;
 pub mod monitor;
 mod objects;
 pub mod pglog;
 mod recovery;
 pub mod server;
+mod service;
 pub mod store;
 pub mod wire;
 

@@ -306,26 +306,11 @@ impl OsdCluster {
                 Stdio::null()
             });
         if self.placements[id as usize] == "dpu" {
-            let sock = self.dir.join(format!("osd{id}.store.sock"));
             if self.stores[id as usize].is_none() {
-                let _ = std::fs::remove_file(&sock);
-                let mut st = Command::new(DDS);
-                st.arg("osd-store")
-                    .arg("--device")
-                    .arg(&dev)
-                    .arg("--socket")
-                    .arg(&sock)
-                    .args(["--size", "64M"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null());
-                if format {
-                    st.arg("--format");
-                }
-                self.stores[id as usize] = Some(Guard(st.spawn().unwrap()));
-                wait_for_socket(&sock);
+                self.start_store(id, format);
             }
             cmd.args(["--placement", "dpu", "--proxy-socket"])
-                .arg(&sock);
+                .arg(self.store_socket(id));
         } else {
             cmd.arg("--device").arg(&dev).args(["--size", "64M"]);
             if format {
@@ -335,6 +320,37 @@ impl OsdCluster {
         let (g, a, p) = spawn_osd(&mut cmd, &format!("osd {id}"));
         self.osds[id as usize] = Some(g);
         (self.addrs[id as usize], self.peer_addrs[id as usize]) = (a, p);
+    }
+
+    fn store_socket(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("osd{id}.store.sock"))
+    }
+
+    /// `dds osd-store` of a placement-dpu OSD, once its socket exists.
+    pub fn start_store(&mut self, id: u32, format: bool) {
+        let sock = self.store_socket(id);
+        let _ = std::fs::remove_file(&sock);
+        let mut st = Command::new(DDS);
+        st.arg("osd-store")
+            .arg("--device")
+            .arg(self.dir.join(format!("osd{id}.img")))
+            .arg("--socket")
+            .arg(&sock)
+            .args(["--size", "64M"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if format {
+            st.arg("--format");
+        }
+        self.stores[id as usize] = Some(Guard(st.spawn().unwrap()));
+        wait_for_socket(&sock);
+    }
+
+    /// Whether the process of OSD `id` (its front end) still runs.
+    pub fn running(&mut self, id: u32) -> bool {
+        self.osds[id as usize]
+            .as_mut()
+            .is_some_and(|g| g.0.try_wait().ok().flatten().is_none())
     }
 
     /// SIGKILL of one OSD's process (the front end: the DPU process in placement dpu).
