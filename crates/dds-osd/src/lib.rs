@@ -11,6 +11,7 @@
 pub mod client;
 mod conn;
 pub mod etcd;
+pub mod health;
 mod link;
 pub mod map;
 pub mod monitor;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd::{Etcd, EtcdError};
-use crate::map::{ClusterMap, MapError, Placement};
+use crate::map::{ClusterMap, MapError, OsdInfo, Placement};
 use crate::server::MapHandle;
 
 /// Period of the file poll and of the monitor's comparison.
@@ -314,7 +314,22 @@ pub fn next_map(map: &ClusterMap, alive: &BTreeMap<u32, Alive>) -> Option<Cluste
             changed = true;
         }
     }
+    // An OSD of a new id joins the map (weight 1, up): straw2 moves to it only the PGs it wins.
+    for (&id, a) in alive {
+        if map.osd(id).is_none() {
+            next.osds.push(OsdInfo {
+                id,
+                addr: a.addr,
+                peer_addr: a.peer_addr,
+                weight: 1.0,
+                placement: a.placement,
+                up: true,
+            });
+            changed = true;
+        }
+    }
     changed.then(|| {
+        next.osds.sort_by_key(|o| o.id);
         next.epoch += 1;
         next
     })
@@ -381,5 +396,12 @@ mod tests {
         let back = next_map(&next, &BTreeMap::from([alive(0, 6000), alive(1, 6100)])).unwrap();
         assert_eq!(back.epoch, 6);
         assert!(back.osds[1].up && back.osds[1].addr.port() == 6100);
+        // A new id joins, up, with its ports.
+        let alive3 = BTreeMap::from([alive(0, 6000), alive(1, 6100), alive(3, 6300)]);
+        let joined = next_map(&back, &alive3).unwrap();
+        assert_eq!(joined.epoch, 7);
+        let o3 = joined.osd(3).unwrap();
+        assert!(o3.up && o3.addr.port() == 6300 && o3.weight == 1.0);
+        assert!(next_map(&joined, &alive3).is_none());
     }
 }

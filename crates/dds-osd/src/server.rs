@@ -116,6 +116,10 @@ pub(crate) struct Pg {
     pub head: AtomicU64,
     pub active: AtomicBool,
     pub clean: AtomicBool,
+    /// Objects the running recovery pass of a lagging replica has still to copy.
+    pub to_recover: AtomicU64,
+    /// Members holding every version (the primary included).
+    pub in_sync_count: AtomicU64,
 }
 
 impl Pg {
@@ -135,6 +139,8 @@ impl Pg {
             head: AtomicU64::new(head),
             active: AtomicBool::new(false),
             clean: AtomicBool::new(false),
+            to_recover: AtomicU64::new(0),
+            in_sync_count: AtomicU64::new(0),
         };
         pg.publish(&pg.lock());
         pg
@@ -144,12 +150,31 @@ impl Pg {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub fn set_to_recover(&self, n: u64) {
+        self.to_recover.store(n, Ordering::Release);
+    }
+
+    pub fn recovered_one(&self) {
+        let _ = self
+            .to_recover
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
     pub fn publish(&self, st: &PgState) {
         self.head.store(st.head, Ordering::Release);
         self.active
             .store(!self.primary || st.active, Ordering::Release);
         let clean = !self.primary || st.in_sync.len() + 1 == self.acting.len();
         self.clean.store(clean, Ordering::Release);
+        if clean {
+            self.to_recover.store(0, Ordering::Release);
+        }
+        let in_sync = if self.primary {
+            st.in_sync.len() + 1
+        } else {
+            0
+        };
+        self.in_sync_count.store(in_sync as u64, Ordering::Release);
     }
 }
 
@@ -510,6 +535,9 @@ impl Inner {
                     "head": p.head.load(Ordering::Acquire),
                     "active": p.active.load(Ordering::Acquire),
                     "clean": p.clean.load(Ordering::Acquire),
+                    "size": view.map.pool(p.id.pool).map_or(0, |pool| pool.size),
+                    "in_sync": p.in_sync_count.load(Ordering::Acquire),
+                    "to_recover": p.to_recover.load(Ordering::Acquire),
                 })
             })
             .collect();

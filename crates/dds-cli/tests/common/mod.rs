@@ -574,3 +574,96 @@ pub fn ready_line(cmd: &mut Command) -> (Guard, String) {
     let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
     (Guard(child), line)
 }
+
+/// The seed map of an etcd cluster of OSDs `0..n` on port 0 (pool 1 "data", 16 PGs, size 3,
+/// min_size 2), written in `dir`.
+pub fn etcd_seed(dir: &Path, n: u32) -> PathBuf {
+    let mut text = String::from("epoch = 1\n");
+    for id in 0..n {
+        text +=
+            &format!("[[osd]]\nid = {id}\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n");
+    }
+    text += "[[pool]]\nid = 1\nname = \"data\"\npg_num = 16\nsize = 3\nmin_size = 2\n";
+    let p = dir.join("seed.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `dds osd --id ID --etcd URL --cluster t` on port 0 (a new device when `format`), the map
+/// seeded with OSDs `0..n` (an id outside joins as a new OSD).
+pub fn etcd_osd(dir: &Path, url: &str, n: u32, id: u32, format: bool) -> Guard {
+    let mut cmd = Command::new(DDS);
+    cmd.args([
+        "osd",
+        "--id",
+        &id.to_string(),
+        "--etcd",
+        url,
+        "--cluster",
+        "t",
+    ])
+    .args(["--etcd-ttl", "2", "--map"])
+    .arg(etcd_seed(dir, n))
+    .arg("--device")
+    .arg(dir.join(format!("osd{id}.img")))
+    .args(["--size", "64M"])
+    .stderr(if std::env::var_os("DDS_TEST_OSD_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    });
+    if format {
+        cmd.arg("--format");
+    }
+    spawn_osd(&mut cmd, &format!("osd {id}")).0
+}
+
+/// Waits until the client's map (watched in etcd) says `want(map)`.
+pub fn wait_map(
+    c: &dds_osd::client::Client,
+    what: &str,
+    want: impl Fn(&dds_osd::ClusterMap) -> bool,
+) -> dds_osd::ClusterMap {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = c.map();
+        if want(&m) {
+            return (*m).clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: map {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// etcd and OSDs `0..n` in etcd mode (fresh devices in `dir`), with a client of the cluster
+/// once every OSD is up with its ports and every PG clean.
+pub struct EtcdOsds {
+    pub etcd: Guard,
+    pub url: String,
+    pub osds: Vec<Option<Guard>>,
+    pub client: std::sync::Arc<dds_osd::client::Client>,
+}
+
+pub fn start_etcd_osds(dir: &Path, n: u32) -> EtcdOsds {
+    let (etcd, url) = start_etcd(dir);
+    let osds = (0..n)
+        .map(|id| Some(etcd_osd(dir, &url, n, id, true)))
+        .collect();
+    let opts = dds_osd::client::ClientOptions {
+        retry_for: Duration::from_secs(30),
+        io_timeout: Duration::from_secs(10),
+        ..dds_osd::client::ClientOptions::default()
+    };
+    let client =
+        std::sync::Arc::new(dds_osd::client::Client::connect_etcd(&url, "t", opts).unwrap());
+    wait_map(&client, "every OSD up with its ports", |m| {
+        m.osds.iter().all(|o| o.up && o.addressed())
+    });
+    osd_wait_clean(&client, &(0..n).collect::<Vec<_>>());
+    EtcdOsds {
+        etcd,
+        url,
+        osds,
+        client,
+    }
+}
