@@ -385,36 +385,12 @@ pub fn spawn_osd(
 /// client URL once it answers. etcd cannot report a port it picked, so its two ports are
 /// free ones chosen here.
 pub fn start_etcd(dir: &Path) -> (Guard, String) {
-    let url = format!("http://127.0.0.1:{}", free_port());
-    let peer = format!("http://127.0.0.1:{}", free_port());
-    let etcd = Guard(
-        Command::new("etcd")
-            .arg("--data-dir")
-            .arg(dir.join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd (package etcd-server)"),
+    let (mut cmd, url) = dds_osd::etcd::local_member(dir).unwrap();
+    let etcd = Guard(cmd.spawn().expect("etcd (package etcd-server)"));
+    assert!(
+        dds_osd::etcd::wait_answers(&url, Duration::from_secs(20)),
+        "etcd did not start"
     );
-    let etcd_api = dds_osd::etcd::Etcd::new(&url);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while etcd_api.get("/").is_err() {
-        assert!(Instant::now() < deadline, "etcd did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     (etcd, url)
 }
 
