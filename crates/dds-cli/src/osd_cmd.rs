@@ -322,6 +322,9 @@ enum ObjectsCmd {
     Ls,
     /// Remove object NAME.
     Rm { name: String },
+    /// Set an OSD's weight (etcd mode): 0 takes it out (its PGs move to the others), 1 puts
+    /// it back.
+    Reweight { id: u32, weight: f64 },
     /// The cluster's health (like `ceph -s`): OSDs up and in, PGs active+clean, degraded,
     /// recovering, inactive, objects to recover.
     Status {
@@ -401,6 +404,16 @@ fn objects(a: ObjectsArgs) -> Result<()> {
         }
         ObjectsCmd::Rm { name } => {
             client.remove(&oid(&name))?;
+        }
+        ObjectsCmd::Reweight { id, weight } => {
+            let url = a
+                .etcd
+                .as_deref()
+                .context("reweight changes the map in etcd: give --etcd and --cluster")?;
+            let keys = dds_osd::monitor::Keys::new(a.cluster.as_deref().unwrap_or_default());
+            let map =
+                dds_osd::monitor::reweight(&dds_osd::etcd::Etcd::new(url), &keys, id, weight)?;
+            println!("osd {id}: weight {weight} in map epoch {}", map.epoch);
         }
         ObjectsCmd::Status { json } => {
             let st = dds_osd::health::cluster_status(&client);

@@ -23,18 +23,11 @@ fn content(i: u64) -> Vec<u8> {
         .into_bytes()
 }
 
-/// `dds objects status --json` of the cluster `t` in etcd at `url`.
-fn status(url: &str) -> serde_json::Value {
+/// `dds objects ARGS` of the cluster `t` in etcd at `url`; its stdout, after success.
+fn dds_objects(url: &str, args: &[&str]) -> Vec<u8> {
     let out = Command::new(DDS)
-        .args([
-            "objects",
-            "--etcd",
-            url,
-            "--cluster",
-            "t",
-            "status",
-            "--json",
-        ])
+        .args(["objects", "--etcd", url, "--cluster", "t"])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -42,7 +35,12 @@ fn status(url: &str) -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out.stdout
+}
+
+/// `dds objects status --json`.
+fn status(url: &str) -> serde_json::Value {
+    serde_json::from_slice(&dds_objects(url, &["status", "--json"])).unwrap()
 }
 
 #[test]
@@ -199,6 +197,24 @@ fn a_returning_and_a_new_osd_are_recovered_while_clients_go_on_and_status_reache
     assert_eq!(s["osds_up"], 4);
     assert_eq!(s["objects_to_recover"], 0);
     let acked = acked.lock().unwrap().clone();
+
+    // OSD 0 taken out (weight 0): only the PGs it was a member of move, to the others.
+    let before = (*cl.map()).clone();
+    dds_objects(&url, &["reweight", "0", "0"]);
+    let after = wait_map(&cl, "osd 0 out", |m| {
+        m.osd(0).is_some_and(|o| o.weight == 0.0)
+    });
+    for pg in after.all_pgs() {
+        let (was, now) = (before.acting(pg), after.acting(pg));
+        assert!(!now.contains(&0), "pg {pg} still on osd 0");
+        if was != now {
+            assert!(
+                was.contains(&0),
+                "pg {pg} moved ({was:?} -> {now:?}) without osd 0"
+            );
+        }
+    }
+    osd_wait_clean(&cl, &[0, 1, 2, 3]);
     eprintln!(
         "rebalance: {} writes acknowledged, {} reads checked, {moved} PGs moved to osd 3, \
          a status before clean seen: {seen_unclean}",

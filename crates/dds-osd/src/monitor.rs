@@ -99,6 +99,28 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<ClusterMap, SourceError> {
     Ok(parse_map(&kv.value)?)
 }
 
+/// Sets OSD `id`'s weight in the map in etcd, as the next epoch (weight 0 takes it out: its
+/// PGs move to the others; 1 puts it back). Retried if the map changed meanwhile.
+pub fn reweight(etcd: &Etcd, keys: &Keys, id: u32, weight: f64) -> Result<ClusterMap, SourceError> {
+    loop {
+        let kv = etcd
+            .get(&keys.map())?
+            .ok_or_else(|| SourceError::Other(format!("no map at {} in etcd", keys.map())))?;
+        let mut map = parse_map(&kv.value)?;
+        let o = map
+            .osd_mut(id)
+            .ok_or_else(|| SourceError::Other(format!("no osd {id} in the map")))?;
+        o.weight = weight;
+        map.epoch += 1;
+        let text = map.to_toml();
+        // Refuses what the map cannot hold (e.g. fewer OSDs in than a pool's size).
+        ClusterMap::parse(&text)?;
+        if etcd.put_if(&keys.map(), text.as_bytes(), kv.mod_revision)? {
+            return Ok(map);
+        }
+    }
+}
+
 /// Follows the map key from a thread: reads it, watches it from the next revision, calls
 /// `apply` with every map; a broken watch is reopened. Ends when `stopped` says so (at the
 /// next map or error).
