@@ -7,7 +7,9 @@
 //! Workers report to the loop through a list and an eventfd (the loop's wake-up source).
 //!
 //! The loop allocates nothing per request once warm: request payloads are copied into buffers
-//! that come back with their replies and are reused.
+//! that come back with their replies and are reused, and reply slots are filled in request
+//! order (an answer that came early waits with its connection), so replies are written
+//! straight into the output.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -76,11 +78,26 @@ impl Finished {
 }
 
 /// Per-connection state.
-#[derive(Default)]
 pub(crate) struct Session {
     in_flight: u32,
     /// Not read until requests in flight are answered (its bound or the port's).
     stalled: bool,
+    /// The reply slot to fill next (slots are filled in request order, so that each reply is
+    /// written straight into the output).
+    next: u32,
+    /// Answered requests waiting for an earlier one of the connection.
+    parked: Vec<Done>,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session {
+            in_flight: 0,
+            stalled: false,
+            next: 1,
+            parked: Vec::new(),
+        }
+    }
 }
 
 /// One port of the OSD.
@@ -381,11 +398,30 @@ impl Service for PortService {
         for d in taken.drain(..) {
             self.in_flight -= 1;
             self.bytes -= d.payload.len() as u64;
-            if let Some((session, out)) = done.fill(d.conn, d.ticket) {
-                put_reply(out, &d.h, d.status, &d.reply, epoch);
+            let conn = d.conn;
+            let Some((session, _)) = done.reply(conn) else {
+                self.give_buf(d.payload);
+                continue;
+            };
+            session.parked.push(d);
+            // Fill the slots that are next in request order.
+            while let Some((session, _)) = done.reply(conn) {
+                let next = session.next;
+                let Some(k) = session
+                    .parked
+                    .iter()
+                    .position(|p| p.ticket.to_u32() == next)
+                else {
+                    break;
+                };
+                let p = session.parked.swap_remove(k);
+                session.next = next.wrapping_add(1).max(1);
                 session.in_flight -= 1;
+                if let Some((_, out)) = done.fill(conn, p.ticket) {
+                    put_reply(out, &p.h, p.status, &p.reply, epoch);
+                }
+                self.give_buf(p.payload);
             }
-            self.give_buf(d.payload);
         }
         self.taken = taken;
         if self.stalled.is_empty()

@@ -137,7 +137,7 @@ fn request_path_allocates_nothing_in_steady_state() {
     )
     .unwrap();
     wait_clean_on(&status, &[0, 1]);
-    for _ in 0..200 {
+    for _ in 0..500 {
         round(&mut s, &names, &mut tid, &mut m, &mut p);
     }
     for (osd, thread) in [(0, "osd0-client"), (1, "osd1-peer")] {
