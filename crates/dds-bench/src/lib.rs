@@ -7,6 +7,7 @@
 
 pub mod cache_table;
 pub mod child;
+pub mod cluster;
 pub mod cpu;
 pub mod device;
 pub mod dpu;

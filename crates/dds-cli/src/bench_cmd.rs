@@ -50,6 +50,10 @@ enum Which {
     /// placements H4 .. D4 (replication 1 and 3) under a host CPU budget, optionally side by
     /// side with a real Ceph cluster (`--with-ceph`).
     Objects(dds_bench::objects::ObjectsArgs),
+    /// An object cluster that survives its nodes: clients writing and reading while a
+    /// primary gets kill -9 (write gap), it comes back (recovery) and an OSD joins
+    /// (rebalancing); every acknowledged object checked on every replica.
+    Cluster(dds_bench::cluster::ClusterArgs),
     /// Figs. 13/14 (and 20 with the offload engine): the pagestore server on OS files vs DDS
     /// files (vs DDS offload), throughput, latency and host/DPU CPU per operation.
     Remote(dds_bench::remote::RemoteArgs),
@@ -314,6 +318,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Which::Nbd(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
             run_to(&out, "nbd", |command| dds_bench::nbd::run(k, command))
+        }
+        Which::Cluster(k) => {
+            let out = dds_bench::results_dir(k.out.as_deref(), k.quick);
+            run_to(&out, "cluster", |command| {
+                dds_bench::cluster::run(k, command)
+            })
         }
         Which::Pageserver(k) => {
             let out = dds_bench::results_dir(k.out.as_deref(), k.quick);

@@ -183,6 +183,21 @@ pub fn run_osd(a: OsdArgs) -> Result<()> {
             a.map.as_ref().expect("checked").display().to_string(),
         ),
     };
+    let mut map = map;
+    if etcd.is_some() && map.osd(a.id).is_none() {
+        // A new OSD joining: it holds no PG until the monitor's next map adds it (weight 1).
+        map.osds.push(dds_osd::OsdInfo {
+            id: a.id,
+            addr: ([127, 0, 0, 1], 0).into(),
+            peer_addr: ([127, 0, 0, 1], 0).into(),
+            weight: 0.0,
+            placement: match a.placement {
+                Some(PlacementArg::Dpu) => dds_osd::Placement::Dpu,
+                _ => dds_osd::Placement::Host,
+            },
+            up: true,
+        });
+    }
     let me = map
         .osd(a.id)
         .ok_or_else(|| anyhow!("osd {} is not in the map of {source}", a.id))?;
@@ -307,6 +322,16 @@ enum ObjectsCmd {
     Ls,
     /// Remove object NAME.
     Rm { name: String },
+    /// Set an OSD's weight (etcd mode): 0 takes it out (its PGs move to the others), 1 puts
+    /// it back.
+    Reweight { id: u32, weight: f64 },
+    /// The cluster's health (like `ceph -s`): OSDs up and in, PGs active+clean, degraded,
+    /// recovering, inactive, objects to recover.
+    Status {
+        /// Print the counts as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run_objects(a: ObjectsArgs) -> Result<()> {
@@ -379,6 +404,24 @@ fn objects(a: ObjectsArgs) -> Result<()> {
         }
         ObjectsCmd::Rm { name } => {
             client.remove(&oid(&name))?;
+        }
+        ObjectsCmd::Reweight { id, weight } => {
+            let url = a
+                .etcd
+                .as_deref()
+                .context("reweight changes the map in etcd: give --etcd and --cluster")?;
+            let keys = dds_osd::monitor::Keys::new(a.cluster.as_deref().unwrap_or_default());
+            let map =
+                dds_osd::monitor::reweight(&dds_osd::etcd::Etcd::new(url), &keys, id, weight)?;
+            println!("osd {id}: weight {weight} in map epoch {}", map.epoch);
+        }
+        ObjectsCmd::Status { json } => {
+            let st = dds_osd::health::cluster_status(&client);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print!("{}", dds_osd::health::render(&st));
+            }
         }
     }
     Ok(())

@@ -104,6 +104,9 @@ enum Victim {
     FrontEnd(u32),
     /// A placement-dpu OSD's host process (`dds osd-store`), and so its front end too.
     Host(u32),
+    /// A placement-dpu OSD's host process alone: restarted, its front end (still running)
+    /// reattaches to it by itself.
+    Store(u32),
 }
 
 #[test]
@@ -119,6 +122,16 @@ fn kill_9_of_a_dpu_or_host_process_of_a_placement_dpu_osd_loses_nothing_acknowle
     kill_9_run(
         &["host", "host", "dpu"],
         &[Victim::FrontEnd(2), Victim::Host(2)],
+    );
+}
+
+#[test]
+fn a_placement_dpu_front_end_reattaches_to_its_restarted_store_and_a_store_takes_a_new_front_end() {
+    // The store killed and restarted under its running front end, then the front end killed
+    // and restarted on the store that outlived it.
+    kill_9_run(
+        &["host", "host", "dpu"],
+        &[Victim::Store(2), Victim::FrontEnd(2)],
     );
 }
 
@@ -163,10 +176,23 @@ fn kill_9_run(placements: &[&str], victims: &[Victim]) {
                 c.kill(id);
                 id
             }
+            Victim::Store(id) => {
+                c.kill_store(id);
+                id
+            }
         };
         std::thread::sleep(Duration::from_millis(800));
-        c.start_osd(victim, false);
+        match v {
+            Victim::Store(id) => c.start_store(id, false),
+            _ => c.start_osd(victim, false),
+        }
         std::thread::sleep(Duration::from_millis(800));
+        if let Victim::Store(id) = v {
+            assert!(
+                c.running(id),
+                "the front end of osd {id} outlived its store"
+            );
+        }
         assert!(
             count() > before,
             "writes went on around the restart of osd {victim}"

@@ -7,69 +7,20 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{osd_wait_clean, spawn_osd, start_etcd, Guard, DDS};
+use common::{etcd_osd, osd_wait_clean, start_etcd_osds, wait_map, EtcdOsds, Guard};
 use dds_objstore::ObjectId;
 use dds_osd::client::{Client, ClientOptions};
-use dds_osd::{ClusterMap, Status};
+use dds_osd::Status;
 
 const OSDS: u32 = 3;
 
-fn seed(dir: &Path) -> std::path::PathBuf {
-    let mut text = String::from("epoch = 1\n");
-    for id in 0..OSDS {
-        text +=
-            &format!("[[osd]]\nid = {id}\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n");
-    }
-    text += "[[pool]]\nid = 1\nname = \"data\"\npg_num = 16\nsize = 3\nmin_size = 2\n";
-    let p = dir.join("seed.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-/// `dds osd --id ID --etcd URL` on port 0 (a new device when `format`).
 fn start_osd(dir: &Path, url: &str, id: u32, format: bool) -> Guard {
-    let mut cmd = Command::new(DDS);
-    cmd.args([
-        "osd",
-        "--id",
-        &id.to_string(),
-        "--etcd",
-        url,
-        "--cluster",
-        "t",
-    ])
-    .args(["--etcd-ttl", "2", "--map"])
-    .arg(seed(dir))
-    .arg("--device")
-    .arg(dir.join(format!("osd{id}.img")))
-    .args(["--size", "64M"])
-    .stderr(if std::env::var_os("DDS_TEST_OSD_LOG").is_some() {
-        Stdio::inherit()
-    } else {
-        Stdio::null()
-    });
-    if format {
-        cmd.arg("--format");
-    }
-    spawn_osd(&mut cmd, &format!("osd {id}")).0
-}
-
-/// Waits until the client's map (watched in etcd) says `want(map)`.
-fn wait_map(c: &Client, what: &str, want: impl Fn(&ClusterMap) -> bool) -> ClusterMap {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = c.map();
-        if want(&m) {
-            return (*m).clone();
-        }
-        assert!(Instant::now() < deadline, "{what}: map {m:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    etcd_osd(dir, url, OSDS, id, format)
 }
 
 fn content(i: u64) -> Vec<u8> {
@@ -89,20 +40,12 @@ struct Write {
 #[test]
 fn kill_9_of_a_primary_fails_over_with_nothing_lost_or_applied_twice() {
     let dir = tempfile::tempdir().unwrap();
-    let (_etcd, url) = start_etcd(dir.path());
-    let mut osds: Vec<Option<Guard>> = (0..OSDS)
-        .map(|id| Some(start_osd(dir.path(), &url, id, true)))
-        .collect();
-    let opts = ClientOptions {
-        retry_for: Duration::from_secs(30),
-        io_timeout: Duration::from_secs(10),
-        ..ClientOptions::default()
-    };
-    let cl = Arc::new(Client::connect_etcd(&url, "t", opts).unwrap());
-    wait_map(&cl, "every OSD up with its ports", |m| {
-        m.osds.iter().all(|o| o.up && o.addressed())
-    });
-    osd_wait_clean(&cl, &[0, 1, 2]);
+    let EtcdOsds {
+        etcd: _etcd,
+        url,
+        mut osds,
+        client: cl,
+    } = start_etcd_osds(dir.path(), OSDS);
 
     // Two writers, one op in flight each, every object written once.
     let writes = Arc::new(Mutex::new(Vec::<Write>::new()));

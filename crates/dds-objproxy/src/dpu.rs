@@ -155,6 +155,12 @@ impl ProxyObjectStore {
         &self.sh.opts
     }
 
+    /// Whether the host proxy is gone (its control connection closed): a store that outlived
+    /// this session takes a new one ([`ProxyObjectStore::connect`] again).
+    pub fn is_gone(&self) -> bool {
+        self.sh.check_gone().is_err()
+    }
+
     fn channel(&self) -> &Channel {
         let n = self.sh.channels.len();
         &self.sh.channels[thread_ordinal() % n]

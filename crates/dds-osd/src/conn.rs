@@ -169,16 +169,7 @@ impl ConnPool {
         payload: &[u8],
     ) -> Result<u64, CallError> {
         let req_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let len = u32::try_from(payload.len())
-            .map_err(|_| OpError::new(Status::TooLarge, "request payload above 4 GiB"))?;
-        let h = Header {
-            op,
-            flags,
-            status: 0,
-            epoch,
-            req_id,
-            len,
-        };
+        let h = Header::request(op, flags, epoch, req_id, payload)?;
         wire::write_frame(s, &h, payload).map_err(|e| self.transport(e))?;
         Ok(req_id)
     }

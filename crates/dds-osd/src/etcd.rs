@@ -232,6 +232,51 @@ impl Etcd {
     }
 }
 
+/// A one-member etcd for tests and benchmarks (package etcd-server), its data in `dir`:
+/// the command and its client URL. etcd cannot report a port it picked itself, so its client
+/// and peer ports are free ones chosen here (our own daemons bind port 0 instead).
+pub fn local_member(dir: &std::path::Path) -> std::io::Result<(std::process::Command, String)> {
+    let port = || -> std::io::Result<u16> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port())
+    };
+    let url = format!("http://127.0.0.1:{}", port()?);
+    let peer = format!("http://127.0.0.1:{}", port()?);
+    let mut cmd = std::process::Command::new("etcd");
+    cmd.arg("--data-dir")
+        .arg(dir.join("etcd"))
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("default={peer}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    Ok((cmd, url))
+}
+
+/// Waits until etcd answers at `url` (at most `timeout`).
+pub fn wait_answers(url: &str, timeout: Duration) -> bool {
+    let api = Etcd::new(url);
+    let deadline = std::time::Instant::now() + timeout;
+    while api.get("/").is_err() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

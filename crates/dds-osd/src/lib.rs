@@ -11,12 +11,15 @@
 pub mod client;
 mod conn;
 pub mod etcd;
+pub mod health;
+mod link;
 pub mod map;
 pub mod monitor;
 mod objects;
 pub mod pglog;
 mod recovery;
 pub mod server;
+mod service;
 pub mod store;
 pub mod wire;
 

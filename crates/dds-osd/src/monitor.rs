@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd::{Etcd, EtcdError};
-use crate::map::{ClusterMap, MapError, Placement};
+use crate::map::{ClusterMap, MapError, OsdInfo, Placement};
 use crate::server::MapHandle;
 
 /// Period of the file poll and of the monitor's comparison.
@@ -97,6 +97,28 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<ClusterMap, SourceError> {
         .get(&keys.map())?
         .ok_or_else(|| SourceError::Other(format!("no map at {} in etcd", keys.map())))?;
     Ok(parse_map(&kv.value)?)
+}
+
+/// Sets OSD `id`'s weight in the map in etcd, as the next epoch (weight 0 takes it out: its
+/// PGs move to the others; 1 puts it back). Retried if the map changed meanwhile.
+pub fn reweight(etcd: &Etcd, keys: &Keys, id: u32, weight: f64) -> Result<ClusterMap, SourceError> {
+    loop {
+        let kv = etcd
+            .get(&keys.map())?
+            .ok_or_else(|| SourceError::Other(format!("no map at {} in etcd", keys.map())))?;
+        let mut map = parse_map(&kv.value)?;
+        let o = map
+            .osd_mut(id)
+            .ok_or_else(|| SourceError::Other(format!("no osd {id} in the map")))?;
+        o.weight = weight;
+        map.epoch += 1;
+        let text = map.to_toml();
+        // Refuses what the map cannot hold (e.g. fewer OSDs in than a pool's size).
+        ClusterMap::parse(&text)?;
+        if etcd.put_if(&keys.map(), text.as_bytes(), kv.mod_revision)? {
+            return Ok(map);
+        }
+    }
 }
 
 /// Follows the map key from a thread: reads it, watches it from the next revision, calls
@@ -314,7 +336,22 @@ pub fn next_map(map: &ClusterMap, alive: &BTreeMap<u32, Alive>) -> Option<Cluste
             changed = true;
         }
     }
+    // An OSD of a new id joins the map (weight 1, up): straw2 moves to it only the PGs it wins.
+    for (&id, a) in alive {
+        if map.osd(id).is_none() {
+            next.osds.push(OsdInfo {
+                id,
+                addr: a.addr,
+                peer_addr: a.peer_addr,
+                weight: 1.0,
+                placement: a.placement,
+                up: true,
+            });
+            changed = true;
+        }
+    }
     changed.then(|| {
+        next.osds.sort_by_key(|o| o.id);
         next.epoch += 1;
         next
     })
@@ -381,5 +418,12 @@ mod tests {
         let back = next_map(&next, &BTreeMap::from([alive(0, 6000), alive(1, 6100)])).unwrap();
         assert_eq!(back.epoch, 6);
         assert!(back.osds[1].up && back.osds[1].addr.port() == 6100);
+        // A new id joins, up, with its ports.
+        let alive3 = BTreeMap::from([alive(0, 6000), alive(1, 6100), alive(3, 6300)]);
+        let joined = next_map(&back, &alive3).unwrap();
+        assert_eq!(joined.epoch, 7);
+        let o3 = joined.osd(3).unwrap();
+        assert!(o3.up && o3.addr.port() == 6300 && o3.weight == 1.0);
+        assert!(next_map(&joined, &alive3).is_none());
     }
 }

@@ -23,8 +23,10 @@ enum Member {
     Remote(u32),
 }
 
-/// Peers, every `peering_interval`, the PGs this OSD is primary for that are inactive or have a
-/// replica out of sync.
+/// Every `peering_interval`: first peers the PGs this OSD is primary for that are inactive (or
+/// lack `min_size` members in sync), which activates them once this OSD and enough members are
+/// up to date; then brings the lagging replicas of active PGs up to date without holding the
+/// PG lock across the copying ([`Inner::recover_replica`]), so writes go on meanwhile.
 pub(crate) fn peering_loop(inner: Arc<Inner>) {
     loop {
         if inner.stop_requested() {
@@ -32,8 +34,7 @@ pub(crate) fn peering_loop(inner: Arc<Inner>) {
         }
         let view = inner.view();
         for pg in view.pgs.values().filter(|p| p.primary) {
-            let needs = !pg.active.load(Ordering::Acquire) || !pg.clean.load(Ordering::Acquire);
-            if !needs {
+            if pg.active.load(Ordering::Acquire) {
                 continue;
             }
             // Waits for a write in progress; no write of the PG starts until peering is done.
@@ -46,9 +47,32 @@ pub(crate) fn peering_loop(inner: Arc<Inner>) {
             }
             pg.publish(&st);
         }
+        for pg in view.pgs.values().filter(|p| p.primary) {
+            if inner.stop_requested() {
+                return;
+            }
+            if !pg.active.load(Ordering::Acquire) || pg.clean.load(Ordering::Acquire) {
+                continue;
+            }
+            for &r in &pg.acting[1..] {
+                if pg.lock().in_sync.contains(&r) || inner.recently_failed(r) {
+                    continue;
+                }
+                if let Err(e) = inner.recover_replica(pg, r) {
+                    tracing::info!(pg = %pg.id, osd = r, "recovery of a replica: {e}");
+                }
+            }
+            pg.publish(&pg.lock());
+        }
         std::thread::sleep(inner.cfg.peering_interval);
     }
 }
+
+/// Versions a replica may still lack when its recovery takes the PG lock for the last step
+/// (more: another pass without the lock).
+const LOCKED_DELTA: usize = 64;
+/// Passes without the lock before the last step takes the lock whatever is left.
+const PASSES: usize = 4;
 
 impl Inner {
     fn recently_failed(&self, osd: u32) -> bool {
@@ -61,7 +85,9 @@ impl Inner {
     }
 
     /// Peers one PG (its lock held): collects the members' logs, brings this OSD up to the most
-    /// recent one, then every reachable replica up to this OSD.
+    /// recent one, takes the members at its head in sync, and (only if fewer than `min_size`
+    /// members would be) brings lagging replicas up to date under the lock; the others are
+    /// recovered after activation ([`Inner::recover_replica`]).
     pub(crate) fn peer_pg(&self, pg: &Pg, st: &mut PgState) -> Result<(), OpError> {
         if !st.active {
             st.in_sync.clear();
@@ -103,9 +129,20 @@ impl Inner {
         }
         st.head = logs[0].1.head;
         let own = logs[0].1.clone();
+        let mut lagging = Vec::new();
         for (m, log) in &logs[1..] {
             let Member::Remote(r) = *m else { continue };
-            match self.sync(pg.id, Member::Local, &own, *m, log) {
+            if same_head(&own, log) {
+                st.in_sync.insert(r);
+            } else {
+                lagging.push((r, log));
+            }
+        }
+        for (r, log) in lagging {
+            if st.in_sync.len() + 1 >= min {
+                break;
+            }
+            match self.sync(pg.id, Member::Local, &own, Member::Remote(r), log) {
                 Ok(()) => {
                     st.in_sync.insert(r);
                 }
@@ -120,6 +157,54 @@ impl Inner {
         Ok(())
     }
 
+    /// Brings replica `r` of an active PG up to date while writes go on: passes that copy what
+    /// it lacks without the PG lock (objects written meanwhile are copied again by the next
+    /// pass), then, once at most [`LOCKED_DELTA`] versions are left (or after [`PASSES`]
+    /// passes), the lock for the rest and the log, after which the replica is in sync and
+    /// takes the PG's writes.
+    pub(crate) fn recover_replica(&self, pg: &Pg, r: u32) -> Result<(), OpError> {
+        let dst = Member::Remote(r);
+        let mut dst_log = self.log_of(dst, pg.id)?;
+        for pass in 0.. {
+            let own = {
+                let st = pg.lock();
+                if !st.active || pg.retired.load(Ordering::Acquire) || st.in_sync.contains(&r) {
+                    return Ok(());
+                }
+                pglog::read_log(&self.store, pg.id)?
+            };
+            let names = self.to_copy(pg.id, Member::Local, &own, dst, &dst_log)?;
+            let last = pass + 1 >= PASSES || names.len() <= LOCKED_DELTA;
+            if last {
+                let mut st = pg.lock();
+                if !st.active || pg.retired.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                let own = pglog::read_log(&self.store, pg.id)?;
+                // The log goes to the replica even when no object is left to copy.
+                let names = self.to_copy(pg.id, Member::Local, &own, dst, &dst_log)?;
+                self.copy_and_log(pg.id, Member::Local, &own, dst, names)?;
+                st.in_sync.insert(r);
+                pg.publish(&st);
+                tracing::info!(pg = %pg.id, osd = r, passes = pass + 1, "replica in sync");
+                return Ok(());
+            }
+            pg.set_to_recover(names.len() as u64);
+            for name in names {
+                // An object that changed while it was copied is copied again by a later pass
+                // (its write is logged after `own`'s head).
+                let oid = ObjectId::new(pg.id.pool, name);
+                let copied = self.copy_object(Member::Local, dst, pg.id, &oid);
+                pg.recovered_one();
+                copied?;
+            }
+            // The replica now holds every object as of `own` (or later): the next pass copies
+            // the objects of the versions after it.
+            dst_log = own;
+        }
+        Ok(())
+    }
+
     /// Makes `dst` hold what `src` holds for the PG.
     fn sync(
         &self,
@@ -129,37 +214,67 @@ impl Inner {
         dst: Member,
         dst_log: &PgLog,
     ) -> Result<(), OpError> {
-        let same_head = dst_log.head == src_log.head
-            && dst_log.entry(dst_log.head) == src_log.entry(src_log.head);
-        if same_head {
+        if same_head(src_log, dst_log) {
             return Ok(());
         }
-        // Incremental when src still logs every version after dst's head and agrees with it.
+        let names = self.to_copy(pg, src, src_log, dst, dst_log)?;
+        tracing::info!(%pg, ?src, ?dst, objects = names.len(), from = dst_log.head, to = src_log.head, "sync");
+        self.copy_and_log(pg, src, src_log, dst, names)
+    }
+
+    /// Copies the objects `names` from `src` to `dst`, then gives `dst` the log `src_log`.
+    fn copy_and_log(
+        &self,
+        pg: PgId,
+        src: Member,
+        src_log: &PgLog,
+        dst: Member,
+        names: BTreeSet<Vec<u8>>,
+    ) -> Result<(), OpError> {
+        for name in names {
+            if !self.copy_object(src, dst, pg, &ObjectId::new(pg.pool, name))? {
+                return Err(OpError::new(
+                    crate::wire::Status::Io,
+                    "an object changed while it was copied",
+                ));
+            }
+        }
+        let mut tx = Transaction::new();
+        pglog::replace_ops(&mut tx, pg, src_log);
+        self.apply(dst, pg, &tx)
+    }
+
+    /// The objects `dst` must copy from the source of `src_log`: those of the versions after
+    /// its head when the source still logs them all and agrees with it (incremental), else
+    /// every object either holds (backfill).
+    fn to_copy(
+        &self,
+        pg: PgId,
+        src: Member,
+        src_log: &PgLog,
+        dst: Member,
+        dst_log: &PgLog,
+    ) -> Result<BTreeSet<Vec<u8>>, OpError> {
+        if same_head(src_log, dst_log) {
+            return Ok(BTreeSet::new());
+        }
         let covered = |h: u64| {
             h < src_log.head
                 && src_log.entries.first().is_some_and(|e| e.version <= h + 1)
                 && (h == 0 || src_log.entry(h).is_some() && src_log.entry(h) == dst_log.entry(h))
         };
-        let names: BTreeSet<Vec<u8>> = if covered(dst_log.head) {
-            src_log
+        if covered(dst_log.head) {
+            return Ok(src_log
                 .entries
                 .iter()
                 .filter(|e| e.version > dst_log.head)
                 .map(|e| e.name.clone())
-                .collect()
-        } else {
-            tracing::info!(%pg, ?dst, "backfill");
-            let mut all = self.list_all(src, pg)?;
-            all.extend(self.list_all(dst, pg)?);
-            all
-        };
-        tracing::info!(%pg, ?src, ?dst, objects = names.len(), from = dst_log.head, to = src_log.head, "sync");
-        for name in names {
-            self.copy_object(src, dst, pg, &ObjectId::new(pg.pool, name))?;
+                .collect());
         }
-        let mut tx = Transaction::new();
-        pglog::replace_ops(&mut tx, pg, src_log);
-        self.apply(dst, pg, &tx)
+        tracing::info!(%pg, ?dst, "backfill");
+        let mut all = self.list_all(src, pg)?;
+        all.extend(self.list_all(dst, pg)?);
+        Ok(all)
     }
 
     fn log_of(&self, m: Member, pg: PgId) -> Result<PgLog, OpError> {
@@ -178,18 +293,20 @@ impl Inner {
 
     /// Makes `dst`'s copy of an object `src`'s, in pieces that fit a frame: the first
     /// replaces the object (data from 0, xattrs, omap), the others write the rest of the data
-    /// at their offsets. The PG lock is held, so the object cannot change in between; a crash
-    /// in between is repaired by the next peering, which copies it again.
+    /// at their offsets. `Ok(false)`: its size changed between pieces (copied without the PG
+    /// lock while it was written). A crash in between is repaired by the next peering, which
+    /// copies it again.
     fn copy_object(
         &self,
         src: Member,
         dst: Member,
         pg: PgId,
         oid: &ObjectId,
-    ) -> Result<(), OpError> {
+    ) -> Result<bool, OpError> {
         let piece = u64::from(self.cfg.max_payload / 2).max(64 << 10);
         let Some(first) = self.pull(src, oid, 0, piece)? else {
-            return self.apply(dst, pg, &objects::replace_object_tx(oid, None));
+            self.apply(dst, pg, &objects::replace_object_tx(oid, None))?;
+            return Ok(true);
         };
         self.apply(
             dst,
@@ -200,10 +317,7 @@ impl Inner {
         while at < first.size {
             let p = self.pull(src, oid, at, piece)?;
             let Some(p) = p.filter(|p| p.size == first.size && !p.state.data.is_empty()) else {
-                return Err(OpError::new(
-                    crate::wire::Status::Io,
-                    format!("{oid:?} changed while it was copied"),
-                ));
+                return Ok(false);
             };
             let len = p.state.data.len() as u64;
             let mut tx = Transaction::new();
@@ -215,7 +329,7 @@ impl Inner {
             self.apply(dst, pg, &tx)?;
             at += len;
         }
-        Ok(())
+        Ok(true)
     }
 
     fn pull(
@@ -283,4 +397,9 @@ impl Inner {
         }
         Ok(all)
     }
+}
+
+/// Whether two logs end at the same version with the same entry.
+fn same_head(a: &PgLog, b: &PgLog) -> bool {
+    a.head == b.head && a.entry(a.head) == b.entry(b.head)
 }

@@ -1,24 +1,24 @@
-//! The daemon: client and peer ports (a thread per connection), the client ops, replication of
-//! writes to the PG's replicas, and the replica side of the peer ops.
+//! The daemon: client and peer ports (services of the server runtime, `crate::service`), the
+//! client ops, replication of writes to the PG's replicas, and the replica side of the peer
+//! ops.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dds_objstore::{ObjectId, ObjectStore, StoreError, Transaction, TxOp};
 
-use crate::conn::{CallError, ConnPool};
+use crate::conn::CallError;
+use crate::link::Link;
 use crate::map::{ClusterMap, PgId, META_POOL};
 use crate::objects;
 use crate::pglog::{self, LogEntry, KIND_MODIFY, KIND_REMOVE};
-use crate::wire::{
-    self, op, Budget, Dec, Enc, FrameError, Header, OpError, Status, FLAG_LOCAL, FLAG_REPLY,
-};
+use crate::service::{Port, PortService, Workers};
+use crate::wire::{self, op, Dec, Enc, Header, OpError, Status, FLAG_LOCAL, HEADER_LEN};
 
 /// Daemon settings.
 #[derive(Debug, Clone)]
@@ -42,6 +42,8 @@ pub struct OsdConfig {
     pub max_log: u64,
     /// Period of the peering thread.
     pub peering_interval: Duration,
+    /// Worker threads per port (a PG's requests go to one of them, in arrival order).
+    pub workers: usize,
 }
 
 impl OsdConfig {
@@ -57,6 +59,7 @@ impl OsdConfig {
             peer_timeout: Duration::from_secs(10),
             max_log: pglog::DEFAULT_MAX_LOG,
             peering_interval: Duration::from_millis(200),
+            workers: 8,
         }
     }
 }
@@ -113,6 +116,10 @@ pub(crate) struct Pg {
     pub head: AtomicU64,
     pub active: AtomicBool,
     pub clean: AtomicBool,
+    /// Objects the running recovery pass of a lagging replica has still to copy.
+    pub to_recover: AtomicU64,
+    /// Members holding every version (the primary included).
+    pub in_sync_count: AtomicU64,
 }
 
 impl Pg {
@@ -132,6 +139,8 @@ impl Pg {
             head: AtomicU64::new(head),
             active: AtomicBool::new(false),
             clean: AtomicBool::new(false),
+            to_recover: AtomicU64::new(0),
+            in_sync_count: AtomicU64::new(0),
         };
         pg.publish(&pg.lock());
         pg
@@ -141,25 +150,44 @@ impl Pg {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub fn set_to_recover(&self, n: u64) {
+        self.to_recover.store(n, Ordering::Release);
+    }
+
+    pub fn recovered_one(&self) {
+        let _ = self
+            .to_recover
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
     pub fn publish(&self, st: &PgState) {
         self.head.store(st.head, Ordering::Release);
         self.active
             .store(!self.primary || st.active, Ordering::Release);
         let clean = !self.primary || st.in_sync.len() + 1 == self.acting.len();
         self.clean.store(clean, Ordering::Release);
+        if clean {
+            self.to_recover.store(0, Ordering::Release);
+        }
+        let in_sync = if self.primary {
+            st.in_sync.len() + 1
+        } else {
+            0
+        };
+        self.in_sync_count.store(in_sync as u64, Ordering::Release);
     }
 }
 
 pub(crate) struct Peer {
     pub addr: SocketAddr,
-    pub conns: ConnPool,
+    pub conns: Link,
     pub last_failure: Mutex<Option<Instant>>,
 }
 
 /// A request to a peer awaiting its reply.
 struct PeerSent {
     peer: Arc<Peer>,
-    sent: crate::conn::Sent,
+    sent: crate::link::Sent,
 }
 
 /// What one map makes of this OSD: the map, the PGs it is a member of, its peers.
@@ -175,18 +203,7 @@ pub(crate) struct Inner {
     view: RwLock<Arc<View>>,
     /// Serializes map changes.
     map_change: Mutex<()>,
-    budget: Budget,
     stop: AtomicBool,
-    /// Open connections (closed by `shutdown`).
-    open: Mutex<BTreeMap<u64, TcpStream>>,
-    next_conn: AtomicU64,
-}
-
-/// Which port a connection came in on.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Port {
-    Client,
-    Peer,
 }
 
 /// A running OSD.
@@ -195,6 +212,7 @@ pub struct Osd {
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
     threads: Vec<JoinHandle<()>>,
+    workers: Vec<Workers>,
 }
 
 fn op_err(status: Status, text: impl Into<String>) -> OpError {
@@ -215,24 +233,35 @@ impl Osd {
         let view =
             build_view(&cfg, &store, Arc::new(cfg.map.clone()), None).map_err(io::Error::other)?;
         let inner = Arc::new(Inner {
-            budget: Budget::new(cfg.frame_memory),
             cfg,
             store,
             view: RwLock::new(Arc::new(view)),
             map_change: Mutex::new(()),
             stop: AtomicBool::new(false),
-            open: Mutex::new(BTreeMap::new()),
-            next_conn: AtomicU64::new(0),
         });
         let client_addr = client.local_addr()?;
         let peer_addr = peer.local_addr()?;
         let mut threads = Vec::new();
+        let mut workers = Vec::new();
+        let rt = dds_server::Config {
+            max_connections: inner.cfg.max_connections.max(1),
+            input_limit: inner.cfg.max_payload as usize + HEADER_LEN,
+            frame_deadline: Some(inner.cfg.idle_timeout),
+            idle_limit: Some(inner.cfg.idle_timeout),
+            drain: Duration::from_secs(2),
+            ..dds_server::Config::default()
+        };
+        let budget =
+            dds_server::Budget::new(usize::try_from(inner.cfg.frame_memory).unwrap_or(usize::MAX));
         for (l, port) in [(client, Port::Client), (peer, Port::Peer)] {
+            let (service, w) = PortService::new(port, inner.clone(), inner.cfg.workers)?;
+            workers.push(w);
+            let server = dds_server::Server::from_listener(l, rt.clone(), budget.clone(), service)?;
             let inner = inner.clone();
             threads.push(
                 std::thread::Builder::new()
-                    .name(format!("osd-{port:?}-accept"))
-                    .spawn(move || accept_loop(inner, l, port))?,
+                    .name(format!("osd{}-{}", inner.cfg.id, port.name()))
+                    .spawn(move || drop(server.run(&inner.stop)))?,
             );
         }
         let i = inner.clone();
@@ -246,6 +275,7 @@ impl Osd {
             client_addr,
             peer_addr,
             threads,
+            workers,
         })
     }
 
@@ -267,18 +297,18 @@ impl Osd {
         self.inner.apply_map(map)
     }
 
-    /// Stops accepting connections and peering; waits for those threads.
+    /// Stops the ports (requests in flight are answered, at most 2 s) and peering; waits for
+    /// their threads.
     pub fn shutdown(mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
-        for a in [self.client_addr, self.peer_addr] {
-            let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
-        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        let open = std::mem::take(&mut *self.inner.open.lock().unwrap_or_else(|e| e.into_inner()));
-        for s in open.values() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        for w in self.workers.drain(..) {
+            w.join();
+        }
+        for p in self.inner.view().peers.values() {
+            p.conns.reset();
         }
     }
 
@@ -372,7 +402,7 @@ fn build_view(
             let peer = kept.cloned().unwrap_or_else(|| {
                 Arc::new(Peer {
                     addr: o.peer_addr,
-                    conns: ConnPool::new(
+                    conns: Link::new(
                         o.peer_addr,
                         cfg.peer_timeout.min(Duration::from_secs(1)),
                         cfg.peer_timeout,
@@ -384,129 +414,6 @@ fn build_view(
         })
         .collect();
     Ok(View { map, pgs, peers })
-}
-
-fn accept_loop(inner: Arc<Inner>, l: TcpListener, port: Port) {
-    let live = Arc::new(AtomicUsize::new(0));
-    for stream in l.incoming() {
-        if inner.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(stream) = stream else {
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        if live.load(Ordering::SeqCst) >= inner.cfg.max_connections {
-            tracing::warn!(?port, "connection limit reached; closing a new connection");
-            continue;
-        }
-        live.fetch_add(1, Ordering::SeqCst);
-        let (inner, live2) = (inner.clone(), live.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("osd-{port:?}-conn"))
-            .spawn(move || {
-                serve_conn(&inner, stream, port);
-                live2.fetch_sub(1, Ordering::SeqCst);
-            });
-        if spawned.is_err() {
-            live.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-fn reply(
-    s: &mut TcpStream,
-    req: &Header,
-    status: Status,
-    payload: &[u8],
-    epoch: u32,
-) -> io::Result<()> {
-    let h = Header {
-        op: req.op,
-        flags: FLAG_REPLY,
-        status: status as u16,
-        epoch,
-        req_id: req.req_id,
-        len: payload.len() as u32,
-    };
-    wire::write_frame(s, &h, payload)
-}
-
-fn serve_conn(inner: &Arc<Inner>, s: TcpStream, port: Port) {
-    let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
-    if let Ok(c) = s.try_clone() {
-        inner
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, c);
-    }
-    if !inner.stop_requested() {
-        serve_frames(inner, s, port);
-    }
-    inner
-        .open
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id);
-}
-
-fn serve_frames(inner: &Arc<Inner>, mut s: TcpStream, port: Port) {
-    let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(inner.cfg.idle_timeout));
-    let _ = s.set_write_timeout(Some(inner.cfg.idle_timeout));
-    loop {
-        let frame = wire::read_frame(&mut s, inner.cfg.max_payload, &inner.budget);
-        let epoch = inner.view().map.epoch;
-        let (h, payload) = match frame {
-            Ok(f) => f,
-            Err(FrameError::Closed) | Err(FrameError::Io(_)) => return,
-            Err(FrameError::BadHeader(why)) => {
-                tracing::debug!(?port, "closing a connection: {why}");
-                return;
-            }
-            Err(FrameError::TooLarge(h)) => {
-                let text = format!(
-                    "payload of {} bytes above the limit of {}",
-                    h.len, inner.cfg.max_payload
-                );
-                let _ = reply(&mut s, &h, Status::TooLarge, text.as_bytes(), epoch);
-                return;
-            }
-            Err(FrameError::Busy(h)) => {
-                let _ = reply(
-                    &mut s,
-                    &h,
-                    Status::Busy,
-                    b"frame memory budget exhausted",
-                    epoch,
-                );
-                return;
-            }
-        };
-        let result = if h.flags & FLAG_REPLY != 0 {
-            Err(op_err(Status::BadFrame, "a reply sent as a request"))
-        } else if h.epoch != 0 && h.epoch != epoch {
-            Err(op_err(
-                Status::StaleEpoch,
-                format!("map epoch {} differs from the OSD's {epoch}", h.epoch),
-            ))
-        } else {
-            catch_unwind(AssertUnwindSafe(|| match port {
-                Port::Client => inner.client_op(&h, &payload.buf),
-                Port::Peer => inner.peer_op(&h, &payload.buf),
-            }))
-            .unwrap_or_else(|_| Err(op_err(Status::Io, "internal error")))
-        };
-        drop(payload);
-        let sent = match result {
-            Ok(out) => reply(&mut s, &h, Status::Ok, &out, epoch),
-            Err(e) => reply(&mut s, &h, e.status, e.text.as_bytes(), epoch),
-        };
-        if sent.is_err() || inner.stop_requested() {
-            return;
-        }
-    }
 }
 
 fn version_reply(v: u64) -> Vec<u8> {
@@ -525,6 +432,15 @@ impl Inner {
 
     fn map(&self) -> Arc<ClusterMap> {
         self.view().map.clone()
+    }
+
+    /// The current map's epoch.
+    pub(crate) fn epoch(&self) -> u32 {
+        self.view
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .epoch
     }
 
     /// Takes `map` if its epoch is higher than the current one's: the PGs whose acting set
@@ -619,6 +535,9 @@ impl Inner {
                     "head": p.head.load(Ordering::Acquire),
                     "active": p.active.load(Ordering::Acquire),
                     "clean": p.clean.load(Ordering::Acquire),
+                    "size": view.map.pool(p.id.pool).map_or(0, |pool| pool.size),
+                    "in_sync": p.in_sync_count.load(Ordering::Acquire),
+                    "to_recover": p.to_recover.load(Ordering::Acquire),
                 })
             })
             .collect();
@@ -627,7 +546,7 @@ impl Inner {
             .into_bytes()
     }
 
-    fn client_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
+    pub(crate) fn client_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
         let mut d = Dec::new(buf);
         let local = h.flags & FLAG_LOCAL != 0;
         let store = &self.store;
@@ -970,7 +889,7 @@ impl Inner {
         Ok((pg, version, tx))
     }
 
-    fn peer_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
+    pub(crate) fn peer_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
         let mut d = Dec::new(buf);
         match h.op {
             op::PING => {

@@ -140,6 +140,26 @@ pub struct Header {
 }
 
 impl Header {
+    /// The header of a request carrying `payload`.
+    pub fn request(
+        op: u16,
+        flags: u16,
+        epoch: u32,
+        req_id: u64,
+        payload: &[u8],
+    ) -> Result<Header, OpError> {
+        let len = u32::try_from(payload.len())
+            .map_err(|_| OpError::new(Status::TooLarge, "request payload above 4 GiB"))?;
+        Ok(Header {
+            op,
+            flags,
+            status: 0,
+            epoch,
+            req_id,
+            len,
+        })
+    }
+
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC);

@@ -1,10 +1,13 @@
 //! Three OSDs in one process: replication to every member, reads from each replica, recovery
 //! (backfill) of an OSD whose store was replaced by an empty one while writes went on.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use common::wait_clean_on;
 use dds_objstore::{ObjectId, ObjectStore, Transaction, TxOp};
 use dds_osd::client::{Client, ClientOptions};
 use dds_osd::pglog::{self, LogEntry, KIND_MODIFY};
@@ -55,27 +58,6 @@ fn start_with_store(
 
 fn wait_clean(c: &Client) {
     wait_clean_on(c, &[0, 1, 2]);
-}
-
-/// Waits until the OSDs `osds` have every PG active and clean.
-fn wait_clean_on(c: &Client, osds: &[u32]) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let ok = osds.iter().all(|&o| {
-            c.status(o).is_ok_and(|s| {
-                s["pgs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .all(|p| p["active"] == true && p["clean"] == true)
-            })
-        });
-        if ok {
-            return;
-        }
-        assert!(Instant::now() < deadline, "cluster never became clean");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

@@ -349,26 +349,11 @@ impl OsdCluster {
                 Stdio::null()
             });
         if self.placements[id as usize] == "dpu" {
-            let sock = self.dir.join(format!("osd{id}.store.sock"));
             if self.stores[id as usize].is_none() {
-                let _ = std::fs::remove_file(&sock);
-                let mut st = Command::new(DDS);
-                st.arg("osd-store")
-                    .arg("--device")
-                    .arg(&dev)
-                    .arg("--socket")
-                    .arg(&sock)
-                    .args(["--size", "64M"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null());
-                if format {
-                    st.arg("--format");
-                }
-                self.stores[id as usize] = Some(Guard(st.spawn().unwrap()));
-                wait_for_socket(&sock);
+                self.start_store(id, format);
             }
             cmd.args(["--placement", "dpu", "--proxy-socket"])
-                .arg(&sock);
+                .arg(self.store_socket(id));
         } else {
             cmd.arg("--device").arg(&dev).args(["--size", "64M"]);
             if format {
@@ -378,6 +363,37 @@ impl OsdCluster {
         let (g, a, p) = spawn_osd(&mut cmd, &format!("osd {id}"));
         self.osds[id as usize] = Some(g);
         (self.addrs[id as usize], self.peer_addrs[id as usize]) = (a, p);
+    }
+
+    fn store_socket(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("osd{id}.store.sock"))
+    }
+
+    /// `dds osd-store` of a placement-dpu OSD, once its socket exists.
+    pub fn start_store(&mut self, id: u32, format: bool) {
+        let sock = self.store_socket(id);
+        let _ = std::fs::remove_file(&sock);
+        let mut st = Command::new(DDS);
+        st.arg("osd-store")
+            .arg("--device")
+            .arg(self.dir.join(format!("osd{id}.img")))
+            .arg("--socket")
+            .arg(&sock)
+            .args(["--size", "64M"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if format {
+            st.arg("--format");
+        }
+        self.stores[id as usize] = Some(Guard(st.spawn().unwrap()));
+        wait_for_socket(&sock);
+    }
+
+    /// Whether the process of OSD `id` (its front end) still runs.
+    pub fn running(&mut self, id: u32) -> bool {
+        self.osds[id as usize]
+            .as_mut()
+            .is_some_and(|g| g.0.try_wait().ok().flatten().is_none())
     }
 
     /// SIGKILL of one OSD's process (the front end: the DPU process in placement dpu).
@@ -412,36 +428,12 @@ pub fn spawn_osd(
 /// client URL once it answers. etcd cannot report a port it picked, so its two ports are
 /// free ones chosen here.
 pub fn start_etcd(dir: &Path) -> (Guard, String) {
-    let url = format!("http://127.0.0.1:{}", free_port());
-    let peer = format!("http://127.0.0.1:{}", free_port());
-    let etcd = Guard(
-        Command::new("etcd")
-            .arg("--data-dir")
-            .arg(dir.join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd (package etcd-server)"),
+    let (mut cmd, url) = dds_osd::etcd::local_member(dir).unwrap();
+    let etcd = Guard(cmd.spawn().expect("etcd (package etcd-server)"));
+    assert!(
+        dds_osd::etcd::wait_answers(&url, Duration::from_secs(20)),
+        "etcd did not start"
     );
-    let etcd_api = dds_osd::etcd::Etcd::new(&url);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while etcd_api.get("/").is_err() {
-        assert!(Instant::now() < deadline, "etcd did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     (etcd, url)
 }
 
@@ -600,4 +592,97 @@ pub fn ready_line(cmd: &mut Command) -> (Guard, String) {
     });
     let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
     (Guard(child), line)
+}
+
+/// The seed map of an etcd cluster of OSDs `0..n` on port 0 (pool 1 "data", 16 PGs, size 3,
+/// min_size 2), written in `dir`.
+pub fn etcd_seed(dir: &Path, n: u32) -> PathBuf {
+    let mut text = String::from("epoch = 1\n");
+    for id in 0..n {
+        text +=
+            &format!("[[osd]]\nid = {id}\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n");
+    }
+    text += "[[pool]]\nid = 1\nname = \"data\"\npg_num = 16\nsize = 3\nmin_size = 2\n";
+    let p = dir.join("seed.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `dds osd --id ID --etcd URL --cluster t` on port 0 (a new device when `format`), the map
+/// seeded with OSDs `0..n` (an id outside joins as a new OSD).
+pub fn etcd_osd(dir: &Path, url: &str, n: u32, id: u32, format: bool) -> Guard {
+    let mut cmd = Command::new(DDS);
+    cmd.args([
+        "osd",
+        "--id",
+        &id.to_string(),
+        "--etcd",
+        url,
+        "--cluster",
+        "t",
+    ])
+    .args(["--etcd-ttl", "2", "--map"])
+    .arg(etcd_seed(dir, n))
+    .arg("--device")
+    .arg(dir.join(format!("osd{id}.img")))
+    .args(["--size", "64M"])
+    .stderr(if std::env::var_os("DDS_TEST_OSD_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    });
+    if format {
+        cmd.arg("--format");
+    }
+    spawn_osd(&mut cmd, &format!("osd {id}")).0
+}
+
+/// Waits until the client's map (watched in etcd) says `want(map)`.
+pub fn wait_map(
+    c: &dds_osd::client::Client,
+    what: &str,
+    want: impl Fn(&dds_osd::ClusterMap) -> bool,
+) -> dds_osd::ClusterMap {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = c.map();
+        if want(&m) {
+            return (*m).clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: map {m:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// etcd and OSDs `0..n` in etcd mode (fresh devices in `dir`), with a client of the cluster
+/// once every OSD is up with its ports and every PG clean.
+pub struct EtcdOsds {
+    pub etcd: Guard,
+    pub url: String,
+    pub osds: Vec<Option<Guard>>,
+    pub client: std::sync::Arc<dds_osd::client::Client>,
+}
+
+pub fn start_etcd_osds(dir: &Path, n: u32) -> EtcdOsds {
+    let (etcd, url) = start_etcd(dir);
+    let osds = (0..n)
+        .map(|id| Some(etcd_osd(dir, &url, n, id, true)))
+        .collect();
+    let opts = dds_osd::client::ClientOptions {
+        retry_for: Duration::from_secs(30),
+        io_timeout: Duration::from_secs(10),
+        ..dds_osd::client::ClientOptions::default()
+    };
+    let client =
+        std::sync::Arc::new(dds_osd::client::Client::connect_etcd(&url, "t", opts).unwrap());
+    wait_map(&client, "every OSD up with its ports", |m| {
+        m.osds.iter().all(|o| o.up && o.addressed())
+    });
+    osd_wait_clean(&client, &(0..n).collect::<Vec<_>>());
+    EtcdOsds {
+        etcd,
+        url,
+        osds,
+        client,
+    }
 }
