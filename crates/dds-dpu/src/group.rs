@@ -149,6 +149,9 @@ pub(crate) struct GroupState {
     pending_tail: u64,
     /// Requests submitted to the file service and not completed.
     io_outstanding: usize,
+    /// The last dispatch stopped on what only a file-service completion ends
+    /// ([`Dispatch::WaitingForDevice`]).
+    waits_for_device: bool,
     payload_align: u32,
     max_io_bytes: u32,
     copy: Option<CopyBuffers>,
@@ -189,9 +192,12 @@ pub(crate) struct GroupCounters {
 pub(crate) enum Dispatch {
     /// All fetched records are dispatched.
     Drained,
-    /// Backpressure: response ring full, pending list full, file service busy, or a flush
-    /// waiting for earlier I/O.
+    /// Backpressure: response ring full, pending list full, staging space or a fenced file.
     Blocked,
+    /// Backpressure that only a file-service completion ends: the file service's queue is
+    /// full, or a flush waits for earlier writes. Not progress: the service thread waits for
+    /// the device instead of polling the rings round after round.
+    WaitingForDevice,
 }
 
 pub(crate) struct GroupParams {
@@ -249,6 +255,7 @@ impl GroupState {
             pending_head: 0,
             pending_tail: 0,
             io_outstanding: 0,
+            waits_for_device: false,
             payload_align: p.payload_align,
             max_io_bytes: p.max_io_bytes,
             copy,
@@ -300,9 +307,9 @@ impl GroupState {
     }
 
     /// Whether fetched request bytes wait for the next steps (new bytes found by the last
-    /// pointer read, or records not dispatched yet).
+    /// pointer read, or records not dispatched yet that do not wait for the file service).
     pub fn has_fetched_work(&self) -> bool {
-        self.req.fetching() || self.dispatched < self.req.fetched()
+        self.req.fetching() || (self.dispatched < self.req.fetched() && !self.waits_for_device)
     }
 
     fn pending_full(&self) -> bool {

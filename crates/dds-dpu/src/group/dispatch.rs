@@ -28,6 +28,7 @@ impl GroupState {
         // Registered writes fetched earlier go first: they hold their place in the file
         // service's queue (`fs_inflight_max` accounts for them).
         self.submit_ready_writes(fs, user_base);
+        self.waits_for_device = false;
         while self.dispatched < self.req.fetched() && !self.broken {
             let pos = self.dispatched;
             let in_ring = (pos % self.req_capacity) as usize;
@@ -104,7 +105,7 @@ impl GroupState {
                 if let Ok(h) = header {
                     if h.op == Op::Flush && self.io_outstanding > 0 {
                         // A flush covers every earlier write: wait for them to complete.
-                        return Ok(Dispatch::Blocked);
+                        return Ok(self.wait_for_device());
                     }
                     if matches!(h.op, Op::Read | Op::Write) && fs.is_fenced(FileId(h.file_id)) {
                         // A delete or shrink of this file waits for its I/O: hold this request
@@ -113,7 +114,7 @@ impl GroupState {
                     }
                 }
                 if fs.inflight() >= fs_inflight_max {
-                    return Ok(Dispatch::Blocked);
+                    return Ok(self.wait_for_device());
                 }
             }
             // A registered READ or WRITE: its buffer, range and staging space.
@@ -241,6 +242,11 @@ impl GroupState {
             }
         }
         Ok(Dispatch::Drained)
+    }
+
+    fn wait_for_device(&mut self) -> Dispatch {
+        self.waits_for_device = true;
+        Dispatch::WaitingForDevice
     }
 
     /// Submits one request's I/O to the file service.
