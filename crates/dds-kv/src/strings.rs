@@ -317,6 +317,11 @@ pub(crate) fn bitcount(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) ->
                     r.error(NOT_INTEGER);
                     return;
                 };
+                // Redis 7.0 answers an empty negative range before it looks at the unit.
+                if start < 0 && end < 0 && start > end {
+                    r.int(0);
+                    return;
+                }
                 let bits = match argv.get(4).map(|a| unit_arg(a)) {
                     None => false,
                     Some(Some(b)) => b,
@@ -325,11 +330,7 @@ pub(crate) fn bitcount(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) ->
                         return;
                     }
                 };
-                if start < 0 && end < 0 && start > end {
-                    None
-                } else {
-                    bit_range(start, end, v.len() as i64, bits)
-                }
+                bit_range(start, end, v.len() as i64, bits)
             }
             _ => {
                 r.error(SYNTAX);
