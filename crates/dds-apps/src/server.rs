@@ -25,7 +25,7 @@
 //! closes inside a message.
 
 use std::collections::VecDeque;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -126,7 +126,7 @@ const IO_DRAIN: Duration = Duration::from_secs(10);
 impl Server {
     pub fn start(config: ServerConfig, storage: Arc<dyn AsyncStorage>) -> Result<Server> {
         let threads = config.threads.max(1);
-        let listener = TcpListener::bind(config.listen)
+        let listener = dds_server::bind_listener(config.listen)
             .with_context(|| format!("listen {}", config.listen))?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));

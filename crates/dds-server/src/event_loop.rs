@@ -179,6 +179,34 @@ pub(crate) struct Core<S: Service> {
     pub(crate) draining: bool,
 }
 
+/// How long [`bind_listener`] retries an address in use.
+const REBIND_FOR: Duration = Duration::from_secs(5);
+
+/// Binds a listening socket to `addr`. A port given explicitly that is still in use is
+/// tried again every 50 ms for up to 5 s: after `kill -9` of a server on io_uring, the kernel
+/// releases the dead ring's requests, and with them its listening socket, a moment after the
+/// process is gone, so a restart on the same address would otherwise fail.
+pub fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let deadline = Instant::now() + REBIND_FOR;
+    let mut warned = false;
+    loop {
+        match TcpListener::bind(addr) {
+            Err(e)
+                if e.kind() == io::ErrorKind::AddrInUse
+                    && addr.port() != 0
+                    && Instant::now() < deadline =>
+            {
+                if !warned {
+                    tracing::warn!(%addr, "address in use; trying again for up to 5 s");
+                    warned = true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
 impl<S: Service> Server<S> {
     /// Binds `addr` (port 0: any free port; [`Server::local_addr`] tells which). The
     /// service's [`Service::wake_fd`] is registered now.
@@ -188,7 +216,7 @@ impl<S: Service> Server<S> {
         budget: Arc<Budget>,
         service: S,
     ) -> io::Result<Self> {
-        let listener = TcpListener::bind(addr)?;
+        let listener = bind_listener(addr)?;
         Self::from_listener(listener, cfg, budget, service)
     }
 

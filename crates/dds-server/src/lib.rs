@@ -44,7 +44,7 @@ mod uring;
 
 pub use budget::Budget;
 pub use conn::{Out, Ticket};
-pub use event_loop::{Completions, LoopCounters, LoopStats, Server};
+pub use event_loop::{bind_listener, Completions, LoopCounters, LoopStats, Server};
 pub use io::BACKEND_ENV;
 
 use std::os::fd::RawFd;
