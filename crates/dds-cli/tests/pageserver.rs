@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{format_device, offloaded, start_dpu, Guard, DDS};
+use common::{call_pageserver as call, format_device, offloaded, start_dpu, Guard, DDS};
 use dds_pageserver::page;
 use dds_pageserver::proto::{self, status, GetPage, Record, Response};
 use rand::{Rng, SeedableRng};
@@ -39,22 +39,6 @@ fn start_pageserver(listen: &str, socket: &Path, extra: &[&str]) -> (Guard, Sock
             .args(lsn_wait)
             .args(extra),
     )
-}
-
-/// Sends a message and reads `n` responses.
-fn call(s: &mut TcpStream, msg: &[u8], n: usize) -> Vec<Response> {
-    s.write_all(msg).unwrap();
-    (0..n)
-        .map(|_| {
-            let mut h = [0u8; 4];
-            s.read_exact(&mut h).unwrap();
-            let len = u32::from_le_bytes(h) as usize;
-            let mut b = vec![0u8; len];
-            b[..4].copy_from_slice(&h);
-            s.read_exact(&mut b[4..]).unwrap();
-            proto::decode_response(&b)
-        })
-        .collect()
 }
 
 /// The log as the clients acknowledged it: (lsn, page, offset, bytes).

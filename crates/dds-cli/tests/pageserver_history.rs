@@ -7,14 +7,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{format_device, ready_line, start_dpu, Guard, DDS};
+use common::{call_pageserver as call, format_device, start_dpu, Guard, DDS};
 use dds_pageserver::page;
-use dds_pageserver::proto::{self, status, GetPage, Record, Response};
+use dds_pageserver::proto::{self, status, GetPage, Record};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -35,42 +34,14 @@ fn model_page(log: &Log, page: u64, lsn: u64) -> (Vec<u8>, u64) {
     (p, last)
 }
 
-fn call(s: &mut TcpStream, msg: &[u8], n: usize) -> Vec<Response> {
-    s.write_all(msg).unwrap();
-    (0..n)
-        .map(|_| {
-            let mut h = [0u8; 4];
-            s.read_exact(&mut h).unwrap();
-            let len = u32::from_le_bytes(h) as usize;
-            let mut b = vec![0u8; len];
-            b[..4].copy_from_slice(&h);
-            s.read_exact(&mut b[4..]).unwrap();
-            proto::decode_response(&b)
-        })
-        .collect()
-}
-
 /// The DPU on `img` (formatted already), with the `pageserver` offload app and its director
 /// when `offload`.
 fn dpu(img: &Path, socket: &Path, offload: bool) -> (Guard, Option<SocketAddr>) {
     if !offload {
         return (start_dpu(img, socket, &[]), None);
     }
-    let (g, line) = ready_line(
-        Command::new(DDS)
-            .args(["dpu", "--json", "--device"])
-            .arg(img)
-            .arg("--socket")
-            .arg(socket)
-            .args([
-                "--offload",
-                "pageserver",
-                "--director-listen",
-                "127.0.0.1:0",
-            ])
-            .stderr(Stdio::null()),
-    );
-    (g, Some(common::director_of(&line)))
+    let (g, director) = common::spawn_offload_dpu(img, socket, "pageserver", &[]);
+    (g, Some(director))
 }
 
 fn pageserver(listen: &str, socket: &Path, retention: &str, wal: &str) -> (Guard, SocketAddr) {

@@ -115,12 +115,24 @@ pub fn start_offload_dpu_with(
 ) -> (Guard, PathBuf, SocketAddr) {
     let img = format_device(dir, size);
     let socket = dir.join("dpu.sock");
+    let (g, director) = spawn_offload_dpu(&img, &socket, app, extra);
+    (g, socket, director)
+}
+
+/// `dds dpu` on the device `img` (formatted already, e.g. a restart) with the offload app
+/// `app` and its traffic director on port 0: the process and the director's address.
+pub fn spawn_offload_dpu(
+    img: &Path,
+    socket: &Path,
+    app: &str,
+    extra: &[&str],
+) -> (Guard, SocketAddr) {
     let (g, line) = ready_line(
         Command::new(DDS)
             .args(["dpu", "--json", "--device"])
-            .arg(&img)
+            .arg(img)
             .arg("--socket")
-            .arg(&socket)
+            .arg(socket)
             .args(["--offload", app, "--director-listen", "127.0.0.1:0"])
             .args(extra)
             .stderr(if std::env::var_os("DDS_TEST_DPU_LOG").is_some() {
@@ -129,7 +141,28 @@ pub fn start_offload_dpu_with(
                 Stdio::null()
             }),
     );
-    (g, socket, director_of(&line))
+    (g, director_of(&line))
+}
+
+/// Sends a page-server message and reads `n` responses.
+pub fn call_pageserver(
+    s: &mut std::net::TcpStream,
+    msg: &[u8],
+    n: usize,
+) -> Vec<dds_pageserver::proto::Response> {
+    use std::io::{Read, Write};
+    s.write_all(msg).unwrap();
+    (0..n)
+        .map(|_| {
+            let mut h = [0u8; 4];
+            s.read_exact(&mut h).unwrap();
+            let len = u32::from_le_bytes(h) as usize;
+            let mut b = vec![0u8; len];
+            b[..4].copy_from_slice(&h);
+            s.read_exact(&mut b[4..]).unwrap();
+            dds_pageserver::proto::decode_response(&b)
+        })
+        .collect()
 }
 
 /// The traffic director's address on `dds dpu --json`'s ready line.
