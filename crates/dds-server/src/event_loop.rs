@@ -173,10 +173,26 @@ pub(crate) struct Core<S: Service> {
     live: usize,
     budget: Arc<Budget>,
     scratch: Vec<u8>,
+    /// Input buffers given back by connections whose incomplete request completed, lent
+    /// again at the next split request (bounded: [`POOLED_INPUTS`] of at most
+    /// `read_bytes` each), so that a request split across reads costs no allocation.
+    inputs: Vec<Vec<u8>>,
     touched: Vec<u32>,
     ready: Vec<u32>,
     pub(crate) counters: Arc<LoopCounters>,
     pub(crate) draining: bool,
+}
+
+/// Most input buffers a loop keeps for connections' incomplete requests.
+const POOLED_INPUTS: usize = 16;
+
+/// Gives a connection's emptied input buffer back to the loop's pool (or to the allocator
+/// when the pool is full or the buffer grew past `max`).
+fn give_input(pool: &mut Vec<Vec<u8>>, mut b: Vec<u8>, max: usize) {
+    if b.capacity() > 0 && b.capacity() <= max && pool.len() < POOLED_INPUTS {
+        b.clear();
+        pool.push(b);
+    }
 }
 
 /// How long [`bind_listener`] retries an address in use.
@@ -239,6 +255,7 @@ impl<S: Service> Server<S> {
             io,
             core: Core {
                 scratch: vec![0u8; cfg.read_bytes.max(4096)],
+                inputs: Vec::with_capacity(POOLED_INPUTS),
                 conns: (0..n).map(|_| None).collect(),
                 gens: vec![0; n],
                 free: (0..n as u32).rev().collect(),
@@ -460,7 +477,13 @@ impl<S: Service> Core<S> {
     }
     /// Offers `c`'s held input (or `bytes` of the scratch buffer) to the service; keeps what
     /// it did not take.
-    fn offer(service: &mut S, c: &mut Conn<S::Session>, from_scratch: Option<&[u8]>) {
+    fn offer(
+        service: &mut S,
+        c: &mut Conn<S::Session>,
+        from_scratch: Option<&[u8]>,
+        inputs: &mut Vec<Vec<u8>>,
+        pool_max: usize,
+    ) {
         let session = c.session.as_mut().expect("open session");
         let (used, verdict) = match from_scratch {
             Some(bytes) => {
@@ -475,6 +498,11 @@ impl<S: Service> Core<S> {
                     used <= bytes.len(),
                     "the service took more bytes than offered"
                 );
+                if used < bytes.len() && c.input.capacity() == 0 {
+                    if let Some(b) = inputs.pop() {
+                        c.input = b;
+                    }
+                }
                 c.input.extend_from_slice(&bytes[used..]);
                 (used, v)
             }
@@ -506,7 +534,7 @@ impl<S: Service> Core<S> {
         if c.input.is_empty() {
             c.partial_since = None;
             if c.input.capacity() > 0 {
-                c.input = Vec::new();
+                give_input(inputs, std::mem::take(&mut c.input), pool_max);
             }
         } else if !c.pending && c.partial_since.is_none() {
             c.partial_since = Some(Instant::now());
@@ -519,6 +547,7 @@ impl<S: Service> Core<S> {
             service,
             conns,
             scratch,
+            inputs,
             touched,
             budget,
             counters,
@@ -530,8 +559,9 @@ impl<S: Service> Core<S> {
             return;
         };
         let before = (c.out.len(), c.held.len(), c.close_after);
+        let pool_max = cfg.read_bytes.max(4096);
         if c.unoffered && !c.pending && !c.dead {
-            Self::offer(service, c, None);
+            Self::offer(service, c, None, inputs, pool_max);
         }
         loop {
             if c.pending || c.close_after || c.dead || *draining {
@@ -558,10 +588,10 @@ impl<S: Service> Core<S> {
             };
             c.last_active = Instant::now();
             if c.input.is_empty() {
-                Self::offer(service, c, Some(bytes));
+                Self::offer(service, c, Some(bytes), inputs, pool_max);
             } else {
                 c.input.extend_from_slice(bytes);
-                Self::offer(service, c, None);
+                Self::offer(service, c, None, inputs, pool_max);
             }
             io.consumed();
             if c.input.len() > cfg.input_limit && !c.pending && !c.close_after {
@@ -673,6 +703,11 @@ impl<S: Service> Core<S> {
             }
         }
         c.uncharge(&self.budget);
+        give_input(
+            &mut self.inputs,
+            std::mem::take(&mut c.input),
+            self.cfg.read_bytes.max(4096),
+        );
         if let Some(s) = c.session.take() {
             self.service.closed(c.id, s);
         }

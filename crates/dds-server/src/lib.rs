@@ -7,7 +7,8 @@
 //! - a connection slab bounded by [`Config::max_connections`] (more are answered
 //!   [`Service::rejected`] and closed);
 //! - input read into one scratch buffer and parsed where it lands, so an idle connection owns
-//!   no memory; only an incomplete request is kept, charged to a [`Budget`] shared by every
+//!   no memory; only an incomplete request is kept (in a buffer lent by the loop's bounded
+//!   pool, given back once the request completed), charged to a [`Budget`] shared by every
 //!   loop, and bounded per connection ([`Config::input_limit`]);
 //! - one output-buffer policy: replies accumulate until the round ends, reading pauses while
 //!   more than [`Config::output_pause`] bytes wait for the client, and a buffer larger than

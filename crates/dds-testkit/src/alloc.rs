@@ -19,6 +19,9 @@
 //! - [`count_all_threads`]: every thread but those that called [`exempt_this_thread`] (the
 //!   client on the test thread, say).
 //!
+//! With `DDS_ALLOC_BACKTRACE` set in the environment, each counted allocation prints its size
+//! and backtrace to stderr.
+//!
 //! [`allocations`] is the number counted so far, process-wide; [`allocations_in`] the number
 //! counted while a closure ran. The counters are global: a binary whose tests measure
 //! different threads runs its measurements one at a time.
@@ -49,6 +52,8 @@ enum Mark {
 
 thread_local! {
     static MARK: Cell<Mark> = const { Cell::new(Mark::Default) };
+    /// The thread is printing a counted allocation's backtrace.
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
     /// This thread's kernel id, once asked (0: not yet).
     static TID: Cell<i32> = const { Cell::new(0) };
 }
@@ -81,22 +86,41 @@ fn own_tid() -> i32 {
     .unwrap_or(0)
 }
 
-fn count() {
+fn count(size: usize) {
     if counted() {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        trace(size);
     }
+}
+
+/// With `DDS_ALLOC_BACKTRACE` set, prints where a counted allocation came from (the
+/// printing's own allocations are not counted or traced).
+fn trace(size: usize) {
+    if IN_TRACE.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
+    IN_TRACE.with(|t| t.set(true));
+    let saved = MARK.with(|m| m.replace(Mark::Exempt));
+    if std::env::var_os("DDS_ALLOC_BACKTRACE").is_some() {
+        eprintln!(
+            "counted allocation of {size} bytes:\n{}",
+            std::backtrace::Backtrace::force_capture()
+        );
+    }
+    MARK.with(|m| m.set(saved));
+    IN_TRACE.with(|t| t.set(false));
 }
 
 // SAFETY: every call is forwarded unchanged to the system allocator; counting touches only
 // atomics and const thread locals, and never allocates.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
+        count(l.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc(l) }
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
+        count(l.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc_zeroed(l) }
     }
@@ -105,7 +129,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
+        count(n);
         // SAFETY: forwarded contract.
         unsafe { System.realloc(p, l, n) }
     }
