@@ -12,6 +12,7 @@ mod fs_cmd;
 mod fsck_cmd;
 mod kv_cmd;
 mod nbd_cmd;
+mod nodes_cmd;
 mod offload_apps;
 mod osd_cmd;
 mod pageserver_cmd;
@@ -89,6 +90,9 @@ enum Cmd {
     Osd(osd_cmd::OsdArgs),
     /// Store, fetch, inspect, list and remove objects in a cluster of `dds osd` daemons.
     Objects(osd_cmd::ObjectsArgs),
+    /// A cluster's nodes as network namespaces on one machine: make them, cut a node off,
+    /// bring it back, run a command on a node, remove them (needs root).
+    Nodes(nodes_cmd::NodesArgs),
     /// The host half of an OSD of placement dpu: the object store on a device file, served to
     /// the DPU's front end through the object store proxy (docs/objproxy.md).
     OsdStore(osd_cmd::OsdStoreArgs),
@@ -154,6 +158,7 @@ fn main() -> ExitCode {
         Cmd::Nbd(a) => nbd_cmd::run(a),
         Cmd::Osd(a) => osd_cmd::run_osd(a),
         Cmd::Objects(a) => osd_cmd::run_objects(a),
+        Cmd::Nodes(a) => nodes_cmd::run(a),
         Cmd::OsdStore(a) => osd_cmd::run_osd_store(a),
     };
     match result {

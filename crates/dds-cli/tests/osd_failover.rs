@@ -8,11 +8,12 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{etcd_osd, osd_wait_clean, start_etcd_osds, wait_map, EtcdOsds, Guard};
+use common::{
+    busiest_primary, check_writes_on_every_replica, etcd_osd, osd_wait_clean, start_etcd_osds,
+    wait_map, EtcdOsds, Guard, ObjectWrite, Writers,
+};
 use dds_objstore::ObjectId;
 use dds_osd::client::{Client, ClientOptions};
 use dds_osd::Status;
@@ -21,20 +22,6 @@ const OSDS: u32 = 3;
 
 fn start_osd(dir: &Path, url: &str, id: u32, format: bool) -> Guard {
     etcd_osd(dir, url, OSDS, id, format)
-}
-
-fn content(i: u64) -> Vec<u8> {
-    format!("object {i} ")
-        .repeat(1 + (i % 50) as usize)
-        .into_bytes()
-}
-
-/// One write of the load: its object, when it started and when it was
-/// acknowledged (`None`: failed).
-struct Write {
-    i: u64,
-    started: Instant,
-    acked: Option<Instant>,
 }
 
 #[test]
@@ -48,40 +35,12 @@ fn kill_9_of_a_primary_fails_over_with_nothing_lost_or_applied_twice() {
     } = start_etcd_osds(dir.path(), OSDS);
 
     // Two writers, one op in flight each, every object written once.
-    let writes = Arc::new(Mutex::new(Vec::<Write>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..2u64)
-        .map(|w| {
-            let (cl, writes, stop) = (cl.clone(), writes.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut i = w;
-                while !stop.load(Ordering::SeqCst) {
-                    let oid = ObjectId::new(1, format!("obj-{i}"));
-                    let started = Instant::now();
-                    let r = cl.write_full(&oid, &content(i));
-                    if let Err(e) = &r {
-                        eprintln!("obj-{i}: {e}");
-                    }
-                    let acked = r.is_ok().then(Instant::now);
-                    writes.lock().unwrap().push(Write { i, started, acked });
-                    i += 2;
-                }
-            })
-        })
-        .collect();
+    let writers = Writers::start(&cl, 2);
     std::thread::sleep(Duration::from_secs(2));
 
     // kill -9 of the OSD that leads the most PGs.
     let before = cl.map();
-    let pgs: Vec<_> = before.all_pgs().collect();
-    let victim = (0..OSDS)
-        .max_by_key(|&o| pgs.iter().filter(|&&pg| before.acting(pg)[0] == o).count())
-        .unwrap();
-    let led: Vec<_> = pgs
-        .iter()
-        .copied()
-        .filter(|&pg| before.acting(pg)[0] == victim)
-        .collect();
+    let (victim, led) = busiest_primary(&before, OSDS);
     let killed_at = Instant::now();
     drop(osds[victim as usize].take());
     let down = wait_map(&cl, "the killed OSD marked down", |m| {
@@ -100,19 +59,9 @@ fn kill_9_of_a_primary_fails_over_with_nothing_lost_or_applied_twice() {
         m.osd(victim).is_some_and(|o| o.up && o.addressed())
     });
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::SeqCst);
-    for w in writers {
-        w.join().unwrap();
-    }
-    let writes = std::mem::take(&mut *writes.lock().unwrap());
-    let failed: Vec<u64> = writes
-        .iter()
-        .filter(|w| w.acked.is_none())
-        .map(|w| w.i)
-        .collect();
-    assert!(failed.is_empty(), "writes failed: {failed:?}");
+    let writes = writers.finish();
     // The write gap: from the kill to the first write acknowledged on a PG the victim led.
-    let on_led = |w: &&Write| {
+    let on_led = |w: &&ObjectWrite| {
         let pg = before.pg_of(1, format!("obj-{}", w.i).as_bytes()).unwrap();
         led.contains(&pg)
     };
@@ -142,16 +91,7 @@ fn kill_9_of_a_primary_fails_over_with_nothing_lost_or_applied_twice() {
     // add up to the writes made, the warm-up included).
     let applied = osd_wait_clean(&cl, &[0, 1, 2]);
     assert_eq!(applied, writes.len() as u64, "versions applied vs writes");
-    for o in 0..OSDS {
-        let v = cl.on(o);
-        for w in &writes {
-            let oid = ObjectId::new(1, format!("obj-{}", w.i));
-            let got = v
-                .read_full(&oid)
-                .unwrap_or_else(|e| panic!("osd {o} obj-{}: {e}", w.i));
-            assert!(got == content(w.i), "osd {o} obj-{}: wrong data", w.i);
-        }
-    }
+    check_writes_on_every_replica(&cl, OSDS, &writes);
 
     // An OSD stopped cleanly (SIGTERM) revokes its lease: down at once, not after the TTL.
     let others: Vec<u32> = (0..OSDS).filter(|&o| o != victim).collect();

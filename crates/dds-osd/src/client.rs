@@ -48,22 +48,35 @@ enum Source {
 /// The map a client holds, shared with its watch thread.
 type SharedMap = Arc<RwLock<Arc<ClusterMap>>>;
 
-/// Replaces the map by `m` if its epoch is higher.
-fn adopt(shared: &SharedMap, m: ClusterMap) -> bool {
+/// The client's connection pools, by OSD, shared with its watch thread.
+type Pools = Arc<Mutex<BTreeMap<u32, Arc<ConnPool>>>>;
+
+/// Replaces the map by `m` if its epoch is higher. The calls in progress to an OSD that `m`
+/// has down fail at once and are retried under `m` (as Ceph's clients resend their ops when
+/// a map changes their target), rather than wait for a reply that may never come.
+fn adopt(shared: &SharedMap, pools: &Pools, m: ClusterMap) -> bool {
     let mut cur = shared.write().unwrap_or_else(|e| e.into_inner());
-    if m.epoch > cur.epoch {
-        *cur = Arc::new(m);
-        true
-    } else {
-        false
+    if m.epoch <= cur.epoch {
+        return false;
     }
+    let new = Arc::new(m);
+    let old = std::mem::replace(&mut *cur, new.clone());
+    drop(cur);
+    let pools = pools.lock().unwrap_or_else(|e| e.into_inner());
+    for (id, pool) in pools.iter() {
+        let was_up = old.osd(*id).is_some_and(|o| o.up);
+        if was_up && new.osd(*id).is_none_or(|o| !o.up) {
+            pool.abort();
+        }
+    }
+    true
 }
 
 /// A connection to a cluster: one connection pool per OSD, following the cluster's maps.
 pub struct Client {
     map: SharedMap,
     source: Source,
-    conns: Mutex<BTreeMap<u32, Arc<ConnPool>>>,
+    conns: Pools,
     /// Set when the client is dropped (ends its watch thread).
     closed: Arc<AtomicBool>,
     opts: ClientOptions,
@@ -122,13 +135,13 @@ impl Client {
         let keys = Keys::new(cluster);
         let map = monitor::load(&etcd, &keys).map_err(|e| err(Status::Io, e.to_string()))?;
         let mut c = Client::with_map(map, opts);
-        let (shared, closed) = (c.map.clone(), c.closed.clone());
+        let (shared, pools, closed) = (c.map.clone(), c.conns.clone(), c.closed.clone());
         monitor::follow(
             etcd.clone(),
             keys.clone(),
             "client",
             move |m| {
-                adopt(&shared, m);
+                adopt(&shared, &pools, m);
             },
             move || closed.load(Ordering::Relaxed),
         )
@@ -159,7 +172,7 @@ impl Client {
         Client {
             map: Arc::new(RwLock::new(Arc::new(map))),
             source: Source::Osds,
-            conns: Mutex::new(BTreeMap::new()),
+            conns: Arc::new(Mutex::new(BTreeMap::new())),
             closed: Arc::new(AtomicBool::new(false)),
             opts,
             id: random_id(),
@@ -207,17 +220,17 @@ impl Client {
             ClusterMap::parse(&String::from_utf8_lossy(&text)).ok()
         };
         if let Some(m) = osd.and_then(from_osd) {
-            adopt(&self.map, m);
+            adopt(&self.map, &self.conns, m);
         }
         match &self.source {
             Source::File(p) => {
                 if let Ok(m) = ClusterMap::load(p) {
-                    adopt(&self.map, m);
+                    adopt(&self.map, &self.conns, m);
                 }
             }
             Source::Etcd(etcd, keys) => {
                 if let Ok(m) = monitor::load(etcd, keys) {
-                    adopt(&self.map, m);
+                    adopt(&self.map, &self.conns, m);
                 }
             }
             Source::Osds if osd.is_none() => {
@@ -229,7 +242,7 @@ impl Client {
                     .map(|o| o.id)
                     .collect();
                 for m in ids.into_iter().filter_map(from_osd) {
-                    adopt(&self.map, m);
+                    adopt(&self.map, &self.conns, m);
                 }
             }
             Source::Osds => {}

@@ -1,9 +1,11 @@
 //! Pooled request/reply connections to one address (client to OSD, OSD to peer).
 
+use std::collections::BTreeMap;
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::wire::{self, Budget, FrameError, Header, OpError, Status, FLAG_REPLY};
@@ -32,9 +34,44 @@ impl CallError {
     }
 }
 
+/// The open connections of a pool, by id: a second handle on each socket, with which
+/// [`ConnPool::abort`] shuts down a connection a call is blocked on.
+type Open = Arc<Mutex<BTreeMap<u64, TcpStream>>>;
+
+/// A connection of a pool, listed in its pool's open connections until dropped.
+struct Conn {
+    s: TcpStream,
+    id: u64,
+    open: Open,
+}
+
+impl Deref for Conn {
+    type Target = TcpStream;
+    fn deref(&self) -> &TcpStream {
+        &self.s
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut TcpStream {
+        &mut self.s
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
 /// A request sent and not yet answered ([`ConnPool::send`]).
 pub struct Sent {
-    stream: TcpStream,
+    stream: Conn,
+    /// The pool's aborts before it was sent.
+    aborts: u64,
     fresh: bool,
     op: u16,
     flags: u16,
@@ -45,7 +82,10 @@ pub struct Sent {
 /// Connections to one address, reused across calls; each call takes one connection exclusively.
 pub struct ConnPool {
     addr: SocketAddr,
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Mutex<Vec<Conn>>,
+    open: Open,
+    next_conn: AtomicU64,
+    aborts: AtomicU64,
     next_id: AtomicU64,
     connect_timeout: Duration,
     io_timeout: Duration,
@@ -57,6 +97,9 @@ impl ConnPool {
         ConnPool {
             addr,
             idle: Mutex::new(Vec::new()),
+            open: Arc::new(Mutex::new(BTreeMap::new())),
+            next_conn: AtomicU64::new(0),
+            aborts: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             connect_timeout,
             io_timeout,
@@ -73,12 +116,33 @@ impl ConnPool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
-    fn connect(&self) -> io::Result<TcpStream> {
+    /// Fails the calls in progress now (their connections are shut down; they are not sent
+    /// again) and drops the idle connections: for an address that a new map says is down,
+    /// where a reply may never come.
+    pub fn abort(&self) {
+        self.aborts.fetch_add(1, Ordering::SeqCst);
+        for s in self.open.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.reset();
+    }
+
+    fn connect(&self) -> io::Result<Conn> {
         let s = TcpStream::connect_timeout(&self.addr, self.connect_timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.io_timeout))?;
         s.set_write_timeout(Some(self.io_timeout))?;
-        Ok(s)
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let handle = s.try_clone()?;
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, handle);
+        Ok(Conn {
+            s,
+            id,
+            open: self.open.clone(),
+        })
     }
 
     /// Sends one request and returns the reply's payload. A reused connection that fails is
@@ -98,11 +162,13 @@ impl ConnPool {
     /// reply ([`finish`](Self::finish) reads it): requests to several peers are then in
     /// flight at once without a thread each.
     pub fn send(&self, op: u16, flags: u16, epoch: u32, payload: &[u8]) -> Result<Sent, CallError> {
+        let aborts = self.aborts.load(Ordering::SeqCst);
         let reused = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if let Some(mut s) = reused {
             if let Ok(req_id) = self.write_request(&mut s, op, flags, epoch, payload) {
                 return Ok(Sent {
                     stream: s,
+                    aborts,
                     fresh: false,
                     op,
                     flags,
@@ -121,10 +187,12 @@ impl ConnPool {
         epoch: u32,
         payload: &[u8],
     ) -> Result<Sent, CallError> {
+        let aborts = self.aborts.load(Ordering::SeqCst);
         let mut s = self.connect().map_err(|err| self.transport(err))?;
         let req_id = self.write_request(&mut s, op, flags, epoch, payload)?;
         Ok(Sent {
             stream: s,
+            aborts,
             fresh: true,
             op,
             flags,
@@ -138,6 +206,7 @@ impl ConnPool {
     pub fn finish(&self, sent: Sent, payload: &[u8]) -> Result<Vec<u8>, CallError> {
         let Sent {
             stream,
+            aborts,
             fresh,
             op,
             flags,
@@ -145,7 +214,9 @@ impl ConnPool {
             req_id,
         } = sent;
         match self.read_reply(stream, op, req_id) {
-            Err(CallError::Transport { .. }) if !fresh => {
+            Err(CallError::Transport { .. })
+                if !fresh && self.aborts.load(Ordering::SeqCst) == aborts =>
+            {
                 let again = self.send_fresh(op, flags, epoch, payload)?;
                 self.read_reply(again.stream, op, again.req_id)
             }
@@ -162,7 +233,7 @@ impl ConnPool {
 
     fn write_request(
         &self,
-        s: &mut TcpStream,
+        s: &mut Conn,
         op: u16,
         flags: u16,
         epoch: u32,
@@ -170,12 +241,12 @@ impl ConnPool {
     ) -> Result<u64, CallError> {
         let req_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let h = Header::request(op, flags, epoch, req_id, payload)?;
-        wire::write_frame(s, &h, payload).map_err(|e| self.transport(e))?;
+        wire::write_frame(&mut **s, &h, payload).map_err(|e| self.transport(e))?;
         Ok(req_id)
     }
 
-    fn read_reply(&self, mut s: TcpStream, op: u16, req_id: u64) -> Result<Vec<u8>, CallError> {
-        let (rh, p) = wire::read_frame(&mut s, u32::MAX, &self.budget).map_err(|e| {
+    fn read_reply(&self, mut s: Conn, op: u16, req_id: u64) -> Result<Vec<u8>, CallError> {
+        let (rh, p) = wire::read_frame(&mut *s, u32::MAX, &self.budget).map_err(|e| {
             self.transport(match e {
                 FrameError::Io(e) => e,
                 FrameError::Closed => io::ErrorKind::UnexpectedEof.into(),
@@ -201,7 +272,7 @@ impl ConnPool {
         Ok(buf)
     }
 
-    fn put_back(&self, s: TcpStream) {
+    fn put_back(&self, s: Conn) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push(s);

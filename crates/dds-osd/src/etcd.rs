@@ -243,25 +243,31 @@ pub fn local_member(dir: &std::path::Path) -> std::io::Result<(std::process::Com
     };
     let url = format!("http://127.0.0.1:{}", port()?);
     let peer = format!("http://127.0.0.1:{}", port()?);
-    let mut cmd = std::process::Command::new("etcd");
+    let cmd = member(std::process::Command::new("etcd"), dir, &url, &peer);
+    Ok((cmd, url))
+}
+
+/// `etcd` (the program `cmd` runs, e.g. `ip netns exec NS etcd`) as a single-member cluster
+/// with its data in `dir`, serving clients at `url` and its peer port at `peer`.
+pub fn member(
+    mut cmd: std::process::Command,
+    dir: &std::path::Path,
+    url: &str,
+    peer: &str,
+) -> std::process::Command {
     cmd.arg("--data-dir")
         .arg(dir.join("etcd"))
-        .args([
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-        ])
+        .args(["--listen-client-urls", url, "--advertise-client-urls", url])
         .args([
             "--listen-peer-urls",
-            &peer,
+            peer,
             "--initial-advertise-peer-urls",
-            &peer,
+            peer,
         ])
         .args(["--initial-cluster", &format!("default={peer}")])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    Ok((cmd, url))
+    cmd
 }
 
 /// Waits until etcd answers at `url` (at most `timeout`).

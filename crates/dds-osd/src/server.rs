@@ -452,6 +452,14 @@ impl Inner {
         if map.epoch <= old.map.epoch {
             return Ok(false);
         }
+        // Requests waiting on an OSD the new map has down (cut off: its replies may never
+        // come) fail now rather than at their timeout, so that the writes holding PG locks
+        // behind them end and the PGs can change hands at once.
+        for (id, peer) in &old.peers {
+            if map.osd(*id).is_none_or(|o| !o.up) && old.map.osd(*id).is_some_and(|o| o.up) {
+                peer.conns.reset();
+            }
+        }
         for (id, pg) in &old.pgs {
             if map.acting(*id) != pg.acting {
                 pg.retired.store(true, Ordering::Release);

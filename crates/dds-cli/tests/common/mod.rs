@@ -644,7 +644,20 @@ pub fn etcd_seed(dir: &Path, n: u32) -> PathBuf {
 /// `dds osd --id ID --etcd URL --cluster t` on port 0 (a new device when `format`), the map
 /// seeded with OSDs `0..n` (an id outside joins as a new OSD).
 pub fn etcd_osd(dir: &Path, url: &str, n: u32, id: u32, format: bool) -> Guard {
-    let mut cmd = Command::new(DDS);
+    etcd_osd_with(Command::new(DDS), dir, url, n, id, format, None)
+}
+
+/// [`etcd_osd`] run by `cmd` (`dds`, or `ip netns exec NS dds`), its ports bound on `ip`
+/// (default 127.0.0.1).
+pub fn etcd_osd_with(
+    mut cmd: Command,
+    dir: &Path,
+    url: &str,
+    n: u32,
+    id: u32,
+    format: bool,
+    ip: Option<std::net::Ipv4Addr>,
+) -> Guard {
     cmd.args([
         "osd",
         "--id",
@@ -666,6 +679,12 @@ pub fn etcd_osd(dir: &Path, url: &str, n: u32, id: u32, format: bool) -> Guard {
     });
     if format {
         cmd.arg("--format");
+    }
+    if let Some(ip) = ip {
+        cmd.arg("--addr")
+            .arg(format!("{ip}:0"))
+            .arg("--peer-addr")
+            .arg(format!("{ip}:0"));
     }
     spawn_osd(&mut cmd, &format!("osd {id}")).0
 }
@@ -717,5 +736,109 @@ pub fn start_etcd_osds(dir: &Path, n: u32) -> EtcdOsds {
         url,
         osds,
         client,
+    }
+}
+
+/// The content of object `obj-{i}` in the cluster tests' workloads.
+pub fn object_content(i: u64) -> Vec<u8> {
+    format!("object {i} ")
+        .repeat(1 + (i % 50) as usize)
+        .into_bytes()
+}
+
+/// One write of [`Writers`]: its object, when it started and when it was acknowledged
+/// (`None`: failed).
+pub struct ObjectWrite {
+    pub i: u64,
+    pub started: Instant,
+    pub acked: Option<Instant>,
+}
+
+/// Writers of a cluster test: each writes objects `obj-{i}` (writer `w` of `n` the `i` with
+/// `i % n == w`), one op in flight, each object once, until finished.
+pub struct Writers {
+    pub writes: std::sync::Arc<std::sync::Mutex<Vec<ObjectWrite>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Writers {
+    pub fn start(cl: &std::sync::Arc<dds_osd::client::Client>, n: u64) -> Writers {
+        use std::sync::atomic::Ordering;
+        let writes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|w| {
+                let (cl, writes, stop) = (cl.clone(), writes.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut i = w;
+                    while !stop.load(Ordering::SeqCst) {
+                        let oid = dds_objstore::ObjectId::new(1, format!("obj-{i}"));
+                        let started = Instant::now();
+                        let r = cl.write_full(&oid, &object_content(i));
+                        if let Err(e) = &r {
+                            eprintln!("obj-{i}: {e}");
+                        }
+                        let acked = r.is_ok().then(Instant::now);
+                        writes
+                            .lock()
+                            .unwrap()
+                            .push(ObjectWrite { i, started, acked });
+                        i += n;
+                    }
+                })
+            })
+            .collect();
+        Writers {
+            writes,
+            stop,
+            threads,
+        }
+    }
+
+    /// Stops the writers; returns every write made.
+    pub fn finish(self) -> Vec<ObjectWrite> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        std::mem::take(&mut *self.writes.lock().unwrap())
+    }
+}
+
+/// The OSD (of `0..n`) that leads the most PGs of `map`, and those PGs.
+pub fn busiest_primary(map: &dds_osd::ClusterMap, n: u32) -> (u32, Vec<dds_osd::PgId>) {
+    let pgs: Vec<_> = map.all_pgs().collect();
+    let victim = (0..n)
+        .max_by_key(|&o| pgs.iter().filter(|&&pg| map.acting(pg)[0] == o).count())
+        .unwrap();
+    let led = pgs
+        .into_iter()
+        .filter(|&pg| map.acting(pg)[0] == victim)
+        .collect();
+    (victim, led)
+}
+
+/// Every write acknowledged, each object's content on each of OSDs `0..n` (read locally).
+pub fn check_writes_on_every_replica(cl: &dds_osd::client::Client, n: u32, writes: &[ObjectWrite]) {
+    let failed: Vec<u64> = writes
+        .iter()
+        .filter(|w| w.acked.is_none())
+        .map(|w| w.i)
+        .collect();
+    assert!(failed.is_empty(), "writes failed: {failed:?}");
+    for o in 0..n {
+        let v = cl.on(o);
+        for w in writes {
+            let oid = dds_objstore::ObjectId::new(1, format!("obj-{}", w.i));
+            let got = v
+                .read_full(&oid)
+                .unwrap_or_else(|e| panic!("osd {o} obj-{}: {e}", w.i));
+            assert!(
+                got == object_content(w.i),
+                "osd {o} obj-{}: wrong data",
+                w.i
+            );
+        }
     }
 }
