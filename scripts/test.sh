@@ -15,8 +15,10 @@ command -v fio >/dev/null || need_pkgs+=(fio)
 command -v nbdcopy >/dev/null || need_pkgs+=(libnbd-bin)
 command -v nbdkit >/dev/null || need_pkgs+=(nbdkit)
 command -v qemu-img >/dev/null || need_pkgs+=(qemu-utils)
-# iproute2's `ip`, which makes the network namespaces of `dds nodes` (osd_nodes.rs).
+# iproute2 and nftables: the network namespaces and flow rules of `dds nodes` and `dds wire`
+# (osd_nodes.rs, wire.rs).
 command -v ip >/dev/null || need_pkgs+=(iproute2)
+command -v nft >/dev/null || need_pkgs+=(nftables)
 # etcd, where DPU-KV registers its endpoints.
 command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -104,6 +104,12 @@ pub struct DpuArgs {
     /// Director threads.
     #[arg(long, default_value_t = 1)]
     pub director_threads: usize,
+    /// Steer the signature's flows to the director with flow rules in this network
+    /// namespace (nftables TPROXY; the director listens transparently), so that clients
+    /// connect to the host's own address; the rules go when the DPU stops
+    /// (docs/bump-in-the-wire.md). Needs root (CAP_NET_ADMIN) and nftables.
+    #[arg(long, requires = "offload")]
+    pub steer: bool,
     /// Offload engine copy mode (the Fig. 20 baseline) instead of zero copy.
     #[arg(long)]
     pub offload_copy: bool,
@@ -179,6 +185,7 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
                 buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
                 memory_bytes: usize::try_from(a.director_memory).context("--director-memory")?,
                 max_connections: a.director_max_connections.max(1),
+                transparent: a.steer,
                 ..match a.host_app {
                     Some(host) => dds_director::DirectorConfig::new(listen, host),
                     None => dds_director::DirectorConfig::announced(listen),
@@ -329,9 +336,25 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
             .map_or_else(String::new, |v| v.get_name().to_string()),
         if a.dma_cost { "on" } else { "off" },
     );
+    let steered = match (a.steer, handle.director()) {
+        (true, Some(d)) => match steer(&a, d.local_addr()) {
+            Ok(rules) => Some(rules),
+            Err(e) => {
+                handle.shutdown();
+                applied.remove();
+                return Err(e);
+            }
+        },
+        _ => None,
+    };
     print_ready(&a, handle.director().map(|d| d.local_addr()));
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "shutting down");
+    }
+    if steered.is_some() {
+        if let Err(e) = dds_netns::wire::FlowRules::remove() {
+            eprintln!("dds dpu: removing the flow rules: {e}");
+        }
     }
     if let Some(d) = handle.director() {
         eprintln!("dds dpu: director: {}", counters(&d.stats()));
@@ -339,6 +362,36 @@ pub fn run_dpu(a: DpuArgs) -> Result<()> {
     handle.shutdown();
     applied.remove();
     Ok(())
+}
+
+/// Installs the flow rules that steer `--signature`'s flows to the director at `director`
+/// (replacing those a previous run left).
+fn steer(a: &DpuArgs, director: std::net::SocketAddr) -> Result<dds_netns::wire::FlowRules> {
+    use dds_netns::wire::{FlowRules, FlowSide};
+    let sig: dds_director::Signature = a
+        .signature
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--signature: {e}"))?;
+    if sig.proto == Some(dds_director::Proto::Udp) {
+        anyhow::bail!("--steer: the signature names UDP flows; the director splits TCP");
+    }
+    let side = |e: dds_director::signature::Endpoint| FlowSide {
+        net: e.addr.map(|a| (a, e.prefix)),
+        port: e.port,
+    };
+    let rules = FlowRules {
+        src: side(sig.src),
+        dst: side(sig.dst),
+        to_port: director.port(),
+    };
+    rules
+        .install()
+        .context("--steer: installing the flow rules")?;
+    eprintln!(
+        "dds dpu: flow rules installed (signature {sig}):\n{}",
+        rules.script().unwrap_or_default()
+    );
+    Ok(rules)
 }
 
 /// Counters as words, sorted by name: `accepted 4, ..., offloaded 80938, ...`.

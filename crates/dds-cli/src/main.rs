@@ -19,6 +19,7 @@ mod pageserver_cmd;
 mod stats_cmd;
 mod util;
 mod wait_cmd;
+mod wire_cmd;
 
 use std::process::ExitCode;
 
@@ -93,6 +94,9 @@ enum Cmd {
     /// A cluster's nodes as network namespaces on one machine: make them, cut a node off,
     /// bring it back, run a command on a node, remove them (needs root).
     Nodes(nodes_cmd::NodesArgs),
+    /// The DPU in the wire: client, DPU and host network namespaces, where the DPU (`dds dpu
+    /// --steer`) diverts the signature's flows to its director (needs root).
+    Wire(wire_cmd::WireArgs),
     /// The host half of an OSD of placement dpu: the object store on a device file, served to
     /// the DPU's front end through the object store proxy (docs/objproxy.md).
     OsdStore(osd_cmd::OsdStoreArgs),
@@ -159,6 +163,7 @@ fn main() -> ExitCode {
         Cmd::Osd(a) => osd_cmd::run_osd(a),
         Cmd::Objects(a) => osd_cmd::run_objects(a),
         Cmd::Nodes(a) => nodes_cmd::run(a),
+        Cmd::Wire(a) => wire_cmd::run(a),
         Cmd::OsdStore(a) => osd_cmd::run_osd_store(a),
     };
     match result {

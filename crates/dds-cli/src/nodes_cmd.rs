@@ -1,9 +1,11 @@
 //! `dds nodes`: a cluster's nodes as network namespaces on one machine
-//! (`dds_osd::nodes`, `docs/osd-protocol.md`, "Nodes in network namespaces").
+//! (`dds_netns::fabric`, `docs/osd-protocol.md`, "Nodes in network namespaces").
+
+use std::os::unix::process::CommandExt;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use dds_osd::nodes::{Fabric, CLIENT_ADDR};
+use dds_netns::fabric::{Fabric, CLIENT_ADDR};
 
 #[derive(Args, Debug)]
 pub struct NodesArgs {
@@ -96,10 +98,10 @@ pub fn run(a: NodesArgs) -> Result<()> {
                 (false, None) => bail!("--node or --clients"),
             };
             f.keep();
-            let status = cmd.args(&command[1..]).status().context("ip netns exec")?;
-            if !status.success() {
-                bail!("{} exited with {status}", command[0]);
-            }
+            // Replaced by the command (through `ip netns exec`, which execs it too): `$!`
+            // of a shell is then the command's own process, which signals reach.
+            let e = cmd.args(&command[1..]).exec();
+            return Err(e).context("ip netns exec");
         }
     }
     Ok(())

@@ -19,8 +19,8 @@ use common::{
     busiest_primary, check_writes_on_every_replica, etcd_osd_with, osd_wait_clean, wait_map, Guard,
     ObjectWrite, Writers, DDS,
 };
+use dds_netns::{self as nodes, Fabric};
 use dds_osd::client::{Client, ClientOptions};
-use dds_osd::nodes::{self, Fabric};
 
 const OSDS: usize = 3;
 /// The etcd node (after the OSDs').

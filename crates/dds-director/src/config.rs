@@ -41,6 +41,10 @@ pub struct DirectorConfig {
     pub max_contexts_per_conn: usize,
     /// Called first on each director thread with its index (e.g. to pin it to a core).
     pub on_thread_start: Option<Arc<dyn Fn(usize) + Send + Sync>>,
+    /// Listen transparently (`IP_TRANSPARENT`): the director accepts the connections that
+    /// flow rules divert to it with TPROXY, each keeping the address its client connected
+    /// to (`docs/bump-in-the-wire.md`). Needs `CAP_NET_ADMIN`.
+    pub transparent: bool,
 }
 
 impl std::fmt::Debug for DirectorConfig {
@@ -127,6 +131,7 @@ impl DirectorConfig {
             max_pending_requests: 4096,
             max_contexts_per_conn: 64,
             on_thread_start: None,
+            transparent: false,
         }
     }
 }

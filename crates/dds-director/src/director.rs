@@ -145,7 +145,11 @@ impl Director {
             }
             lanes.push(lane);
         }
-        let std_listener = std::net::TcpListener::bind(cfg.listen)?;
+        let std_listener = if cfg.transparent {
+            transparent_listener(cfg.listen)?
+        } else {
+            std::net::TcpListener::bind(cfg.listen)?
+        };
         std_listener.set_nonblocking(true)?;
         let local = std_listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -202,4 +206,71 @@ impl Director {
             budget,
         })
     }
+}
+
+/// A listening socket with `IP_TRANSPARENT` set before it binds `addr` (IPv4): it accepts
+/// the connections that TPROXY rules divert to it, whatever address their clients connected
+/// to.
+fn transparent_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(v4) = addr else {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a transparent director listens on an IPv4 address",
+        ));
+    };
+    // SAFETY: a new socket; on success its descriptor is owned by the listener below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket this function just made and owns.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    for (level, opt) in [
+        (libc::SOL_IP, libc::IP_TRANSPARENT),
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    ] {
+        // SAFETY: an int option of the socket, read from a live local.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("transparent listener (needs CAP_NET_ADMIN): {e}"),
+            ));
+        }
+    }
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: v4.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*v4.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a sockaddr_in of the right size for an AF_INET socket.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: listen on the bound socket.
+    if unsafe { libc::listen(fd, 1024) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(listener)
 }

@@ -15,7 +15,6 @@ pub mod health;
 mod link;
 pub mod map;
 pub mod monitor;
-pub mod nodes;
 mod objects;
 pub mod pglog;
 mod recovery;

@@ -1,4 +1,5 @@
-//! Nodes as network namespaces (`docs/osd-protocol.md`, "Nodes in network namespaces"): a
+//! A cluster's nodes as network namespaces (`docs/osd-protocol.md`, "Nodes in network
+//! namespaces"): a
 //! fabric of N node namespaces and one client namespace, each linked by a veth pair to a
 //! bridge that lives in a switch namespace of its own, so that a cluster's daemons run on
 //! separate network stacks of one machine and a node can be cut off (its switch port down)
@@ -16,11 +17,11 @@
 //! Node `i` has address `10.77.0.(i + 1)/24`, the clients `10.77.0.250/24`.
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
 use std::process::Command;
+
+use crate::{enter, in_ns, ip, ns_exists, valid_name};
 
 /// Most nodes in a fabric.
 pub const MAX_NODES: usize = 200;
@@ -37,34 +38,14 @@ pub struct Fabric {
     owned: bool,
 }
 
-fn ip<I, S>(args: I) -> io::Result<()>
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    let mut cmd = Command::new("ip");
-    cmd.args(args);
-    let out = cmd.output().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("ip (package iproute2) could not run: {e}"),
-        )
-    })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "{:?}: {}",
-            cmd,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if self.owned {
+            if let Err(e) = crate::delete_namespaces(self.namespaces()) {
+                tracing::warn!(fabric = %self.name, "removing the fabric: {e}");
+            }
+        }
     }
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 8
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 impl Fabric {
@@ -242,82 +223,6 @@ impl Fabric {
     /// running in a node keep a namespace without a link until they exit.
     pub fn remove(mut self) -> io::Result<()> {
         self.owned = false;
-        self.delete()
-    }
-
-    fn delete(&self) -> io::Result<()> {
-        let mut first = Ok(());
-        for ns in self.namespaces() {
-            if ns_exists(&ns) {
-                if let Err(e) = ip(["netns", "delete", &ns]) {
-                    if first.is_ok() {
-                        first = Err(e);
-                    }
-                }
-            }
-        }
-        first
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        if self.owned {
-            if let Err(e) = self.delete() {
-                tracing::warn!(fabric = %self.name, "removing the fabric: {e}");
-            }
-        }
-    }
-}
-
-fn ns_path(ns: &str) -> String {
-    format!("/run/netns/{ns}")
-}
-
-fn ns_exists(ns: &str) -> bool {
-    std::path::Path::new(&ns_path(ns)).exists()
-}
-
-fn in_ns(ns: &str, program: impl AsRef<OsStr>) -> Command {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns]).arg(program);
-    cmd
-}
-
-fn enter(ns: &str) -> io::Result<()> {
-    let f = File::open(ns_path(ns))?;
-    // SAFETY: setns with a namespace file descriptor this function owns; it changes only the
-    // calling thread's network namespace.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Whether this process may make network namespaces (tries one and removes it): tests that
-/// need a fabric skip, saying why, where it cannot.
-pub fn available() -> Result<(), String> {
-    let probe = format!("ddsprobe-{}", std::process::id());
-    match ip(["netns", "add", &probe]) {
-        Ok(()) => {
-            let _ = ip(["netns", "delete", &probe]);
-            Ok(())
-        }
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_checked() {
-        assert!(valid_name("t1"));
-        assert!(valid_name("a-b-c-d1"));
-        assert!(!valid_name(""));
-        assert!(!valid_name("toolongname"));
-        assert!(!valid_name("a/b"));
-        assert!(!valid_name("a b"));
+        crate::delete_namespaces(self.namespaces())
     }
 }
