@@ -339,6 +339,29 @@ impl FlowRules {
     }
 }
 
+/// Whether flow rules can be installed here: a probe namespace gets a TPROXY rule (nftables
+/// with its `tproxy` and `socket` expressions), then goes. Tests that steer skip, saying why,
+/// where they cannot.
+pub fn steering_available() -> Result<(), String> {
+    crate::available()?;
+    let probe = format!("ddssteer-{}", std::process::id());
+    ip(["netns", "add", &probe]).map_err(|e| e.to_string())?;
+    let rules = FlowRules {
+        src: FlowSide { net: None, port: 0 },
+        dst: FlowSide {
+            net: Some((IpAddr::V4(HOST_ADDR), 32)),
+            port: 1,
+        },
+        to_port: 1,
+    };
+    let r = rules
+        .script()
+        .and_then(|s| crate::nft(Some(&probe), &s))
+        .map_err(|e| e.to_string());
+    let _ = ip(["netns", "delete", &probe]);
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
