@@ -111,6 +111,9 @@ const TABLE: &[(&str, i32)] = &[
     ("renamenx", 3),
     ("copy", -3),
     ("bitfield_ro", -2),
+    ("keys", 2),
+    ("scan", -2),
+    ("randomkey", 1),
     ("dbsize", 1),
     ("flushdb", -1),
     ("flushall", -1),
@@ -469,6 +472,9 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "touch" => keyspace::touch(store, &mut r, &argv[1..])?,
             "rename" | "renamenx" => keyspace::rename(store, &mut r, argv, name == "renamenx")?,
             "copy" => keyspace::copy(store, &mut r, argv)?,
+            "keys" => keyspace::keys(store, &mut r, argv[1])?,
+            "scan" => keyspace::scan(store, &mut r, argv)?,
+            "randomkey" => keyspace::random_key(store, &mut r)?,
             "dbsize" => r.int(store.len() as i64),
             "flushdb" | "flushall" => {
                 if argv.len() > 2
@@ -634,10 +640,10 @@ fn expire(
         r.error("ERR value is not an integer or out of range");
         return Ok(());
     };
-    let invalid = format!("ERR invalid expire time in '{name}' command");
+    let invalid = || format!("ERR invalid expire time in '{name}' command");
     if name == "expire" || name == "expireat" {
         if !(i64::MIN / 1000..=i64::MAX / 1000).contains(&when) {
-            r.error(&invalid);
+            r.error(&invalid());
             return Ok(());
         }
         when *= 1000;
@@ -648,7 +654,7 @@ fn expire(
         0
     };
     if when > i64::MAX - base {
-        r.error(&invalid);
+        r.error(&invalid());
         return Ok(());
     }
     when += base;
@@ -706,6 +712,9 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                     *name,
                     "ping"
                         | "echo"
+                        | "keys"
+                        | "scan"
+                        | "randomkey"
                         | "dbsize"
                         | "flushdb"
                         | "flushall"
@@ -866,6 +875,7 @@ fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static
             ("total_connections_received", i.connections.to_string()),
             ("total_commands_processed", i.commands.to_string()),
             ("rejected_connections", i.rejected.to_string()),
+            ("expired_keys", store.expired_keys().to_string()),
         ],
         "replication" => vec![("role", "master".into()), ("connected_slaves", "0".into())],
         "cpu" => {

@@ -25,8 +25,9 @@ use dds_storage::inflight::InFlightReads;
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
+use crate::keyspace::scan_args;
 use crate::record;
-use crate::store::{Durability, Fetched};
+use crate::store::{Durability, Fetched, SCAN_STORAGE_MAX};
 
 /// Settings of the server.
 #[derive(Clone, Debug)]
@@ -130,6 +131,8 @@ pub struct KvService {
     completions: Vec<IoDone>,
     sync_interval: Duration,
     next_sync: Instant,
+    /// Time the active expiry cycle may take per tick.
+    expire_budget: Duration,
 }
 
 impl KvService {
@@ -188,10 +191,21 @@ impl KvService {
         if !self.reads_ahead || s.rounds >= MAX_FETCH_ROUNDS {
             return 0;
         }
-        let mut want: [u64; 16] = [0; 16];
+        let mut want = [0u64; SCAN_STORAGE_MAX];
         let mut n = 0;
         let mut more = false;
         let store = &self.store;
+        if argv[0].eq_ignore_ascii_case(b"scan") && argv.len() >= 2 {
+            // The records on storage of the step, whose keys the reply names.
+            if let Ok(a) = scan_args(argv) {
+                store.scan_storage(a.cursor, a.count, &mut |addr| {
+                    if n < want.len() && !s.fetched.iter().any(|f| f.addr == addr) {
+                        want[n] = addr;
+                        n += 1;
+                    }
+                });
+            }
+        }
         read_keys(argv, |k| {
             if let Some(a) = store.storage_addr(k) {
                 if s.fetched.iter().any(|f| f.addr == a) || want[..n].contains(&a) {
@@ -458,6 +472,8 @@ impl Service for KvService {
     }
 
     fn tick(&mut self) {
+        // Redis's active expiry cycle, at most a quarter of a tick.
+        self.store.active_expire(self.expire_budget);
         if Instant::now() < self.next_sync {
             return;
         }
@@ -577,12 +593,14 @@ impl Server {
             completions: Vec::new(),
             sync_interval: cfg.sync_interval,
             next_sync: Instant::now() + cfg.sync_interval,
+            expire_budget: cfg.sync_interval.min(Duration::from_millis(100)) / 4,
         };
+        let tick = cfg.sync_interval.min(Duration::from_millis(100));
         let rt = Config {
             max_connections: cfg.max_clients,
             input_limit: cfg.query_buffer_limit,
             output_pause: cfg.output_pause,
-            tick: cfg.sync_interval.min(Duration::from_millis(100)),
+            tick,
             ..Config::default()
         };
         let mut inner =

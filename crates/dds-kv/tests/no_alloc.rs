@@ -118,6 +118,9 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
         n += 3;
     }
     batch.extend(cmd(&[b"SET", b"counter", b"1"]));
+    // A key with an expiry: its place in the expiry set is updated, not made anew.
+    batch.extend(cmd(&[b"SET", b"timed", b"v", b"EX", b"1000"]));
+    batch.extend(cmd(&[b"PEXPIRE", b"timed", b"2000000"]));
     batch.extend(cmd(&[b"INCR", b"counter"]));
     batch.extend(cmd(&[b"INCRBY", b"counter", b"-7"]));
     batch.extend(cmd(&[b"GETRANGE", b"key1", b"10", b"-20"]));
@@ -126,6 +129,7 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
     batch.extend(cmd(&[b"GETBIT", b"key3", b"9"]));
     batch.extend(cmd(&[b"BITCOUNT", b"key4", b"1", b"-2"]));
     batch.extend(cmd(&[b"BITPOS", b"key4", b"0", b"2"]));
+    n += 2;
     let refs: Vec<&[u8]> = std::iter::once(&b"MGET"[..])
         .chain(keys.iter().take(10).map(|k| &k[..]))
         .collect();
