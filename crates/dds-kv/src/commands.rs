@@ -38,6 +38,8 @@ pub struct ServerInfo {
     pub config: Config,
     /// This run's id (INFO's `run_id`: 40 hex digits).
     pub run_id: String,
+    /// The active expiry cycle runs (`DEBUG SET-ACTIVE-EXPIRE 0` stops it, as in Redis).
+    pub active_expire: bool,
 }
 
 /// What the connection does after a command.
@@ -125,6 +127,7 @@ const TABLE: &[(&str, i32)] = &[
     ("quit", -1),
     ("auth", -2),
     ("hello", -1),
+    ("debug", -2),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
 ];
@@ -502,6 +505,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "command" => command(&mut r, argv),
             "auth" => auth(ctx.session, ctx.password, &mut r, argv),
             "hello" => hello(ctx.session, ctx.password, &mut r, argv),
+            "debug" => debug(ctx.info, &mut r, argv),
             _ => unreachable!("every command of the table is handled"),
         }
         Ok(())
@@ -680,6 +684,31 @@ fn expire(
     Ok(())
 }
 
+/// `DEBUG SET-ACTIVE-EXPIRE 0|1` (the value read as C's `atoi`: 0 stops the active expiry
+/// cycle); every other DEBUG subcommand is Redis's syntax error.
+fn debug(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    if argv.len() == 3 && argv[1].eq_ignore_ascii_case(b"set-active-expire") {
+        let v = argv[2].trim_ascii_start();
+        let digits = v
+            .strip_prefix(b"-")
+            .or_else(|| v.strip_prefix(b"+"))
+            .unwrap_or(v);
+        info.active_expire = digits
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .any(|&b| b != b'0');
+        r.ok();
+        return;
+    }
+    r.error_bytes(&[
+        b"ERR unknown subcommand or wrong number of arguments for '",
+        &argv[1][..argv[1].len().min(128)],
+        b"'. Try ",
+        &argv[0].to_ascii_uppercase(),
+        b" HELP.",
+    ]);
+}
+
 fn config(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
     let sub = option(argv[1], &["get", "set", "resetstat", "rewrite"]);
     match (sub, argv.len()) {
@@ -726,6 +755,7 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                         | "quit"
                         | "auth"
                         | "hello"
+                        | "debug"
                 );
                 r.array(6);
                 r.bulk(name.as_bytes());

@@ -47,10 +47,16 @@ pub trait Engine: Send {
     fn strlen(&mut self, key: &[u8]) -> StoreResult<usize>;
     /// FLUSHDB.
     fn flush_all(&mut self) -> StoreResult<()>;
-    /// One SCAN step from `cursor`: `f` gets each live key of the step (about `count`);
-    /// returns the next cursor, 0 when the walk is complete. A key present for the whole
-    /// walk is returned at least once.
-    fn scan(&mut self, cursor: u64, count: usize, f: &mut dyn FnMut(&[u8])) -> StoreResult<u64>;
+    /// One SCAN step from `cursor`: `f` gets each live key of the step (about `count`;
+    /// expired keys are skipped, and removed with `reap`); returns the next cursor, 0 when
+    /// the walk is complete. A key present for the whole walk is returned at least once.
+    fn scan(
+        &mut self,
+        cursor: u64,
+        count: usize,
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<u64>;
     /// The log addresses of the records on storage the SCAN step from `cursor` reads
     /// (fetched ahead by the server; engines without storage: none).
     fn scan_storage(&self, _cursor: u64, _count: usize, _f: &mut dyn FnMut(u64)) {}
@@ -183,8 +189,14 @@ impl Engine for Store {
     fn flush_all(&mut self) -> StoreResult<()> {
         Store::flush_all(self)
     }
-    fn scan(&mut self, cursor: u64, count: usize, f: &mut dyn FnMut(&[u8])) -> StoreResult<u64> {
-        Store::scan(self, cursor, count, f)
+    fn scan(
+        &mut self,
+        cursor: u64,
+        count: usize,
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<u64> {
+        Store::scan(self, cursor, count, reap, f)
     }
     fn scan_storage(&self, cursor: u64, count: usize, f: &mut dyn FnMut(u64)) {
         Store::scan_storage(self, cursor, count, f)
@@ -510,7 +522,13 @@ impl Engine for MemEngine {
         self.keys.clear();
         Ok(())
     }
-    fn scan(&mut self, cursor: u64, count: usize, f: &mut dyn FnMut(&[u8])) -> StoreResult<u64> {
+    fn scan(
+        &mut self,
+        cursor: u64,
+        count: usize,
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<u64> {
         // The step's keys (a copy: reading them may remove expired ones from the set).
         let mut step: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut next = 0;
@@ -521,8 +539,14 @@ impl Engine for MemEngine {
             }
             step.push(k.clone());
         }
+        let now = now_ms();
         for (_, k) in &step {
-            if self.live(k).is_some() {
+            let live = if reap {
+                self.live(k).is_some()
+            } else {
+                self.raw_expiry(k).is_some_and(|e| e == 0 || e >= now)
+            };
+            if live {
                 f(k);
             }
         }

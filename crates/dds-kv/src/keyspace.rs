@@ -208,7 +208,7 @@ pub(crate) fn scan(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
         .type_name
         .is_some_and(|t| !t.eq_ignore_ascii_case(b"string"));
     let mut keys: Vec<Vec<u8>> = Vec::new();
-    let next = s.scan(a.cursor, a.count, &mut |k| {
+    let next = s.scan(a.cursor, a.count, true, &mut |k| {
         if !all_filtered && passes(a.pattern, k) {
             keys.push(k.to_vec());
         }
@@ -223,12 +223,13 @@ pub(crate) fn scan(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
 }
 
 /// `KEYS pattern`: every live key that matches, by a whole walk of SCAN's steps (a key on
-/// storage is read while the command runs, as Redis's KEYS blocks its server).
+/// storage is read while the command runs, as Redis's KEYS blocks its server). Expired keys
+/// are left for the expiry cycle, as Redis 7.0's KEYS leaves them.
 pub(crate) fn keys(s: &mut dyn Engine, r: &mut Reply<'_>, pattern: &[u8]) -> StoreResult<()> {
     let mut keys: Vec<Vec<u8>> = Vec::new();
     let mut cursor = 0;
     loop {
-        cursor = s.scan(cursor, 1024, &mut |k| {
+        cursor = s.scan(cursor, 1024, false, &mut |k| {
             if passes(Some(pattern), k) {
                 keys.push(k.to_vec());
             }

@@ -473,7 +473,9 @@ impl Service for KvService {
 
     fn tick(&mut self) {
         // Redis's active expiry cycle, at most a quarter of a tick.
-        self.store.active_expire(self.expire_budget);
+        if self.info.active_expire {
+            self.store.active_expire(self.expire_budget);
+        }
         if Instant::now() < self.next_sync {
             return;
         }
@@ -579,6 +581,7 @@ impl Server {
                 max_clients: cfg.max_clients,
                 config: crate::config::Config::new(fixed),
                 run_id: run_id(),
+                active_expire: true,
             },
             store,
             limits,

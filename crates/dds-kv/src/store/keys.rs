@@ -74,13 +74,15 @@ impl Store {
     }
 
     /// One SCAN step from `cursor`: `f` gets every live key of the step (expired keys met
-    /// are removed); returns the next cursor, 0 when the walk is complete. A key present for
+    /// are skipped, and removed with `reap`: SCAN removes them, KEYS does not, as in
+    /// Redis 7.0); returns the next cursor, 0 when the walk is complete. A key present for
     /// the whole walk is returned exactly once: the order is the keys' hashes, which no
     /// insertion, removal or growth of the index changes.
     pub fn scan(
         &mut self,
         cursor: u64,
         count: usize,
+        reap: bool,
         f: &mut dyn FnMut(&[u8]),
     ) -> StoreResult<u64> {
         let mut step = std::mem::take(&mut self.step);
@@ -90,13 +92,19 @@ impl Store {
                 step.push(h);
             }
         });
-        let r = self.visit_keys(&step, f);
+        let r = self.visit_keys(&step, reap, f);
         self.step = step;
         r.map(|()| next)
     }
 
-    /// Calls `f` with the key of each live, unexpired hash of `hashes`.
-    fn visit_keys(&mut self, hashes: &[(u64, u64)], f: &mut dyn FnMut(&[u8])) -> StoreResult<()> {
+    /// Calls `f` with the key of each live, unexpired hash of `hashes` (removing the expired
+    /// ones with `reap`).
+    fn visit_keys(
+        &mut self,
+        hashes: &[(u64, u64)],
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<()> {
         let now = now_ms();
         for &h in hashes {
             let Some(&e) = self.index.get(&h) else {
@@ -106,7 +114,9 @@ impl Store {
                 continue;
             }
             if e & EXPIRES != 0 && self.expires.get(&h).is_some_and(|&t| t < now) {
-                self.expire_key(h);
+                if reap {
+                    self.expire_key(h);
+                }
                 continue;
             }
             self.with_key(e, f)?;

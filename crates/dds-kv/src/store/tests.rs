@@ -338,7 +338,7 @@ fn walk(s: &mut Store, count: usize, mut between: impl FnMut(&mut Store)) -> Vec
     let mut cursor = 0;
     loop {
         cursor = s
-            .scan(cursor, count, &mut |k| seen.push(k.to_vec()))
+            .scan(cursor, count, true, &mut |k| seen.push(k.to_vec()))
             .unwrap();
         if cursor == 0 {
             return seen;
