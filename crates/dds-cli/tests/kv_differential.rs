@@ -7,7 +7,9 @@
 //!
 //! Then hostile streams (random bytes, malformed RESP, huge announced lengths, unbalanced
 //! quotes, empty and binary keys, commands cut short) hit every `dds kv` and the director,
-//! and each must keep serving well-formed clients.
+//! and each must keep serving well-formed clients. Last, what no comparison shows: the
+//! active expiry cycle removes keys nobody reads, and SCAN's steps over keys on storage do
+//! not wait for storage.
 
 mod common;
 
@@ -1568,4 +1570,57 @@ fn active_expiry_removes_keys_nobody_reads() {
         assert!(scan_walk(&mut t, &["MATCH", "short:*"]).is_empty());
         assert_eq!(ask(&mut t, &["FLUSHALL"]), b"+OK\r\n");
     }
+}
+
+#[test]
+fn scan_reads_the_keys_on_storage_ahead_of_its_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let kvdir = dir.path().join("kv");
+    // 4 pages of memory for 5,000 records of 140 B: most are on storage only.
+    let (_kv, addr) = start_kv(
+        "127.0.0.1:0",
+        &[
+            "--storage",
+            "file",
+            "--dir",
+            kvdir.to_str().unwrap(),
+            "--memory",
+            "256K",
+            "--page-size",
+            "64K",
+        ],
+    );
+    let mut t = Target::tcp("dds kv", addr);
+    const N: usize = 5_000;
+    let mut batch = Vec::new();
+    for i in 0..N {
+        batch.extend(multibulk(&[
+            b"SET".to_vec(),
+            format!("key:{i}").into_bytes(),
+            vec![b'v'; 100],
+        ]));
+    }
+    t.conn.write_all(&batch).unwrap();
+    for _ in 0..N {
+        assert_eq!(t.reply(), b"+OK\r\n");
+    }
+    let engine = |t: &mut Target| {
+        let info = ask(t, &["INFO", "engine"]);
+        (
+            info_field(&info, "storage_reads_blocking").unwrap(),
+            info_field(&info, "storage_reads_fetched_ahead").unwrap(),
+        )
+    };
+    let (blocking, fetched) = engine(&mut t);
+    let mut keys = scan_walk(&mut t, &["COUNT", "50"]);
+    assert_eq!(keys.len(), N, "each key once");
+    keys.dedup();
+    assert_eq!(keys.len(), N, "each key once");
+    let (blocking2, fetched2) = engine(&mut t);
+    assert_eq!(blocking2, blocking, "a SCAN step waited for storage");
+    assert!(
+        fetched2 - fetched > N as u64 / 2,
+        "{} records read ahead for {N} keys",
+        fetched2 - fetched
+    );
 }

@@ -40,6 +40,8 @@ pub struct ServerInfo {
     pub run_id: String,
     /// The active expiry cycle runs (`DEBUG SET-ACTIVE-EXPIRE 0` stops it, as in Redis).
     pub active_expire: bool,
+    /// The keys of a KEYS or SCAN reply, encoded before their count is known (reused).
+    pub list_buf: Vec<u8>,
 }
 
 /// What the connection does after a command.
@@ -475,8 +477,8 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "touch" => keyspace::touch(store, &mut r, &argv[1..])?,
             "rename" | "renamenx" => keyspace::rename(store, &mut r, argv, name == "renamenx")?,
             "copy" => keyspace::copy(store, &mut r, argv)?,
-            "keys" => keyspace::keys(store, &mut r, argv[1])?,
-            "scan" => keyspace::scan(store, &mut r, argv)?,
+            "keys" => keyspace::keys(store, &mut r, argv[1], &mut ctx.info.list_buf)?,
+            "scan" => keyspace::scan(store, &mut r, argv, &mut ctx.info.list_buf)?,
             "randomkey" => keyspace::random_key(store, &mut r)?,
             "dbsize" => r.int(store.len() as i64),
             "flushdb" | "flushall" => {

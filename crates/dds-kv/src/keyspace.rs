@@ -194,7 +194,12 @@ fn passes(pattern: Option<&[u8]>, key: &[u8]) -> bool {
 
 /// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`: one step of the walk over the
 /// keys in hash order (`docs/kv-service.md` §5); the reply is the next cursor and the keys.
-pub(crate) fn scan(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> StoreResult<()> {
+pub(crate) fn scan(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    argv: &[&[u8]],
+    body: &mut Vec<u8>,
+) -> StoreResult<()> {
     let a = match scan_args(argv) {
         Ok(a) => a,
         Err(e) => {
@@ -207,41 +212,60 @@ pub(crate) fn scan(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
     let all_filtered = a
         .type_name
         .is_some_and(|t| !t.eq_ignore_ascii_case(b"string"));
-    let mut keys: Vec<Vec<u8>> = Vec::new();
+    body.clear();
+    let mut n = 0;
     let next = s.scan(a.cursor, a.count, true, &mut |k| {
         if !all_filtered && passes(a.pattern, k) {
-            keys.push(k.to_vec());
+            Reply::new(body).bulk(k);
+            n += 1;
         }
     })?;
     r.array(2);
-    r.bulk(next.to_string().as_bytes());
-    r.array(keys.len());
-    for k in &keys {
-        r.bulk(k);
-    }
+    let mut digits = [0u8; 20];
+    r.bulk(decimal(next, &mut digits));
+    r.array(n);
+    r.out_mut().extend_from_slice(body);
     Ok(())
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
 }
 
 /// `KEYS pattern`: every live key that matches, by a whole walk of SCAN's steps (a key on
 /// storage is read while the command runs, as Redis's KEYS blocks its server). Expired keys
 /// are left for the expiry cycle, as Redis 7.0's KEYS leaves them.
-pub(crate) fn keys(s: &mut dyn Engine, r: &mut Reply<'_>, pattern: &[u8]) -> StoreResult<()> {
-    let mut keys: Vec<Vec<u8>> = Vec::new();
+pub(crate) fn keys(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    pattern: &[u8],
+    body: &mut Vec<u8>,
+) -> StoreResult<()> {
+    body.clear();
+    let mut n = 0;
     let mut cursor = 0;
     loop {
         cursor = s.scan(cursor, 1024, false, &mut |k| {
             if passes(Some(pattern), k) {
-                keys.push(k.to_vec());
+                Reply::new(body).bulk(k);
+                n += 1;
             }
         })?;
         if cursor == 0 {
             break;
         }
     }
-    r.array(keys.len());
-    for k in &keys {
-        r.bulk(k);
-    }
+    r.array(n);
+    r.out_mut().extend_from_slice(body);
     Ok(())
 }
 
@@ -260,7 +284,14 @@ pub(crate) fn random_key(s: &mut dyn Engine, r: &mut Reply<'_>) -> StoreResult<(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_cursor;
+    use super::{decimal, parse_cursor};
+
+    #[test]
+    fn cursors_print_in_decimal() {
+        let mut b = [0u8; 20];
+        assert_eq!(decimal(0, &mut b), b"0");
+        assert_eq!(decimal(u64::MAX, &mut b), b"18446744073709551615");
+    }
 
     #[test]
     fn cursors_read_as_strtoul() {

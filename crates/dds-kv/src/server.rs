@@ -582,6 +582,7 @@ impl Server {
                 config: crate::config::Config::new(fixed),
                 run_id: run_id(),
                 active_expire: true,
+                list_buf: Vec::new(),
             },
             store,
             limits,
