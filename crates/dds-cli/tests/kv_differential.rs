@@ -1494,19 +1494,10 @@ fn hostile_streams_leave_every_server_serving() {
     }
 }
 
-/// The field `name` of an INFO reply.
-fn info_field(reply: &[u8], name: &str) -> Option<u64> {
-    String::from_utf8_lossy(reply)
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
-}
-
-#[test]
-fn active_expiry_removes_keys_nobody_reads() {
-    let dir = tempfile::tempdir().unwrap();
-    let kvdir = dir.path().join("kv");
-    // A small memory budget: most of the records are on storage when they expire.
-    let (_kv, addr) = start_kv(
+/// `dds kv` on a log file in `dir` with 4 pages of 64 KiB in memory.
+fn start_small_kv(dir: &Path) -> (Guard, SocketAddr) {
+    let kvdir = dir.join("kv");
+    start_kv(
         "127.0.0.1:0",
         &[
             "--storage",
@@ -1518,7 +1509,21 @@ fn active_expiry_removes_keys_nobody_reads() {
             "--page-size",
             "64K",
         ],
-    );
+    )
+}
+
+/// The field `name` of an INFO reply.
+fn info_field(reply: &[u8], name: &str) -> Option<u64> {
+    String::from_utf8_lossy(reply)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+#[test]
+fn active_expiry_removes_keys_nobody_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    // Most of the records are on storage when they expire.
+    let (_kv, addr) = start_small_kv(dir.path());
     let (_mem, mem_addr) = start_kv("127.0.0.1:0", &["--engine", "memory", "--memory", "64M"]);
     for (name, addr) in [("log file", addr), ("memory engine", mem_addr)] {
         let mut t = Target::tcp("dds kv", addr);
@@ -1575,21 +1580,8 @@ fn active_expiry_removes_keys_nobody_reads() {
 #[test]
 fn scan_reads_the_keys_on_storage_ahead_of_its_steps() {
     let dir = tempfile::tempdir().unwrap();
-    let kvdir = dir.path().join("kv");
-    // 4 pages of memory for 5,000 records of 140 B: most are on storage only.
-    let (_kv, addr) = start_kv(
-        "127.0.0.1:0",
-        &[
-            "--storage",
-            "file",
-            "--dir",
-            kvdir.to_str().unwrap(),
-            "--memory",
-            "256K",
-            "--page-size",
-            "64K",
-        ],
-    );
+    // 5,000 records of 140 B: most are on storage only.
+    let (_kv, addr) = start_small_kv(dir.path());
     let mut t = Target::tcp("dds kv", addr);
     const N: usize = 5_000;
     let mut batch = Vec::new();

@@ -5,7 +5,7 @@ use dds_resp::session::int_arg;
 use dds_resp::Reply;
 
 use crate::engine::Engine;
-use crate::store::{Expiry, SetCond, StoreResult};
+use crate::store::{unsigned_decimal, Expiry, SetCond, StoreResult};
 
 /// `TYPE key`: `string` or `none` (strings are the only type).
 pub(crate) fn type_of(s: &mut dyn Engine, r: &mut Reply<'_>, key: &[u8]) -> StoreResult<()> {
@@ -222,23 +222,10 @@ pub(crate) fn scan(
     })?;
     r.array(2);
     let mut digits = [0u8; 20];
-    r.bulk(decimal(next, &mut digits));
+    r.bulk(unsigned_decimal(next, &mut digits));
     r.array(n);
     r.out_mut().extend_from_slice(body);
     Ok(())
-}
-
-/// `n` in decimal, written at the end of `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
 }
 
 /// `KEYS pattern`: every live key that matches, by a whole walk of SCAN's steps (a key on
@@ -284,13 +271,14 @@ pub(crate) fn random_key(s: &mut dyn Engine, r: &mut Reply<'_>) -> StoreResult<(
 
 #[cfg(test)]
 mod tests {
-    use super::{decimal, parse_cursor};
+    use super::parse_cursor;
+    use crate::store::unsigned_decimal;
 
     #[test]
     fn cursors_print_in_decimal() {
         let mut b = [0u8; 20];
-        assert_eq!(decimal(0, &mut b), b"0");
-        assert_eq!(decimal(u64::MAX, &mut b), b"18446744073709551615");
+        assert_eq!(unsigned_decimal(0, &mut b), b"0");
+        assert_eq!(unsigned_decimal(u64::MAX, &mut b), b"18446744073709551615");
     }
 
     #[test]

@@ -293,8 +293,17 @@ pub struct Fetched {
 
 /// `n` in decimal, written at the end of `buf` (no allocation); the digits written.
 fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len() - unsigned_decimal(n.unsigned_abs(), buf).len();
+    if n < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
+}
+
+/// `m` in decimal, written at the end of `buf` (no allocation); the digits written.
+pub(crate) fn unsigned_decimal(mut m: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
-    let mut m = n.unsigned_abs();
     loop {
         at -= 1;
         buf[at] = b'0' + (m % 10) as u8;
@@ -302,10 +311,6 @@ fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
         if m == 0 {
             break;
         }
-    }
-    if n < 0 {
-        at -= 1;
-        buf[at] = b'-';
     }
     &buf[at..]
 }
