@@ -924,9 +924,10 @@ fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static
         "keyspace" if !store.is_empty() => vec![(
             "db0",
             format!(
-                "keys={},expires={},avg_ttl=0",
+                "keys={},expires={},avg_ttl={}",
                 store.len(),
-                store.expiring()
+                store.expiring(),
+                store.avg_ttl()
             ),
         )],
         "engine" => store.info(),

@@ -70,6 +70,10 @@ pub trait Engine: Send {
     fn len(&self) -> u64;
     /// Keys with an expiry.
     fn expiring(&self) -> u64;
+    /// The mean time to live of the keys with an expiry, in ms (0: not known).
+    fn avg_ttl(&self) -> u64 {
+        0
+    }
     /// No keys.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -215,6 +219,9 @@ impl Engine for Store {
     }
     fn expiring(&self) -> u64 {
         Store::expiring(self)
+    }
+    fn avg_ttl(&self) -> u64 {
+        Store::avg_ttl(self)
     }
     fn durability(&self) -> Durability {
         self.config().durability

@@ -260,6 +260,8 @@ pub struct Store {
     order: BTreeSet<(u64, u64)>,
     /// The keys with an expiry and its time (Unix ms): the active expiry cycle's sample.
     expires: BTreeMap<(u64, u64), u64>,
+    /// The sum of the expiry set's times (INFO's `avg_ttl`).
+    expire_sum: u128,
     /// Where the active expiry cycle samples next.
     expire_cursor: (u64, u64),
     /// Hashes of one step of SCAN or the expiry cycle (reused).
@@ -404,6 +406,7 @@ impl Store {
             index: HashMap::default(),
             order: BTreeSet::new(),
             expires: BTreeMap::new(),
+            expire_sum: 0,
             expire_cursor: (0, 0),
             step: Vec::new(),
             rng: now_ms() | 1,
@@ -521,9 +524,28 @@ impl Store {
             self.order.insert(h);
         }
         if expire_ms != 0 {
-            self.expires.insert(h, expire_ms);
+            let was = self.expires.insert(h, expire_ms);
+            self.expire_sum =
+                self.expire_sum + u128::from(expire_ms) - u128::from(was.unwrap_or(0));
         } else if old.is_some_and(|e| e & EXPIRES != 0) {
-            self.expires.remove(&h);
+            self.forget_expiry(h);
+        }
+    }
+
+    fn forget_expiry(&mut self, h: (u64, u64)) {
+        if let Some(t) = self.expires.remove(&h) {
+            self.expire_sum -= u128::from(t);
+        }
+    }
+
+    /// The mean time to live of the keys with an expiry, in ms (INFO's `avg_ttl`; 0 when
+    /// there are none).
+    pub fn avg_ttl(&self) -> u64 {
+        match self.expires.len() as u128 {
+            0 => 0,
+            n => u64::try_from(self.expire_sum / n)
+                .unwrap_or(u64::MAX)
+                .saturating_sub(now_ms()),
         }
     }
 
@@ -532,7 +554,7 @@ impl Store {
         if let Some(old) = self.index.remove(&h) {
             self.order.remove(&h);
             if old & EXPIRES != 0 {
-                self.expires.remove(&h);
+                self.forget_expiry(h);
             }
         }
     }
@@ -1005,6 +1027,7 @@ impl Store {
         self.index.clear();
         self.order.clear();
         self.expires.clear();
+        self.expire_sum = 0;
         self.live = 0;
         self.expiring = 0;
         self.begin = self.tail_page_end;

@@ -446,6 +446,27 @@ fn the_active_expiry_cycle_removes_expired_keys_without_reads_and_after_a_restar
     assert_eq!(s.expiring(), 0);
     assert_eq!(s.stats().expired_keys, 500);
     assert_eq!(s.stats().memory_reads + s.stats().storage_reads, reads);
+    assert_eq!(s.avg_ttl(), 0);
+    s.set(
+        b"long",
+        b"v",
+        SetCond::Always,
+        Expiry::At(now_ms() + 60_000),
+        None,
+    )
+    .unwrap();
+    s.set(
+        b"longer",
+        b"v",
+        SetCond::Always,
+        Expiry::At(now_ms() + 80_000),
+        None,
+    )
+    .unwrap();
+    assert!((69_000..=70_000).contains(&s.avg_ttl()), "{}", s.avg_ttl());
+    s.del(b"longer").unwrap();
+    assert!((59_000..=60_000).contains(&s.avg_ttl()), "{}", s.avg_ttl());
+    s.del(b"long").unwrap();
     // A restart finds the expired records again; the cycle removes them again.
     s.close().unwrap();
     let mut s = open(dir.path(), small(Durability::Periodic));
