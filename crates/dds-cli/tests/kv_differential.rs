@@ -8,8 +8,8 @@
 //! Then hostile streams (random bytes, malformed RESP, huge announced lengths, unbalanced
 //! quotes, empty and binary keys, commands cut short) hit every `dds kv` and the director,
 //! and each must keep serving well-formed clients. Last, what no comparison shows: the
-//! active expiry cycle removes keys nobody reads, and SCAN's steps over keys on storage do
-//! not wait for storage.
+//! active expiry cycle removes keys nobody reads, and the steps of SCAN and KEYS over keys on
+//! storage do not wait for storage.
 
 mod common;
 
@@ -1585,7 +1585,7 @@ fn active_expiry_removes_keys_nobody_reads() {
 }
 
 #[test]
-fn scan_reads_the_keys_on_storage_ahead_of_its_steps() {
+fn scan_and_keys_read_the_keys_on_storage_ahead_of_their_steps() {
     let dir = tempfile::tempdir().unwrap();
     // 5,000 records of 140 B: most are on storage only.
     let (_kv, addr) = start_small_kv(dir.path());
@@ -1622,4 +1622,12 @@ fn scan_reads_the_keys_on_storage_ahead_of_its_steps() {
         "{} records read ahead for {N} keys",
         fetched2 - fetched
     );
+    // KEYS walks the same steps inside one command, each once its records are read.
+    let all = sorted_bulks(&ask(&mut t, &["KEYS", "key:*"])).unwrap();
+    assert_eq!(all, keys);
+    let one = sorted_bulks(&ask(&mut t, &["KEYS", "key:1?3"])).unwrap();
+    assert_eq!(one.len(), 10, "key:103 .. key:193");
+    let (blocking3, fetched3) = engine(&mut t);
+    assert_eq!(blocking3, blocking, "a KEYS step waited for storage");
+    assert!(fetched3 - fetched2 > N as u64);
 }

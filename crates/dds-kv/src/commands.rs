@@ -42,6 +42,9 @@ pub struct ServerInfo {
     pub active_expire: bool,
     /// The keys of a KEYS or SCAN reply, encoded before their count is known (reused).
     pub list_buf: Vec<u8>,
+    /// The KEYS command being run was walked ahead, step by step as its records were read
+    /// (`list_buf` holds its keys): the number of keys.
+    pub keys_walked: Option<usize>,
 }
 
 /// What the connection does after a command.
@@ -477,7 +480,13 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "touch" => keyspace::touch(store, &mut r, &argv[1..])?,
             "rename" | "renamenx" => keyspace::rename(store, &mut r, argv, name == "renamenx")?,
             "copy" => keyspace::copy(store, &mut r, argv)?,
-            "keys" => keyspace::keys(store, &mut r, argv[1], &mut ctx.info.list_buf)?,
+            "keys" => match ctx.info.keys_walked {
+                Some(n) => {
+                    r.array(n);
+                    r.out_mut().extend_from_slice(&ctx.info.list_buf);
+                }
+                None => keyspace::keys(store, &mut r, argv[1], &mut ctx.info.list_buf)?,
+            },
             "scan" => keyspace::scan(store, &mut r, argv, &mut ctx.info.list_buf)?,
             "randomkey" => keyspace::random_key(store, &mut r)?,
             "dbsize" => r.int(store.len() as i64),

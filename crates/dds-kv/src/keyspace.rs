@@ -185,7 +185,7 @@ pub(crate) fn scan_args<'a>(argv: &[&'a [u8]]) -> Result<ScanArgs<'a>, &'static 
 }
 
 /// Whether `key` passes a MATCH pattern (`*` alone passes every key, the empty one too).
-fn passes(pattern: Option<&[u8]>, key: &[u8]) -> bool {
+pub(crate) fn passes(pattern: Option<&[u8]>, key: &[u8]) -> bool {
     match pattern {
         None | Some(b"*") => true,
         Some(p) => crate::glob::matches(p, key, false),

@@ -25,7 +25,7 @@ use dds_storage::inflight::InFlightReads;
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
-use crate::keyspace::scan_args;
+use crate::keyspace::{passes, scan_args};
 use crate::record;
 use crate::store::{Durability, Fetched, SCAN_STORAGE_MAX};
 
@@ -75,6 +75,8 @@ const MAX_FETCH_ROUNDS: u8 = 2;
 /// Replies of one connection waiting for a commit above which it is not read until half of
 /// them are sent.
 const ACKS_MAX: u32 = 1024;
+/// Keys per step of a KEYS walk (a step also ends before its 17th record on storage).
+const KEYS_STEP: usize = 1024;
 
 /// A connection's state.
 pub struct KvSession {
@@ -89,6 +91,13 @@ pub struct KvSession {
     acks: u32,
     /// Pending until its replies waiting for a commit fall below half of `ACKS_MAX`.
     commit_blocked: bool,
+    /// A KEYS walk is in progress: the next step's cursor, the keys found and their reply
+    /// bytes, and whether a step read a record that is not durable.
+    walking: bool,
+    walk_cursor: u64,
+    walk_keys: usize,
+    walk_body: Vec<u8>,
+    walk_undurable: bool,
 }
 
 /// A reply held until the commit that covers its command is durable.
@@ -220,8 +229,17 @@ impl KvService {
             }
         });
         let _ = more; // Keys past the first 16 are read while the command runs.
+        let issued = self.fetch_records(id, &want[..n]);
+        if issued > 0 {
+            s.rounds += 1;
+        }
+        issued
+    }
+
+    /// Issues the reads of the records at `addrs` for `id`; returns how many were issued.
+    fn fetch_records(&mut self, id: ConnId, addrs: &[u64]) -> u32 {
         let mut issued = 0;
-        for &a in &want[..n] {
+        for &a in addrs {
             let (off, span) = self.store.file_span(a);
             let max = self.store.io_ref().map_or(0, |f| f.max_io());
             // From the record's block up to FIRST_READ bytes of the record, in whole blocks
@@ -237,10 +255,66 @@ impl KvService {
                 issued += 1;
             }
         }
-        if issued > 0 {
-            s.rounds += 1;
-        }
         issued
+    }
+
+    /// Moves the KEYS walk of `s` along (`docs/kv-service.md` §5): runs its steps whose
+    /// records on storage were read ahead, and issues the reads of the next step's; returns
+    /// the reads issued (the command waits for them), or `None` once the walk is complete
+    /// (the command then answers from it) or cannot go on (the command then walks itself).
+    fn walk_keys(&mut self, id: ConnId, s: &mut KvSession, pattern: &[u8]) -> Option<u32> {
+        if !s.walking {
+            s.walking = true;
+            s.walk_cursor = 0;
+            s.walk_keys = 0;
+            s.walk_body.clear();
+            s.walk_undurable = false;
+        }
+        loop {
+            let mut want = [0u64; SCAN_STORAGE_MAX];
+            let mut n = 0;
+            self.store.scan_storage(s.walk_cursor, KEYS_STEP, &mut |a| {
+                if n < want.len() && !s.fetched.iter().any(|f| f.addr == a) {
+                    want[n] = a;
+                    n += 1;
+                }
+            });
+            if n > 0 && s.rounds < MAX_FETCH_ROUNDS {
+                let issued = self.fetch_records(id, &want[..n]);
+                if issued > 0 {
+                    s.rounds += 1;
+                    return Some(issued);
+                }
+            }
+            if let Some(f) = self.store.fetched() {
+                std::mem::swap(f, &mut s.fetched);
+            }
+            let (body, keys) = (&mut s.walk_body, &mut s.walk_keys);
+            let step = self.store.scan(s.walk_cursor, KEYS_STEP, false, &mut |k| {
+                if passes(Some(pattern), k) {
+                    Reply::new(body).bulk(k);
+                    *keys += 1;
+                }
+            });
+            s.walk_undurable |= self.store.take_undurable();
+            if let Some(f) = self.store.fetched() {
+                std::mem::swap(f, &mut s.fetched);
+            }
+            for f in s.fetched.drain(..) {
+                self.bufs.push(f.bytes);
+            }
+            s.rounds = 0;
+            match step {
+                Ok(0) => return None,
+                Ok(next) => s.walk_cursor = next,
+                Err(e) => {
+                    // The command walks again and answers the error.
+                    tracing::debug!(error = %e, "a KEYS step failed");
+                    s.walking = false;
+                    return None;
+                }
+            }
+        }
     }
 
     /// Releases the replies whose commit is durable (and resumes connections that waited for
@@ -278,6 +352,12 @@ impl KvService {
             std::mem::swap(f, &mut s.fetched);
         }
         self.info.commands += 1;
+        if s.walking {
+            // A KEYS whose walk is complete answers from it.
+            s.walking = false;
+            std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
+            self.info.keys_walked = Some(s.walk_keys);
+        }
         let mut ctx = Ctx {
             store: self.store.as_mut(),
             session: &mut s.session,
@@ -285,6 +365,9 @@ impl KvService {
             password: self.password.as_deref(),
         };
         let after = execute(&mut ctx, argv, out);
+        if self.info.keys_walked.take().is_some() {
+            std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
+        }
         if let Some(f) = self.store.fetched() {
             std::mem::swap(f, &mut s.fetched);
         }
@@ -314,6 +397,11 @@ impl Service for KvService {
             rounds: 0,
             acks: 0,
             commit_blocked: false,
+            walking: false,
+            walk_cursor: 0,
+            walk_keys: 0,
+            walk_body: Vec::new(),
+            walk_undurable: false,
         }
     }
 
@@ -342,6 +430,18 @@ impl Service for KvService {
                         at += used;
                         continue;
                     }
+                    if self.reads_ahead
+                        && s.session.authed
+                        && args.len() == 2
+                        && args[0].eq_ignore_ascii_case(b"keys")
+                    {
+                        if let Some(issued) = self.walk_keys(id, s, args[1]) {
+                            // The walk waits for its next step's records.
+                            s.outstanding = issued;
+                            spare = reuse(args);
+                            break Verdict::Pending;
+                        }
+                    }
                     let issued = self.fetch_for(id, s, &args);
                     if issued > 0 {
                         // The command stays in the input; it runs once its reads are done.
@@ -354,7 +454,8 @@ impl Service for KvService {
                     let after = self.run(s, &args, out);
                     spare = reuse(args);
                     at += used;
-                    if self.fsync && self.store.take_undurable() {
+                    let walked = std::mem::take(&mut s.walk_undurable);
+                    if self.fsync && (self.store.take_undurable() || walked) {
                         // The reply waits, in the connection's order, for the commit that
                         // covers what the command wrote or read.
                         let ticket = out.defer_written(mark);
@@ -583,6 +684,7 @@ impl Server {
                 run_id: run_id(),
                 active_expire: true,
                 list_buf: Vec::new(),
+                keys_walked: None,
             },
             store,
             limits,
