@@ -1585,7 +1585,7 @@ fn active_expiry_removes_keys_nobody_reads() {
 }
 
 #[test]
-fn scan_and_keys_read_the_keys_on_storage_ahead_of_their_steps() {
+fn scan_keys_and_randomkey_read_the_keys_on_storage_ahead() {
     let dir = tempfile::tempdir().unwrap();
     // 5,000 records of 140 B: most are on storage only.
     let (_kv, addr) = start_small_kv(dir.path());
@@ -1630,4 +1630,12 @@ fn scan_and_keys_read_the_keys_on_storage_ahead_of_their_steps() {
     let (blocking3, fetched3) = engine(&mut t);
     assert_eq!(blocking3, blocking, "a KEYS step waited for storage");
     assert!(fetched3 - fetched2 > N as u64);
+    // RANDOMKEY chooses its key first and reads its record ahead too.
+    for _ in 0..50 {
+        let r = ask(&mut t, &["RANDOMKEY"]);
+        let key = r.split(|&b| b == b'\n').nth(1).unwrap();
+        assert!(key.starts_with(b"key:"), "{}", show(&r));
+    }
+    let (blocking4, _) = engine(&mut t);
+    assert_eq!(blocking4, blocking, "a RANDOMKEY waited for storage");
 }

@@ -62,6 +62,11 @@ pub trait Engine: Send {
     fn scan_storage(&self, _cursor: u64, _count: usize, _f: &mut dyn FnMut(u64)) {}
     /// RANDOMKEY: `f` gets a live key; false when there is none.
     fn random_key(&mut self, f: &mut dyn FnMut(&[u8])) -> StoreResult<bool>;
+    /// Chooses the key the next RANDOMKEY answers; the log address of its record when it must
+    /// be read from storage first (engines without storage: none).
+    fn pick_random(&mut self) -> Option<u64> {
+        None
+    }
     /// One run of the active expiry cycle within `budget`; the keys removed.
     fn active_expire(&mut self, budget: Duration) -> u64;
     /// Keys removed because their expiry passed.
@@ -207,6 +212,9 @@ impl Engine for Store {
     }
     fn random_key(&mut self, f: &mut dyn FnMut(&[u8])) -> StoreResult<bool> {
         Store::random_key(self, f)
+    }
+    fn pick_random(&mut self) -> Option<u64> {
+        Store::pick_random(self)
     }
     fn active_expire(&mut self, budget: Duration) -> u64 {
         Store::active_expire(self, budget)

@@ -203,6 +203,13 @@ impl KvService {
         let mut want = [0u64; SCAN_STORAGE_MAX];
         let mut n = 0;
         let mut more = false;
+        if argv.len() == 1 && argv[0].eq_ignore_ascii_case(b"randomkey") && s.rounds == 0 {
+            // The key is chosen now, and its record read ahead when it is on storage.
+            if let Some(a) = self.store.pick_random() {
+                want[0] = a;
+                n = 1;
+            }
+        }
         let store = &self.store;
         if argv[0].eq_ignore_ascii_case(b"scan") && argv.len() >= 2 {
             // The records on storage of the step, whose keys the reply names.

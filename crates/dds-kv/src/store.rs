@@ -268,6 +268,8 @@ pub struct Store {
     step: Vec<(u64, u64)>,
     /// RANDOMKEY's generator state (xorshift).
     rng: u64,
+    /// The key the next RANDOMKEY answers, chosen when its record was read ahead.
+    picked: Option<(u64, u64)>,
     live: u64,
     /// Live keys with an expiry.
     expiring: u64,
@@ -410,6 +412,7 @@ impl Store {
             expire_cursor: (0, 0),
             step: Vec::new(),
             rng: now_ms() | 1,
+            picked: None,
             live: 0,
             expiring: 0,
             dirty: false,

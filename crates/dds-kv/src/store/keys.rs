@@ -152,23 +152,41 @@ impl Store {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// RANDOMKEY: calls `f` with a live key taken at a random place of the hash order
-    /// (expired keys met are removed); false when no key was found.
+    /// The first live entry at or after a random place of the hash order (looking at 8
+    /// entries; expiry not checked).
+    fn random_entry(&mut self) -> Option<((u64, u64), u64)> {
+        let at = (self.random(), self.random());
+        self.order
+            .range(at..)
+            .chain(self.order.range(..at))
+            .take(SCAN_VISITS_PER_KEY)
+            .map(|&h| (h, self.index.get(&h).copied().unwrap_or(TOMB)))
+            .find(|&(_, e)| e & TOMB == 0)
+    }
+
+    /// Chooses the key the next RANDOMKEY answers, and returns the log address of its record
+    /// when that record is on storage (the server reads it ahead).
+    pub fn pick_random(&mut self) -> Option<u64> {
+        let (h, e) = self.random_entry()?;
+        self.picked = Some(h);
+        self.on_storage(e).then_some(e & ADDR)
+    }
+
+    /// RANDOMKEY: calls `f` with a live key: the one [`Store::pick_random`] chose while it
+    /// is live, else one taken at a random place of the hash order (expired keys met are
+    /// removed); false when no key was found.
     pub fn random_key(&mut self, f: &mut dyn FnMut(&[u8])) -> StoreResult<bool> {
         let now = now_ms();
         for _ in 0..RANDOM_TRIES {
             if self.live == 0 {
                 return Ok(false);
             }
-            let at = (self.random(), self.random());
-            let found = self
-                .order
-                .range(at..)
-                .chain(self.order.range(..at))
-                .take(SCAN_VISITS_PER_KEY)
-                .map(|&h| (h, self.index.get(&h).copied().unwrap_or(TOMB)))
-                .find(|&(_, e)| e & TOMB == 0);
-            let Some((h, e)) = found else {
+            let picked = self
+                .picked
+                .take()
+                .and_then(|h| Some((h, *self.index.get(&h)?)))
+                .filter(|&(_, e)| e & TOMB == 0);
+            let Some((h, e)) = picked.or_else(|| self.random_entry()) else {
                 continue;
             };
             if e & EXPIRES != 0 && self.expires.get(&h).is_some_and(|&t| t < now) {
