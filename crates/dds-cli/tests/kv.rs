@@ -440,8 +440,30 @@ fn acknowledged_writes_survive_kill_9_while_the_log_wraps() {
     assert!(compactions > 0, "the log did not wrap");
 }
 
+/// DBSIZE of `s` once it reaches `n` (within 5 s: the active expiry cycle removes keys
+/// whose time passed); panics with the last answer otherwise.
+fn wait_dbsize(s: &mut TcpStream, b: &mut Vec<u8>, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        s.write_all(&cmd(&[b"DBSIZE"])).unwrap();
+        let got = read_reply(s, b);
+        if got == format!(":{n}\r\n").as_bytes() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: DBSIZE {} (want {n})",
+            String::from_utf8_lossy(&got)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Three lives of pipelined writes in fsync mode, each ended by kill -9 right after the last
-/// acknowledgement and checked by the next; returns the compactions of the last life.
+/// acknowledgement and checked by the next; returns the compactions of the last life. Each
+/// life also writes keys with a short expiry, one of them over an older value without one,
+/// and waits for the active expiry cycle to remove them (no record is written for that):
+/// after the restart they are gone again, and the older value does not come back.
 fn survive_kill_9(log_size: &str) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let img = format_device(dir.path(), "512M");
@@ -475,6 +497,17 @@ fn survive_kill_9(log_size: &str) -> u64 {
                 "life {life} key {k}"
             );
         }
+        wait_dbsize(
+            &mut s,
+            &mut b,
+            expect.len(),
+            &format!("life {life}, recovered"),
+        );
+        for l in 0..life {
+            s.write_all(&cmd(&[b"GET", format!("shadow{l}").as_bytes()]))
+                .unwrap();
+            assert_eq!(read_reply(&mut s, &mut b), b"$-1\r\n", "life {life}");
+        }
         // Pipelined writes; each acknowledged one is recorded.
         let mut batch = Vec::new();
         for i in 0..3000u32 {
@@ -488,6 +521,28 @@ fn survive_kill_9(log_size: &str) -> u64 {
             let v = format!("{life}:{i}:{}", "y".repeat((i % 300) as usize));
             expect.insert(i % 700, v);
         }
+        let shadow = format!("shadow{life}");
+        let mut timed = cmd(&[b"SET", shadow.as_bytes(), b"older, without an expiry"]);
+        timed.extend(cmd(&[b"SET", shadow.as_bytes(), b"newer", b"PX", b"300"]));
+        for i in 0..200u32 {
+            timed.extend(cmd(&[
+                b"SET",
+                format!("t{life}:{i}").as_bytes(),
+                b"v",
+                b"PX",
+                b"300",
+            ]));
+        }
+        s.write_all(&timed).unwrap();
+        for _ in 0..202 {
+            assert_eq!(read_reply(&mut s, &mut b), b"+OK\r\n");
+        }
+        wait_dbsize(
+            &mut s,
+            &mut b,
+            expect.len(),
+            &format!("life {life}, expired"),
+        );
         s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
         let info = String::from_utf8(read_reply(&mut s, &mut b)).unwrap();
         compactions = info

@@ -38,6 +38,13 @@ pub struct ServerInfo {
     pub config: Config,
     /// This run's id (INFO's `run_id`: 40 hex digits).
     pub run_id: String,
+    /// The active expiry cycle runs (`DEBUG SET-ACTIVE-EXPIRE 0` stops it, as in Redis).
+    pub active_expire: bool,
+    /// The keys of a KEYS or SCAN reply, encoded before their count is known (reused).
+    pub list_buf: Vec<u8>,
+    /// The KEYS command being run was walked ahead, step by step as its records were read
+    /// (`list_buf` holds its keys): the number of keys.
+    pub keys_walked: Option<usize>,
 }
 
 /// What the connection does after a command.
@@ -111,6 +118,9 @@ const TABLE: &[(&str, i32)] = &[
     ("renamenx", 3),
     ("copy", -3),
     ("bitfield_ro", -2),
+    ("keys", 2),
+    ("scan", -2),
+    ("randomkey", 1),
     ("dbsize", 1),
     ("flushdb", -1),
     ("flushall", -1),
@@ -122,6 +132,7 @@ const TABLE: &[(&str, i32)] = &[
     ("quit", -1),
     ("auth", -2),
     ("hello", -1),
+    ("debug", -2),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
 ];
@@ -469,6 +480,15 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "touch" => keyspace::touch(store, &mut r, &argv[1..])?,
             "rename" | "renamenx" => keyspace::rename(store, &mut r, argv, name == "renamenx")?,
             "copy" => keyspace::copy(store, &mut r, argv)?,
+            "keys" => match ctx.info.keys_walked {
+                Some(n) => {
+                    r.array(n);
+                    r.out_mut().extend_from_slice(&ctx.info.list_buf);
+                }
+                None => keyspace::keys(store, &mut r, argv[1], &mut ctx.info.list_buf)?,
+            },
+            "scan" => keyspace::scan(store, &mut r, argv, &mut ctx.info.list_buf)?,
+            "randomkey" => keyspace::random_key(store, &mut r)?,
             "dbsize" => r.int(store.len() as i64),
             "flushdb" | "flushall" => {
                 if argv.len() > 2
@@ -496,6 +516,7 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "command" => command(&mut r, argv),
             "auth" => auth(ctx.session, ctx.password, &mut r, argv),
             "hello" => hello(ctx.session, ctx.password, &mut r, argv),
+            "debug" => debug(ctx.info, &mut r, argv),
             _ => unreachable!("every command of the table is handled"),
         }
         Ok(())
@@ -634,10 +655,10 @@ fn expire(
         r.error("ERR value is not an integer or out of range");
         return Ok(());
     };
-    let invalid = format!("ERR invalid expire time in '{name}' command");
+    let invalid = || format!("ERR invalid expire time in '{name}' command");
     if name == "expire" || name == "expireat" {
         if !(i64::MIN / 1000..=i64::MAX / 1000).contains(&when) {
-            r.error(&invalid);
+            r.error(&invalid());
             return Ok(());
         }
         when *= 1000;
@@ -648,7 +669,7 @@ fn expire(
         0
     };
     if when > i64::MAX - base {
-        r.error(&invalid);
+        r.error(&invalid());
         return Ok(());
     }
     when += base;
@@ -672,6 +693,31 @@ fn expire(
     }
     r.int(1);
     Ok(())
+}
+
+/// `DEBUG SET-ACTIVE-EXPIRE 0|1` (the value read as C's `atoi`: 0 stops the active expiry
+/// cycle); every other DEBUG subcommand is Redis's syntax error.
+fn debug(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
+    if argv.len() == 3 && argv[1].eq_ignore_ascii_case(b"set-active-expire") {
+        let v = argv[2].trim_ascii_start();
+        let digits = v
+            .strip_prefix(b"-")
+            .or_else(|| v.strip_prefix(b"+"))
+            .unwrap_or(v);
+        info.active_expire = digits
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .any(|&b| b != b'0');
+        r.ok();
+        return;
+    }
+    r.error_bytes(&[
+        b"ERR unknown subcommand or wrong number of arguments for '",
+        &argv[1][..argv[1].len().min(128)],
+        b"'. Try ",
+        &argv[0].to_ascii_uppercase(),
+        b" HELP.",
+    ]);
 }
 
 fn config(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
@@ -706,6 +752,9 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                     *name,
                     "ping"
                         | "echo"
+                        | "keys"
+                        | "scan"
+                        | "randomkey"
                         | "dbsize"
                         | "flushdb"
                         | "flushall"
@@ -717,6 +766,7 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                         | "quit"
                         | "auth"
                         | "hello"
+                        | "debug"
                 );
                 r.array(6);
                 r.bulk(name.as_bytes());
@@ -866,6 +916,7 @@ fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static
             ("total_connections_received", i.connections.to_string()),
             ("total_commands_processed", i.commands.to_string()),
             ("rejected_connections", i.rejected.to_string()),
+            ("expired_keys", store.expired_keys().to_string()),
         ],
         "replication" => vec![("role", "master".into()), ("connected_slaves", "0".into())],
         "cpu" => {
@@ -882,9 +933,10 @@ fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static
         "keyspace" if !store.is_empty() => vec![(
             "db0",
             format!(
-                "keys={},expires={},avg_ttl=0",
+                "keys={},expires={},avg_ttl={}",
                 store.len(),
-                store.expiring()
+                store.expiring(),
+                store.avg_ttl()
             ),
         )],
         "engine" => store.info(),

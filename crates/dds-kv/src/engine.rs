@@ -1,7 +1,8 @@
 //! The engines `dds kv` serves from: the hybrid log on DDS files ([`Store`]), and the
 //! in-memory MICA-style store of DPU-KV ([`MemEngine`], `dds kv --engine memory`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use dds_kvmem::KvError;
@@ -46,10 +47,38 @@ pub trait Engine: Send {
     fn strlen(&mut self, key: &[u8]) -> StoreResult<usize>;
     /// FLUSHDB.
     fn flush_all(&mut self) -> StoreResult<()>;
+    /// One SCAN step from `cursor`: `f` gets each live key of the step (about `count`;
+    /// expired keys are skipped, and removed with `reap`); returns the next cursor, 0 when
+    /// the walk is complete. A key present for the whole walk is returned at least once.
+    fn scan(
+        &mut self,
+        cursor: u64,
+        count: usize,
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<u64>;
+    /// The log addresses of the records on storage the SCAN step from `cursor` reads
+    /// (fetched ahead by the server; engines without storage: none).
+    fn scan_storage(&self, _cursor: u64, _count: usize, _f: &mut dyn FnMut(u64)) {}
+    /// RANDOMKEY: `f` gets a live key; false when there is none.
+    fn random_key(&mut self, f: &mut dyn FnMut(&[u8])) -> StoreResult<bool>;
+    /// Chooses the key the next RANDOMKEY answers; the log address of its record when it must
+    /// be read from storage first (engines without storage: none).
+    fn pick_random(&mut self) -> Option<u64> {
+        None
+    }
+    /// One run of the active expiry cycle within `budget`; the keys removed.
+    fn active_expire(&mut self, budget: Duration) -> u64;
+    /// Keys removed because their expiry passed.
+    fn expired_keys(&self) -> u64;
     /// Keys.
     fn len(&self) -> u64;
     /// Keys with an expiry.
     fn expiring(&self) -> u64;
+    /// The mean time to live of the keys with an expiry, in ms (0: not known).
+    fn avg_ttl(&self) -> u64 {
+        0
+    }
     /// No keys.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -169,11 +198,38 @@ impl Engine for Store {
     fn flush_all(&mut self) -> StoreResult<()> {
         Store::flush_all(self)
     }
+    fn scan(
+        &mut self,
+        cursor: u64,
+        count: usize,
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<u64> {
+        Store::scan(self, cursor, count, reap, f)
+    }
+    fn scan_storage(&self, cursor: u64, count: usize, f: &mut dyn FnMut(u64)) {
+        Store::scan_storage(self, cursor, count, f)
+    }
+    fn random_key(&mut self, f: &mut dyn FnMut(&[u8])) -> StoreResult<bool> {
+        Store::random_key(self, f)
+    }
+    fn pick_random(&mut self) -> Option<u64> {
+        Store::pick_random(self)
+    }
+    fn active_expire(&mut self, budget: Duration) -> u64 {
+        Store::active_expire(self, budget)
+    }
+    fn expired_keys(&self) -> u64 {
+        self.stats().expired_keys
+    }
     fn len(&self) -> u64 {
         Store::len(self)
     }
     fn expiring(&self) -> u64 {
         Store::expiring(self)
+    }
+    fn avg_ttl(&self) -> u64 {
+        Store::avg_ttl(self)
     }
     fn durability(&self) -> Durability {
         self.config().durability
@@ -279,6 +335,14 @@ pub struct MemEngine {
     wbuf: Vec<u8>,
     /// Keys with an expiry.
     expiring: u64,
+    /// Every key, in the order of its hash (SCAN's order; the partitions cannot be walked).
+    keys: BTreeSet<(u64, Vec<u8>)>,
+    /// Where the active expiry cycle samples next.
+    expire_cursor: (u64, Vec<u8>),
+    /// Keys removed because their expiry passed.
+    expired: u64,
+    /// RANDOMKEY's generator state (xorshift).
+    rng: u64,
 }
 
 fn now_ms() -> u64 {
@@ -311,6 +375,10 @@ impl MemEngine {
             buf: Vec::new(),
             wbuf: Vec::new(),
             expiring: 0,
+            keys: BTreeSet::new(),
+            expire_cursor: (0, Vec::new()),
+            expired: 0,
+            rng: now_ms() | 1,
         })
     }
 
@@ -322,6 +390,8 @@ impl MemEngine {
         if exp != 0 && exp < now_ms() {
             p.del(key, h);
             self.expiring -= 1;
+            self.expired += 1;
+            self.keys.remove(&(dds_kvmem::key_hash(key), key.to_vec()));
             return None;
         }
         let v = p.get(key, h).expect("present");
@@ -341,6 +411,9 @@ impl MemEngine {
         let old = self.raw_expiry(key);
         let (p, h) = self.store.part(key);
         p.set(key, h, &self.buf).map_err(mem_error)?;
+        if old.is_none() {
+            self.keys.insert((dds_kvmem::key_hash(key), key.to_vec()));
+        }
         self.expiring =
             self.expiring + u64::from(expire != 0) - u64::from(old.is_some_and(|e| e != 0));
         Ok(())
@@ -407,6 +480,7 @@ impl Engine for MemEngine {
             }
             let (p, h) = self.store.part(key);
             p.del(key, h);
+            self.keys.remove(&(dds_kvmem::key_hash(key), key.to_vec()));
         }
         Ok(live)
     }
@@ -460,7 +534,97 @@ impl Engine for MemEngine {
     fn flush_all(&mut self) -> StoreResult<()> {
         self.store = dds_kvmem::Store::new(self.partitions, self.memory).map_err(mem_error)?;
         self.expiring = 0;
+        self.keys.clear();
         Ok(())
+    }
+    fn scan(
+        &mut self,
+        cursor: u64,
+        count: usize,
+        reap: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<u64> {
+        // The step's keys (a copy: reading them may remove expired ones from the set).
+        let mut step: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut next = 0;
+        for k in self.keys.range((cursor, Vec::new())..) {
+            if step.len() >= count && step.last().is_some_and(|l| l.0 != k.0) {
+                next = k.0;
+                break;
+            }
+            step.push(k.clone());
+        }
+        let now = now_ms();
+        for (_, k) in &step {
+            let live = if reap {
+                self.live(k).is_some()
+            } else {
+                self.raw_expiry(k).is_some_and(|e| e == 0 || e >= now)
+            };
+            if live {
+                f(k);
+            }
+        }
+        Ok(next)
+    }
+    fn random_key(&mut self, f: &mut dyn FnMut(&[u8])) -> StoreResult<bool> {
+        for _ in 0..100 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let at = (self.rng, Vec::new());
+            let Some((_, k)) = self
+                .keys
+                .range(at.clone()..)
+                .chain(self.keys.range(..at))
+                .next()
+                .cloned()
+            else {
+                return Ok(false);
+            };
+            if self.live(&k).is_some() {
+                f(&k);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+    fn active_expire(&mut self, budget: Duration) -> u64 {
+        // Redis's cycle over the keys in hash order; a key's expiry is in its value.
+        let start = Instant::now();
+        let before = self.expired;
+        let mut visited = 0;
+        while self.expiring > 0 && visited < self.keys.len() {
+            let cursor = self.expire_cursor.clone();
+            let mut sample = Vec::new();
+            for k in self
+                .keys
+                .range(cursor.clone()..)
+                .chain(self.keys.range(..cursor))
+            {
+                if sample.len() == 20 {
+                    self.expire_cursor = k.clone();
+                    break;
+                }
+                sample.push(k.1.clone());
+            }
+            visited += sample.len();
+            let (mut sampled, gone) = (0, self.expired);
+            for k in &sample {
+                if self.raw_expiry(k).is_some_and(|e| e != 0) {
+                    sampled += 1;
+                    let _ = self.live(k);
+                }
+            }
+            let expired = self.expired - gone;
+            if (sampled > 0 && expired * 4 <= sampled) || start.elapsed() >= budget {
+                break;
+            }
+        }
+        self.expired - before
+    }
+    fn expired_keys(&self) -> u64 {
+        self.expired
     }
     fn len(&self) -> u64 {
         self.store.len()

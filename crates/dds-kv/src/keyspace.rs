@@ -5,7 +5,7 @@ use dds_resp::session::int_arg;
 use dds_resp::Reply;
 
 use crate::engine::Engine;
-use crate::store::{Expiry, SetCond, StoreResult};
+use crate::store::{unsigned_decimal, Expiry, SetCond, StoreResult};
 
 /// `TYPE key`: `string` or `none` (strings are the only type).
 pub(crate) fn type_of(s: &mut dyn Engine, r: &mut Reply<'_>, key: &[u8]) -> StoreResult<()> {
@@ -121,4 +121,176 @@ pub(crate) fn copy(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
     let copied = s.set(dst, &value, cond, expiry, None)?;
     r.int(i64::from(copied));
     Ok(())
+}
+
+/// SCAN's arguments: the cursor, COUNT (default 10), MATCH and TYPE.
+pub(crate) struct ScanArgs<'a> {
+    pub cursor: u64,
+    pub count: usize,
+    pub pattern: Option<&'a [u8]>,
+    pub type_name: Option<&'a [u8]>,
+}
+
+/// The cursor as Redis's `parseScanCursorOrReply` reads it (`strtoul`, base 10): an optional
+/// sign (a negative one wraps), no leading space, nothing after the digits, no overflow; an
+/// empty argument is 0.
+fn parse_cursor(arg: &[u8]) -> Option<u64> {
+    if arg.is_empty() {
+        return Some(0);
+    }
+    let (neg, digits) = match arg[0] {
+        b'-' => (true, &arg[1..]),
+        b'+' => (false, &arg[1..]),
+        _ => (false, arg),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &d in digits {
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(if neg { v.wrapping_neg() } else { v })
+}
+
+/// Parses `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]` as Redis 7.0 does (the
+/// cursor first, then the options in order, the last of a repeated one counting); the
+/// error is the reply's text.
+pub(crate) fn scan_args<'a>(argv: &[&'a [u8]]) -> Result<ScanArgs<'a>, &'static str> {
+    let cursor = parse_cursor(argv[1]).ok_or("ERR invalid cursor")?;
+    let mut a = ScanArgs {
+        cursor,
+        count: 10,
+        pattern: None,
+        type_name: None,
+    };
+    let mut i = 2;
+    while i < argv.len() {
+        let Some(&value) = argv.get(i + 1) else {
+            return Err("ERR syntax error");
+        };
+        match crate::commands::option(argv[i], &["count", "match", "type"]) {
+            "count" => match int_arg(value) {
+                None => return Err("ERR value is not an integer or out of range"),
+                Some(n) if n < 1 => return Err("ERR syntax error"),
+                Some(n) => a.count = usize::try_from(n).unwrap_or(usize::MAX),
+            },
+            "match" => a.pattern = Some(value),
+            "type" => a.type_name = Some(value),
+            _ => return Err("ERR syntax error"),
+        }
+        i += 2;
+    }
+    Ok(a)
+}
+
+/// Whether `key` passes a MATCH pattern (`*` alone passes every key, the empty one too).
+pub(crate) fn passes(pattern: Option<&[u8]>, key: &[u8]) -> bool {
+    match pattern {
+        None | Some(b"*") => true,
+        Some(p) => crate::glob::matches(p, key, false),
+    }
+}
+
+/// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`: one step of the walk over the
+/// keys in hash order (`docs/kv-service.md` §5); the reply is the next cursor and the keys.
+pub(crate) fn scan(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    argv: &[&[u8]],
+    body: &mut Vec<u8>,
+) -> StoreResult<()> {
+    let a = match scan_args(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            r.error(e);
+            return Ok(());
+        }
+    };
+    // Every key is a string: another TYPE filters every key out (an unknown name too, as
+    // Redis 7.0).
+    let all_filtered = a
+        .type_name
+        .is_some_and(|t| !t.eq_ignore_ascii_case(b"string"));
+    body.clear();
+    let mut n = 0;
+    let next = s.scan(a.cursor, a.count, true, &mut |k| {
+        if !all_filtered && passes(a.pattern, k) {
+            Reply::new(body).bulk(k);
+            n += 1;
+        }
+    })?;
+    r.array(2);
+    let mut digits = [0u8; 20];
+    r.bulk(unsigned_decimal(next, &mut digits));
+    r.array(n);
+    r.out_mut().extend_from_slice(body);
+    Ok(())
+}
+
+/// `KEYS pattern`: every live key that matches, by a whole walk of SCAN's steps (a key on
+/// storage is read while the command runs, as Redis's KEYS blocks its server). Expired keys
+/// are left for the expiry cycle, as Redis 7.0's KEYS leaves them.
+pub(crate) fn keys(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    pattern: &[u8],
+    body: &mut Vec<u8>,
+) -> StoreResult<()> {
+    body.clear();
+    let mut n = 0;
+    let mut cursor = 0;
+    loop {
+        cursor = s.scan(cursor, 1024, false, &mut |k| {
+            if passes(Some(pattern), k) {
+                Reply::new(body).bulk(k);
+                n += 1;
+            }
+        })?;
+        if cursor == 0 {
+            break;
+        }
+    }
+    r.array(n);
+    r.out_mut().extend_from_slice(body);
+    Ok(())
+}
+
+/// `RANDOMKEY`: a live key, or null.
+pub(crate) fn random_key(s: &mut dyn Engine, r: &mut Reply<'_>) -> StoreResult<()> {
+    let mut found = false;
+    s.random_key(&mut |k| {
+        r.bulk(k);
+        found = true;
+    })?;
+    if !found {
+        r.null();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cursor;
+    use crate::store::unsigned_decimal;
+
+    #[test]
+    fn cursors_print_in_decimal() {
+        let mut b = [0u8; 20];
+        assert_eq!(unsigned_decimal(0, &mut b), b"0");
+        assert_eq!(unsigned_decimal(u64::MAX, &mut b), b"18446744073709551615");
+    }
+
+    #[test]
+    fn cursors_read_as_strtoul() {
+        assert_eq!(parse_cursor(b""), Some(0));
+        assert_eq!(parse_cursor(b"+0"), Some(0));
+        assert_eq!(parse_cursor(b"-1"), Some(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551616"), None);
+        assert_eq!(parse_cursor(b" 1"), None);
+        assert_eq!(parse_cursor(b"1 "), None);
+        assert_eq!(parse_cursor(b"-"), None);
+        assert_eq!(parse_cursor(b"x"), None);
+    }
 }

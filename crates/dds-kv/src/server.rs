@@ -25,8 +25,9 @@ use dds_storage::inflight::InFlightReads;
 
 use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
+use crate::keyspace::{passes, scan_args};
 use crate::record;
-use crate::store::{Durability, Fetched};
+use crate::store::{Durability, Fetched, SCAN_STORAGE_MAX};
 
 /// Settings of the server.
 #[derive(Clone, Debug)]
@@ -74,6 +75,8 @@ const MAX_FETCH_ROUNDS: u8 = 2;
 /// Replies of one connection waiting for a commit above which it is not read until half of
 /// them are sent.
 const ACKS_MAX: u32 = 1024;
+/// Keys per step of a KEYS walk (a step also ends before its 17th record on storage).
+const KEYS_STEP: usize = 1024;
 
 /// A connection's state.
 pub struct KvSession {
@@ -88,6 +91,13 @@ pub struct KvSession {
     acks: u32,
     /// Pending until its replies waiting for a commit fall below half of `ACKS_MAX`.
     commit_blocked: bool,
+    /// A KEYS walk is in progress: the next step's cursor, the keys found and their reply
+    /// bytes, and whether a step read a record that is not durable.
+    walking: bool,
+    walk_cursor: u64,
+    walk_keys: usize,
+    walk_body: Vec<u8>,
+    walk_undurable: bool,
 }
 
 /// A reply held until the commit that covers its command is durable.
@@ -130,6 +140,8 @@ pub struct KvService {
     completions: Vec<IoDone>,
     sync_interval: Duration,
     next_sync: Instant,
+    /// Time the active expiry cycle may take per tick.
+    expire_budget: Duration,
 }
 
 impl KvService {
@@ -188,10 +200,28 @@ impl KvService {
         if !self.reads_ahead || s.rounds >= MAX_FETCH_ROUNDS {
             return 0;
         }
-        let mut want: [u64; 16] = [0; 16];
+        let mut want = [0u64; SCAN_STORAGE_MAX];
         let mut n = 0;
         let mut more = false;
+        if argv.len() == 1 && argv[0].eq_ignore_ascii_case(b"randomkey") && s.rounds == 0 {
+            // The key is chosen now, and its record read ahead when it is on storage.
+            if let Some(a) = self.store.pick_random() {
+                want[0] = a;
+                n = 1;
+            }
+        }
         let store = &self.store;
+        if argv[0].eq_ignore_ascii_case(b"scan") && argv.len() >= 2 {
+            // The records on storage of the step, whose keys the reply names.
+            if let Ok(a) = scan_args(argv) {
+                store.scan_storage(a.cursor, a.count, &mut |addr| {
+                    if n < want.len() && !s.fetched.iter().any(|f| f.addr == addr) {
+                        want[n] = addr;
+                        n += 1;
+                    }
+                });
+            }
+        }
         read_keys(argv, |k| {
             if let Some(a) = store.storage_addr(k) {
                 if s.fetched.iter().any(|f| f.addr == a) || want[..n].contains(&a) {
@@ -206,8 +236,17 @@ impl KvService {
             }
         });
         let _ = more; // Keys past the first 16 are read while the command runs.
+        let issued = self.fetch_records(id, &want[..n]);
+        if issued > 0 {
+            s.rounds += 1;
+        }
+        issued
+    }
+
+    /// Issues the reads of the records at `addrs` for `id`; returns how many were issued.
+    fn fetch_records(&mut self, id: ConnId, addrs: &[u64]) -> u32 {
         let mut issued = 0;
-        for &a in &want[..n] {
+        for &a in addrs {
             let (off, span) = self.store.file_span(a);
             let max = self.store.io_ref().map_or(0, |f| f.max_io());
             // From the record's block up to FIRST_READ bytes of the record, in whole blocks
@@ -223,10 +262,66 @@ impl KvService {
                 issued += 1;
             }
         }
-        if issued > 0 {
-            s.rounds += 1;
-        }
         issued
+    }
+
+    /// Moves the KEYS walk of `s` along (`docs/kv-service.md` §5): runs its steps whose
+    /// records on storage were read ahead, and issues the reads of the next step's; returns
+    /// the reads issued (the command waits for them), or `None` once the walk is complete
+    /// (the command then answers from it) or cannot go on (the command then walks itself).
+    fn walk_keys(&mut self, id: ConnId, s: &mut KvSession, pattern: &[u8]) -> Option<u32> {
+        if !s.walking {
+            s.walking = true;
+            s.walk_cursor = 0;
+            s.walk_keys = 0;
+            s.walk_body.clear();
+            s.walk_undurable = false;
+        }
+        loop {
+            let mut want = [0u64; SCAN_STORAGE_MAX];
+            let mut n = 0;
+            self.store.scan_storage(s.walk_cursor, KEYS_STEP, &mut |a| {
+                if n < want.len() && !s.fetched.iter().any(|f| f.addr == a) {
+                    want[n] = a;
+                    n += 1;
+                }
+            });
+            if n > 0 && s.rounds < MAX_FETCH_ROUNDS {
+                let issued = self.fetch_records(id, &want[..n]);
+                if issued > 0 {
+                    s.rounds += 1;
+                    return Some(issued);
+                }
+            }
+            if let Some(f) = self.store.fetched() {
+                std::mem::swap(f, &mut s.fetched);
+            }
+            let (body, keys) = (&mut s.walk_body, &mut s.walk_keys);
+            let step = self.store.scan(s.walk_cursor, KEYS_STEP, false, &mut |k| {
+                if passes(Some(pattern), k) {
+                    Reply::new(body).bulk(k);
+                    *keys += 1;
+                }
+            });
+            s.walk_undurable |= self.store.take_undurable();
+            if let Some(f) = self.store.fetched() {
+                std::mem::swap(f, &mut s.fetched);
+            }
+            for f in s.fetched.drain(..) {
+                self.bufs.push(f.bytes);
+            }
+            s.rounds = 0;
+            match step {
+                Ok(0) => return None,
+                Ok(next) => s.walk_cursor = next,
+                Err(e) => {
+                    // The command walks again and answers the error.
+                    tracing::debug!(error = %e, "a KEYS step failed");
+                    s.walking = false;
+                    return None;
+                }
+            }
+        }
     }
 
     /// Releases the replies whose commit is durable (and resumes connections that waited for
@@ -264,6 +359,12 @@ impl KvService {
             std::mem::swap(f, &mut s.fetched);
         }
         self.info.commands += 1;
+        if s.walking {
+            // A KEYS whose walk is complete answers from it.
+            s.walking = false;
+            std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
+            self.info.keys_walked = Some(s.walk_keys);
+        }
         let mut ctx = Ctx {
             store: self.store.as_mut(),
             session: &mut s.session,
@@ -271,6 +372,9 @@ impl KvService {
             password: self.password.as_deref(),
         };
         let after = execute(&mut ctx, argv, out);
+        if self.info.keys_walked.take().is_some() {
+            std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
+        }
         if let Some(f) = self.store.fetched() {
             std::mem::swap(f, &mut s.fetched);
         }
@@ -300,6 +404,11 @@ impl Service for KvService {
             rounds: 0,
             acks: 0,
             commit_blocked: false,
+            walking: false,
+            walk_cursor: 0,
+            walk_keys: 0,
+            walk_body: Vec::new(),
+            walk_undurable: false,
         }
     }
 
@@ -328,6 +437,18 @@ impl Service for KvService {
                         at += used;
                         continue;
                     }
+                    if self.reads_ahead
+                        && s.session.authed
+                        && args.len() == 2
+                        && args[0].eq_ignore_ascii_case(b"keys")
+                    {
+                        if let Some(issued) = self.walk_keys(id, s, args[1]) {
+                            // The walk waits for its next step's records.
+                            s.outstanding = issued;
+                            spare = reuse(args);
+                            break Verdict::Pending;
+                        }
+                    }
                     let issued = self.fetch_for(id, s, &args);
                     if issued > 0 {
                         // The command stays in the input; it runs once its reads are done.
@@ -340,7 +461,8 @@ impl Service for KvService {
                     let after = self.run(s, &args, out);
                     spare = reuse(args);
                     at += used;
-                    if self.fsync && self.store.take_undurable() {
+                    let walked = std::mem::take(&mut s.walk_undurable);
+                    if self.fsync && (self.store.take_undurable() || walked) {
                         // The reply waits, in the connection's order, for the commit that
                         // covers what the command wrote or read.
                         let ticket = out.defer_written(mark);
@@ -458,6 +580,10 @@ impl Service for KvService {
     }
 
     fn tick(&mut self) {
+        // Redis's active expiry cycle, at most a quarter of a tick.
+        if self.info.active_expire {
+            self.store.active_expire(self.expire_budget);
+        }
         if Instant::now() < self.next_sync {
             return;
         }
@@ -563,6 +689,9 @@ impl Server {
                 max_clients: cfg.max_clients,
                 config: crate::config::Config::new(fixed),
                 run_id: run_id(),
+                active_expire: true,
+                list_buf: Vec::new(),
+                keys_walked: None,
             },
             store,
             limits,
@@ -577,12 +706,14 @@ impl Server {
             completions: Vec::new(),
             sync_interval: cfg.sync_interval,
             next_sync: Instant::now() + cfg.sync_interval,
+            expire_budget: cfg.sync_interval.min(Duration::from_millis(100)) / 4,
         };
+        let tick = cfg.sync_interval.min(Duration::from_millis(100));
         let rt = Config {
             max_connections: cfg.max_clients,
             input_limit: cfg.query_buffer_limit,
             output_pause: cfg.output_pause,
-            tick: cfg.sync_interval.min(Duration::from_millis(100)),
+            tick,
             ..Config::default()
         };
         let mut inner =

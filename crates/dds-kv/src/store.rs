@@ -1,7 +1,7 @@
 //! The hybrid log and its index (`docs/kv-service.md` §1–§3), single-threaded: the server's
 //! event loop owns the store.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -161,6 +161,9 @@ pub struct StoreStats {
     /// write had not completed, or a compaction whose page read had not (the device behind
     /// the log's appends).
     pub storage_waits: u64,
+    /// Keys removed because their expiry passed (read, compacted or found by the active
+    /// expiry cycle; INFO's `expired_keys`).
+    pub expired_keys: u64,
 }
 
 /// The index hashes keys with XXH3 already: its hasher passes the low word through.
@@ -252,6 +255,21 @@ pub struct Store {
     seq: u64,
     /// (h1, h2) → address | TOMB | EXPIRES.
     index: HashMap<(u64, u64), u64, BuildHasherDefault<PassHasher>>,
+    /// The index's keys in hash order: SCAN's and RANDOMKEY's order (`docs/kv-service.md`
+    /// §1, Index).
+    order: BTreeSet<(u64, u64)>,
+    /// The keys with an expiry and its time (Unix ms): the active expiry cycle's sample.
+    expires: BTreeMap<(u64, u64), u64>,
+    /// The sum of the expiry set's times (INFO's `avg_ttl`).
+    expire_sum: u128,
+    /// Where the active expiry cycle samples next.
+    expire_cursor: (u64, u64),
+    /// Hashes of one step of SCAN or the expiry cycle (reused).
+    step: Vec<(u64, u64)>,
+    /// RANDOMKEY's generator state (xorshift).
+    rng: u64,
+    /// The key the next RANDOMKEY answers, chosen when its record was read ahead.
+    picked: Option<(u64, u64)>,
     live: u64,
     /// Live keys with an expiry.
     expiring: u64,
@@ -279,8 +297,17 @@ pub struct Fetched {
 
 /// `n` in decimal, written at the end of `buf` (no allocation); the digits written.
 fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len() - unsigned_decimal(n.unsigned_abs(), buf).len();
+    if n < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
+}
+
+/// `m` in decimal, written at the end of `buf` (no allocation); the digits written.
+pub(crate) fn unsigned_decimal(mut m: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
-    let mut m = n.unsigned_abs();
     loop {
         at -= 1;
         buf[at] = b'0' + (m % 10) as u8;
@@ -288,10 +315,6 @@ fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
         if m == 0 {
             break;
         }
-    }
-    if n < 0 {
-        at -= 1;
-        buf[at] = b'-';
     }
     &buf[at..]
 }
@@ -383,6 +406,13 @@ impl Store {
             compacted: VecDeque::new(),
             seq: 0,
             index: HashMap::default(),
+            order: BTreeSet::new(),
+            expires: BTreeMap::new(),
+            expire_sum: 0,
+            expire_cursor: (0, 0),
+            step: Vec::new(),
+            rng: now_ms() | 1,
+            picked: None,
             live: 0,
             expiring: 0,
             dirty: false,
@@ -489,6 +519,58 @@ impl Store {
         Ok(())
     }
 
+    /// Points the index at `entry` for the key hash `h`, keeping the scan order and the
+    /// expiry set in step (`expire_ms`: the record's expiry, 0 for none).
+    fn index_put(&mut self, h: (u64, u64), entry: u64, expire_ms: u64) {
+        let old = self.index.insert(h, entry);
+        if old.is_none() {
+            self.order.insert(h);
+        }
+        if expire_ms != 0 {
+            let was = self.expires.insert(h, expire_ms);
+            self.expire_sum =
+                self.expire_sum + u128::from(expire_ms) - u128::from(was.unwrap_or(0));
+        } else if old.is_some_and(|e| e & EXPIRES != 0) {
+            self.forget_expiry(h);
+        }
+    }
+
+    fn forget_expiry(&mut self, h: (u64, u64)) {
+        if let Some(t) = self.expires.remove(&h) {
+            self.expire_sum -= u128::from(t);
+        }
+    }
+
+    /// The mean time to live of the keys with an expiry, in ms (INFO's `avg_ttl`; 0 when
+    /// there are none).
+    pub fn avg_ttl(&self) -> u64 {
+        match self.expires.len() as u128 {
+            0 => 0,
+            n => u64::try_from(self.expire_sum / n)
+                .unwrap_or(u64::MAX)
+                .saturating_sub(now_ms()),
+        }
+    }
+
+    /// Drops the key hash `h` from the index (and the scan order and expiry set).
+    fn index_remove(&mut self, h: (u64, u64)) {
+        if let Some(old) = self.index.remove(&h) {
+            self.order.remove(&h);
+            if old & EXPIRES != 0 {
+                self.forget_expiry(h);
+            }
+        }
+    }
+
+    /// The live key `h` expired: it leaves the index. Its records are garbage for
+    /// compaction, which moves only what the index points at.
+    fn expire_key(&mut self, h: (u64, u64)) {
+        self.index_remove(h);
+        self.live -= 1;
+        self.expiring -= 1;
+        self.stats.expired_keys += 1;
+    }
+
     fn replay(&mut self, h: (u64, u64), addr: u64, hdr: &Header) {
         let old = self.index.get(&h).copied();
         let old_live = matches!(old, Some(e) if e & TOMB == 0);
@@ -496,12 +578,12 @@ impl Store {
             self.expiring -= 1;
         }
         if hdr.kind == KIND_TOMBSTONE {
-            self.index.insert(h, addr | TOMB);
+            self.index_put(h, addr | TOMB, 0);
             if old_live {
                 self.live -= 1;
             }
         } else {
-            self.index.insert(h, value_entry(addr, hdr.expire_ms));
+            self.index_put(h, value_entry(addr, hdr.expire_ms), hdr.expire_ms);
             if hdr.expire_ms != 0 {
                 self.expiring += 1;
             }
@@ -586,9 +668,7 @@ impl Store {
             // Expired: the key is gone (as Redis deletes it when read). Its records are
             // garbage for compaction, which moves only what the index points at; a restart
             // finds the expired record again and reads it as expired.
-            self.index.remove(&h);
-            self.live -= 1;
-            self.expiring -= 1;
+            self.expire_key(h);
             return Ok(None);
         }
         Ok(Some(Found { hdr }))
@@ -754,8 +834,10 @@ impl Store {
                         expire_ms,
                     );
                     let ne = value_entry(a, expire_ms);
+                    if ne != e || expire_ms != 0 {
+                        self.index_put(h, ne, expire_ms);
+                    }
                     if ne != e {
-                        self.index.insert(h, ne);
                         if expire_ms != 0 {
                             self.expiring += 1;
                         } else {
@@ -946,6 +1028,9 @@ impl Store {
         // What is in flight lands first (the log's addresses start over past it).
         self.drain_io()?;
         self.index.clear();
+        self.order.clear();
+        self.expires.clear();
+        self.expire_sum = 0;
         self.live = 0;
         self.expiring = 0;
         self.begin = self.tail_page_end;
@@ -993,6 +1078,8 @@ impl std::fmt::Debug for Store {
     }
 }
 
+mod keys;
+pub use keys::SCAN_STORAGE_MAX;
 mod space;
 #[cfg(test)]
 mod tests;

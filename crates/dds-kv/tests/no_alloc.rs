@@ -1,7 +1,7 @@
-//! The request path of `dds kv` allocates nothing in steady state: after a warm-up, GET, SET,
-//! MGET, INCR, EXISTS, GETRANGE, SETRANGE, SETBIT, GETBIT, BITCOUNT, BITPOS and pipelines of
-//! them over a real socket do not touch the heap on the
-//! server's thread (a counting global allocator counts that thread's allocations only).
+//! The request path of `dds kv` allocates nothing in steady state: after a warm-up, GET, SET
+//! (with an expiry too), PEXPIRE, MGET, INCR, EXISTS, GETRANGE, SETRANGE, SETBIT, GETBIT,
+//! BITCOUNT, BITPOS, SCAN, KEYS, RANDOMKEY and pipelines of them over a real socket do not
+//! touch the heap on the server's thread (a counting global allocator counts that thread's allocations only).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -18,14 +18,12 @@ use dds_testkit::resp::command as cmd;
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
-/// Sends `batch` and reads until the reply bytes end with `last`.
+/// Sends `batch` and reads until `replies` whole replies arrived.
 fn round_trip(s: &mut TcpStream, batch: &[u8], replies: usize) {
     s.write_all(batch).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 65536];
-    // Each reply of this workload is one line or a bulk string: count CRLF-terminated
-    // frames loosely by reading until `replies` frame starts have arrived and the stream
-    // pauses.
+    // Read until `replies` whole replies have arrived.
     let mut frames = 0;
     while frames < replies {
         let n = s.read(&mut buf).unwrap();
@@ -35,40 +33,11 @@ fn round_trip(s: &mut TcpStream, batch: &[u8], replies: usize) {
     }
 }
 
-/// Top-level replies in `b` (simple, integer, bulk and array-of-bulk replies).
+/// Whole top-level replies at the start of `b`.
 fn count_frames(b: &[u8]) -> usize {
-    let mut at = 0;
-    let mut n = 0;
-    let line = |at: usize| {
-        b[at..]
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .map(|p| at + p)
-    };
-    while at < b.len() {
-        let Some(e) = line(at) else { break };
-        match b[at] {
-            b'$' => {
-                let len: i64 = std::str::from_utf8(&b[at + 1..e]).unwrap().parse().unwrap();
-                at = e + 2 + if len >= 0 { len as usize + 2 } else { 0 };
-            }
-            b'*' => {
-                let k: usize = std::str::from_utf8(&b[at + 1..e]).unwrap().parse().unwrap();
-                at = e + 2;
-                for _ in 0..k {
-                    let Some(e2) = line(at) else { return n };
-                    let len: i64 = std::str::from_utf8(&b[at + 1..e2])
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    at = e2 + 2 + if len >= 0 { len as usize + 2 } else { 0 };
-                }
-            }
-            _ => at = e + 2,
-        }
-        if at > b.len() {
-            break;
-        }
+    let (mut at, mut n) = (0, 0);
+    while let Ok(Some(len)) = dds_resp::frame_reply(&b[at..], 1 << 20, 1 << 30) {
+        at += len;
         n += 1;
     }
     n
@@ -118,6 +87,13 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
         n += 3;
     }
     batch.extend(cmd(&[b"SET", b"counter", b"1"]));
+    // A key with an expiry: its place in the expiry set is updated, not made anew.
+    batch.extend(cmd(&[b"SET", b"timed", b"v", b"EX", b"1000"]));
+    batch.extend(cmd(&[b"PEXPIRE", b"timed", b"2000000"]));
+    // Listing keys: a SCAN step, a whole KEYS, RANDOMKEY.
+    batch.extend(cmd(&[b"SCAN", b"0", b"MATCH", b"key1*", b"COUNT", b"20"]));
+    batch.extend(cmd(&[b"KEYS", b"key?"]));
+    batch.extend(cmd(&[b"RANDOMKEY"]));
     batch.extend(cmd(&[b"INCR", b"counter"]));
     batch.extend(cmd(&[b"INCRBY", b"counter", b"-7"]));
     batch.extend(cmd(&[b"GETRANGE", b"key1", b"10", b"-20"]));
@@ -126,6 +102,7 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
     batch.extend(cmd(&[b"GETBIT", b"key3", b"9"]));
     batch.extend(cmd(&[b"BITCOUNT", b"key4", b"1", b"-2"]));
     batch.extend(cmd(&[b"BITPOS", b"key4", b"0", b"2"]));
+    n += 5;
     let refs: Vec<&[u8]> = std::iter::once(&b"MGET"[..])
         .chain(keys.iter().take(10).map(|k| &k[..]))
         .collect();

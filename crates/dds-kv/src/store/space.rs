@@ -244,12 +244,10 @@ impl Store {
             if self.index.get(&kh).is_some_and(|&e| e & ADDR == a) {
                 if h.kind == KIND_TOMBSTONE {
                     // Every older record of the key is below it and gone: forget the key.
-                    self.index.remove(&kh);
+                    self.index_remove(kh);
                 } else if h.expire_ms != 0 && h.expire_ms < now {
                     // Expired: garbage like a tombstone, and the key is gone.
-                    self.index.remove(&kh);
-                    self.live -= 1;
-                    self.expiring -= 1;
+                    self.expire_key(kh);
                 } else {
                     moves.push((o, h));
                 }
@@ -283,7 +281,7 @@ impl Store {
                 self.seq,
                 h.expire_ms,
             );
-            self.index.insert(kh, value_entry(a, h.expire_ms));
+            self.index_put(kh, value_entry(a, h.expire_ms), h.expire_ms);
             if self.cfg.offload {
                 // The DPU may hold the old copy; the new one is cached once it is written.
                 // Until then an update of the key must not leave the old copy cached.

@@ -2,6 +2,7 @@
 //! wrap of the circular log file happen within a few hundred operations.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use proptest::prelude::*;
 
@@ -329,4 +330,174 @@ fn the_empty_key_is_a_key() {
     assert_eq!(get(&mut s, b""), Some(b"empty".to_vec()));
     assert!(s.del(b"").unwrap());
     assert_eq!(get(&mut s, b""), None);
+}
+
+/// Every key of the whole SCAN walk, with `between` run after each step.
+fn walk(s: &mut Store, count: usize, mut between: impl FnMut(&mut Store)) -> Vec<Vec<u8>> {
+    let mut seen = Vec::new();
+    let mut cursor = 0;
+    loop {
+        cursor = s
+            .scan(cursor, count, true, &mut |k| seen.push(k.to_vec()))
+            .unwrap();
+        if cursor == 0 {
+            return seen;
+        }
+        between(s);
+    }
+}
+
+#[test]
+fn a_scan_returns_every_key_present_for_the_whole_walk_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        log_size: 32 * (64 << 10),
+        ..small(Durability::Periodic)
+    };
+    let mut s = open(dir.path(), cfg);
+    // 300 keys of 1 KiB: most records leave memory (3 pages of 64 KiB).
+    for k in 0..300u32 {
+        s.set(
+            format!("stay{k}").as_bytes(),
+            &[7; 1000],
+            SetCond::Always,
+            Expiry::None,
+            None,
+        )
+        .unwrap();
+    }
+    s.set(b"gone", b"x", SetCond::Always, Expiry::None, None)
+        .unwrap();
+    assert!(s.addresses()[1] > 0, "records are on storage");
+    // Between steps: keys come and go (the index grows past its capacity), one is deleted.
+    let mut n = 0u32;
+    let seen = walk(&mut s, 7, |s| {
+        for _ in 0..40 {
+            s.set(
+                format!("new{n}").as_bytes(),
+                b"v",
+                SetCond::Always,
+                Expiry::None,
+                None,
+            )
+            .unwrap();
+            if n.is_multiple_of(3) {
+                s.del(format!("new{}", n / 2).as_bytes()).unwrap();
+            }
+            n += 1;
+        }
+        s.del(b"gone").unwrap();
+    });
+    assert!(n > 1000, "the walk took {n} steps' worth of changes");
+    for k in 0..300u32 {
+        let key = format!("stay{k}").into_bytes();
+        let times = seen.iter().filter(|s| **s == key).count();
+        assert_eq!(times, 1, "stay{k} returned {times} times");
+    }
+    assert!(s.stats().storage_reads > 0, "keys were read from storage");
+    // Nothing twice, and a walk with no changes returns every key, exactly.
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), seen.len(), "a key returned twice");
+    let all = walk(&mut s, 1000, |_| {});
+    assert_eq!(all.len() as u64, s.len());
+}
+
+#[test]
+fn the_active_expiry_cycle_removes_expired_keys_without_reads_and_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), small(Durability::Periodic));
+    let soon = now_ms() + 100;
+    for k in 0..500u32 {
+        s.set(
+            format!("e{k}").as_bytes(),
+            b"v",
+            SetCond::Always,
+            Expiry::At(soon),
+            None,
+        )
+        .unwrap();
+    }
+    for k in 0..50u32 {
+        s.set(
+            format!("p{k}").as_bytes(),
+            b"v",
+            SetCond::Always,
+            Expiry::None,
+            None,
+        )
+        .unwrap();
+    }
+    s.commit().unwrap();
+    assert_eq!(
+        s.active_expire(Duration::from_secs(1)),
+        0,
+        "nothing expired yet"
+    );
+    std::thread::sleep(Duration::from_millis(150));
+    let reads = s.stats().memory_reads + s.stats().storage_reads;
+    let mut removed = 0;
+    for _ in 0..100 {
+        removed += s.active_expire(Duration::from_millis(25));
+    }
+    assert_eq!(removed, 500);
+    assert_eq!(s.len(), 50);
+    assert_eq!(s.expiring(), 0);
+    assert_eq!(s.stats().expired_keys, 500);
+    assert_eq!(s.stats().memory_reads + s.stats().storage_reads, reads);
+    assert_eq!(s.avg_ttl(), 0);
+    s.set(
+        b"long",
+        b"v",
+        SetCond::Always,
+        Expiry::At(now_ms() + 60_000),
+        None,
+    )
+    .unwrap();
+    s.set(
+        b"longer",
+        b"v",
+        SetCond::Always,
+        Expiry::At(now_ms() + 80_000),
+        None,
+    )
+    .unwrap();
+    assert!((69_000..=70_000).contains(&s.avg_ttl()), "{}", s.avg_ttl());
+    s.del(b"longer").unwrap();
+    assert!((59_000..=60_000).contains(&s.avg_ttl()), "{}", s.avg_ttl());
+    s.del(b"long").unwrap();
+    // A restart finds the expired records again; the cycle removes them again.
+    s.close().unwrap();
+    let mut s = open(dir.path(), small(Durability::Periodic));
+    assert_eq!(s.expiring(), 500);
+    while s.active_expire(Duration::from_millis(25)) > 0 {}
+    assert_eq!(s.len(), 50);
+    assert_eq!(get(&mut s, b"e1"), None);
+    assert_eq!(get(&mut s, b"p1"), Some(b"v".to_vec()));
+}
+
+#[test]
+fn randomkey_finds_the_live_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), small(Durability::None));
+    assert!(!s.random_key(&mut |_| {}).unwrap());
+    for k in 0..20u32 {
+        s.set(
+            format!("k{k}").as_bytes(),
+            b"v",
+            SetCond::Always,
+            Expiry::None,
+            None,
+        )
+        .unwrap();
+        s.del(format!("k{k}").as_bytes()).unwrap();
+    }
+    s.set(b"only", b"v", SetCond::Always, Expiry::None, None)
+        .unwrap();
+    for _ in 0..20 {
+        let mut got = Vec::new();
+        assert!(s.random_key(&mut |k| got = k.to_vec()).unwrap());
+        assert_eq!(got, b"only");
+    }
 }
