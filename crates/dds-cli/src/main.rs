@@ -15,6 +15,7 @@ mod nbd_cmd;
 mod offload_apps;
 mod osd_cmd;
 mod pageserver_cmd;
+mod s3_cmd;
 mod stats_cmd;
 mod util;
 mod wait_cmd;
@@ -92,6 +93,9 @@ enum Cmd {
     /// The host half of an OSD of placement dpu: the object store on a device file, served to
     /// the DPU's front end through the object store proxy (docs/objproxy.md).
     OsdStore(osd_cmd::OsdStoreArgs),
+    /// Serve the S3 REST API (buckets, objects, ranged reads, listings, multipart uploads,
+    /// SigV4) on a cluster of `dds osd` daemons, as Ceph's RGW does (docs/s3.md).
+    S3(s3_cmd::S3Args),
 }
 
 /// The log filter: `--log`, else `$DDS_LOG`, else `$RUST_LOG`, else `warn`.
@@ -155,6 +159,7 @@ fn main() -> ExitCode {
         Cmd::Osd(a) => osd_cmd::run_osd(a),
         Cmd::Objects(a) => osd_cmd::run_objects(a),
         Cmd::OsdStore(a) => osd_cmd::run_osd_store(a),
+        Cmd::S3(a) => s3_cmd::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
