@@ -384,12 +384,60 @@ assert s3.list_buckets()["Buckets"] == []
 print("boto3 ok")
 "#;
 
+/// Sends `req` on a new connection and returns what came back until the gateway closed it or
+/// went quiet for a second.
+fn raw(addr: SocketAddr, req: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .unwrap();
+    let _ = s.write_all(req);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Hostile peers: garbage, unsigned and forged requests, a body announced at 10 GB that never
+/// comes, a header flood. Each gets an HTTP error (or a closed connection), and the gateway
+/// keeps serving.
+fn hostile_requests(addr: SocketAddr, gw: &mut Guard) {
+    let garbage = raw(addr, b"\x16\x03\x01 not http at all\r\n\r\n");
+    assert!(
+        garbage.is_empty() || garbage.starts_with("HTTP/1.1 400"),
+        "{garbage}"
+    );
+    let unsigned = raw(
+        addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(unsigned.starts_with("HTTP/1.1 403"), "{unsigned}");
+    assert!(unsigned.contains("AccessDenied"), "{unsigned}");
+    let forged = format!(
+        "PUT /docs/k HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 10000000000\r\n\
+         x-amz-date: 20240101T000000Z\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential={ACCESS}/20240101/us-east-1/s3/\
+         aws4_request, SignedHeaders=host;x-amz-date, Signature={}\r\n\r\nsome bytes",
+        "0".repeat(64)
+    );
+    let forged = raw(addr, forged.as_bytes());
+    assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
+    let mut flood = b"GET / HTTP/1.1\r\nHost: x\r\nX-Flood: ".to_vec();
+    flood.resize(2 << 20, b'a');
+    let flood = raw(addr, &flood);
+    assert!(
+        flood.is_empty() || flood.starts_with("HTTP/1.1 431"),
+        "{flood}"
+    );
+    common::assert_alive(gw, "dds s3");
+}
+
 #[test]
 fn boto3_operations_errors_and_signatures() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let c = cluster(d);
-    let (_gw, addr) = gateway(&c, &[]);
+    let (mut gw, addr) = gateway(&c, &[]);
+    hostile_requests(addr, &mut gw);
     let script = d.join("boto3_s3.py");
     std::fs::write(&script, BOTO3).unwrap();
     let out = Command::new("python3")

@@ -37,6 +37,7 @@ struct Inner {
 
 /// An S3 error for a cluster error: the cluster not answering is 503, anything else 500.
 fn cluster(e: OpError) -> S3Error {
+    tracing::warn!("s3: object cluster: {e}");
     let busy = matches!(
         e.status,
         Status::PgInactive | Status::BelowMinSize | Status::Busy | Status::NoSpace
