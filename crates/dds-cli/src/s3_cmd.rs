@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use dds_osd::client::Client;
 
 #[derive(Args, Debug)]
 pub struct S3Args {
@@ -39,14 +38,7 @@ pub struct S3Args {
 }
 
 pub fn run(a: S3Args) -> Result<()> {
-    let client = match &a.etcd {
-        Some(url) => Client::connect_etcd(
-            url,
-            a.cluster.as_deref().unwrap_or_default(),
-            Default::default(),
-        )?,
-        None => Client::connect_map(&a.map)?,
-    };
+    let client = crate::osd_cmd::cluster_client(&a.map, a.etcd.as_deref(), a.cluster.as_deref())?;
     let pool = client
         .map()
         .find_pool(&a.pool)

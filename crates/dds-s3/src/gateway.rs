@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use dds_objstore::ObjectId;
+use dds_objstore::{KvPairs, ObjectId};
 use dds_osd::client::{is_unreachable, Client};
 use dds_osd::{OpError, Status};
 use futures_util::StreamExt;
@@ -51,6 +51,15 @@ fn cluster(e: OpError) -> S3Error {
 
 fn bad_record(e: record::BadRecord) -> S3Error {
     s3_error!(InternalError, "{e}")
+}
+
+/// A part's omap entry: its number (u32 big-endian key) and record.
+fn part_entry(k: &[u8], v: &[u8]) -> S3Result<(u32, PartRecord)> {
+    let n = <[u8; 4]>::try_from(k).map_err(|_| s3_error!(InternalError, "bad part key"))?;
+    Ok((
+        u32::from_be_bytes(n),
+        PartRecord::decode(v).map_err(bad_record)?,
+    ))
 }
 
 /// `Ok(None)` for a cluster object that does not exist.
@@ -125,18 +134,13 @@ impl Inner {
         Ok(got.and_then(|mut v| v.pop().flatten()))
     }
 
-    fn omap_page(
-        &self,
-        obj: &[u8],
-        after: Option<&[u8]>,
-        max: u32,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
+    fn omap_page(&self, obj: &[u8], after: Option<&[u8]>, max: u32) -> Result<KvPairs, OpError> {
         Ok(absent(self.client.omap_list(&self.oid(obj), after, max))?.unwrap_or_default())
     }
 
     /// Every entry of an omap, in pages.
-    fn omap_all(&self, obj: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, OpError> {
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    fn omap_all(&self, obj: &[u8]) -> Result<KvPairs, OpError> {
+        let mut out: KvPairs = Vec::new();
         loop {
             let after = out.last().map(|e| e.0.clone());
             let page = self.omap_page(obj, after.as_deref(), PAGE)?;
@@ -229,14 +233,7 @@ impl Inner {
         self.omap_all(&parts_name(upload))
             .map_err(cluster)?
             .into_iter()
-            .map(|(k, v)| {
-                let n = <[u8; 4]>::try_from(k.as_slice())
-                    .map_err(|_| s3_error!(InternalError, "bad part key"))?;
-                Ok((
-                    u32::from_be_bytes(n),
-                    PartRecord::decode(&v).map_err(bad_record)?,
-                ))
-            })
+            .map(|(k, v)| part_entry(&k, &v))
             .collect()
     }
 
@@ -809,15 +806,8 @@ impl S3 for Gateway {
                 let page = i
                     .omap_page(&parts_name(upload), Some(&after), max + 1)
                     .map_err(cluster)?;
-                page.into_iter()
-                    .map(|(k, v)| {
-                        let n = <[u8; 4]>::try_from(k.as_slice())
-                            .map_err(|_| s3_error!(InternalError, "bad part key"))?;
-                        Ok((
-                            u32::from_be_bytes(n),
-                            PartRecord::decode(&v).map_err(bad_record)?,
-                        ))
-                    })
+                page.iter()
+                    .map(|(k, v)| part_entry(k, v))
                     .collect::<S3Result<Vec<_>>>()
             })
             .await?;
