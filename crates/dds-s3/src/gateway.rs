@@ -192,6 +192,13 @@ impl Inner {
         key: &str,
         rec: &ObjectRecord,
     ) -> S3Result<Option<ObjectRecord>> {
+        let old = self.record(bucket, key).ok().flatten();
+        self.set_record(bucket, key, rec)?;
+        Ok(old)
+    }
+
+    /// Sets the index entry of `key` to `rec`.
+    fn set_record(&self, bucket: &str, key: &str, rec: &ObjectRecord) -> S3Result<()> {
         let value = rec.encode();
         if value.len() > MAX_RECORD {
             return Err(s3_error!(
@@ -200,14 +207,13 @@ impl Inner {
                 value.len()
             ));
         }
-        let old = self.record(bucket, key).ok().flatten();
         self.client
             .omap_set(
                 &self.oid(index_name(bucket)),
                 &[(key.as_bytes().to_vec(), value)],
             )
             .map_err(cluster)?;
-        Ok(old)
+        Ok(())
     }
 
     /// Removes the stripes of an object that is no longer referenced.
@@ -338,19 +344,6 @@ impl Gateway {
         Ok((size, md5.finalize().into()))
     }
 
-    /// Publishes `rec` as `key` and removes the data it replaced.
-    async fn publish(&self, bucket: String, key: String, rec: ObjectRecord) -> S3Result<()> {
-        self.run(move |i| {
-            if let Some(old) = i.publish(&bucket, &key, &rec)? {
-                if old.instance != rec.instance {
-                    i.remove_data(&old)?;
-                }
-            }
-            Ok(())
-        })
-        .await
-    }
-
     /// The body of bytes `start..end` of `rec`: its stripes read in order on the blocking
     /// pool, at most one read ahead of the one being sent.
     fn body(&self, rec: &ObjectRecord, start: u64, end: u64) -> StreamingBlob {
@@ -470,8 +463,13 @@ impl S3 for Gateway {
         check_key(&key)?;
         let b = bucket.clone();
         self.run(move |i| i.bucket_exists(&b)).await?;
+        // The record this write replaces is looked up while the body streams in.
+        let (inner, b, k) = (self.inner.clone(), bucket.clone(), key.clone());
+        let old = tokio::task::spawn_blocking(move || inner.record(&b, &k).ok().flatten());
         let instance = random_id();
-        let (size, md5) = self.write_body(instance, 0, input.body).await?;
+        let written = self.write_body(instance, 0, input.body).await;
+        let old = old.await.ok().flatten();
+        let (size, md5) = written?;
         let rec = ObjectRecord {
             size,
             mtime_ns: now_ns(),
@@ -491,7 +489,14 @@ impl S3 for Gateway {
             },
         };
         let tag = etag(&rec.etag);
-        self.publish(bucket, key, rec).await?;
+        self.run(move |i| {
+            i.set_record(&bucket, &key, &rec)?;
+            match old.filter(|o| o.instance != rec.instance) {
+                Some(old) => i.remove_data(&old),
+                None => Ok(()),
+            }
+        })
+        .await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(tag),
             ..PutObjectOutput::default()
