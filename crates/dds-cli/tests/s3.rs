@@ -322,6 +322,18 @@ assert [o["Key"] for o in r["Contents"]] == ["z"] and not r["IsTruncated"]
 r = s3.list_objects_v2(Bucket="docs", Prefix="logs/2024/", StartAfter="logs/2024/04.log")
 assert [o["Key"] for o in r["Contents"]] == ["logs/2024/05.log", "logs/2024/06.log"]
 assert s3.list_objects_v2(Bucket="docs", Prefix="nothing/").get("Contents", []) == []
+# ListObjects (v1): markers, including a common prefix as the marker.
+got, marker = [], ""
+while True:
+    r = s3.list_objects(Bucket="docs", Delimiter="/", MaxKeys=1, Marker=marker)
+    got += [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+    got += [o["Key"] for o in r.get("Contents", [])]
+    if not r["IsTruncated"]:
+        break
+    marker = r["NextMarker"]
+assert got == ["a/", "empty", "logs/", "z"], got
+r = s3.list_objects(Bucket="docs", Prefix="logs/2024/", Marker="logs/2024/05.log")
+assert [o["Key"] for o in r["Contents"]] == ["logs/2024/06.log"]
 
 # Multipart: three parts (5 MiB, 5 MiB, 1 byte), one uploaded twice; listed; completed.
 part = [bytes([i]) * (5 << 20) for i in (1, 2)] + [b"!"]

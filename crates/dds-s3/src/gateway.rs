@@ -344,6 +344,25 @@ impl Gateway {
         Ok((size, md5.finalize().into()))
     }
 
+    /// One page of a bucket's listing (ListObjects, ListObjectsV2).
+    async fn list_page(
+        &self,
+        bucket: &str,
+        prefix: &Option<String>,
+        delimiter: &Option<String>,
+        max_keys: Option<i32>,
+        after: Option<Vec<u8>>,
+    ) -> S3Result<ListPage> {
+        let q = ListQuery {
+            prefix: prefix.clone().unwrap_or_default(),
+            delimiter: delimiter.clone().filter(|d| !d.is_empty()),
+            max_keys: max_keys.unwrap_or(1000).clamp(0, 1000) as usize,
+            after,
+        };
+        let bucket = bucket.to_string();
+        self.run(move |i| list(i, &bucket, &q)).await
+    }
+
     /// The body of bytes `start..end` of `rec`: its stripes read in order on the blocking
     /// pool, at most one read ahead of the one being sent.
     fn body(&self, rec: &ObjectRecord, start: u64, end: u64) -> StreamingBlob {
@@ -602,34 +621,19 @@ impl S3 for Gateway {
                 })?),
                 None => None,
             };
-        let q = ListQuery {
-            prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone().filter(|d| !d.is_empty()),
-            max_keys: input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize,
-            after: token.or(input.start_after.clone().map(String::into_bytes)),
-        };
-        let bucket = input.bucket.clone();
-        let page = self.run(move |i| list(i, &bucket, &q)).await?;
+        let after = token.or(input.start_after.clone().map(String::into_bytes));
+        let page = self
+            .list_page(
+                &input.bucket,
+                &input.prefix,
+                &input.delimiter,
+                input.max_keys,
+                after,
+            )
+            .await?;
         let key_count = (page.objects.len() + page.prefixes.len()) as i32;
-        let contents = page
-            .objects
-            .into_iter()
-            .map(|(key, rec)| Object {
-                key: Some(key),
-                size: Some(rec.size as i64),
-                e_tag: Some(etag(&rec.etag)),
-                last_modified: Some(timestamp(rec.mtime_ns)),
-                storage_class: Some(ObjectStorageClass::from_static(
-                    ObjectStorageClass::STANDARD,
-                )),
-                ..Object::default()
-            })
-            .collect();
-        let common_prefixes = page
-            .prefixes
-            .into_iter()
-            .map(|p| CommonPrefix { prefix: Some(p) })
-            .collect();
+        let (truncated, next) = (page.truncated, page.next.clone());
+        let (contents, common_prefixes) = page.entries();
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: input.prefix,
@@ -637,12 +641,44 @@ impl S3 for Gateway {
             max_keys: input.max_keys.or(Some(1000)),
             start_after: input.start_after,
             continuation_token: input.continuation_token,
-            next_continuation_token: page.next.map(hex::encode),
-            is_truncated: Some(page.truncated),
+            next_continuation_token: next.map(hex::encode),
+            is_truncated: Some(truncated),
             key_count: Some(key_count),
             contents: Some(contents),
             common_prefixes: Some(common_prefixes),
             ..ListObjectsV2Output::default()
+        }))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let input = req.input;
+        let after = input.marker.clone().map(String::into_bytes);
+        let page = self
+            .list_page(
+                &input.bucket,
+                &input.prefix,
+                &input.delimiter,
+                input.max_keys,
+                after,
+            )
+            .await?;
+        let next_marker = page.last.clone().filter(|_| page.truncated);
+        let truncated = page.truncated;
+        let (contents, common_prefixes) = page.entries();
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(input.bucket),
+            prefix: input.prefix,
+            delimiter: input.delimiter,
+            max_keys: input.max_keys.or(Some(1000)),
+            marker: input.marker,
+            next_marker,
+            is_truncated: Some(truncated),
+            contents: Some(contents),
+            common_prefixes: Some(common_prefixes),
+            ..ListObjectsOutput::default()
         }))
     }
 
@@ -914,6 +950,34 @@ struct ListPage {
     truncated: bool,
     /// Where the next page starts (its continuation token).
     next: Option<Vec<u8>>,
+    /// The last key or common prefix of the page (ListObjects' next marker).
+    last: Option<String>,
+}
+
+impl ListPage {
+    /// The page's objects and common prefixes as S3 lists them.
+    fn entries(self) -> (Vec<Object>, Vec<CommonPrefix>) {
+        let objects = self
+            .objects
+            .into_iter()
+            .map(|(key, rec)| Object {
+                key: Some(key),
+                size: Some(rec.size as i64),
+                e_tag: Some(etag(&rec.etag)),
+                last_modified: Some(timestamp(rec.mtime_ns)),
+                storage_class: Some(ObjectStorageClass::from_static(
+                    ObjectStorageClass::STANDARD,
+                )),
+                ..Object::default()
+            })
+            .collect();
+        let prefixes = self
+            .prefixes
+            .into_iter()
+            .map(|p| CommonPrefix { prefix: Some(p) })
+            .collect();
+        (objects, prefixes)
+    }
 }
 
 fn list(i: &Inner, bucket: &str, q: &ListQuery) -> S3Result<ListPage> {
@@ -929,6 +993,7 @@ fn list(i: &Inner, bucket: &str, q: &ListQuery) -> S3Result<ListPage> {
         prefixes: Vec::new(),
         truncated: false,
         next: None,
+        last: None,
     };
     'pages: loop {
         let entries = i
@@ -939,29 +1004,34 @@ fn list(i: &Inner, bucket: &str, q: &ListQuery) -> S3Result<ListPage> {
             if !k.starts_with(prefix) {
                 break 'pages;
             }
-            if page.objects.len() + page.prefixes.len() == q.max_keys {
-                page.truncated = true;
-                page.next = after;
-                break 'pages;
-            }
             let rest = &k[prefix.len()..];
             let cut = q.delimiter.as_ref().and_then(|d| {
                 rest.windows(d.len())
                     .position(|w| w == d.as_bytes())
                     .map(|at| prefix.len() + at + d.len())
             });
+            // A common prefix a marker names (or passed) was listed on an earlier page.
+            let listed = cut.is_some_and(|c| q.after.as_deref().is_some_and(|a| &k[..c] <= a));
+            if !listed && page.objects.len() + page.prefixes.len() == q.max_keys {
+                page.truncated = true;
+                page.next = after;
+                break 'pages;
+            }
             if let Some(cut) = cut {
-                let cp = k[..cut].to_vec();
-                page.prefixes
-                    .push(String::from_utf8_lossy(&cp).into_owned());
-                let mut skip = cp;
+                let mut skip = k[..cut].to_vec();
+                if !listed {
+                    let text = String::from_utf8_lossy(&skip).into_owned();
+                    page.prefixes.push(text.clone());
+                    page.last = Some(text);
+                }
                 skip.push(0xff);
                 after = Some(skip);
                 continue 'pages;
             }
             let rec = ObjectRecord::decode(&v).map_err(bad_record)?;
-            page.objects
-                .push((String::from_utf8_lossy(&k).into_owned(), rec));
+            let text = String::from_utf8_lossy(&k).into_owned();
+            page.objects.push((text.clone(), rec));
+            page.last = Some(text);
             after = Some(k);
         }
         if !full {
