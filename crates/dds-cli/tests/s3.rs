@@ -1,7 +1,8 @@
 //! `dds s3` on a real 3-OSD cluster (file mode), driven by the real awscli and boto3:
 //! round trips compared byte for byte, ranged reads, listings with prefixes, delimiters and
-//! pagination, multipart uploads, SigV4 refusals, S3's error codes, and the data surviving a
-//! restart of the gateway.
+//! pagination, multipart uploads, SigV4 refusals, S3's error codes, hostile HTTP peers, the data
+//! surviving a restart of the gateway, and (etcd mode) the gateway serving on through the
+//! `kill -9` of an OSD.
 
 mod common;
 
@@ -505,4 +506,48 @@ fn a_gateway_without_keys_or_pool_refuses_to_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no pool nope in the map"));
+}
+
+#[test]
+fn s3_keeps_serving_when_the_primary_of_its_bucket_index_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut c = common::start_etcd_osds(d, 3);
+    let mut cmd = Command::new(DDS);
+    cmd.args(["s3", "--etcd", &c.url, "--cluster", "t", "--pool", "data"])
+        .args(["--access-key", ACCESS, "--secret-key", SECRET]);
+    let (_gw, addr) = common::spawn_listening(&mut cmd);
+    aws(addr, d, &["s3", "mb", "s3://keep"]);
+    let objects: Vec<(String, Vec<u8>)> = (0..3)
+        .map(|i| {
+            (
+                format!("k{i}"),
+                pattern(if i == 0 { 5 << 20 } else { 1000 }, i),
+            )
+        })
+        .collect();
+    for (k, data) in &objects {
+        std::fs::write(d.join(k), data).unwrap();
+        aws(addr, d, &["s3", "cp", k, &format!("s3://keep/{k}")]);
+    }
+
+    // kill -9 of the primary of the bucket's index object: the gateway's next writes and
+    // listings wait for the new primary (the cluster client retries) and succeed.
+    let map = c.client.map();
+    let pg = map.pg_of(1, b"s3.index.keep").unwrap();
+    let primary = map.acting(pg)[0];
+    drop(c.osds[primary as usize].take());
+    std::fs::write(d.join("after"), b"written after the kill").unwrap();
+    aws(addr, d, &["s3", "cp", "after", "s3://keep/after"]);
+    let listed = aws(addr, d, &["s3", "ls", "s3://keep"]);
+    let keys: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(keys, ["after", "k0", "k1", "k2"]);
+    for (k, data) in &objects {
+        let _ = std::fs::remove_file(d.join("out.bin"));
+        aws(addr, d, &["s3", "cp", &format!("s3://keep/{k}"), "out.bin"]);
+        assert!(std::fs::read(d.join("out.bin")).unwrap() == *data, "{k}");
+    }
 }
