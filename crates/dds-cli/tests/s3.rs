@@ -288,6 +288,16 @@ assert h["ContentLength"] == len(body) and h["Metadata"]["color"] == "blue"
 assert code(lambda: s3.get_object(Bucket="docs", Key="missing")) == ("NoSuchKey", 404)
 assert code(lambda: s3.head_object(Bucket="docs", Key="missing"))[1] == 404
 
+# Content-MD5: a body that does not match is refused and leaves the object as it was.
+import base64
+good = base64.b64encode(hashlib.md5(b"fresh").digest()).decode()
+assert code(lambda: s3.put_object(Bucket="docs", Key="a/b/c.txt", Body=b"stale",
+                                  ContentMD5=good)) == ("BadDigest", 400)
+assert s3.get_object(Bucket="docs", Key="a/b/c.txt")["Body"].read() == body
+s3.put_object(Bucket="docs", Key="md5", Body=b"fresh", ContentMD5=good)
+assert s3.get_object(Bucket="docs", Key="md5")["Body"].read() == b"fresh"
+s3.delete_object(Bucket="docs", Key="md5")
+
 # Overwrite, then an empty object.
 s3.put_object(Bucket="docs", Key="a/b/c.txt", Body=b"short")
 assert s3.get_object(Bucket="docs", Key="a/b/c.txt")["Body"].read() == b"short"

@@ -62,6 +62,22 @@ fn part_entry(k: &[u8], v: &[u8]) -> S3Result<(u32, PartRecord)> {
     ))
 }
 
+/// BadDigest unless `digest` is the body's MD5 a Content-MD5 header (base64) announced.
+fn check_md5(content_md5: Option<&str>, digest: &[u8; 16]) -> S3Result<()> {
+    let Some(want) = content_md5 else {
+        return Ok(());
+    };
+    use base64::Engine;
+    match base64::engine::general_purpose::STANDARD.decode(want.trim()) {
+        Ok(w) if w == digest => Ok(()),
+        Ok(_) => Err(s3_error!(
+            BadDigest,
+            "the body's MD5 is not its Content-MD5"
+        )),
+        Err(_) => Err(s3_error!(InvalidDigest, "Content-MD5 is not base64")),
+    }
+}
+
 /// `Ok(None)` for a cluster object that does not exist.
 fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
     match r {
@@ -288,13 +304,15 @@ impl Gateway {
         instance: u64,
         part: u32,
         body: Option<StreamingBlob>,
+        content_md5: Option<String>,
     ) -> S3Result<(u64, [u8; 16])> {
         let mut md5 = Md5::new();
         let (mut size, mut stripes) = (0u64, 0u64);
+        let mut digest = [0u8; 16];
         let r = async {
-            let Some(mut body) = body else {
-                return Ok(());
-            };
+            let mut body = body.unwrap_or_else(|| {
+                StreamingBlob::wrap(futures_util::stream::empty::<Result<Bytes, std::io::Error>>())
+            });
             // Grows from the bytes that arrive, up to one stripe, and is reused.
             let mut buf: Vec<u8> = Vec::new();
             loop {
@@ -325,9 +343,11 @@ impl Gateway {
                     }
                 }
                 if last {
-                    return Ok(());
+                    break;
                 }
             }
+            digest = md5.finalize().into();
+            check_md5(content_md5.as_deref(), &digest)
         }
         .await;
         if let Err(e) = r {
@@ -341,7 +361,7 @@ impl Gateway {
                 .await;
             return Err(e);
         }
-        Ok((size, md5.finalize().into()))
+        Ok((size, digest))
     }
 
     /// One page of a bucket's listing (ListObjects, ListObjectsV2).
@@ -486,7 +506,9 @@ impl S3 for Gateway {
         let (inner, b, k) = (self.inner.clone(), bucket.clone(), key.clone());
         let old = tokio::task::spawn_blocking(move || inner.record(&b, &k).ok().flatten());
         let instance = random_id();
-        let written = self.write_body(instance, 0, input.body).await;
+        let written = self
+            .write_body(instance, 0, input.body, input.content_md5)
+            .await;
         let old = old.await.ok().flatten();
         let (size, md5) = written?;
         let rec = ObjectRecord {
@@ -733,7 +755,9 @@ impl S3 for Gateway {
                 Ok((upload, old))
             })
             .await?;
-        let (size, md5) = self.write_body(upload, part, input.body).await?;
+        let (size, md5) = self
+            .write_body(upload, part, input.body, input.content_md5)
+            .await?;
         let rec = PartRecord {
             size,
             md5,
