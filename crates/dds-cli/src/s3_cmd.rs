@@ -32,6 +32,10 @@ pub struct S3Args {
     /// Threads serving requests (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Request bodies gathered into 4 MiB stripes at once; further writes wait (bounds the
+    /// gateway's buffer memory).
+    #[arg(long, default_value_t = 64)]
+    stripe_buffers: usize,
     /// Options from a TOML file (keys are the long option names); the command line wins.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -51,6 +55,7 @@ pub fn run(a: S3Args) -> Result<()> {
         access_key: a.access_key,
         secret_key: a.secret_key,
         threads: a.threads,
+        stripe_buffers: a.stripe_buffers,
     };
     dds_s3::serve(client, listener, cfg, |addr| {
         println!(

@@ -33,6 +33,10 @@ pub struct Gateway {
 struct Inner {
     client: Client,
     pool: u64,
+    /// One permit per stripe buffer a request may hold while its body streams in.
+    buffers: tokio::sync::Semaphore,
+    /// Stripe buffers of finished requests, reused by the next ones.
+    spare: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 /// An S3 error for a cluster error: the cluster not answering is 503, anything else 500.
@@ -279,10 +283,17 @@ impl Inner {
 }
 
 impl Gateway {
-    /// A gateway storing in pool `pool` of the cluster `client` reaches.
-    pub fn new(client: Client, pool: u64) -> Gateway {
+    /// A gateway storing in pool `pool` of the cluster `client` reaches, with at most
+    /// `stripe_buffers` request bodies being gathered into stripes at once (the others wait).
+    pub fn new(client: Client, pool: u64, stripe_buffers: usize) -> Gateway {
+        let stripe_buffers = stripe_buffers.max(1);
         Gateway {
-            inner: Arc::new(Inner { client, pool }),
+            inner: Arc::new(Inner {
+                client,
+                pool,
+                buffers: tokio::sync::Semaphore::new(stripe_buffers),
+                spare: std::sync::Mutex::new(Vec::with_capacity(stripe_buffers)),
+            }),
         }
     }
 
@@ -313,8 +324,16 @@ impl Gateway {
             let mut body = body.unwrap_or_else(|| {
                 StreamingBlob::wrap(futures_util::stream::empty::<Result<Bytes, std::io::Error>>())
             });
-            // Grows from the bytes that arrive, up to one stripe, and is reused.
-            let mut buf: Vec<u8> = Vec::new();
+            // One of the gateway's stripe buffers: it grows from the bytes that arrive, up to
+            // one stripe, and goes back to the spares at the end.
+            let _permit = self
+                .inner
+                .buffers
+                .acquire()
+                .await
+                .map_err(|_| s3_error!(InternalError, "the gateway is stopping"))?;
+            let spare = self.inner.spare.lock().map(|mut s| s.pop()).ok().flatten();
+            let mut buf: Vec<u8> = spare.unwrap_or_default();
             loop {
                 let chunk =
                     body.next().await.transpose().map_err(|e| {
@@ -345,6 +364,9 @@ impl Gateway {
                 if last {
                     break;
                 }
+            }
+            if let Ok(mut spare) = self.inner.spare.lock() {
+                spare.push(buf);
             }
             digest = md5.finalize().into();
             check_md5(content_md5.as_deref(), &digest)

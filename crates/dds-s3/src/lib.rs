@@ -33,6 +33,8 @@ pub struct Config {
     pub secret_key: String,
     /// Threads of the tokio runtime (0: one per core).
     pub threads: usize,
+    /// Request bodies gathered into stripes at once (each holds one stripe buffer).
+    pub stripe_buffers: usize,
 }
 
 /// Serves S3 on `listener` until the process ends; `ready` is called with the address once
@@ -49,7 +51,7 @@ pub fn serve(
     }
     let rt = rt.enable_all().build()?;
     let service = {
-        let mut b = S3ServiceBuilder::new(Gateway::new(client, cfg.pool));
+        let mut b = S3ServiceBuilder::new(Gateway::new(client, cfg.pool, cfg.stripe_buffers));
         b.set_auth(SimpleAuth::from_single(cfg.access_key, cfg.secret_key));
         b.build()
     };
