@@ -183,6 +183,20 @@ fn awscli_round_trips_lists_multipart_and_survives_a_gateway_restart() {
     );
     assert!(top.contains("top.bin") && !top.contains("a.bin"), "{top}");
 
+    // Server-side copy and move (CopyObject, then DeleteObject) of a two-stripe object (awscli
+    // copies objects above 8 MiB with UploadPartCopy, which answers 501).
+    let (from, copy, moved) = (
+        "s3://photos/2024/b.bin",
+        "s3://photos/copy.bin",
+        "s3://photos/moved.bin",
+    );
+    aws(addr, d, &["s3", "cp", from, copy]);
+    aws(addr, d, &["s3", "mv", copy, moved]);
+    let _ = std::fs::remove_file(d.join("out.bin"));
+    aws(addr, d, &["s3", "cp", moved, "out.bin"]);
+    assert!(std::fs::read(d.join("out.bin")).unwrap() == stripe_plus);
+    aws(addr, d, &["s3", "rm", "s3://photos/moved.bin"]);
+
     // Missing key: 404 NoSuchKey; wrong secret: 403 SignatureDoesNotMatch.
     let missing = aws_with(
         addr,
@@ -298,6 +312,17 @@ assert s3.get_object(Bucket="docs", Key="a/b/c.txt")["Body"].read() == body
 s3.put_object(Bucket="docs", Key="md5", Body=b"fresh", ContentMD5=good)
 assert s3.get_object(Bucket="docs", Key="md5")["Body"].read() == b"fresh"
 s3.delete_object(Bucket="docs", Key="md5")
+# CopyObject, keeping or replacing the metadata.
+s3.copy_object(CopySource={"Bucket": "docs", "Key": "a/b/c.txt"}, Bucket="docs", Key="copied")
+g = s3.get_object(Bucket="docs", Key="copied")
+assert g["Body"].read() == body and g["Metadata"] == {"color": "blue", "owner": "ops"}
+s3.copy_object(CopySource={"Bucket": "docs", "Key": "a/b/c.txt"}, Bucket="docs", Key="copied",
+               MetadataDirective="REPLACE", ContentType="text/x", Metadata={"k": "v"})
+g = s3.get_object(Bucket="docs", Key="copied")
+assert g["Body"].read() == body and g["Metadata"] == {"k": "v"} and g["ContentType"] == "text/x"
+assert code(lambda: s3.copy_object(CopySource={"Bucket": "docs", "Key": "nope"}, Bucket="docs",
+                                   Key="copied"))[0] == "NoSuchKey"
+s3.delete_object(Bucket="docs", Key="copied")
 
 # Overwrite, then an empty object.
 s3.put_object(Bucket="docs", Key="a/b/c.txt", Body=b"short")

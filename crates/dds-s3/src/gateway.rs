@@ -613,6 +613,75 @@ impl S3 for Gateway {
         }))
     }
 
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let input = req.input;
+        let CopySource::Bucket {
+            bucket: src_bucket,
+            key: src_key,
+            ..
+        } = input.copy_source
+        else {
+            return Err(s3_error!(NotImplemented, "copies from access points"));
+        };
+        check_key(&input.key)?;
+        let replace = input
+            .metadata_directive
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        let (content_type, meta) = (input.content_type, input.metadata);
+        let (bucket, key) = (input.bucket, input.key);
+        let rec = self
+            .run(move |i| {
+                let src = i.existing(&src_bucket, &src_key)?;
+                i.bucket_exists(&bucket)?;
+                let mut rec = ObjectRecord {
+                    instance: random_id(),
+                    mtime_ns: now_ns(),
+                    ..src.clone()
+                };
+                if replace {
+                    rec.content_type = content_type.unwrap_or_default();
+                    rec.meta = sorted_meta(meta);
+                }
+                // Stripe by stripe, through this gateway: one stripe in memory.
+                let copied = rec.stripes().try_for_each(|(p, j)| {
+                    let data = i
+                        .client
+                        .read_full(&i.oid(stripe_name(src.instance, p, j)))
+                        .map_err(cluster)?;
+                    i.client
+                        .write_full(&i.oid(stripe_name(rec.instance, p, j)), &data)
+                        .map_err(cluster)
+                        .map(drop)
+                });
+                let old = match copied.and_then(|()| {
+                    let old = i.record(&bucket, &key)?;
+                    i.set_record(&bucket, &key, &rec).map(|()| old)
+                }) {
+                    Ok(old) => old,
+                    Err(e) => {
+                        let _ = i.remove_data(&rec);
+                        return Err(e);
+                    }
+                };
+                if let Some(old) = old.filter(|o| o.instance != rec.instance) {
+                    i.remove_data(&old)?;
+                }
+                Ok(rec)
+            })
+            .await?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag(&rec.etag)),
+                last_modified: Some(timestamp(rec.mtime_ns)),
+                ..CopyObjectResult::default()
+            }),
+            ..CopyObjectOutput::default()
+        }))
+    }
+
     async fn delete_object(
         &self,
         req: S3Request<DeleteObjectInput>,
