@@ -36,6 +36,9 @@ pub struct S3Args {
     /// gateway's buffer memory).
     #[arg(long, default_value_t = 64)]
     stripe_buffers: usize,
+    /// Connections served at once; further clients wait in the listen backlog.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
     /// Options from a TOML file (keys are the long option names); the command line wins.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -56,6 +59,7 @@ pub fn run(a: S3Args) -> Result<()> {
         secret_key: a.secret_key,
         threads: a.threads,
         stripe_buffers: a.stripe_buffers,
+        max_connections: a.max_connections,
     };
     dds_s3::serve(client, listener, cfg, |addr| {
         println!(

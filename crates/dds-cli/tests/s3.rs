@@ -587,3 +587,45 @@ fn s3_keeps_serving_when_the_primary_of_its_bucket_index_is_killed() {
         assert!(std::fs::read(d.join("out.bin")).unwrap() == *data, "{k}");
     }
 }
+
+#[test]
+fn connections_beyond_the_limit_wait_for_a_free_slot() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("cluster.toml");
+    std::fs::write(
+        &map,
+        "epoch = 1\n[[osd]]\nid = 0\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n\
+         [[pool]]\nid = 1\nname = \"data\"\npg_num = 1\nsize = 1\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(DDS);
+    cmd.arg("s3")
+        .arg("--map")
+        .arg(&map)
+        .args(["--access-key", ACCESS, "--secret-key", SECRET])
+        .args(["--max-connections", "1"]);
+    let (mut gw, addr) = common::spawn_listening(&mut cmd);
+    // An idle connection holds the only slot; the next client is not served meanwhile.
+    let idle = std::net::TcpStream::connect(addr).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut next = std::net::TcpStream::connect(addr).unwrap();
+    next.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    next.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert!(next.read(&mut buf).is_err(), "served beyond the limit");
+    // Once it closes, the waiting client gets its answer (403: it is not signed).
+    drop(idle);
+    next.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = next.read_to_end(&mut out);
+    assert!(
+        out.starts_with(b"HTTP/1.1 403"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    common::assert_alive(&mut gw, "dds s3");
+}

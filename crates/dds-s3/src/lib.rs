@@ -18,7 +18,7 @@ pub mod record;
 
 use std::net::SocketAddr;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
 
@@ -35,7 +35,12 @@ pub struct Config {
     pub threads: usize,
     /// Request bodies gathered into stripes at once (each holds one stripe buffer).
     pub stripe_buffers: usize,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
 }
+
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves S3 on `listener` until the process ends; `ready` is called with the address once
 /// requests are accepted.
@@ -59,8 +64,15 @@ pub fn serve(
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         ready(listener.local_addr()?);
-        let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        http.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return Ok(());
+            };
             let sock = match listener.accept().await {
                 Ok((sock, _)) => sock,
                 Err(e) => {
@@ -75,6 +87,7 @@ pub fn serve(
                 if let Err(e) = http.serve_connection(TokioIo::new(sock), service).await {
                     tracing::debug!("s3 connection: {e}");
                 }
+                drop(slot);
             });
         }
     })
