@@ -506,16 +506,23 @@ fn boto3_operations_errors_and_signatures() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "boto3 ok");
 }
 
-#[test]
-fn a_gateway_without_keys_or_pool_refuses_to_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let map = dir.path().join("cluster.toml");
+/// A map of one OSD that is never started (pool 1 "data"): enough for the gateway to start
+/// and answer what needs no cluster.
+fn unstarted_map(dir: &Path) -> std::path::PathBuf {
+    let map = dir.join("cluster.toml");
     std::fs::write(
         &map,
         "epoch = 1\n[[osd]]\nid = 0\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n\
          [[pool]]\nid = 1\nname = \"data\"\npg_num = 1\nsize = 1\n",
     )
     .unwrap();
+    map
+}
+
+#[test]
+fn a_gateway_without_keys_or_pool_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let map = unstarted_map(dir.path());
     let out = Command::new(DDS)
         .arg("s3")
         .arg("--map")
@@ -592,13 +599,7 @@ fn s3_keeps_serving_when_the_primary_of_its_bucket_index_is_killed() {
 fn connections_beyond_the_limit_wait_for_a_free_slot() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
-    let map = dir.path().join("cluster.toml");
-    std::fs::write(
-        &map,
-        "epoch = 1\n[[osd]]\nid = 0\naddr = \"127.0.0.1:0\"\npeer_addr = \"127.0.0.1:0\"\n\
-         [[pool]]\nid = 1\nname = \"data\"\npg_num = 1\nsize = 1\n",
-    )
-    .unwrap();
+    let map = unstarted_map(dir.path());
     let mut cmd = Command::new(DDS);
     cmd.arg("s3")
         .arg("--map")
