@@ -183,18 +183,19 @@ fn awscli_round_trips_lists_multipart_and_survives_a_gateway_restart() {
     );
     assert!(top.contains("top.bin") && !top.contains("a.bin"), "{top}");
 
-    // Server-side copy and move (CopyObject, then DeleteObject) of a two-stripe object (awscli
-    // copies objects above 8 MiB with UploadPartCopy, which answers 501).
-    let (from, copy, moved) = (
-        "s3://photos/2024/b.bin",
-        "s3://photos/copy.bin",
-        "s3://photos/moved.bin",
-    );
-    aws(addr, d, &["s3", "cp", from, copy]);
-    aws(addr, d, &["s3", "mv", copy, moved]);
-    let _ = std::fs::remove_file(d.join("out.bin"));
-    aws(addr, d, &["s3", "cp", moved, "out.bin"]);
-    assert!(std::fs::read(d.join("out.bin")).unwrap() == stripe_plus);
+    // Server-side copy and move (CopyObject, then DeleteObject) of a two-stripe object, and of
+    // the 12 MiB one, which awscli copies as a multipart upload of UploadPartCopy ranges.
+    for (from, want) in [
+        ("s3://photos/2024/b.bin", &stripe_plus),
+        ("s3://photos/2025/big.bin", &big),
+    ] {
+        let (copy, moved) = ("s3://photos/copy.bin", "s3://photos/moved.bin");
+        aws(addr, d, &["s3", "cp", from, copy]);
+        aws(addr, d, &["s3", "mv", copy, moved]);
+        let _ = std::fs::remove_file(d.join("out.bin"));
+        aws(addr, d, &["s3", "cp", moved, "out.bin"]);
+        assert!(std::fs::read(d.join("out.bin")).unwrap() == *want, "{from}");
+    }
     aws(addr, d, &["s3", "rm", "s3://photos/moved.bin"]);
 
     // Missing key: 404 NoSuchKey; wrong secret: 403 SignatureDoesNotMatch.

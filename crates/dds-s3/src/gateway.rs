@@ -66,6 +66,40 @@ fn part_entry(k: &[u8], v: &[u8]) -> S3Result<(u32, PartRecord)> {
     ))
 }
 
+/// The bucket and key a copy reads.
+fn copy_source(c: CopySource) -> S3Result<(String, String)> {
+    match c {
+        CopySource::Bucket { bucket, key, .. } => Ok((bucket.into(), key.into())),
+        _ => Err(s3_error!(NotImplemented, "copies from access points")),
+    }
+}
+
+/// A part number, 1 ..= 10000.
+fn part_number(n: i32) -> S3Result<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|p| (1..=10000).contains(p))
+        .ok_or_else(|| s3_error!(InvalidArgument, "a part number is 1 ..= 10000"))
+}
+
+/// The bytes `x-amz-copy-source-range: bytes=FIRST-LAST` names in an object of `size` bytes.
+fn copy_range_of(text: &str, size: u64) -> S3Result<(u64, u64)> {
+    let bad = || s3_error!(InvalidArgument, "bad copy source range {text:?}");
+    let (first, last) = text
+        .strip_prefix("bytes=")
+        .and_then(|r| r.split_once('-'))
+        .ok_or_else(bad)?;
+    let first: u64 = first.parse().map_err(|_| bad())?;
+    let last: u64 = last.parse().map_err(|_| bad())?;
+    if first > last || last >= size {
+        return Err(s3_error!(
+            InvalidRange,
+            "copy source range {text:?} of an object of {size} bytes"
+        ));
+    }
+    Ok((first, last + 1))
+}
+
 /// BadDigest unless `digest` is the body's MD5 a Content-MD5 header (base64) announced.
 fn check_md5(content_md5: Option<&str>, digest: &[u8; 16]) -> S3Result<()> {
     let Some(want) = content_md5 else {
@@ -263,6 +297,85 @@ impl Inner {
             .collect()
     }
 
+    /// Records part `part` of `upload` as `rec`; removes the stripes of the part it replaced
+    /// (`old`, its record) beyond the new size.
+    fn finish_part(
+        &self,
+        upload: u64,
+        part: u32,
+        rec: &PartRecord,
+        old: Option<Vec<u8>>,
+    ) -> S3Result<()> {
+        self.client
+            .omap_set(
+                &self.oid(parts_name(upload)),
+                &[(part.to_be_bytes().to_vec(), rec.encode())],
+            )
+            .map_err(cluster)?;
+        let old = old.and_then(|v| PartRecord::decode(&v).ok());
+        for j in stripes_of(rec.size, STRIPE)..old.map_or(0, |o| stripes_of(o.size, STRIPE)) {
+            self.remove_quiet(&stripe_name(upload, part, j))
+                .map_err(cluster)?;
+        }
+        Ok(())
+    }
+
+    /// Copies bytes `start..end` of `src` into the stripes of part `part` of `upload`, one
+    /// stripe in memory; returns their MD5. Stripes written before a failure are removed.
+    fn copy_range(
+        &self,
+        src: &ObjectRecord,
+        start: u64,
+        end: u64,
+        upload: u64,
+        part: u32,
+    ) -> S3Result<[u8; 16]> {
+        let mut md5 = Md5::new();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut stripes = 0u64;
+        let flush = |buf: &mut Vec<u8>, stripes: &mut u64| -> S3Result<()> {
+            let name = stripe_name(upload, part, *stripes);
+            self.client
+                .write_full(&self.oid(name), buf)
+                .map_err(cluster)?;
+            buf.clear();
+            *stripes += 1;
+            Ok(())
+        };
+        let r = src
+            .pieces(start, end)
+            .into_iter()
+            .try_for_each(|(p, j, off, len)| {
+                let oid = self.oid(stripe_name(src.instance, p, j));
+                let data = self.client.read(&oid, off, len).map_err(cluster)?;
+                if data.len() as u64 != len {
+                    return Err(s3_error!(InternalError, "stripe {j} of part {p} is short"));
+                }
+                md5.update(&data);
+                let mut rest = &data[..];
+                while !rest.is_empty() {
+                    let take = (STRIPE as usize - buf.len()).min(rest.len());
+                    buf.extend_from_slice(&rest[..take]);
+                    rest = &rest[take..];
+                    if buf.len() == STRIPE as usize {
+                        flush(&mut buf, &mut stripes)?;
+                    }
+                }
+                Ok(())
+            });
+        let r = r.and_then(|()| match buf.is_empty() {
+            true => Ok(()),
+            false => flush(&mut buf, &mut stripes),
+        });
+        if let Err(e) = r {
+            for j in 0..=stripes {
+                let _ = self.remove_quiet(&stripe_name(upload, part, j));
+            }
+            return Err(e);
+        }
+        Ok(md5.finalize().into())
+    }
+
     /// Removes an upload's parts (all but `keep`), its parts object and its entry.
     fn drop_upload(&self, bucket: &str, key: &str, upload: u64, keep: &[u32]) -> S3Result<()> {
         for (n, p) in self.parts(upload)? {
@@ -308,6 +421,15 @@ impl Gateway {
             .map_err(|e| s3_error!(InternalError, "gateway task: {e}"))?
     }
 
+    /// Waits for one of the gateway's stripe buffers (a permit to hold one).
+    async fn stripe_buffer(&self) -> S3Result<tokio::sync::SemaphorePermit<'_>> {
+        self.inner
+            .buffers
+            .acquire()
+            .await
+            .map_err(|_| s3_error!(InternalError, "the gateway is stopping"))
+    }
+
     /// Writes a body as the stripes of part `part` of `instance`, one stripe in memory at a
     /// time; returns its size and MD5. Stripes written before a failure are removed.
     async fn write_body(
@@ -326,12 +448,7 @@ impl Gateway {
             });
             // One of the gateway's stripe buffers: it grows from the bytes that arrive, up to
             // one stripe, and goes back to the spares at the end.
-            let _permit = self
-                .inner
-                .buffers
-                .acquire()
-                .await
-                .map_err(|_| s3_error!(InternalError, "the gateway is stopping"))?;
+            let _permit = self.stripe_buffer().await?;
             let spare = self.inner.spare.lock().map(|mut s| s.pop()).ok().flatten();
             let mut buf: Vec<u8> = spare.unwrap_or_default();
             loop {
@@ -618,14 +735,7 @@ impl S3 for Gateway {
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let input = req.input;
-        let CopySource::Bucket {
-            bucket: src_bucket,
-            key: src_key,
-            ..
-        } = input.copy_source
-        else {
-            return Err(s3_error!(NotImplemented, "copies from access points"));
-        };
+        let (src_bucket, src_key) = copy_source(input.copy_source)?;
         check_key(&input.key)?;
         let replace = input
             .metadata_directive
@@ -832,10 +942,7 @@ impl S3 for Gateway {
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let input = req.input;
-        let part = u32::try_from(input.part_number)
-            .ok()
-            .filter(|p| (1..=10000).contains(p))
-            .ok_or_else(|| s3_error!(InvalidArgument, "a part number is 1 ..= 10000"))?;
+        let part = part_number(input.part_number)?;
         let (bucket, key, id) = (input.bucket, input.key, input.upload_id);
         let (upload, old) = self
             .run(move |i| {
@@ -854,24 +961,52 @@ impl S3 for Gateway {
             md5,
             mtime_ns: now_ns(),
         };
-        self.run(move |i| {
-            i.client
-                .omap_set(
-                    &i.oid(parts_name(upload)),
-                    &[(part.to_be_bytes().to_vec(), rec.encode())],
-                )
-                .map_err(cluster)?;
-            let old = old.and_then(|v| PartRecord::decode(&v).ok());
-            for j in stripes_of(size, STRIPE)..old.map_or(0, |o| stripes_of(o.size, STRIPE)) {
-                i.remove_quiet(&stripe_name(upload, part, j))
-                    .map_err(cluster)?;
-            }
-            Ok(())
-        })
-        .await?;
+        self.run(move |i| i.finish_part(upload, part, &rec, old))
+            .await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(etag(&hex::encode(md5))),
             ..UploadPartOutput::default()
+        }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let input = req.input;
+        let part = part_number(input.part_number)?;
+        let (src_bucket, src_key) = copy_source(input.copy_source)?;
+        let range = input.copy_source_range;
+        let (bucket, key, id) = (input.bucket, input.key, input.upload_id);
+        let _buffer = self.stripe_buffer().await?;
+        let rec = self
+            .run(move |i| {
+                let (upload, _) = i.upload(&bucket, &key, &id)?;
+                let src = i.existing(&src_bucket, &src_key)?;
+                let (start, end) = match range.as_deref() {
+                    Some(r) => copy_range_of(r, src.size)?,
+                    None => (0, src.size),
+                };
+                let old = i
+                    .omap_get1(&parts_name(upload), &part.to_be_bytes())
+                    .map_err(cluster)?;
+                let md5 = i.copy_range(&src, start, end, upload, part)?;
+                let rec = PartRecord {
+                    size: end - start,
+                    md5,
+                    mtime_ns: now_ns(),
+                };
+                i.finish_part(upload, part, &rec, old)?;
+                Ok(rec)
+            })
+            .await?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(etag(&hex::encode(rec.md5))),
+                last_modified: Some(timestamp(rec.mtime_ns)),
+                ..CopyPartResult::default()
+            }),
+            ..UploadPartCopyOutput::default()
         }))
     }
 
@@ -1178,6 +1313,22 @@ mod tests {
             assert!(key > before(b"abc").unwrap().as_slice());
         }
         assert!(&b"abb"[..] < before(b"abc").unwrap().as_slice());
+    }
+
+    #[test]
+    fn copy_source_ranges_are_checked_against_the_source() {
+        assert_eq!(copy_range_of("bytes=0-9", 10).unwrap(), (0, 10));
+        assert_eq!(copy_range_of("bytes=5-5", 10).unwrap(), (5, 6));
+        let code = |t: &str| copy_range_of(t, 10).unwrap_err().code().clone();
+        assert_eq!(code("bytes=0-10"), S3ErrorCode::InvalidRange);
+        assert_eq!(code("bytes=6-5"), S3ErrorCode::InvalidRange);
+        assert_eq!(code("bytes=a-5"), S3ErrorCode::InvalidArgument);
+        assert_eq!(code("0-5"), S3ErrorCode::InvalidArgument);
+        assert_eq!(
+            part_number(0).unwrap_err().code(),
+            &S3ErrorCode::InvalidArgument
+        );
+        assert_eq!(part_number(10000).unwrap(), 10000);
     }
 
     #[test]
