@@ -32,6 +32,10 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 python3 -c 'import redis' 2>/dev/null || python3 -m pip install -q redis 2>/dev/null \
   || python3 -m pip install -q --break-system-packages redis
+# The S3 gateway's tests drive it with the real awscli and boto3.
+{ command -v aws >/dev/null && python3 -c 'import boto3' 2>/dev/null; } \
+  || python3 -m pip install -q awscli boto3 2>/dev/null \
+  || python3 -m pip install -q --break-system-packages awscli boto3
 command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
 

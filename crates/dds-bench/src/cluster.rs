@@ -4,7 +4,9 @@
 //! (the write gap: from the kill to the first acknowledged write on a PG it led), the cluster
 //! serving degraded, the OSD back (time to clean, per GiB it had to receive), a fourth OSD
 //! joining (time to clean, per GiB of the PGs straw2 moved to it), and at the end every
-//! acknowledged object read from every member of its PG.
+//! acknowledged object read from every member of its PG. Last, the S3 part ([`crate::s3`]):
+//! `dds s3` on the same cluster against the native client, 16 clients, 4 MiB and 64 KiB
+//! objects.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -434,6 +436,15 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
         lost += u64::from(!ok);
     }
     eprintln!("cluster: {checked} acknowledged objects checked on {copies} copies, {lost} lost");
+    let s3 = crate::s3::throughput(
+        &osds.exe,
+        &dir,
+        &url,
+        "bench",
+        &cl,
+        POOL,
+        if a.quick { 3.0 } else { 8.0 },
+    )?;
     for id in 0..osds.procs.len() {
         if let Some(mut g) = osds.procs[id].take() {
             let _ = g.stop(Duration::from_secs(5));
@@ -441,12 +452,13 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
     }
 
     let per_gib = |s: f64, b: u64| if b == 0 { 0.0 } else { s / gib(b) };
-    let targets = vec![
+    let mut targets = vec![
         Target::at_most("failover_write_gap_s", gap_s, 5.0),
         Target::at_most("acked_objects_lost", lost as f64, 0.0),
         Target::at_least("acked_objects_checked", checked as f64, 1000.0),
     ];
-    let summary = json!({
+    targets.extend(s3.targets);
+    let mut summary = json!({
         "failover_write_gap_s": gap_s,
         "acked_objects_lost": lost,
         "acked_objects_checked": checked,
@@ -467,6 +479,9 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
         "read_errors": read_errors,
         "targets": targets,
     });
+    if let (Some(m), Value::Object(s3)) = (summary.as_object_mut(), s3.summary) {
+        m.extend(s3);
+    }
     let mut t = Table::new("dds bench cluster", &["figure", "value"]);
     for (k, v) in [
         ("write gap after kill -9 of a primary (s)", fmt_num(gap_s)),
@@ -510,11 +525,12 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
             "osds": "3, then a fourth joining",
             "monitor": "etcd (one member), leases of 2 s",
             "load": "writer threads (one write_full in flight each, every object written once) and one reader of acknowledged objects checking their content",
+            "s3": "dds s3 (etcd client of the same cluster, pool data, 4 MiB stripes) against dds_osd::client::Client on the same pool: 16 client threads, one request in flight each, each overwriting 4 names of its own; SigV4-presigned requests (rusty-s3) over ureq, one keep-alive connection per client; writes then reads of 4 MiB and 64 KiB objects; RGW not run",
             "gib": "2^30 bytes of acknowledged objects: written while the OSD was down on PGs it is a member of (return), or held by the PGs moved to the new OSD (add)",
         }),
         summary,
         points: Value::Array(Vec::new()),
-        tables: vec![t],
+        tables: vec![t, s3.table],
         charts: Vec::new(),
         panels: Vec::new(),
     })

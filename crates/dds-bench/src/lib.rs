@@ -25,6 +25,7 @@ pub mod progress;
 pub mod remote;
 pub mod report;
 pub mod ring;
+pub mod s3;
 pub mod uring;
 pub mod workload;
 

@@ -1,15 +1,18 @@
-//! `dds dpu --config FILE` and `dds nbd --config FILE`: the daemon's options from a TOML file,
-//! every one overridable on the command line. Keys are the long option names (`director-memory = "64M"`,
-//! `allow-uid = [1000, 1001]`, `spin = true`); the file's values go in front of the command
-//! line's, so a value given on the command line wins.
+//! `dds dpu --config FILE`, `dds nbd --config FILE` and `dds s3 --config FILE`: the daemon's
+//! options from a TOML file, every one overridable on the command line. Keys are the long
+//! option names (`director-memory = "64M"`, `allow-uid = [1000, 1001]`, `spin = true`); the
+//! file's values go in front of the command line's, so a value given on the command line wins.
 
 use anyhow::{bail, Context, Result};
 
-/// `args` with the options of the `--config FILE` (or `--config=FILE`) of a `dds dpu` or
-/// `dds nbd` command line expanded in place of it. Other command lines are returned
+/// `args` with the options of the `--config FILE` (or `--config=FILE`) of a `dds dpu`,
+/// `dds nbd` or `dds s3` command line expanded in place of it. Other command lines are returned
 /// unchanged.
 pub fn expand(args: Vec<String>) -> Result<Vec<String>> {
-    let Some(dpu) = args.iter().position(|a| a == "dpu" || a == "nbd") else {
+    let Some(dpu) = args
+        .iter()
+        .position(|a| a == "dpu" || a == "nbd" || a == "s3")
+    else {
         return Ok(args);
     };
     let mut file = None;

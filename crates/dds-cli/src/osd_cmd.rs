@@ -352,15 +352,21 @@ fn local(what: &str, f: &std::path::Path, e: std::io::Error) -> anyhow::Error {
     Failure::new(exit::LOCAL, format!("{what} {}: {e}", f.display())).into()
 }
 
+/// A client of the cluster whose map is in etcd at `etcd` (under `cluster`), else in the file
+/// `map`.
+pub fn cluster_client(
+    map: &std::path::Path,
+    etcd: Option<&str>,
+    cluster: Option<&str>,
+) -> Result<Client> {
+    Ok(match etcd {
+        Some(url) => Client::connect_etcd(url, cluster.unwrap_or_default(), Default::default())?,
+        None => Client::connect_map(map)?,
+    })
+}
+
 fn objects(a: ObjectsArgs) -> Result<()> {
-    let client = match &a.etcd {
-        Some(url) => Client::connect_etcd(
-            url,
-            a.cluster.as_deref().unwrap_or_default(),
-            Default::default(),
-        )?,
-        None => Client::connect_map(&a.map)?,
-    };
+    let client = cluster_client(&a.map, a.etcd.as_deref(), a.cluster.as_deref())?;
     let pool = client
         .map()
         .find_pool(&a.pool)

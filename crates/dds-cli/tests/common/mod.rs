@@ -320,6 +320,8 @@ pub struct OsdCluster {
     pub placements: Vec<String>,
     /// The `dds osd-store` processes of placement-dpu OSDs.
     pub stores: Vec<Option<Guard>>,
+    /// Size of each OSD's device file (`--size`).
+    pub device_size: String,
 }
 
 impl OsdCluster {
@@ -334,6 +336,17 @@ impl OsdCluster {
     /// with port 0 everywhere, the OSDs' ready lines, then the map with their ports (epoch 2),
     /// which the OSDs reread.
     pub fn start_mixed(dir: &Path, placements: &[&str], pg_num: u32, size: u32) -> OsdCluster {
+        OsdCluster::start_sized(dir, placements, pg_num, size, "64M")
+    }
+
+    /// As [`start_mixed`](Self::start_mixed), with devices of `device_size` (`--size`).
+    pub fn start_sized(
+        dir: &Path,
+        placements: &[&str],
+        pg_num: u32,
+        size: u32,
+        device_size: &str,
+    ) -> OsdCluster {
         let n = placements.len() as u32;
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
         let mut c = OsdCluster {
@@ -344,6 +357,7 @@ impl OsdCluster {
             osds: (0..n).map(|_| None).collect(),
             placements: placements.iter().map(|p| p.to_string()).collect(),
             stores: (0..n).map(|_| None).collect(),
+            device_size: device_size.to_string(),
         };
         c.write_map(1, pg_num, size);
         for id in 0..n {
@@ -388,7 +402,9 @@ impl OsdCluster {
             cmd.args(["--placement", "dpu", "--proxy-socket"])
                 .arg(self.store_socket(id));
         } else {
-            cmd.arg("--device").arg(&dev).args(["--size", "64M"]);
+            cmd.arg("--device")
+                .arg(&dev)
+                .args(["--size", &self.device_size]);
             if format {
                 cmd.arg("--format");
             }
@@ -412,7 +428,7 @@ impl OsdCluster {
             .arg(self.dir.join(format!("osd{id}.img")))
             .arg("--socket")
             .arg(&sock)
-            .args(["--size", "64M"])
+            .args(["--size", &self.device_size])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if format {
