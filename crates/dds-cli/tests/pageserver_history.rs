@@ -4,6 +4,10 @@
 //! the DPU. The model is every page at every LSN (the acknowledged log, replayed); every OK
 //! answer must be it exactly, and `BELOW_HORIZON` only comes for an LSN below the horizon the
 //! server reports (which never passes the configured retention unless the log ran full).
+//! Not-modified-since LSNs are the page's last record at or below the read point or the read
+//! point itself (both honest), so the DPU must find from its own cache entries whether a
+//! stored image is the version asked for; readers lagging the newest LSN through the director
+//! check the DPU's answers at old LSNs, and the DPU's statistics show it served some.
 
 mod common;
 
@@ -11,7 +15,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 
-use common::{call_pageserver as call, format_device, start_dpu, Guard, DDS};
+use common::{call_pageserver as call, format_device, offloaded, start_dpu, Guard, DDS};
 use dds_pageserver::page;
 use dds_pageserver::proto::{self, status, GetPage, Record};
 use rand::rngs::SmallRng;
@@ -84,10 +88,15 @@ impl Checker {
             .iter()
             .map(|&(page, lsn)| {
                 self.id += 1;
+                // Honest either way: no record of the page in (nms, lsn].
+                let nms = match self.id % 2 {
+                    0 => model_page(&self.log, page, lsn).1,
+                    _ => lsn,
+                };
                 GetPage {
                     req_id: self.id,
                     lsn,
-                    nms: model_page(&self.log, page, lsn).1,
+                    nms,
                     page,
                 }
             })
@@ -142,6 +151,12 @@ impl Checker {
             _ => rng.gen_range(low..=self.acked),
         }
     }
+
+    /// A read point lagging the newest LSN, within the retention.
+    fn lagging_point(&self, rng: &mut SmallRng) -> u64 {
+        let low = self.acked.saturating_sub(self.retention).max(1);
+        rng.gen_range(low..self.acked.max(low + 1)).min(self.acked)
+    }
 }
 
 fn run_model(offload: bool, retention: u64, wal: &str, pressure: bool, seed: u64) {
@@ -161,6 +176,8 @@ fn run_model(offload: bool, retention: u64, wal: &str, pressure: bool, seed: u64
         retried: 0,
     };
     let mut lsn = 1u64;
+    // GetPages at lagging read points sent through the director, and those the DPU served.
+    let (mut lagging, mut lagging_dpu) = (0u64, 0u64);
     let mut listen = "127.0.0.1:0".to_string();
     let (mut dpu_guard, mut director) = dpu(&img, &socket, offload);
     for life in 0..4 {
@@ -218,6 +235,20 @@ fn run_model(offload: bool, retention: u64, wal: &str, pressure: bool, seed: u64
                 _ => c.get(&mut s, &reqs),
             }
         }
+        if let Some(d) = reader.as_mut() {
+            // Readers lagging the newest LSN, alone on the director for a while: the DPU's
+            // counter of requests it served tells how many of them it answered.
+            let (before, retried) = (offloaded(&socket), c.retried);
+            for _ in 0..50 {
+                let reqs: Vec<(u64, u64)> = (0..8)
+                    .map(|_| (rng.gen_range(0..PAGES), c.lagging_point(&mut rng)))
+                    .collect();
+                c.get(d, &reqs);
+                lagging += reqs.len() as u64;
+            }
+            // A RETRY came from the DPU too, but is not an answer.
+            lagging_dpu += offloaded(&socket) - before - (c.retried - retried);
+        }
         drop(s);
         drop(reader);
         match life % 3 {
@@ -244,9 +275,16 @@ fn run_model(offload: bool, retention: u64, wal: &str, pressure: bool, seed: u64
         }
     }
     eprintln!(
-        "{} versions checked, {} below the horizon, {} retried",
+        "{} versions checked, {} below the horizon, {} retried; {lagging_dpu} of {lagging} \
+         lagging reads served by the DPU",
         c.checked, c.below, c.retried
     );
+    if offload {
+        assert!(
+            lagging_dpu > 0,
+            "the DPU served none of {lagging} lagging reads"
+        );
+    }
     assert!(c.checked > 2000, "{} versions checked", c.checked);
     assert!(c.below > 0, "no read point fell below the horizon");
     if !offload {
