@@ -308,3 +308,106 @@ fn a_full_log_moves_the_horizon_and_answers_stay_exact() {
     // A retention far beyond what 64 KiB of log holds: the horizon moves up for room.
     run_model(false, 1_000_000, "64K", true, 13);
 }
+
+/// Appends one record of `page` at `lsn` (a range of its own); returns when acknowledged.
+fn append_one(s: &mut TcpStream, lsn: u64, page: u64, data: &[u8]) {
+    let r = [Record {
+        lsn,
+        page,
+        offset: 0,
+        data,
+    }];
+    let mut m = Vec::new();
+    proto::encode_append(&mut m, lsn, lsn + 1, &r);
+    assert_eq!(call(s, &m, 1).remove(0).status, status::OK, "append {lsn}");
+}
+
+/// One GetPage of `page` as of `lsn` (not-modified-since: the read point itself).
+fn get_one(s: &mut TcpStream, page: u64, lsn: u64) -> proto::Response {
+    let mut m = Vec::new();
+    proto::encode_getpages(
+        &mut m,
+        &[GetPage {
+            req_id: lsn,
+            lsn,
+            nms: lsn,
+            page,
+        }],
+    );
+    call(s, &m, 1).remove(0)
+}
+
+#[test]
+fn a_retention_in_seconds_refuses_read_points_older_than_that_once_time_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = format_device(dir.path(), "256M");
+    let socket = dir.path().join("dpu.sock");
+    let _dpu = start_dpu(&img, &socket, &[]);
+    let (_ps, addr) = pageserver("127.0.0.1:0", &socket, "1s", "4M");
+    let mut s = TcpStream::connect(addr).unwrap();
+    // Page 3 at LSN 1 ("old"), then page 3 at LSN 2 ("new").
+    append_one(&mut s, 1, 3, b"old");
+    append_one(&mut s, 2, 3, b"new");
+    // At once, LSN 1 is within a second of log: answered (unless this machine took a second
+    // to get here).
+    let t = std::time::Instant::now();
+    let r = get_one(&mut s, 3, 1);
+    let h = watermark(&mut s).1;
+    if t.elapsed() < std::time::Duration::from_secs(1) {
+        assert_eq!(r.status, status::OK);
+        assert_eq!(&r.body[page::HEADER..page::HEADER + 3], b"old");
+        assert_eq!(h, 0, "no horizon before a second passed");
+    }
+    // The log goes on for a while (a record every 50 ms), remembering when each LSN was
+    // acknowledged.
+    let start = std::time::Instant::now();
+    let mut acked: Vec<(std::time::Instant, u64)> = vec![(start, 2)];
+    let mut lsn = 2;
+    let horizon = loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        lsn += 1;
+        append_one(&mut s, lsn, 5, &lsn.to_le_bytes());
+        acked.push((std::time::Instant::now(), lsn));
+        let (_, h) = watermark(&mut s);
+        if h > 2 {
+            break h;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "the horizon stayed at {h}"
+        );
+    };
+    // The horizon is a time: never above the LSN acknowledged a second before it was read.
+    let now = std::time::Instant::now();
+    let second_ago = acked
+        .iter()
+        .filter(|(at, _)| now.duration_since(*at) >= std::time::Duration::from_secs(1))
+        .map(|&(_, l)| l)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        horizon <= second_ago.max(2),
+        "horizon {horizon} above the LSN of a second ago ({second_ago})"
+    );
+    assert!(
+        start.elapsed() >= std::time::Duration::from_secs(1),
+        "the horizon moved before a second passed"
+    );
+    // Below it: BELOW_HORIZON (status 9) with the horizon; at and above it: the page.
+    let r = get_one(&mut s, 3, 1);
+    assert_eq!(r.status, status::BELOW_HORIZON);
+    assert_eq!(r.status, 9);
+    assert_eq!(r.lsn, horizon);
+    let r = get_one(&mut s, 3, horizon);
+    assert_eq!(r.status, status::OK);
+    assert_eq!(
+        (r.lsn, &r.body[page::HEADER..page::HEADER + 3]),
+        (2, &b"new"[..])
+    );
+    let r = get_one(&mut s, 5, lsn);
+    assert_eq!(r.status, status::OK);
+    assert_eq!(
+        (r.lsn, &r.body[page::HEADER..page::HEADER + 8]),
+        (lsn, &lsn.to_le_bytes()[..])
+    );
+}
