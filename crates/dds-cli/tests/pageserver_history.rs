@@ -410,4 +410,31 @@ fn a_retention_in_seconds_refuses_read_points_older_than_that_once_time_passed()
         (r.lsn, &r.body[page::HEADER..page::HEADER + 8]),
         (lsn, &lsn.to_le_bytes()[..])
     );
+    // `dds stats --pageserver`: the same log positions, and the storage per retained version.
+    let out = Command::new(DDS)
+        .args(["stats", "--json", "--pageserver", &addr.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dds stats --pageserver failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["pageserver"];
+    assert_eq!(p["applied_lsn"], lsn, "{v}");
+    assert_eq!(p["durable_lsn"], lsn, "{v}");
+    assert!(p["horizon"].as_u64().unwrap() >= horizon, "{v}");
+    let (versions, bytes) = (
+        p["retained_versions"].as_u64().unwrap(),
+        p["retained_bytes"].as_u64().unwrap(),
+    );
+    // At least the records above the horizon (the log holds them), each a frame of 8 bytes
+    // and a record of at least 32.
+    assert!(versions >= lsn - horizon, "{v}");
+    assert!(bytes >= 40 * (lsn - horizon), "{v}");
+    let per = p["bytes_per_retained_version"].as_f64().unwrap();
+    assert!((per - bytes as f64 / versions as f64).abs() < 1e-6, "{v}");
+    let text = Command::new(DDS)
+        .args(["stats", "--pageserver", &addr.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("bytes per version"), "{text}");
 }
