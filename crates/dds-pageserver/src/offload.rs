@@ -247,3 +247,35 @@ impl OffloadApp for PageServerApp {
         // changed only by a write of its slot, which replaces the cache entry as it passes.
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(lsn: u64, nms: u64) -> proto::GetPage {
+        proto::GetPage {
+            req_id: 1,
+            lsn,
+            nms,
+            page: 3,
+        }
+    }
+
+    #[test]
+    fn a_range_serves_the_read_points_it_covers_and_nothing_else() {
+        // Closed [10, 20): every read point in it, whatever the not-modified-since LSN.
+        for r in 10..20 {
+            assert!(serves(&get(r, 0), 10, 20, 0), "{r}");
+            assert!(serves(&get(r, r), 10, 20, 0), "{r}");
+        }
+        assert!(!serves(&get(9, 0), 10, 20, 0));
+        assert!(!serves(&get(20, 20), 10, 20, u64::MAX));
+        // Open: the not-modified-since LSN must be covered by the watermark or the image.
+        assert!(serves(&get(50, 10), 10, OPEN, 0));
+        assert!(!serves(&get(50, 30), 10, OPEN, 29));
+        assert!(serves(&get(50, 30), 10, OPEN, 30));
+        assert!(!serves(&get(9, 9), 10, OPEN, 100));
+        // LSN 0 is the implicit empty image, never cached.
+        assert!(!serves(&get(5, 0), 0, 20, 0));
+    }
+}
