@@ -627,20 +627,8 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
 
 /// The page versions the server retains and the bytes they use (its Watermark).
 fn retained(addr: SocketAddr) -> Result<(u64, u64)> {
-    let mut s = TcpStream::connect(addr)?;
-    let mut w = Vec::new();
-    proto::encode_watermark(&mut w, 1);
-    s.write_all(&w)?;
-    let mut b = [0u8; proto::RESP_HEADER + 32];
-    s.read_exact(&mut b[..4])?;
-    if u32::from_le_bytes(b[..4].try_into().expect("4")) as usize != b.len() {
-        bail!("a Watermark reply of another length");
-    }
-    s.read_exact(&mut b[4..])?;
-    let at = proto::RESP_HEADER + 16;
-    let versions = u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
-    let bytes = u64::from_le_bytes(b[at + 8..at + 16].try_into().expect("8"));
-    Ok((versions, bytes))
+    let w = proto::Watermark::query(addr).context("Watermark")?;
+    Ok((w.versions, w.bytes))
 }
 
 fn report(

@@ -1,6 +1,8 @@
 //! `dds stats`: what a running DPU is doing, like `redis-cli INFO`: its notification groups
 //! (requests, errors, bytes), memory, DMA engine, space, and the offload engine (cache table,
-//! cache writer, traffic directors, DPU CPU per request served on the DPU).
+//! cache writer, traffic directors, DPU CPU per request served on the DPU). With
+//! `--pageserver ADDR`, a page server's instead: its log positions, retention horizon and the
+//! storage its retained page versions use.
 
 use std::path::PathBuf;
 
@@ -16,9 +18,45 @@ pub struct StatsArgs {
     /// One JSON object instead of the sections.
     #[arg(long)]
     json: bool,
+    /// A `dds pageserver`'s address: its statistics instead of the DPU's.
+    #[arg(long)]
+    pageserver: Option<std::net::SocketAddr>,
+}
+
+/// A page server's statistics (by a Watermark request).
+fn pageserver(addr: std::net::SocketAddr, json: bool) -> Result<()> {
+    let w = dds_pageserver::proto::Watermark::query(addr)
+        .with_context(|| format!("ask the page server at {addr}"))?;
+    if json {
+        let v = serde_json::json!({ "pageserver": {
+            "applied_lsn": w.applied,
+            "durable_lsn": w.durable,
+            "horizon": w.horizon,
+            "retained_versions": w.versions,
+            "retained_bytes": w.bytes,
+            "bytes_per_retained_version": w.bytes_per_version(),
+        }});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("# pageserver");
+    println!(
+        "log: applied LSN {}, durable LSN {}, retention horizon {}",
+        w.applied, w.durable, w.horizon
+    );
+    println!(
+        "retained: {} versions in {} ({:.0} bytes per version)",
+        w.versions,
+        fmt_bytes(w.bytes),
+        w.bytes_per_version()
+    );
+    Ok(())
 }
 
 pub fn run(a: StatsArgs) -> Result<()> {
+    if let Some(addr) = a.pageserver {
+        return pageserver(addr, a.json);
+    }
     let dds = crate::util::connect_dpu(&a.socket)?;
     let s = dds.stats().context("read the DPU's statistics")?;
     if a.json {

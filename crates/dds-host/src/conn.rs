@@ -647,6 +647,22 @@ impl Dds {
         Ok(())
     }
 
+    /// Issues a CACHE record (`invalidate` false: `data` holds items encoded by
+    /// `dds_proto::cache_records::encode_cache_items`) or an INVALIDATE record (true: keys
+    /// encoded by `encode_invalidate_items`) without waiting: it is ordered with the requests
+    /// issued before it on the default group, and its completion carries `io_ctx` (the DPU
+    /// applied it). The data is copied into the request ring before this returns.
+    pub fn cache_record(&self, invalidate: bool, data: &[u8], io_ctx: u64) -> Result<()> {
+        let op = if invalidate {
+            Op::Invalidate
+        } else {
+            Op::Cache
+        };
+        self.default_group
+            .inner()
+            .issue_data(op, 0, 0, &[data], 0, io_ctx, None)
+    }
+
     fn data_record_sync(&self, op: Op, data: &[u8]) -> Result<()> {
         let g = self.default_group.inner();
         let waiter = crate::group::WaiterInner::new();

@@ -10,8 +10,13 @@ use dds_offload_api::{
 use crate::page;
 use crate::proto::{self, status, GETPAGE_BYTES, KIND_GETPAGE, MSG_HEADER, RESP_HEADER};
 
-/// Page sizes cache-on-write recognizes (by the checksum of a write's first page).
-const PAGE_SIZES: [usize; 5] = [8192, 4096, 16384, 32768, 65536];
+/// The range end of an entry whose image has no later record known: the image is the
+/// page's newest version.
+pub const OPEN: u64 = u64::MAX;
+
+/// The key of the entry whose tag is the acknowledged LSN `W`: every record at or below it has
+/// closed the ranges of its page's entries.
+pub const WATERMARK: u64 = u64::MAX;
 
 /// The `pageserver` offload app.
 #[derive(Clone, Copy, Debug, Default)]
@@ -34,23 +39,28 @@ fn parse_req(b: &[u8]) -> proto::GetPage {
     }
 }
 
-/// The page whose image a write at `offset` of `ps`-byte images is (`SLOTS` slots a page).
-fn image_page(offset: u64, ps: usize) -> u64 {
-    offset / ps as u64 / page::SLOTS as u64
-}
-
 /// The cached image of one of `g.page`'s slots that serves `g` (cache key: the slot's number
 /// in the file, `page × SLOTS + slot`).
 fn serving(cache: &CacheView<'_>, g: &proto::GetPage) -> Option<CacheItem> {
     let first = g.page.checked_mul(page::SLOTS as u64)?;
+    // Read before the slots' entries: the closures a newer `W` covers are visible then.
+    let w = cache.get(WATERMARK).map_or(0, |it| it.tag);
     (first..first.checked_add(page::SLOTS as u64)?)
         .filter_map(|k| cache.get(k))
-        .find(|it| serves(g, it.tag))
+        .find(|it| serves(g, it.tag, it.offset, w))
 }
 
-/// The stored version serves the request when its LSN `l` has `nms ≤ l ≤ lsn`.
-fn serves(g: &proto::GetPage, l: u64) -> bool {
-    g.nms <= l && l <= g.lsn && l > 0
+/// The image at `l` whose versions end at `end` is the page as of `g.lsn` when `l ≤ lsn <
+/// end`. An open range has no later record up to the acknowledged LSN `w`, and the client
+/// guarantees none in `(nms, lsn]`: it serves when `nms ≤ w` (or `nms ≤ l`).
+fn serves(g: &proto::GetPage, l: u64, end: u64, w: u64) -> bool {
+    l > 0
+        && l <= g.lsn
+        && if end == OPEN {
+            g.nms <= w.max(l)
+        } else {
+            g.lsn < end
+        }
 }
 
 impl OffloadApp for PageServerApp {
@@ -133,7 +143,7 @@ impl OffloadApp for PageServerApp {
             Some(it) => Offload::Read(ReadOp {
                 file_id: it.file_id,
                 size: it.size,
-                offset: it.offset,
+                offset: it.key.saturating_mul(u64::from(it.size)),
             }),
             _ => Offload::Host,
         }
@@ -154,9 +164,15 @@ impl OffloadApp for PageServerApp {
         let at = room.len() - RESP_HEADER;
         let page = &data[..(op.size as usize).min(data.len())];
         let ok = matches!(result, Ok(n) if n == op.size)
-            && page::check(page).is_some_and(|(id, l)| id == g.page && serves(&g, l));
+            && page::check(page).is_some_and(|(id, l)| {
+                let next = page::next_lsn(page);
+                id == g.page && l > 0 && l <= g.lsn && (next == 0 || g.lsn < next)
+            });
         if !ok {
-            // The page changed under the read (or the read failed): the client asks again.
+            // The slot was rewritten under the read (or the read failed): the client asks
+            // again. An image other than the one the entry named is either newer (above every
+            // LSN a closed range serves) or older with a next-record stamp at or below the
+            // named image's LSN; either is refused here (§6.3).
             let st = if result.is_err() {
                 status::IO_ERROR
             } else {
@@ -221,32 +237,45 @@ impl OffloadApp for PageServerApp {
         // wrong for them.
     }
 
-    fn cache_on_write(&self, file_id: u32, offset: u64, data: &[u8], items: &mut ItemList) {
-        let Some(&ps) = PAGE_SIZES.iter().find(|&&ps| {
-            offset.is_multiple_of(ps as u64)
-                && data.len().is_multiple_of(ps)
-                && data.len() >= ps
-                && page::check(&data[..ps]).is_some_and(|(id, _)| id == image_page(offset, ps))
-        }) else {
-            return;
-        };
-        for (i, p) in data.chunks_exact(ps).enumerate() {
-            let off = offset + (i * ps) as u64;
-            if let Some((id, lsn)) = page::check(p) {
-                if id == image_page(off, ps) && lsn > 0 {
-                    let key = off / ps as u64;
-                    let mut it = CacheItem::new(key, 0, file_id, off, ps as u32);
-                    it.tag = lsn;
-                    if items.push(it).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
+    fn cache_on_write(&self, _file_id: u32, _offset: u64, _data: &[u8], _items: &mut ItemList) {
+        // An image's range is known to the host only (its records): the host sends each
+        // slot's entry in a CACHE record once the slot's write completed.
     }
 
     fn invalidate_on_read(&self, _file_id: u32, _offset: u64, _len: u32, _keys: &mut KeyList) {
         // The host reads images to answer GetPages and to roll pages forward; an image is
         // changed only by a write of its slot, which replaces the cache entry as it passes.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(lsn: u64, nms: u64) -> proto::GetPage {
+        proto::GetPage {
+            req_id: 1,
+            lsn,
+            nms,
+            page: 3,
+        }
+    }
+
+    #[test]
+    fn a_range_serves_the_read_points_it_covers_and_nothing_else() {
+        // Closed [10, 20): every read point in it, whatever the not-modified-since LSN.
+        for r in 10..20 {
+            assert!(serves(&get(r, 0), 10, 20, 0), "{r}");
+            assert!(serves(&get(r, r), 10, 20, 0), "{r}");
+        }
+        assert!(!serves(&get(9, 0), 10, 20, 0));
+        assert!(!serves(&get(20, 20), 10, 20, u64::MAX));
+        // Open: the not-modified-since LSN must be covered by the watermark or the image.
+        assert!(serves(&get(50, 10), 10, OPEN, 0));
+        assert!(!serves(&get(50, 30), 10, OPEN, 29));
+        assert!(serves(&get(50, 30), 10, OPEN, 30));
+        assert!(!serves(&get(9, 9), 10, OPEN, 100));
+        // LSN 0 is the implicit empty image, never cached.
+        assert!(!serves(&get(5, 0), 0, 20, 0));
     }
 }

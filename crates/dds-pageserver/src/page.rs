@@ -31,6 +31,19 @@ pub fn seal(page: &mut [u8], id: u64, lsn: u64) {
     page[4..8].copy_from_slice(&c.to_le_bytes());
 }
 
+/// Stamps a sealed image with the LSN of its page's next record known when it is written (0:
+/// none), which a DPU read of its slot checks (`docs/pageserver-protocol.md` §6.3).
+pub fn stamp_next(page: &mut [u8], next: u64) {
+    page[24..32].copy_from_slice(&next.to_le_bytes());
+    let c = checksum(page);
+    page[4..8].copy_from_slice(&c.to_le_bytes());
+}
+
+/// The next-record stamp of an image (0: none).
+pub fn next_lsn(page: &[u8]) -> u64 {
+    u64_at(page, 24)
+}
+
 /// The (id, LSN) of a sealed page whose checksum holds.
 pub fn check(page: &[u8]) -> Option<(u64, u64)> {
     if page.len() < HEADER || u32_at(page, 0) != MAGIC || u32_at(page, 4) != checksum(page) {
@@ -74,6 +87,8 @@ mod tests {
         seal(&mut p, 7, 42);
         assert_eq!(check(&p), Some((7, 42)));
         assert_eq!(from_storage(&mut p.clone(), 8), None);
+        stamp_next(&mut p, 50);
+        assert_eq!((check(&p), next_lsn(&p)), (Some((7, 42)), 50));
         p[100] ^= 1;
         assert_eq!(check(&p), None);
     }

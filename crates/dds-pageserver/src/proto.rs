@@ -292,6 +292,62 @@ pub fn encode_watermark(out: &mut Vec<u8>, req_id: u64) {
     finish_message(out, at);
 }
 
+/// A Watermark answer (§3): the log's positions and the storage the retained versions use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watermark {
+    /// Every record up to it is in the pages' record chains.
+    pub applied: u64,
+    /// The last durable log record.
+    pub durable: u64,
+    /// The retention horizon: the oldest request LSN the host answers.
+    pub horizon: u64,
+    /// Retained versions: images in the slots of the pages read since the start, and
+    /// records in the log.
+    pub versions: u64,
+    /// The bytes they use.
+    pub bytes: u64,
+}
+
+impl Watermark {
+    /// Storage per retained version, in bytes (0 with none).
+    pub fn bytes_per_version(&self) -> f64 {
+        if self.versions == 0 {
+            return 0.0;
+        }
+        self.bytes as f64 / self.versions as f64
+    }
+
+    /// Asks the page server at `addr` (blocking, one connection).
+    pub fn query(addr: std::net::SocketAddr) -> std::io::Result<Watermark> {
+        use std::io::{Error, Read, Write};
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        let mut m = Vec::new();
+        encode_watermark(&mut m, 1);
+        s.write_all(&m)?;
+        let mut b = [0u8; RESP_HEADER + 32];
+        s.read_exact(&mut b[..4])?;
+        if u32_at(&b, 0) as usize != b.len() {
+            return Err(Error::other("a Watermark reply of another length"));
+        }
+        s.read_exact(&mut b[4..])?;
+        if u16_at(&b, 4) != status::OK {
+            return Err(Error::other(format!(
+                "Watermark answered status {}",
+                u16_at(&b, 4)
+            )));
+        }
+        let at = RESP_HEADER;
+        Ok(Watermark {
+            applied: u64_at(&b, 16),
+            durable: u64_at(&b, at),
+            horizon: u64_at(&b, at + 8),
+            versions: u64_at(&b, at + 16),
+            bytes: u64_at(&b, at + 24),
+        })
+    }
+}
+
 /// A response header into `out` (24 bytes).
 pub fn response_header(out: &mut [u8], len: u32, status: u16, kind: u16, req_id: u64, lsn: u64) {
     out[0..4].copy_from_slice(&len.to_le_bytes());

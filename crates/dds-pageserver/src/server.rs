@@ -43,6 +43,7 @@ use crate::proto::{self, status, Malformed, MSG_HEADER, RESP_HEADER};
 use crate::wal::Wal;
 use reads::Plan;
 
+mod dpu;
 mod history;
 mod log;
 mod pool;
@@ -146,6 +147,8 @@ const TAG_PAGES_FLUSH: u64 = 4;
 const TAG_IMAGE_WRITE: u64 = 5;
 const TAG_HEADER_WRITE: u64 = 6;
 const TAG_HEADER_FLUSH: u64 = 7;
+/// A cache record about a slot (completion not waited for).
+const TAG_DPU: u64 = 8;
 
 fn tag(kind: u64, object: u64) -> u64 {
     debug_assert!(object < 1 << TAG_KIND);
@@ -215,6 +218,11 @@ struct Slot {
     flush: u64,
     /// Reads in flight.
     reads: u16,
+    /// The end of the image's LSN range in its DPU cache entry (`offload::OPEN` while no
+    /// later record is known).
+    next: u64,
+    /// The image's next-record stamp (0: none).
+    stamp: u64,
 }
 
 const EMPTY_SLOT: Slot = Slot {
@@ -222,6 +230,8 @@ const EMPTY_SLOT: Slot = Slot {
     lsn: 0,
     flush: 0,
     reads: 0,
+    next: 0,
+    stamp: 0,
 };
 
 /// A page's images and record chain.
@@ -236,6 +246,10 @@ struct PageMeta {
     imaging: bool,
     /// The LSN of the last record dropped from the chain (images below it are not used).
     floor: u64,
+    /// The LSN of its last record taken into the log.
+    logged: u64,
+    /// Its DPU cache entries were dropped in this life (before its slots were known).
+    forgotten: bool,
 }
 
 /// What a page read is for besides its GetPages.
@@ -293,6 +307,9 @@ struct Commit {
     /// The AppendWal replies and records this commit makes durable.
     acks: Vec<Ack>,
     records: Vec<Replay>,
+    /// Bytes of `dpu_drop` and `dpu_close` issued.
+    drop_issued: usize,
+    close_issued: usize,
 }
 
 /// A checkpoint (`docs/pageserver-protocol.md` §5.4): the page file's flush, then the log's
@@ -382,6 +399,12 @@ pub struct PageService {
     input_bytes: usize,
     stats: PageServerStats,
     io: Box<dyn FileIo>,
+    /// The page file's DDS id when the DPU serves GetPages from it (its slots' cache entries
+    /// are kept, `server/dpu.rs`).
+    dpu_file: Option<u32>,
+    /// The commit's INVALIDATE keys and CACHE items.
+    dpu_drop: Vec<u8>,
+    dpu_close: Vec<u8>,
     /// Page reads, each with the buffer it fills (in flight, or waiting for a place).
     slots: InFlightReads<PageRead, Vec<u8>>,
     /// (page, slot or `ALL`) → its read.
@@ -562,6 +585,7 @@ impl PageService {
                     TAG_PAGE_WRITE => self.write_done(object as usize, res.is_some()),
                     TAG_IMAGE_WRITE => self.image_written(object, res.is_some()),
                     TAG_LOG_WRITE => self.commit.writes = self.commit.writes.saturating_sub(1),
+                    TAG_DPU => {}
                     TAG_LOG_FLUSH => {
                         if res.is_some() {
                             self.wal.end_commit();
@@ -713,6 +737,10 @@ impl Service for PageService {
                 TAG_PAGES_FLUSH => self.pages_flushed(object, res.is_some()),
                 TAG_HEADER_WRITE => self.header_written(res.is_some()),
                 TAG_HEADER_FLUSH => self.header_flushed(res.is_some(), done),
+                TAG_DPU if res.is_none() => {
+                    self.fail(anyhow::anyhow!("a cache record of the page file failed"))
+                }
+                TAG_DPU => {}
                 _ => tracing::error!(tag = t, "a completion for no operation of ours"),
             }
         }
@@ -882,6 +910,22 @@ impl PageServer {
         }
         // Page reads and write-backs and log commits go through the host library's
         // asynchronous API on DDS files; through second handles, done when issued, otherwise.
+        let dpu_file = pages_file.dds_id().filter(|_| cfg.offload);
+        if dpu_file.is_some() {
+            // Entries of a previous life may call images open whose pages have records in
+            // the log now (durable, not acknowledged): they leave the table before anything
+            // is answered.
+            let mut keys = Vec::new();
+            for (p, m) in meta.iter_mut().enumerate() {
+                if !m.chain.is_empty() {
+                    m.forgotten = true;
+                    keys.extend((0..page::SLOTS as u64).map(|s| p as u64 * page::SLOTS as u64 + s));
+                }
+            }
+            storage
+                .invalidate(&keys)
+                .context("drop the DPU's entries of the pages in the log")?;
+        }
         let io: Box<dyn FileIo> = match (dds, pages_file.dds_id(), wal_id) {
             (Some(dds), Some(pages), Some(log))
                 if dds.hello().max_io_bytes as usize >= page::SLOTS * ps =>
@@ -942,6 +986,9 @@ impl PageServer {
             input_bytes: 0,
             stats: PageServerStats::default(),
             io,
+            dpu_file,
+            dpu_drop: Vec::new(),
+            dpu_close: Vec::new(),
             slots: InFlightReads::new(),
             reading: HashMap::with_capacity(READS_MAX * 2),
             replay_reads: 0,

@@ -59,6 +59,12 @@ pub trait FileIo: Send {
     /// issued is durable.
     fn flush(&mut self, file: usize, tag: u64) -> Result<(), SubmitError>;
 
+    /// Starts sending the DPU's offload engine a cache-table record (`docs/consistency.md`):
+    /// CACHE items (`invalidate` false, 32 bytes each) or INVALIDATE keys (true, 8 bytes
+    /// each), ordered after the operations issued before it. Its completion means the DPU
+    /// applied it. Files with no DPU behind them complete it at once.
+    fn cache_record(&mut self, invalidate: bool, data: &[u8], tag: u64) -> Result<(), SubmitError>;
+
     /// Appends the completed operations.
     fn poll(&mut self, out: &mut Vec<IoDone>);
 
@@ -143,6 +149,10 @@ impl FileIo for DdsIo {
     fn flush(&mut self, file: usize, tag: u64) -> Result<(), SubmitError> {
         let id = self.id(file)?;
         submitted(self.dds.flush(id, tag), "flush")
+    }
+
+    fn cache_record(&mut self, invalidate: bool, data: &[u8], tag: u64) -> Result<(), SubmitError> {
+        submitted(self.dds.cache_record(invalidate, data, tag), "cache record")
     }
 
     fn poll(&mut self, out: &mut Vec<IoDone>) {
@@ -242,6 +252,12 @@ impl FileIo for SyncIo {
     fn flush(&mut self, file: usize, tag: u64) -> Result<(), SubmitError> {
         let r = self.file(file)?.sync().map(|()| 0);
         self.finish(tag, r, "flush");
+        Ok(())
+    }
+
+    fn cache_record(&mut self, _: bool, _: &[u8], tag: u64) -> Result<(), SubmitError> {
+        // No DPU keeps a cache of these files.
+        self.done.push_back((tag, Some(0)));
         Ok(())
     }
 

@@ -62,6 +62,8 @@ impl PageMeta {
             materialize: false,
             imaging: false,
             floor: 0,
+            logged: 0,
+            forgotten: false,
         }
     }
 
@@ -225,13 +227,14 @@ impl PageService {
     }
 
     /// Marks slot `s` of `page` as being written with the image at `lsn`.
-    pub(super) fn slot_writing(&mut self, page: u64, s: u8, lsn: u64) {
+    pub(super) fn slot_writing(&mut self, page: u64, s: u8, lsn: u64, stamp: u64) {
         let sl = &mut self.meta[page as usize].slots[s as usize];
         if sl.state == SlotState::Image {
             self.images -= 1;
         }
         sl.state = SlotState::Writing;
         sl.lsn = lsn;
+        sl.stamp = stamp;
     }
 
     /// The write of slot `s` of `page` completed: an image, durable after the next flush.
@@ -242,6 +245,7 @@ impl PageService {
             sl.state = SlotState::Image;
             sl.flush = next_flush;
             self.images += 1;
+            self.dpu_cache(page, s);
         } else {
             sl.state = SlotState::Empty;
         }
@@ -263,6 +267,8 @@ impl PageService {
                     lsn,
                     flush: 0,
                     reads: 0,
+                    next: 0,
+                    stamp: page::next_lsn(img),
                 },
                 _ => {
                     if img.iter().any(|&b| b != 0) {
@@ -279,6 +285,9 @@ impl PageService {
             .iter()
             .filter(|s| s.state == SlotState::Image)
             .count() as u64;
+        for s in 0..SLOTS as u8 {
+            self.dpu_cache(page, s);
+        }
     }
 
     /// Writes the image in `self.scratch` (page `page`) to a free slot, for a checkpoint.
@@ -291,6 +300,11 @@ impl PageService {
         let Some(s) = choice else {
             return;
         };
+        if !self.dpu_forget(page, s) {
+            return;
+        }
+        let next = self.stamp(page, lsn);
+        page::stamp_next(&mut self.scratch, next);
         let off = page::slot_offset(page, s as usize, self.cfg.page_size);
         let t = tag(TAG_IMAGE_WRITE, page * (SLOTS as u64 + 1) + u64::from(s));
         match self.io.write(PAGES, off, &self.scratch, t) {
@@ -298,7 +312,7 @@ impl PageService {
             Err(SubmitError::Busy) => return,
             Err(SubmitError::Failed(_)) => self.failed.push((t, None)),
         }
-        self.slot_writing(page, s, lsn);
+        self.slot_writing(page, s, lsn, next);
         self.writes += 1;
         self.stats.page_writes += 1;
         self.stats.checkpoint_images += 1;

@@ -69,6 +69,7 @@ impl PageService {
         }
         for r in proto::records(a.records, a.count).flatten() {
             let end = self.wal.add(&r);
+            self.meta[r.page as usize].logged = r.lsn;
             self.round_records.push(Replay::Record {
                 lsn: r.lsn,
                 page: r.page,
@@ -101,8 +102,26 @@ impl PageService {
         c.issued = 0;
         c.writes = 0;
         c.flushing = false;
+        c.drop_issued = 0;
+        c.close_issued = 0;
         std::mem::swap(&mut c.acks, &mut self.round_acks);
         std::mem::swap(&mut c.records, &mut self.round_records);
+        // The DPU's entries of the images these records supersede are closed before the
+        // AppendWals are acknowledged.
+        self.dpu_drop.clear();
+        self.dpu_close.clear();
+        let records = std::mem::take(&mut self.commit.records);
+        let mut acked = 0;
+        for r in &records {
+            match *r {
+                Replay::Record { lsn, page, .. } => self.dpu_changed(page, lsn),
+                Replay::Applied(lsn) => acked = lsn,
+            }
+        }
+        if acked > 0 {
+            self.dpu_acked(acked);
+        }
+        self.commit.records = records;
         self.pump_commit();
     }
 
@@ -115,6 +134,10 @@ impl PageService {
             // loop's next turn (`complete`), in order after the commits before it.
             return;
         }
+        if !self.pump_dpu_records() {
+            return;
+        }
+        let c = &mut self.commit;
         let max = self.io.max_io() as u64;
         while c.issued < c.len {
             let (at, piece) = self.wal.segment(c.issued);

@@ -58,7 +58,15 @@ impl PageService {
                 return false;
             }
         };
+        if !self.dpu_forget(id, s) {
+            let fr = &mut self.frames[f];
+            fr.queued = true;
+            self.write_queue.push_front(f);
+            return false;
+        }
+        let next = self.stamp(id, lsn);
         let fr = &mut self.frames[f];
+        page::stamp_next(&mut fr.data, next);
         let off = page::slot_offset(id, s as usize, self.cfg.page_size);
         let t = tag(TAG_PAGE_WRITE, f as u64);
         match self.io.write(PAGES, off, &fr.data, t) {
@@ -73,7 +81,7 @@ impl PageService {
         fr.dirty = false;
         fr.writing = true;
         fr.slot = s;
-        self.slot_writing(id, s, lsn);
+        self.slot_writing(id, s, lsn, next);
         self.writes += 1;
         self.stats.page_writes += 1;
         true
