@@ -148,7 +148,7 @@ impl Director {
         let std_listener = if cfg.transparent {
             transparent_listener(cfg.listen)?
         } else {
-            std::net::TcpListener::bind(cfg.listen)?
+            dds_server::bind_listener(cfg.listen)?
         };
         std_listener.set_nonblocking(true)?;
         let local = std_listener.local_addr()?;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
@@ -228,8 +228,10 @@ impl Osd {
             .ok_or_else(|| io::Error::other(format!("osd {} is not in the map", cfg.id)))?
             .clone();
         let (client_at, peer_at) = cfg.bind.unwrap_or((me.addr, me.peer_addr));
-        let client = TcpListener::bind(client_at)?;
-        let peer = TcpListener::bind(peer_at)?;
+        // An OSD restarted on its map's ports after kill -9 of one on io_uring finds them
+        // still held a moment (`bind_listener` tries again for a few seconds).
+        let client = dds_server::bind_listener(client_at)?;
+        let peer = dds_server::bind_listener(peer_at)?;
         let view =
             build_view(&cfg, &store, Arc::new(cfg.map.clone()), None).map_err(io::Error::other)?;
         let inner = Arc::new(Inner {
