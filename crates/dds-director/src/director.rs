@@ -2,18 +2,21 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dds_cache::CacheReader;
 use dds_offload_api::{OffloadApp, MAX_HEADER_ROOM};
 use dds_offload_engine::{ExposedFiles, FileReadPort};
+use dds_server::BACKEND_ENV;
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Waker};
 
 use crate::buffer::Budget;
 use crate::config::DirectorConfig;
 use crate::stats::{DirectorStats, Stats};
+use crate::uring::ClientRing;
 use crate::worker::{Worker, LISTENER, WAKER};
 
 /// The traffic director.
@@ -103,6 +106,33 @@ impl Drop for DirectorHandle {
     }
 }
 
+/// Receive buffers of a director thread's client ring, and their size.
+const RING_BUFFERS: u16 = 256;
+const RING_BUFFER_BYTES: usize = 16 << 10;
+
+/// The client leg's io_uring of one director thread, chosen as the server runtime chooses its
+/// backend (`DDS_SERVER_BACKEND`: `auto` or unset, io_uring where the kernel has it; `epoll`;
+/// `uring`, an error where it is missing).
+fn client_ring(cfg: &DirectorConfig, poll: &Poll) -> io::Result<Option<ClientRing>> {
+    let want = std::env::var(BACKEND_ENV).unwrap_or_default();
+    if want == "epoll" {
+        return Ok(None);
+    }
+    match ClientRing::new(
+        cfg.max_connections,
+        RING_BUFFERS,
+        RING_BUFFER_BYTES,
+        poll.as_raw_fd(),
+    ) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if want == "uring" => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "director: io_uring unavailable, client leg on epoll");
+            Ok(None)
+        }
+    }
+}
+
 pub(crate) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
@@ -160,6 +190,13 @@ impl Director {
             lane.set_waker(move || {
                 let _ = w2.wake();
             });
+            let uring = client_ring(&cfg, &poll)?;
+            if i == 0 {
+                tracing::info!(
+                    backend = if uring.is_some() { "io_uring" } else { "epoll" },
+                    "director client leg"
+                );
+            }
             let mut listener = TcpListener::from_std(std_listener.try_clone()?);
             poll.registry()
                 .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -174,6 +211,7 @@ impl Director {
                 stop.clone(),
                 stats.clone(),
                 budget.clone(),
+                uring,
             );
             wakers.push(waker);
             let hook = cfg.on_thread_start.clone();

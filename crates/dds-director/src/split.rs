@@ -21,14 +21,8 @@ impl Worker {
             let stats = self.stats.clone();
             let mut p;
             {
+                p = self.read_client(slot)?;
                 let c = self.conns[slot].as_mut().expect("live");
-                p = Self::read_into(
-                    &mut c.client,
-                    &mut c.cin,
-                    &mut c.c_readable,
-                    &mut c.client_eof,
-                    &stats.client_bytes_in,
-                )?;
                 if c.refused.is_some() && !c.cin.is_empty() {
                     // Nothing after a refused message is framed: drop it, within a bound.
                     c.discarded = c.discarded.saturating_add(c.cin.len());
@@ -88,6 +82,10 @@ impl Worker {
             }
             p |= self.flush_client(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
+            if c.sending {
+                // The rest once the round's sends completed (the connection is driven again).
+                return Ok(());
+            }
             if c.err_sent && c.client_eof {
                 return Err(Close::Done);
             }
