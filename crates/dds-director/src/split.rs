@@ -322,7 +322,8 @@ impl Worker {
                             }
                         // SAFETY: the buffer holds `capacity() >= op.size` bytes and is not
                         // touched until the completion is polled (or leaked at shutdown).
-                        } else if unsafe { lane.submit(op, dst, u64::from(ctx)) }.is_err() {
+                        } else if unsafe { lane.submit_deferred(op, dst, u64::from(ctx)) }.is_err()
+                        {
                             // Cannot happen (contexts <= port depth); answer Busy.
                             pool.ctxs[ctx as usize].state = CtxState::Ready;
                             let (room, data) = pool.room_and_data(ctx);

@@ -130,6 +130,8 @@ impl Worker {
         while !self.stop.load(Ordering::Acquire) {
             let retrying = self.begin_round(&mut last_applied);
             self.drive_dirty();
+            // The round's reads were queued: one wake-up of the service thread for them all.
+            self.lane.wake_service();
             if let Some(u) = self.uring.as_mut().filter(|u| u.sending()) {
                 // The round's responses: one system call for all its connections, then
                 // the connections that sent go on.

@@ -280,6 +280,19 @@ impl LaneHandle {
     /// `dst` must be valid for writes of `op.size` bytes and must not be accessed until the
     /// completion of `token` has been returned by [`poll_completions`](Self::poll_completions).
     pub unsafe fn submit(&self, op: ReadOp, dst: *mut u8, token: u64) -> Result<(), Busy> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit_deferred(op, dst, token) }?;
+        self.port.wake_service();
+        Ok(())
+    }
+
+    /// [`submit`](Self::submit) without waking a sleeping service thread: the reads of a
+    /// round are queued, then [`wake_service`](Self::wake_service) wakes it once for all of
+    /// them (and does not preempt the round on a shared core at its first read).
+    ///
+    /// # Safety
+    /// As for [`submit`](Self::submit).
+    pub unsafe fn submit_deferred(&self, op: ReadOp, dst: *mut u8, token: u64) -> Result<(), Busy> {
         let lane = self.lane();
         if token >> TOKEN_BITS != 0 || lane.inflight.load(Ordering::Relaxed) >= self.port.depth {
             return Err(Busy);
@@ -291,8 +304,12 @@ impl LaneHandle {
         };
         lane.sub.push(read).map_err(|_| Busy)?;
         lane.inflight.fetch_add(1, Ordering::Relaxed);
-        self.port.wake_service();
         Ok(())
+    }
+
+    /// Wakes the service thread if it sleeps (after [`submit_deferred`](Self::submit_deferred)).
+    pub fn wake_service(&self) {
+        self.port.wake_service();
     }
 
     /// Reads submitted and not yet returned by `poll_completions`.
@@ -444,9 +461,40 @@ impl PortService {
 
     /// Reports the completion of the read `token` (from [`PortRead::token`]).
     pub fn complete(&self, token: u64, result: PortResult) {
+        if let Some(lane) = self.push_completion(token, result) {
+            // Pairs with the thread's `sleeping` store before its last look at `done`:
+            // either it sees this completion or this sees it asleep.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if lane.wake_due() {
+                lane.wake();
+            }
+        }
+    }
+
+    /// Queues the completion of the read `token` without waking its thread: a batch of
+    /// completions is followed by one [`PortService::wake_lanes`], so a director thread
+    /// is woken once per batch, not at its first completion while the rest is still coming.
+    pub fn complete_deferred(&self, token: u64, result: PortResult) {
+        self.push_completion(token, result);
+    }
+
+    /// Wakes every sleeping lane thread whose completions are due (after
+    /// [`PortService::complete_deferred`] or
+    /// [`PortService::on_completion_deferred`]).
+    pub fn wake_lanes(&self) {
+        // Pairs with each thread's `sleeping` store before its last look at `done`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for lane in self.port.lanes.iter() {
+            if lane.wake_due() {
+                lane.wake();
+            }
+        }
+    }
+
+    fn push_completion(&self, token: u64, result: PortResult) -> Option<&Lane> {
         let Some(lane) = self.port.lanes.get((token >> TOKEN_BITS) as usize) else {
             tracing::error!(token, "completion for an unknown lane dropped");
-            return;
+            return None;
         };
         // Cannot fail: a lane never has more than `depth` reads outstanding.
         let mut item = (token, result);
@@ -454,12 +502,7 @@ impl PortService {
             item = back;
             std::thread::yield_now();
         }
-        // Pairs with the thread's `sleeping` store before its last look at `done`: either it
-        // sees this completion or this sees it asleep.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if lane.wake_due() {
-            lane.wake();
-        }
+        Some(lane)
     }
 
     /// Calls `f(key, version)` for every queued invalidation, then publishes per lane that
@@ -513,6 +556,16 @@ impl PortService {
             return false;
         }
         self.complete(user_data & !PORT_USER_DATA, result);
+        true
+    }
+
+    /// [`PortService::on_completion`] without the wake-up: call
+    /// [`PortService::wake_lanes`] after the batch.
+    pub fn on_completion_deferred(&self, user_data: u64, result: PortResult) -> bool {
+        if user_data & PORT_USER_DATA == 0 {
+            return false;
+        }
+        self.complete_deferred(user_data & !PORT_USER_DATA, result);
         true
     }
 
