@@ -206,6 +206,7 @@ impl Worker {
                 // Handed to the kernel with the round's other sends; retired when it
                 // completed (`Worker::sent`).
                 u.queue_send(slot, c.client.as_raw_fd(), &iov[..niov]);
+                add(&stats.ring_sends, 1);
                 c.sending = true;
                 return Ok(true);
             }

@@ -135,6 +135,7 @@ impl Worker {
             if let Some(u) = self.uring.as_mut().filter(|u| u.sending()) {
                 // The round's responses: one system call for all its connections, then
                 // the connections that sent go on.
+                add(&self.stats.ring_send_calls, 1);
                 if let Err(e) = u.finish_sends() {
                     tracing::error!(error = %e, "director io_uring submit failed");
                     break;
