@@ -186,11 +186,16 @@ impl Director {
         for (i, lane) in lanes.into_iter().enumerate() {
             let poll = Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-            let w2 = waker.clone();
-            lane.set_waker(move || {
-                let _ = w2.wake();
-            });
             let uring = client_ring(&cfg, &poll)?;
+            match &uring {
+                Some(u) => lane.set_waker(u.waker()),
+                None => {
+                    let w2 = waker.clone();
+                    lane.set_waker(move || {
+                        let _ = w2.wake();
+                    });
+                }
+            }
             if i == 0 {
                 tracing::info!(
                     backend = if uring.is_some() { "io_uring" } else { "epoll" },

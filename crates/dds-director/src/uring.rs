@@ -4,8 +4,9 @@
 //! (`dds_server::BufRing`); a round's responses leave as one `sendmsg` per connection
 //! (header and data gathered from where they are, no copy), all handed to the kernel by one
 //! `io_uring_enter`; the wait is the ring's own, with its timeout. The host leg, the listener,
-//! spliced connections and the lane's waker stay on the thread's `mio` poll, whose epoll
-//! descriptor has a multishot poll on the ring: the thread sleeps in one place.
+//! spliced connections and the stop waker stay on the thread's `mio` poll, whose epoll
+//! descriptor has a multishot poll on the ring, as has the eventfd through which the service
+//! side wakes the thread: the thread sleeps in one place.
 //!
 //! Sends carry `MSG_DONTWAIT`: the kernel runs each inside the `io_uring_enter` that submits
 //! it and completes it there (a full socket completes with `EAGAIN` instead of waiting), so
@@ -14,8 +15,9 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dds_server::BufRing;
@@ -32,6 +34,7 @@ const SEND: u64 = 2;
 const EPOLL: u64 = 3;
 /// Cancels: their results are not needed.
 const OTHER: u64 = 4;
+const WAKE: u64 = 5;
 const GEN_MASK: u64 = 0x00ff_ffff;
 /// The buffer group of the receive buffers.
 const GROUP: u16 = 0;
@@ -63,6 +66,8 @@ pub(crate) enum Ev {
     Sent(usize, i32),
     /// The `mio` poll has events.
     Epoll,
+    /// The service side woke the thread (its lane's eventfd).
+    Woken,
 }
 
 struct Slot {
@@ -89,6 +94,8 @@ pub(crate) struct ClientRing {
     rearm: Vec<usize>,
     unsent: usize,
     epoll_fd: RawFd,
+    /// The lane's waker: the service side writes it, the ring polls it.
+    wake: Arc<OwnedFd>,
     evs: Vec<Ev>,
     cqes: Vec<cqueue::Entry>,
 }
@@ -183,10 +190,15 @@ impl ClientRing {
             rearm: Vec::with_capacity(max_connections.max(1)),
             unsent: 0,
             epoll_fd,
+            wake: Arc::new(rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )?),
             evs: Vec::with_capacity(8192),
             cqes: Vec::with_capacity(8192),
         };
         r.arm_epoll();
+        r.arm_wake();
         Ok(r)
     }
 
@@ -211,6 +223,23 @@ impl ClientRing {
             .build()
             .user_data(user_data(EPOLL, 0, 0, 0));
         self.push(&e);
+    }
+
+    fn arm_wake(&mut self) {
+        let e = opcode::PollAdd::new(Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(user_data(WAKE, 0, 0, 0));
+        self.push(&e);
+    }
+
+    /// The function that wakes this thread from the service side (an eventfd write, which
+    /// the ring's poll of it reports; never read: a poll reports each write).
+    pub(crate) fn waker(&self) -> impl Fn() + Send + Sync + 'static {
+        let fd = self.wake.clone();
+        move || {
+            let _ = rustix::io::write(&*fd, &1u64.to_ne_bytes());
+        }
     }
 
     fn arm_recv(&mut self, slot: usize) {
@@ -455,6 +484,12 @@ impl ClientRing {
                     self.arm_epoll();
                 }
                 self.evs.push(Ev::Epoll);
+            }
+            WAKE => {
+                if !more {
+                    self.arm_wake();
+                }
+                self.evs.push(Ev::Woken);
             }
             SEND => {
                 self.unsent -= 1;

@@ -251,6 +251,7 @@ impl Worker {
                 Ev::Received(slot) => self.mark(slot),
                 Ev::Sent(slot, res) => self.sent(slot, res),
                 Ev::Epoll => epoll = true,
+                Ev::Woken => add(&self.stats.lane_wakeups, 1),
             }
         }
         while epoll {
