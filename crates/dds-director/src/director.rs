@@ -16,7 +16,7 @@ use mio::{Interest, Poll, Waker};
 use crate::buffer::Budget;
 use crate::config::DirectorConfig;
 use crate::stats::{DirectorStats, Stats};
-use crate::uring::ClientRing;
+use crate::uring::SplitRing;
 use crate::worker::{Worker, LISTENER, WAKER};
 
 /// The traffic director.
@@ -106,19 +106,19 @@ impl Drop for DirectorHandle {
     }
 }
 
-/// Receive buffers of a director thread's client ring, and their size.
+/// Receive buffers of a director thread's ring, and their size.
 const RING_BUFFERS: u16 = 256;
 const RING_BUFFER_BYTES: usize = 16 << 10;
 
-/// The client leg's io_uring of one director thread, chosen as the server runtime chooses its
+/// The io_uring of one director thread's split connections, chosen as the server runtime chooses its
 /// backend (`DDS_SERVER_BACKEND`: `auto` or unset, io_uring where the kernel has it; `epoll`;
 /// `uring`, an error where it is missing).
-fn client_ring(cfg: &DirectorConfig, poll: &Poll) -> io::Result<Option<ClientRing>> {
+fn split_ring(cfg: &DirectorConfig, poll: &Poll) -> io::Result<Option<SplitRing>> {
     let want = std::env::var(BACKEND_ENV).unwrap_or_default();
     if want == "epoll" {
         return Ok(None);
     }
-    match ClientRing::new(
+    match SplitRing::new(
         cfg.max_connections,
         RING_BUFFERS,
         RING_BUFFER_BYTES,
@@ -127,7 +127,7 @@ fn client_ring(cfg: &DirectorConfig, poll: &Poll) -> io::Result<Option<ClientRin
         Ok(r) => Ok(Some(r)),
         Err(e) if want == "uring" => Err(e),
         Err(e) => {
-            tracing::warn!(error = %e, "director: io_uring unavailable, client leg on epoll");
+            tracing::warn!(error = %e, "director: io_uring unavailable, split connections on epoll");
             Ok(None)
         }
     }
@@ -186,7 +186,7 @@ impl Director {
         for (i, lane) in lanes.into_iter().enumerate() {
             let poll = Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-            let uring = client_ring(&cfg, &poll)?;
+            let uring = split_ring(&cfg, &poll)?;
             match &uring {
                 Some(u) => lane.set_waker(u.waker()),
                 None => {
@@ -199,7 +199,7 @@ impl Director {
             if i == 0 {
                 tracing::info!(
                     backend = if uring.is_some() { "io_uring" } else { "epoll" },
-                    "director client leg"
+                    "director split connections"
                 );
             }
             let mut listener = TcpListener::from_std(std_listener.try_clone()?);

@@ -11,6 +11,7 @@ use dds_proto::Status;
 
 use crate::conn::{Close, Conn, Entry};
 use crate::stats::add;
+use crate::uring::Leg;
 use crate::worker::{would_block, Worker, IOV_MAX};
 
 impl Worker {
@@ -205,7 +206,7 @@ impl Worker {
             if let Some(u) = uring.as_mut() {
                 // Handed to the kernel with the round's other sends; retired when it
                 // completed (`Worker::sent`).
-                u.queue_send(slot, c.client.as_raw_fd(), &iov[..niov]);
+                u.queue_send(Leg::client(slot), c.client.as_raw_fd(), &iov[..niov]);
                 add(&stats.ring_sends, 1);
                 c.sending = true;
                 return Ok(true);

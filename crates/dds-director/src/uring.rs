@@ -1,12 +1,13 @@
-//! The completion backend of a director thread's client leg (`docs/offload.md` §5, "Client
-//! leg on io_uring"): one io_uring per thread. Every split connection's client socket has one
-//! multishot receive into buffers the thread lends the kernel through a buffer ring
-//! (`dds_server::BufRing`); a round's responses leave as one `sendmsg` per connection
-//! (header and data gathered from where they are, no copy), all handed to the kernel by one
-//! `io_uring_enter`; the wait is the ring's own, with its timeout. The host leg, the listener,
-//! spliced connections and the stop waker stay on the thread's `mio` poll, whose epoll
-//! descriptor has a multishot poll on the ring, as has the eventfd through which the service
-//! side wakes the thread: the thread sleeps in one place.
+//! The completion backend of a director thread's split connections (`docs/offload.md` §5,
+//! "Split connections on io_uring"): one io_uring per thread. Both sockets of every split
+//! connection, the client's and the host's (once connected), have one multishot receive into
+//! buffers the thread lends the kernel through a buffer ring (`dds_server::BufRing`); a
+//! round's responses leave as one `sendmsg` per connection (header and data gathered from
+//! where they are, no copy), its host messages as one per host socket, all handed to the
+//! kernel by one `io_uring_enter`; the wait is the ring's own, with its timeout. The
+//! listener, the host's connect, spliced connections and the stop waker stay on the thread's
+//! `mio` poll, whose epoll descriptor has a multishot poll on the ring, as has the eventfd
+//! through which the service side wakes the thread: the thread sleeps in one place.
 //!
 //! Sends carry `MSG_DONTWAIT`: the kernel runs each inside the `io_uring_enter` that submits
 //! it and completes it there (a full socket completes with `EAGAIN` instead of waiting), so
@@ -49,7 +50,32 @@ fn user_data(kind: u64, slot: usize, gen: u32, epoch: u8) -> u64 {
     (kind << 60) | (u64::from(epoch & 15) << 56) | ((u64::from(gen) & GEN_MASK) << 32) | slot as u64
 }
 
-/// How a client's receive ended.
+/// One socket of a split connection: the connection's slot, and whether it is the host's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Leg {
+    pub(crate) slot: usize,
+    pub(crate) host: bool,
+}
+
+impl Leg {
+    pub(crate) fn client(slot: usize) -> Leg {
+        Leg { slot, host: false }
+    }
+    pub(crate) fn host(slot: usize) -> Leg {
+        Leg { slot, host: true }
+    }
+    fn index(self) -> usize {
+        self.slot * 2 + usize::from(self.host)
+    }
+    fn of(index: usize) -> Leg {
+        Leg {
+            slot: index / 2,
+            host: index % 2 == 1,
+        }
+    }
+}
+
+/// How a leg's receive ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
     Open,
@@ -60,10 +86,10 @@ enum End {
 /// What a round of completions asks of the thread.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Ev {
-    /// Bytes (or the end of the stream) arrived for the connection in this slot.
-    Received(usize),
-    /// The slot's send completed with this result (bytes sent, or `-errno`).
-    Sent(usize, i32),
+    /// Bytes (or the end of the stream) arrived on this leg of a connection.
+    Received(Leg),
+    /// The leg's send completed with this result (bytes sent, or `-errno`).
+    Sent(Leg, i32),
     /// The `mio` poll has events.
     Epoll,
     /// The service side woke the thread (its lane's eventfd).
@@ -86,7 +112,7 @@ struct Slot {
     sending: bool,
 }
 
-pub(crate) struct ClientRing {
+pub(crate) struct SplitRing {
     // Dropped first: the kernel lets go of the buffers before they are freed.
     ring: IoUring,
     bufs: BufRing,
@@ -104,7 +130,7 @@ pub(crate) struct ClientRing {
 // memory the owning thread's connections hold, and are used only by that thread between
 // the send's submission and its completion; the ring is built before the thread starts and
 // moves into it once.
-unsafe impl Send for ClientRing {}
+unsafe impl Send for SplitRing {}
 
 fn transient(res: i32) -> bool {
     matches!(
@@ -113,15 +139,15 @@ fn transient(res: i32) -> bool {
     )
 }
 
-impl ClientRing {
-    /// A ring for `max_connections` client legs with `buffers` receive buffers of
+impl SplitRing {
+    /// A ring for `max_connections` split connections (two legs each) with `buffers` receive buffers of
     /// `buf_bytes` each, polling `epoll_fd`; or why this kernel cannot have one.
     pub(crate) fn new(
         max_connections: usize,
         buffers: u16,
         buf_bytes: usize,
         epoll_fd: RawFd,
-    ) -> io::Result<ClientRing> {
+    ) -> io::Result<SplitRing> {
         let release = rustix::system::uname();
         let release = release.release().to_string_lossy();
         let mut parts = release.split(|c: char| !c.is_ascii_digit());
@@ -167,7 +193,7 @@ impl ClientRing {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         };
-        let slots = (0..max_connections.max(1))
+        let slots = (0..2 * max_connections.max(1))
             .map(|_| Slot {
                 fd: -1,
                 gen: 0,
@@ -183,11 +209,11 @@ impl ClientRing {
                 sending: false,
             })
             .collect();
-        let mut r = ClientRing {
+        let mut r = SplitRing {
             ring,
             bufs,
             slots,
-            rearm: Vec::with_capacity(max_connections.max(1)),
+            rearm: Vec::with_capacity(2 * max_connections.max(1)),
             unsent: 0,
             epoll_fd,
             wake: Arc::new(rustix::event::eventfd(
@@ -263,8 +289,9 @@ impl ClientRing {
         }
     }
 
-    /// A new split connection in `slot`: its receive starts.
-    pub(crate) fn open(&mut self, slot: usize, gen: u32, fd: RawFd) {
+    /// A new split connection's leg (the host's once connected): its receive starts.
+    pub(crate) fn open(&mut self, leg: Leg, gen: u32, fd: RawFd) {
+        let slot = leg.index();
         let s = &mut self.slots[slot];
         debug_assert!(!s.open && s.stash.is_empty() && !s.sending);
         s.fd = fd;
@@ -275,9 +302,10 @@ impl ClientRing {
         self.arm_recv(slot);
     }
 
-    /// The connection in `slot` closes: its receive is cancelled and the buffers it held go
-    /// back to the ring.
-    pub(crate) fn close(&mut self, slot: usize) {
+    /// A connection's leg closes: its receive is cancelled and the buffers it held go back
+    /// to the ring.
+    pub(crate) fn close(&mut self, leg: Leg) {
+        let slot = leg.index();
         if !self.slots[slot].open {
             return;
         }
@@ -295,7 +323,7 @@ impl ClientRing {
     /// that cannot take everything stops receiving until it has taken what it holds.
     pub(crate) fn take(
         &mut self,
-        slot: usize,
+        leg: Leg,
         cin: &mut Buf,
         eof: &mut bool,
         counter: &AtomicU64,
@@ -307,6 +335,7 @@ impl ClientRing {
         let tail = cin.tail();
         let mut room = tail.len();
         let mut at = 0;
+        let slot = leg.index();
         let s = &mut self.slots[slot];
         while let Some(front) = s.stash.front_mut() {
             if room == 0 {
@@ -349,9 +378,10 @@ impl ClientRing {
         Ok(progress)
     }
 
-    /// Queues the send of `iov` on the client socket `fd` of `slot` (handed to the kernel by
-    /// [`ClientRing::finish_sends`]); the bytes stay untouched until then.
-    pub(crate) fn queue_send(&mut self, slot: usize, fd: RawFd, iov: &[IoSlice<'_>]) {
+    /// Queues the send of `iov` on the leg's socket `fd` (handed to the kernel by
+    /// [`SplitRing::finish_sends`]); the bytes stay untouched until then.
+    pub(crate) fn queue_send(&mut self, leg: Leg, fd: RawFd, iov: &[IoSlice<'_>]) {
+        let slot = leg.index();
         let s = &mut self.slots[slot];
         debug_assert!(!s.sending && iov.len() <= IOV_MAX);
         for (d, v) in s.iov.iter_mut().zip(iov) {
@@ -377,7 +407,7 @@ impl ClientRing {
     }
 
     /// Hands the round's sends (and any receive started meanwhile) to the kernel in one
-    /// system call and collects their completions into [`ClientRing::events`].
+    /// system call and collects their completions into [`SplitRing::events`].
     pub(crate) fn finish_sends(&mut self) -> io::Result<()> {
         self.bufs.publish();
         self.evs.clear();
@@ -404,7 +434,7 @@ impl ClientRing {
     /// Starts the receives that ended for a passing reason, hands what is queued to the
     /// kernel and waits up to `timeout` for a completion (no system call when there is
     /// nothing to hand over and nothing to wait for); the completions are then in
-    /// [`ClientRing::events`].
+    /// [`SplitRing::events`].
     pub(crate) fn wait(&mut self, timeout: Duration) -> io::Result<()> {
         for k in 0..self.rearm.len() {
             let slot = self.rearm[k];
@@ -453,8 +483,8 @@ impl ClientRing {
         Ok(())
     }
 
-    /// The completions collected by the last [`ClientRing::wait`] or
-    /// [`ClientRing::finish_sends`].
+    /// The completions collected by the last [`SplitRing::wait`] or
+    /// [`SplitRing::finish_sends`].
     pub(crate) fn events(&self) -> &[Ev] {
         &self.evs
     }
@@ -496,7 +526,7 @@ impl ClientRing {
                 if let Some(s) = self.slots.get_mut(slot) {
                     s.sending = false;
                 }
-                self.evs.push(Ev::Sent(slot, res));
+                self.evs.push(Ev::Sent(Leg::of(slot), res));
             }
             RECV => {
                 let bid = cqueue::buffer_select(cqe.flags());
@@ -527,7 +557,7 @@ impl ClientRing {
                     }
                 }
                 if live && (res >= 0 || !more) {
-                    self.evs.push(Ev::Received(slot));
+                    self.evs.push(Ev::Received(Leg::of(slot)));
                 }
             }
             _ => {}

@@ -1,7 +1,7 @@
 //! A director thread: its event loop, accepting, closing, splicing and socket I/O.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +20,7 @@ use crate::conn::{Close, Conn, Entry};
 use crate::merge::retire;
 use crate::signature::{Proto, Signature};
 use crate::stats::{add, Stats};
-use crate::uring::{ClientRing, Ev};
+use crate::uring::{Ev, Leg, SplitRing};
 
 pub(crate) const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
@@ -56,8 +56,8 @@ pub(crate) struct Worker {
     pub(crate) max_msg: usize,
     pub(crate) max_resp: usize,
     pub(crate) max_req: usize,
-    /// The client leg's io_uring (`None`: the client leg on the `mio` poll too).
-    pub(crate) uring: Option<ClientRing>,
+    /// The io_uring of the split connections' sockets (`None`: on the `mio` poll too).
+    pub(crate) uring: Option<SplitRing>,
 }
 
 pub(crate) fn would_block(e: &io::Error) -> bool {
@@ -81,7 +81,7 @@ impl Worker {
         stop: Arc<AtomicBool>,
         stats: Arc<Stats>,
         budget: Arc<Budget>,
-        uring: Option<ClientRing>,
+        uring: Option<SplitRing>,
     ) -> Worker {
         let max_req = app.max_requests().max(1);
         let app_forward_keys = app.max_forward_keys();
@@ -241,15 +241,15 @@ impl Worker {
         }
     }
 
-    /// Completions of the client ring: received bytes, finished sends, and the `mio` poll's
+    /// Completions of the ring: received bytes, finished sends, and the `mio` poll's
     /// events when its descriptor became readable.
     fn ring_events(&mut self, events: &mut Events) {
         let n = self.uring.as_ref().map_or(0, |u| u.events().len());
         let mut epoll = false;
         for k in 0..n {
             match self.uring.as_ref().expect("ring").event(k) {
-                Ev::Received(slot) => self.mark(slot),
-                Ev::Sent(slot, res) => self.sent(slot, res),
+                Ev::Received(leg) => self.mark(leg.slot),
+                Ev::Sent(leg, res) => self.sent(leg, res),
                 Ev::Epoll => epoll = true,
                 Ev::Woken => add(&self.stats.lane_wakeups, 1),
             }
@@ -266,20 +266,37 @@ impl Worker {
         }
     }
 
-    /// A client send of the ring completed: what was sent is retired.
-    fn sent(&mut self, slot: usize, res: i32) {
+    /// A send of the ring completed: what was sent is retired (responses leave the queue,
+    /// a host message leaves `hout`).
+    fn sent(&mut self, leg: Leg, res: i32) {
+        let slot = leg.slot;
         let Some(c) = self.conns[slot].as_mut() else {
             return;
         };
-        c.sending = false;
+        if leg.host {
+            c.host_sending = false;
+        } else {
+            c.sending = false;
+        }
         match res {
             0.. => {
-                add(&self.stats.client_bytes_out, res as u64);
-                retire(self.app.as_ref(), &mut self.pool, c, res as usize);
+                let w = res as usize;
+                if leg.host {
+                    c.hout.consume(w);
+                    if let Some(h) = c.hold.as_mut() {
+                        *h -= w;
+                    }
+                    add(&self.stats.host_bytes_out, w as u64);
+                } else {
+                    add(&self.stats.client_bytes_out, w as u64);
+                    retire(self.app.as_ref(), &mut self.pool, c, w);
+                }
                 self.mark(slot);
             }
+            _ if -res == libc::EAGAIN && leg.host => c.h_writable = false,
             _ if -res == libc::EAGAIN => c.c_writable = false,
             _ if -res == libc::EINTR => self.mark(slot),
+            _ if leg.host => self.close(slot, Close::Abort("host connection reset")),
             _ => self.close(slot, Close::Abort("client connection reset")),
         }
     }
@@ -405,18 +422,20 @@ impl Worker {
             let _ = client.set_nodelay(true);
             let _ = host.set_nodelay(true);
             let both = Interest::READABLE | Interest::WRITABLE;
-            // With the client ring, a split connection's client bytes arrive through it; the
-            // poll tells only when a full socket takes bytes again.
-            let client_interest = if split && self.uring.is_some() {
+            // With the ring, a split connection's bytes arrive through it; the poll tells only
+            // when a full socket takes bytes again (and when the host's connect completed).
+            let interest = if split && self.uring.is_some() {
                 Interest::WRITABLE
             } else {
                 both
             };
             let reg = self.poll.registry();
             if reg
-                .register(&mut client, Token(slot * 2), client_interest)
+                .register(&mut client, Token(slot * 2), interest)
                 .is_err()
-                || reg.register(&mut host, Token(slot * 2 + 1), both).is_err()
+                || reg
+                    .register(&mut host, Token(slot * 2 + 1), interest)
+                    .is_err()
             {
                 tracing::warn!(%peer, "cannot register connection");
                 self.free_slots.push(slot);
@@ -467,6 +486,7 @@ impl Worker {
                 host_wr_shut: false,
                 dirty: false,
                 sending: false,
+                host_sending: false,
                 retry: false,
                 gated: false,
                 refused: None,
@@ -478,7 +498,7 @@ impl Worker {
             if split {
                 if let Some(u) = self.uring.as_mut() {
                     let c = self.conns[slot].as_ref().expect("just placed");
-                    u.open(slot, c.gen, c.client.as_raw_fd());
+                    u.open(Leg::client(slot), c.gen, c.client.as_raw_fd());
                 }
             }
             tracing::debug!(%peer, split, "connection accepted");
@@ -494,7 +514,7 @@ impl Worker {
             i += 1;
             match self.conns[slot].as_mut() {
                 // Driven again once its send completed.
-                Some(c) if c.sending => continue,
+                Some(c) if c.sending || c.host_sending => continue,
                 Some(c) => c.dirty = false,
                 None => continue,
             }
@@ -535,7 +555,8 @@ impl Worker {
         }
         if c.split {
             if let Some(u) = self.uring.as_mut() {
-                u.close(slot);
+                u.close(Leg::client(slot));
+                u.close(Leg::host(slot));
             }
         }
         let reg = self.poll.registry();
@@ -552,23 +573,66 @@ impl Worker {
         self.free_slots.push(slot);
     }
 
-    /// Takes the client's bytes into `cin` (from the client ring, or read from the socket);
-    /// Ok(true) on progress.
-    pub(crate) fn read_client(&mut self, slot: usize) -> Result<bool, Close> {
-        let c = self.conns[slot].as_mut().expect("live");
-        let counter = &self.stats.client_bytes_in;
-        match self.uring.as_mut() {
-            Some(u) => u
-                .take(slot, &mut c.cin, &mut c.client_eof, counter)
-                .map_err(|()| Close::Abort("connection reset")),
-            None => Self::read_into(
+    /// Takes a split connection's bytes from the client into `cin` or from the host into
+    /// `hin` (from the ring, or read from the socket); Ok(true) on progress.
+    pub(crate) fn read_leg(&mut self, leg: Leg) -> Result<bool, Close> {
+        let c = self.conns[leg.slot].as_mut().expect("live");
+        let (s, buf, readable, eof, counter) = if leg.host {
+            (
+                &mut c.host,
+                &mut c.hin,
+                &mut c.h_readable,
+                &mut c.host_eof,
+                &self.stats.host_bytes_in,
+            )
+        } else {
+            (
                 &mut c.client,
                 &mut c.cin,
                 &mut c.c_readable,
                 &mut c.client_eof,
-                counter,
-            ),
+                &self.stats.client_bytes_in,
+            )
+        };
+        match self.uring.as_mut() {
+            Some(u) => u
+                .take(leg, buf, eof, counter)
+                .map_err(|()| Close::Abort("connection reset")),
+            None => Self::read_into(s, buf, readable, eof, counter),
         }
+    }
+
+    /// Sends `hout` to the host, up to `allowed` bytes (through the ring, retired when the
+    /// send completed, or written to the socket); Ok(true) on progress.
+    pub(crate) fn write_host(&mut self, slot: usize, allowed: usize) -> Result<bool, Close> {
+        let c = self.conns[slot].as_mut().expect("live");
+        if let Some(u) = self.uring.as_mut() {
+            let n = c.hout.len().min(allowed);
+            if c.host_sending || !c.h_writable || n == 0 {
+                return Ok(false);
+            }
+            // Handed to the kernel with the round's other sends (`Worker::sent`).
+            u.queue_send(
+                Leg::host(slot),
+                c.host.as_raw_fd(),
+                &[IoSlice::new(&c.hout.data()[..n])],
+            );
+            add(&self.stats.ring_sends, 1);
+            c.host_sending = true;
+            return Ok(true);
+        }
+        let queued = c.hout.len();
+        let p = Self::write_from(
+            &mut c.host,
+            &mut c.hout,
+            allowed,
+            &mut c.h_writable,
+            &self.stats.host_bytes_out,
+        )?;
+        if let Some(h) = c.hold.as_mut() {
+            *h -= queued - c.hout.len();
+        }
+        Ok(p)
     }
 
     /// Reads from `s` into `buf`; Ok(true) on progress.

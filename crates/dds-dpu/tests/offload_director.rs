@@ -557,10 +557,10 @@ fn a_message_of_offloaded_reads_wakes_the_director_about_once() {
 }
 
 /// Sixteen clients with a message of eight offloaded reads each in flight at once: every
-/// response is right and in order, and (on io_uring, the default) leaves through the client
-/// ring's sends, several connections' per system call when their reads complete together.
+/// response is right and in order, and (on io_uring, the default) leaves through the ring's
+/// sends, several connections' per system call when their reads complete together.
 #[test]
-fn concurrent_clients_are_answered_through_the_client_ring() {
+fn concurrent_clients_are_answered_through_the_ring() {
     let (_dpu, _host, d, writer) = slow_director_with_pages(Duration::from_micros(100));
     let mut clients: Vec<Client> = (0..16)
         .map(|_| Client::new(d.local_addr(), writer.file, writer.model.clone()))
@@ -584,9 +584,9 @@ fn concurrent_clients_are_answered_through_the_client_ring() {
     assert_eq!(s.offloaded - before.offloaded, messages * 8, "{s:?}");
     let sends = s.ring_sends - before.ring_sends;
     let calls = s.ring_send_calls - before.ring_send_calls;
-    eprintln!("{messages} messages: {sends} sends on the client ring in {calls} calls");
+    eprintln!("{messages} messages: {sends} sends on the ring in {calls} calls");
     if std::env::var(dds_server::BACKEND_ENV).as_deref() == Ok("epoll") {
-        assert_eq!(sends, 0, "the client leg was asked to stay on epoll");
+        assert_eq!(sends, 0, "the director was asked to stay on epoll");
     } else {
         // Each message's responses leave through the ring, at least one send per message.
         assert!(
