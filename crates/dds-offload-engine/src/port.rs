@@ -529,24 +529,38 @@ impl PortService {
     /// once with that status; a busy target keeps the read for the next call. Returns the
     /// reads taken.
     pub fn submit_to(&mut self, target: &mut impl ReadTarget, max: usize) -> usize {
-        let mut failed: [(u64, u16); 16] = [(0, 0); 16];
-        let mut nfailed = 0;
-        let n = self.drain_submissions(max.min(16), |r| {
-            // SAFETY: the director keeps `dst` valid for `size` bytes until the completion.
-            match unsafe { target.submit_read(r.op, r.dst, PORT_USER_DATA | r.token) } {
-                Ok(()) => true,
-                Err(Refused::Busy) => false,
-                Err(Refused::Status(code)) => {
-                    failed[nfailed] = (r.token, code);
-                    nfailed += 1;
-                    true
+        let mut total = 0;
+        // In steps of 16 (the refusals of a step are completed after it), up to `max`: the
+        // reads of a round reach the target together, and it submits them as one batch.
+        while total < max {
+            let step = (max - total).min(16);
+            let mut failed: [(u64, u16); 16] = [(0, 0); 16];
+            let mut nfailed = 0;
+            let mut busy = false;
+            let n = self.drain_submissions(step, |r| {
+                // SAFETY: the director keeps `dst` valid for `size` bytes until the completion.
+                match unsafe { target.submit_read(r.op, r.dst, PORT_USER_DATA | r.token) } {
+                    Ok(()) => true,
+                    Err(Refused::Busy) => {
+                        busy = true;
+                        false
+                    }
+                    Err(Refused::Status(code)) => {
+                        failed[nfailed] = (r.token, code);
+                        nfailed += 1;
+                        true
+                    }
                 }
+            });
+            for &(token, code) in &failed[..nfailed] {
+                self.complete(token, Err(code));
             }
-        });
-        for &(token, code) in &failed[..nfailed] {
-            self.complete(token, Err(code));
+            total += n;
+            if busy || n < step {
+                break;
+            }
         }
-        n
+        total
     }
 
     /// Routes a completion of the read target: returns true (and reports it) if `user_data`
@@ -659,6 +673,80 @@ mod tests {
         assert_eq!(a.invalidations_applied(), 2);
         assert_eq!(port.next_version(), 1);
         assert_eq!(a.current_version(), 1);
+    }
+
+    /// A target that takes `room` reads, refuses those of file 9 with a status, then is busy.
+    struct Target {
+        room: usize,
+        taken: Vec<u64>,
+    }
+
+    impl ReadTarget for Target {
+        unsafe fn submit_read(
+            &mut self,
+            op: ReadOp,
+            _dst: *mut u8,
+            user_data: u64,
+        ) -> Result<(), Refused> {
+            if self.taken.len() == self.room {
+                return Err(Refused::Busy);
+            }
+            if op.file_id == 9 {
+                return Err(Refused::status(Status::NotFound));
+            }
+            self.taken.push(user_data & !PORT_USER_DATA);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_rounds_reads_reach_the_target_in_one_call_up_to_its_room() {
+        let port = FileReadPort::new(PortConfig {
+            lanes: 1,
+            depth: 64,
+            invalidations: 1,
+        });
+        let a = port.lane(0).unwrap();
+        let mut svc = port.service().unwrap();
+        let mut buf = [0u8; 8];
+        for t in 0..40u64 {
+            let op = ReadOp {
+                file_id: if t % 10 == 3 { 9 } else { 1 },
+                offset: 0,
+                size: 8,
+            };
+            unsafe { a.submit_deferred(op, buf.as_mut_ptr(), t).unwrap() };
+        }
+        // More than one step of 16: all 40 in one call (4 refused with a status).
+        let mut target = Target {
+            room: 64,
+            taken: vec![],
+        };
+        assert_eq!(svc.submit_to(&mut target, 64), 40);
+        assert_eq!(target.taken.len(), 36);
+        let mut failed = vec![];
+        a.poll_completions(|t, r| failed.push((t, r)));
+        assert_eq!(
+            failed,
+            [3, 13, 23, 33].map(|t| (t, Err(Status::NotFound.code())))
+        );
+        // A busy target keeps the rest for the next call, in order.
+        for t in 40..60u64 {
+            let op = ReadOp {
+                file_id: 1,
+                offset: 0,
+                size: 8,
+            };
+            unsafe { a.submit_deferred(op, buf.as_mut_ptr(), t).unwrap() };
+        }
+        let mut target = Target {
+            room: 18,
+            taken: vec![],
+        };
+        assert_eq!(svc.submit_to(&mut target, 64), 18);
+        target.room = 64;
+        assert_eq!(svc.submit_to(&mut target, 64), 2);
+        assert_eq!(target.taken, (40..60).collect::<Vec<_>>());
     }
 
     #[test]
