@@ -709,14 +709,19 @@ mod tests {
         let a = port.lane(0).unwrap();
         let mut svc = port.service().unwrap();
         let mut buf = [0u8; 8];
-        for t in 0..40u64 {
-            let op = ReadOp {
-                file_id: if t % 10 == 3 { 9 } else { 1 },
-                offset: 0,
-                size: 8,
-            };
-            unsafe { a.submit_deferred(op, buf.as_mut_ptr(), t).unwrap() };
-        }
+        // Reads `tokens`, those ending in 3 of file 9 (refused with a status).
+        let mut queue = |tokens: std::ops::Range<u64>| {
+            for t in tokens {
+                let file_id = if t % 10 == 3 { 9 } else { 1 };
+                let op = ReadOp {
+                    file_id,
+                    offset: 0,
+                    size: 8,
+                };
+                unsafe { a.submit_deferred(op, buf.as_mut_ptr(), t).unwrap() };
+            }
+        };
+        queue(0..40);
         // More than one step of 16: all 40 in one call (4 refused with a status).
         let mut target = Target {
             room: 64,
@@ -731,22 +736,17 @@ mod tests {
             [3, 13, 23, 33].map(|t| (t, Err(Status::NotFound.code())))
         );
         // A busy target keeps the rest for the next call, in order.
-        for t in 40..60u64 {
-            let op = ReadOp {
-                file_id: 1,
-                offset: 0,
-                size: 8,
-            };
-            unsafe { a.submit_deferred(op, buf.as_mut_ptr(), t).unwrap() };
-        }
+        queue(44..64);
         let mut target = Target {
             room: 18,
             taken: vec![],
         };
-        assert_eq!(svc.submit_to(&mut target, 64), 18);
+        // 44..=62: 18 taken and 53 refused; 63 waits, and is refused at the next call.
+        assert_eq!(svc.submit_to(&mut target, 64), 19);
         target.room = 64;
-        assert_eq!(svc.submit_to(&mut target, 64), 2);
-        assert_eq!(target.taken, (40..60).collect::<Vec<_>>());
+        assert_eq!(svc.submit_to(&mut target, 64), 1);
+        let want: Vec<u64> = (44..64).filter(|t| t % 10 != 3).collect();
+        assert_eq!(target.taken, want);
     }
 
     #[test]
