@@ -69,6 +69,12 @@ pub(crate) struct Conn {
     pub(crate) host_eof: bool,
     pub(crate) host_wr_shut: bool,
     pub(crate) dirty: bool,
+    /// A client send of the ring names this connection's bytes: nothing of it is touched
+    /// until the send completes (within the round).
+    pub(crate) sending: bool,
+    /// Likewise for a send of `hout` to the host: `hout` is not touched (no message is
+    /// processed) until it completes.
+    pub(crate) host_sending: bool,
     pub(crate) retry: bool,
     pub(crate) gated: bool,
     /// Why a client message was refused: an [`Entry::Error`] ends `order`, no further

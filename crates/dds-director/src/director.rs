@@ -2,18 +2,21 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dds_cache::CacheReader;
 use dds_offload_api::{OffloadApp, MAX_HEADER_ROOM};
 use dds_offload_engine::{ExposedFiles, FileReadPort};
+use dds_server::BACKEND_ENV;
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Waker};
 
 use crate::buffer::Budget;
 use crate::config::DirectorConfig;
 use crate::stats::{DirectorStats, Stats};
+use crate::uring::SplitRing;
 use crate::worker::{Worker, LISTENER, WAKER};
 
 /// The traffic director.
@@ -103,6 +106,33 @@ impl Drop for DirectorHandle {
     }
 }
 
+/// Receive buffers of a director thread's ring, and their size.
+const RING_BUFFERS: u16 = 256;
+const RING_BUFFER_BYTES: usize = 16 << 10;
+
+/// The io_uring of one director thread's split connections, chosen as the server runtime chooses its
+/// backend (`DDS_SERVER_BACKEND`: `auto` or unset, io_uring where the kernel has it; `epoll`;
+/// `uring`, an error where it is missing).
+fn split_ring(cfg: &DirectorConfig, poll: &Poll) -> io::Result<Option<SplitRing>> {
+    let want = std::env::var(BACKEND_ENV).unwrap_or_default();
+    if want == "epoll" {
+        return Ok(None);
+    }
+    match SplitRing::new(
+        cfg.max_connections,
+        RING_BUFFERS,
+        RING_BUFFER_BYTES,
+        poll.as_raw_fd(),
+    ) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if want == "uring" => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "director: io_uring unavailable, split connections on epoll");
+            Ok(None)
+        }
+    }
+}
+
 pub(crate) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
@@ -160,10 +190,22 @@ impl Director {
         for (i, lane) in lanes.into_iter().enumerate() {
             let poll = Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-            let w2 = waker.clone();
-            lane.set_waker(move || {
-                let _ = w2.wake();
-            });
+            let uring = split_ring(&cfg, &poll)?;
+            match &uring {
+                Some(u) => lane.set_waker(u.waker()),
+                None => {
+                    let w2 = waker.clone();
+                    lane.set_waker(move || {
+                        let _ = w2.wake();
+                    });
+                }
+            }
+            if i == 0 {
+                tracing::info!(
+                    backend = if uring.is_some() { "io_uring" } else { "epoll" },
+                    "director split connections"
+                );
+            }
             let mut listener = TcpListener::from_std(std_listener.try_clone()?);
             poll.registry()
                 .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -178,6 +220,7 @@ impl Director {
                 stop.clone(),
                 stats.clone(),
                 budget.clone(),
+                uring,
             );
             wakers.push(waker);
             let hook = cfg.on_thread_start.clone();

@@ -23,6 +23,7 @@ mod merge;
 pub mod signature;
 mod split;
 pub mod stats;
+mod uring;
 mod worker;
 
 pub use config::{DirectorConfig, HostApp};

@@ -3,12 +3,15 @@
 
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 
-use dds_offload_engine::CtxState;
+use dds_offload_api::OffloadApp;
+use dds_offload_engine::{CtxState, Pool};
 use dds_proto::Status;
 
-use crate::conn::{Close, Entry};
+use crate::conn::{Close, Conn, Entry};
 use crate::stats::add;
+use crate::uring::Leg;
 use crate::worker::{would_block, Worker, IOV_MAX};
 
 impl Worker {
@@ -114,9 +117,13 @@ impl Worker {
                 stats,
                 copy_mode,
                 gated,
+                uring,
                 ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
+            if c.sending {
+                return Ok(progress);
+            }
             if *copy_mode {
                 // Copy ready DPU responses into the packet buffer (the Fig. 20 baseline).
                 for e in c.order.iter_mut() {
@@ -196,7 +203,15 @@ impl Worker {
             if niov == 0 {
                 return Ok(progress);
             }
-            let mut w = match (&c.client).write_vectored(&iov[..niov]) {
+            if let Some(u) = uring.as_mut() {
+                // Handed to the kernel with the round's other sends; retired when it
+                // completed (`Worker::sent`).
+                u.queue_send(Leg::client(slot), c.client.as_raw_fd(), &iov[..niov]);
+                add(&stats.ring_sends, 1);
+                c.sending = true;
+                return Ok(true);
+            }
+            let w = match (&c.client).write_vectored(&iov[..niov]) {
                 Ok(w) => w,
                 Err(e) if would_block(&e) => {
                     c.c_writable = false;
@@ -207,50 +222,54 @@ impl Worker {
             };
             add(&stats.client_bytes_out, w as u64);
             progress = true;
-            // Retire what was sent.
-            while w > 0 {
-                let e = *c.order.front().expect("sent bytes belong to entries");
-                let full = match e {
-                    Entry::Host { .. } => app
-                        .response_len(c.hin.data())
-                        .ok()
-                        .flatten()
-                        .expect("framed above"),
-                    Entry::Dpu { ctx } => pool.response(ctx).len(),
-                    Entry::Copied { len } => len as usize,
-                    Entry::Error => c.err_len,
-                };
-                let left = full - c.head_sent;
-                if w < left {
-                    c.head_sent += w;
-                    break;
+            retire(app.as_ref(), pool, c, w);
+        }
+    }
+}
+
+/// Retires the `w` bytes of responses sent from the head of the connection's queue: whole
+/// responses leave the queue and free what held them (host input, read buffers, the packet
+/// buffer); a partly sent one stays, with its sent prefix counted in `head_sent`.
+pub(crate) fn retire(app: &dyn OffloadApp, pool: &mut Pool, c: &mut Conn, mut w: usize) {
+    while w > 0 {
+        let e = *c.order.front().expect("sent bytes belong to entries");
+        let full = match e {
+            Entry::Host { .. } => app
+                .response_len(c.hin.data())
+                .ok()
+                .flatten()
+                .expect("framed above"),
+            Entry::Dpu { ctx } => pool.response(ctx).len(),
+            Entry::Copied { len } => len as usize,
+            Entry::Error => c.err_len,
+        };
+        let left = full - c.head_sent;
+        if w < left {
+            c.head_sent += w;
+            break;
+        }
+        w -= left;
+        c.head_sent = 0;
+        c.order.pop_front();
+        c.popped += 1;
+        match e {
+            Entry::Host { .. } => {
+                c.hin.consume(full);
+                c.host_pending -= 1;
+                c.host_retired += 1;
+                while c.pend_head < c.pend_ord.len() && c.pend_ord[c.pend_head] <= c.host_retired {
+                    c.pend_head += 1;
                 }
-                w -= left;
-                c.head_sent = 0;
-                c.order.pop_front();
-                c.popped += 1;
-                match e {
-                    Entry::Host { .. } => {
-                        c.hin.consume(full);
-                        c.host_pending -= 1;
-                        c.host_retired += 1;
-                        while c.pend_head < c.pend_ord.len()
-                            && c.pend_ord[c.pend_head] <= c.host_retired
-                        {
-                            c.pend_head += 1;
-                        }
-                    }
-                    Entry::Dpu { ctx } => {
-                        pool.release(ctx);
-                        c.dpu_ctxs -= 1;
-                    }
-                    Entry::Copied { len } => c.cout.consume(len as usize),
-                    Entry::Error => {
-                        // The error reply is the last thing the client gets.
-                        let _ = c.client.shutdown(Shutdown::Write);
-                        c.err_sent = true;
-                    }
-                }
+            }
+            Entry::Dpu { ctx } => {
+                pool.release(ctx);
+                c.dpu_ctxs -= 1;
+            }
+            Entry::Copied { len } => c.cout.consume(len as usize),
+            Entry::Error => {
+                // The error reply is the last thing the client gets.
+                let _ = c.client.shutdown(Shutdown::Write);
+                c.err_sent = true;
             }
         }
     }

@@ -2,6 +2,7 @@
 //! (`dds_offload_engine::Planner`), invalidations, the host sub-message and the file reads.
 
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 
 use dds_offload_api::{Malformed, OffloadApp, REQUEST_HEAD_BYTES, TOO_BIG};
 use dds_offload_engine::{CtxState, Sources};
@@ -9,26 +10,26 @@ use dds_proto::Status;
 
 use crate::conn::{Close, Conn, Entry};
 use crate::stats::{add, Stats};
+use crate::uring::Leg;
 use crate::worker::Worker;
 
 impl Worker {
     pub(crate) fn drive_split(&mut self, slot: usize) -> Result<(), Close> {
         {
             let c = self.conns[slot].as_mut().expect("live");
+            let was = c.host_connected;
             Self::check_host_connected(c)?;
+            if c.host_connected && !was {
+                if let Some(u) = self.uring.as_mut() {
+                    u.open(Leg::host(slot), c.gen, c.host.as_raw_fd());
+                }
+            }
         }
         loop {
-            let stats = self.stats.clone();
             let mut p;
             {
+                p = self.read_leg(Leg::client(slot))?;
                 let c = self.conns[slot].as_mut().expect("live");
-                p = Self::read_into(
-                    &mut c.client,
-                    &mut c.cin,
-                    &mut c.c_readable,
-                    &mut c.client_eof,
-                    &stats.client_bytes_in,
-                )?;
                 if c.refused.is_some() && !c.cin.is_empty() {
                     // Nothing after a refused message is framed: drop it, within a bound.
                     c.discarded = c.discarded.saturating_add(c.cin.len());
@@ -39,28 +40,12 @@ impl Worker {
                 }
             }
             p |= self.process_messages(slot)?;
-            let c = self.conns[slot].as_mut().expect("live");
-            if c.host_connected {
-                let allowed = c.hold.unwrap_or(usize::MAX);
-                let queued = c.hout.len();
-                p |= Self::write_from(
-                    &mut c.host,
-                    &mut c.hout,
-                    allowed,
-                    &mut c.h_writable,
-                    &stats.host_bytes_out,
-                )?;
-                if let Some(h) = c.hold.as_mut() {
-                    *h -= queued - c.hout.len();
-                }
-                let before = c.hin.len();
-                p |= Self::read_into(
-                    &mut c.host,
-                    &mut c.hin,
-                    &mut c.h_readable,
-                    &mut c.host_eof,
-                    &stats.host_bytes_in,
-                )?;
+            if self.conns[slot].as_ref().expect("live").host_connected {
+                let allowed = self.conns[slot].as_ref().expect("live").hold;
+                p |= self.write_host(slot, allowed.unwrap_or(usize::MAX))?;
+                let before = self.conns[slot].as_ref().expect("live").hin.len();
+                p |= self.read_leg(Leg::host(slot))?;
+                let c = self.conns[slot].as_mut().expect("live");
                 if c.hin.len() > before && c.host_pending == 0 {
                     return Err(Close::Malformed("host sent a response nobody asked for"));
                 }
@@ -88,6 +73,10 @@ impl Worker {
             }
             p |= self.flush_client(slot)?;
             let c = self.conns[slot].as_mut().expect("live");
+            if c.sending || c.host_sending {
+                // The rest once the round's sends completed (the connection is driven again).
+                return Ok(());
+            }
             if c.err_sent && c.client_eof {
                 return Err(Close::Done);
             }
@@ -153,7 +142,7 @@ impl Worker {
                 ..
             } = self;
             let c = conns[slot].as_mut().expect("live");
-            if c.host_eof || c.hold.is_some() || c.refused.is_some() {
+            if c.host_eof || c.hold.is_some() || c.refused.is_some() || c.host_sending {
                 return Ok(progress);
             }
             let n = match app.message_len(c.cin.data()) {
@@ -324,7 +313,8 @@ impl Worker {
                             }
                         // SAFETY: the buffer holds `capacity() >= op.size` bytes and is not
                         // touched until the completion is polled (or leaked at shutdown).
-                        } else if unsafe { lane.submit(op, dst, u64::from(ctx)) }.is_err() {
+                        } else if unsafe { lane.submit_deferred(op, dst, u64::from(ctx)) }.is_err()
+                        {
                             // Cannot happen (contexts <= port depth); answer Busy.
                             pool.ctxs[ctx as usize].state = CtxState::Ready;
                             let (room, data) = pool.room_and_data(ctx);

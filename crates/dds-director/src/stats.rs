@@ -47,6 +47,12 @@ dds_server::counters! {
         /// Times the service side woke a sleeping director thread (completions it waited for,
         /// or applied invalidations): about one per message of offloaded reads, not one per read.
         lane_wakeups,
+        /// Sends to clients and hosts handed to the kernel through the ring (one per socket
+        /// and round; 0 with the director on epoll).
+        ring_sends,
+        /// The system calls that handed them over (one per round that sent anything):
+        /// `ring_sends / ring_send_calls` connections answered per call.
+        ring_send_calls,
     }
     extra {
             /// Bytes of connection buffers in use (`DirectorConfig::memory_bytes` at most).

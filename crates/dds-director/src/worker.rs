@@ -1,8 +1,9 @@
 //! A director thread: its event loop, accepting, closing, splicing and socket I/O.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,12 +17,15 @@ use mio::{Events, Interest, Poll, Token};
 use crate::buffer::{Budget, Buf, OutOfMemory};
 use crate::config::{DirectorConfig, HostApp};
 use crate::conn::{Close, Conn, Entry};
+use crate::merge::retire;
 use crate::signature::{Proto, Signature};
 use crate::stats::{add, Stats};
+use crate::uring::{Ev, Leg, SplitRing};
 
 pub(crate) const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 pub(crate) const IOV_MAX: usize = 64;
+const EVENTS: usize = 1024;
 
 pub(crate) struct Worker {
     pub(crate) poll: Poll,
@@ -52,6 +56,8 @@ pub(crate) struct Worker {
     pub(crate) max_msg: usize,
     pub(crate) max_resp: usize,
     pub(crate) max_req: usize,
+    /// The io_uring of the split connections' sockets (`None`: on the `mio` poll too).
+    pub(crate) uring: Option<SplitRing>,
 }
 
 pub(crate) fn would_block(e: &io::Error) -> bool {
@@ -75,6 +81,7 @@ impl Worker {
         stop: Arc<AtomicBool>,
         stats: Arc<Stats>,
         budget: Arc<Budget>,
+        uring: Option<SplitRing>,
     ) -> Worker {
         let max_req = app.max_requests().max(1);
         let app_forward_keys = app.max_forward_keys();
@@ -113,85 +120,185 @@ impl Worker {
             max_pending: cfg.max_pending_requests.max(max_req),
             max_ctx_per_conn: cfg.max_contexts_per_conn.max(1),
             pend_cap: app_forward_keys.max(64),
+            uring,
         }
     }
 
     pub(crate) fn run(mut self) {
-        let mut events = Events::with_capacity(1024);
+        let mut events = Events::with_capacity(EVENTS);
         let mut last_applied = 0u64;
         while !self.stop.load(Ordering::Acquire) {
-            self.reap_completions();
-            let applied = self.lane.invalidations_applied();
-            if applied != last_applied {
-                last_applied = applied;
-                // Held host responses may now go out.
-                for k in 0..self.gated.len() {
-                    let slot = self.gated[k];
-                    if let Some(c) = self.conns[slot].as_mut() {
-                        c.gated = false;
-                    }
-                    self.mark(slot);
-                }
-                self.gated.clear();
-            }
-            for k in 0..self.retry.len() {
-                let slot = self.retry[k];
-                if let Some(c) = self.conns[slot].as_mut() {
-                    c.retry = false;
-                }
-                self.mark(slot);
-            }
-            let retrying = !self.retry.is_empty();
-            self.retry.clear();
+            let retrying = self.begin_round(&mut last_applied);
             self.drive_dirty();
-            let timeout = if !self.dirty.is_empty() {
-                Some(Duration::ZERO)
-            } else if retrying || !self.retry.is_empty() {
-                Some(Duration::from_millis(1))
-            } else {
-                let need = self.completions_needed();
-                if !self.lane.prepare_sleep_until(need)
-                    || self.lane.invalidations_applied() != last_applied
-                {
-                    Some(Duration::ZERO)
-                } else {
-                    Some(Duration::from_millis(100))
+            // The round's reads were queued: one wake-up of the service thread for them all.
+            self.lane.wake_service();
+            if let Some(u) = self.uring.as_mut().filter(|u| u.sending()) {
+                // The round's responses: one system call for all its connections, then
+                // the connections that sent go on.
+                add(&self.stats.ring_send_calls, 1);
+                if let Err(e) = u.finish_sends() {
+                    tracing::error!(error = %e, "director io_uring submit failed");
+                    break;
                 }
+                self.ring_events(&mut events);
+                continue;
+            }
+            let timeout = self.wait_timeout(retrying, last_applied);
+            let r = match self.uring.as_mut() {
+                Some(u) => u.wait(timeout),
+                None => self.poll.poll(&mut events, Some(timeout)),
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
+            if let Err(e) = r {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "director poll failed");
                     break;
                 }
             }
             self.lane.end_sleep();
-            for ev in events.iter() {
-                match ev.token() {
-                    LISTENER => self.accept(),
-                    WAKER => add(&self.stats.lane_wakeups, 1),
-                    Token(t) => {
-                        let slot = t / 2;
-                        let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
-                            continue;
-                        };
-                        let client_side = t % 2 == 0;
-                        let (r, w) = (
-                            ev.is_readable() || ev.is_read_closed() || ev.is_error(),
-                            ev.is_writable() || ev.is_write_closed() || ev.is_error(),
-                        );
-                        if client_side {
-                            c.c_readable |= r;
-                            c.c_writable |= w;
-                        } else {
-                            c.h_readable |= r;
-                            c.h_writable |= w;
-                        }
-                        self.mark(slot);
-                    }
-                }
+            if self.uring.is_some() {
+                self.ring_events(&mut events);
+            } else {
+                self.poll_events(&events);
             }
         }
         self.shutdown();
+    }
+
+    /// The start of a round: completed reads, applied invalidations, connections to retry.
+    /// Returns whether connections were retried.
+    fn begin_round(&mut self, last_applied: &mut u64) -> bool {
+        self.reap_completions();
+        let applied = self.lane.invalidations_applied();
+        if applied != *last_applied {
+            *last_applied = applied;
+            // Held host responses may now go out.
+            for k in 0..self.gated.len() {
+                let slot = self.gated[k];
+                if let Some(c) = self.conns[slot].as_mut() {
+                    c.gated = false;
+                }
+                self.mark(slot);
+            }
+            self.gated.clear();
+        }
+        for k in 0..self.retry.len() {
+            let slot = self.retry[k];
+            if let Some(c) = self.conns[slot].as_mut() {
+                c.retry = false;
+            }
+            self.mark(slot);
+        }
+        let retrying = !self.retry.is_empty();
+        self.retry.clear();
+        retrying
+    }
+
+    /// How long the thread may wait for events: not at all with connections to drive, 1 ms
+    /// while retrying, otherwise until the lane has the completions the connections need.
+    fn wait_timeout(&mut self, retrying: bool, last_applied: u64) -> Duration {
+        if !self.dirty.is_empty() {
+            Duration::ZERO
+        } else if retrying || !self.retry.is_empty() {
+            Duration::from_millis(1)
+        } else {
+            let need = self.completions_needed();
+            if !self.lane.prepare_sleep_until(need)
+                || self.lane.invalidations_applied() != last_applied
+            {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(100)
+            }
+        }
+    }
+
+    /// Readiness events of the `mio` poll.
+    fn poll_events(&mut self, events: &Events) {
+        for ev in events.iter() {
+            match ev.token() {
+                LISTENER => self.accept(),
+                WAKER => add(&self.stats.lane_wakeups, 1),
+                Token(t) => {
+                    let slot = t / 2;
+                    let Some(c) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
+                        continue;
+                    };
+                    let client_side = t % 2 == 0;
+                    let (r, w) = (
+                        ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                        ev.is_writable() || ev.is_write_closed() || ev.is_error(),
+                    );
+                    if client_side {
+                        c.c_readable |= r;
+                        c.c_writable |= w;
+                    } else {
+                        c.h_readable |= r;
+                        c.h_writable |= w;
+                    }
+                    self.mark(slot);
+                }
+            }
+        }
+    }
+
+    /// Completions of the ring: received bytes, finished sends, and the `mio` poll's
+    /// events when its descriptor became readable.
+    fn ring_events(&mut self, events: &mut Events) {
+        let n = self.uring.as_ref().map_or(0, |u| u.events().len());
+        let mut epoll = false;
+        for k in 0..n {
+            match self.uring.as_ref().expect("ring").event(k) {
+                Ev::Received(leg) => self.mark(leg.slot),
+                Ev::Sent(leg, res) => self.sent(leg, res),
+                Ev::Epoll => epoll = true,
+                Ev::Woken => add(&self.stats.lane_wakeups, 1),
+            }
+        }
+        while epoll {
+            if let Err(e) = self.poll.poll(events, Some(Duration::ZERO)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::warn!(error = %e, "director poll failed");
+                }
+                return;
+            }
+            self.poll_events(events);
+            epoll = events.iter().count() == EVENTS;
+        }
+    }
+
+    /// A send of the ring completed: what was sent is retired (responses leave the queue,
+    /// a host message leaves `hout`).
+    fn sent(&mut self, leg: Leg, res: i32) {
+        let slot = leg.slot;
+        let Some(c) = self.conns[slot].as_mut() else {
+            return;
+        };
+        if leg.host {
+            c.host_sending = false;
+        } else {
+            c.sending = false;
+        }
+        match res {
+            0.. => {
+                let w = res as usize;
+                if leg.host {
+                    c.hout.consume(w);
+                    if let Some(h) = c.hold.as_mut() {
+                        *h -= w;
+                    }
+                    add(&self.stats.host_bytes_out, w as u64);
+                } else {
+                    add(&self.stats.client_bytes_out, w as u64);
+                    retire(self.app.as_ref(), &mut self.pool, c, w);
+                }
+                self.mark(slot);
+            }
+            _ if -res == libc::EAGAIN && leg.host => c.h_writable = false,
+            _ if -res == libc::EAGAIN => c.c_writable = false,
+            _ if -res == libc::EINTR => self.mark(slot),
+            _ if leg.host => self.close(slot, Close::Abort("host connection reset")),
+            _ => self.close(slot, Close::Abort("client connection reset")),
+        }
     }
 
     pub(crate) fn shutdown(mut self) {
@@ -315,9 +422,20 @@ impl Worker {
             let _ = client.set_nodelay(true);
             let _ = host.set_nodelay(true);
             let both = Interest::READABLE | Interest::WRITABLE;
+            // With the ring, a split connection's bytes arrive through it; the poll tells only
+            // when a full socket takes bytes again (and when the host's connect completed).
+            let interest = if split && self.uring.is_some() {
+                Interest::WRITABLE
+            } else {
+                both
+            };
             let reg = self.poll.registry();
-            if reg.register(&mut client, Token(slot * 2), both).is_err()
-                || reg.register(&mut host, Token(slot * 2 + 1), both).is_err()
+            if reg
+                .register(&mut client, Token(slot * 2), interest)
+                .is_err()
+                || reg
+                    .register(&mut host, Token(slot * 2 + 1), interest)
+                    .is_err()
             {
                 tracing::warn!(%peer, "cannot register connection");
                 self.free_slots.push(slot);
@@ -367,6 +485,8 @@ impl Worker {
                 host_eof: false,
                 host_wr_shut: false,
                 dirty: false,
+                sending: false,
+                host_sending: false,
                 retry: false,
                 gated: false,
                 refused: None,
@@ -375,6 +495,12 @@ impl Worker {
                 err_sent: false,
                 discarded: 0,
             }));
+            if split {
+                if let Some(u) = self.uring.as_mut() {
+                    let c = self.conns[slot].as_ref().expect("just placed");
+                    u.open(Leg::client(slot), c.gen, c.client.as_raw_fd());
+                }
+            }
             tracing::debug!(%peer, split, "connection accepted");
             self.mark(slot);
         }
@@ -386,10 +512,11 @@ impl Worker {
         while i < self.dirty.len() {
             let slot = self.dirty[i];
             i += 1;
-            if let Some(c) = self.conns[slot].as_mut() {
-                c.dirty = false;
-            } else {
-                continue;
+            match self.conns[slot].as_mut() {
+                // Driven again once its send completed.
+                Some(c) if c.sending || c.host_sending => continue,
+                Some(c) => c.dirty = false,
+                None => continue,
             }
             let r = if self.conns[slot].as_ref().is_some_and(|c| c.split) {
                 self.drive_split(slot)
@@ -426,6 +553,12 @@ impl Worker {
                 set_linger_zero(&c.host);
             }
         }
+        if c.split {
+            if let Some(u) = self.uring.as_mut() {
+                u.close(Leg::client(slot));
+                u.close(Leg::host(slot));
+            }
+        }
         let reg = self.poll.registry();
         let _ = reg.deregister(&mut c.client);
         let _ = reg.deregister(&mut c.host);
@@ -438,6 +571,68 @@ impl Worker {
             }
         }
         self.free_slots.push(slot);
+    }
+
+    /// Takes a split connection's bytes from the client into `cin` or from the host into
+    /// `hin` (from the ring, or read from the socket); Ok(true) on progress.
+    pub(crate) fn read_leg(&mut self, leg: Leg) -> Result<bool, Close> {
+        let c = self.conns[leg.slot].as_mut().expect("live");
+        let (s, buf, readable, eof, counter) = if leg.host {
+            (
+                &mut c.host,
+                &mut c.hin,
+                &mut c.h_readable,
+                &mut c.host_eof,
+                &self.stats.host_bytes_in,
+            )
+        } else {
+            (
+                &mut c.client,
+                &mut c.cin,
+                &mut c.c_readable,
+                &mut c.client_eof,
+                &self.stats.client_bytes_in,
+            )
+        };
+        match self.uring.as_mut() {
+            Some(u) => u
+                .take(leg, buf, eof, counter)
+                .map_err(|()| Close::Abort("connection reset")),
+            None => Self::read_into(s, buf, readable, eof, counter),
+        }
+    }
+
+    /// Sends `hout` to the host, up to `allowed` bytes (through the ring, retired when the
+    /// send completed, or written to the socket); Ok(true) on progress.
+    pub(crate) fn write_host(&mut self, slot: usize, allowed: usize) -> Result<bool, Close> {
+        let c = self.conns[slot].as_mut().expect("live");
+        if let Some(u) = self.uring.as_mut() {
+            let n = c.hout.len().min(allowed);
+            if c.host_sending || !c.h_writable || n == 0 {
+                return Ok(false);
+            }
+            // Handed to the kernel with the round's other sends (`Worker::sent`).
+            u.queue_send(
+                Leg::host(slot),
+                c.host.as_raw_fd(),
+                &[IoSlice::new(&c.hout.data()[..n])],
+            );
+            add(&self.stats.ring_sends, 1);
+            c.host_sending = true;
+            return Ok(true);
+        }
+        let queued = c.hout.len();
+        let p = Self::write_from(
+            &mut c.host,
+            &mut c.hout,
+            allowed,
+            &mut c.h_writable,
+            &self.stats.host_bytes_out,
+        )?;
+        if let Some(h) = c.hold.as_mut() {
+            *h -= queued - c.hout.len();
+        }
+        Ok(p)
     }
 
     /// Reads from `s` into `buf`; Ok(true) on progress.

@@ -430,7 +430,7 @@ impl Service {
         let offload = &mut self.offload;
         let completed = self.fs.poll(|user, result| {
             if let Some(o) = offload.as_mut() {
-                if o.port.on_completion(user, port_result(&result)) {
+                if o.port.on_completion_deferred(user, port_result(&result)) {
                     return;
                 }
             }
@@ -441,6 +441,10 @@ impl Service {
                 None => tracing::error!(user, "completion for a vanished group"),
             }
         });
+        if let Some(o) = offload.as_ref() {
+            // The directors' completions of this round: one wake-up each.
+            o.port.wake_lanes();
+        }
         worked |= completed > 0;
         let batch = self.config.delivery_batch_bytes;
         for index in order {

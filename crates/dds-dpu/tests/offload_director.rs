@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use dds_apps::offload::pagestore::{MessageBuilder, OP_READ, OP_WRITE};
 use dds_apps::offload::{PagestoreApp, PagestoreConfig};
+use dds_director::DirectorHandle;
 use dds_offload_api::OffloadApp;
 use rand::{Rng, SeedableRng};
 
@@ -509,25 +510,32 @@ fn private_files_are_never_read_on_the_dpu() {
     );
 }
 
+/// A DPU whose device reports reads one by one, `latency` apart, a pagestore host server, a
+/// one-thread director, and a client that wrote 64 pages through the host (cache-on-write
+/// makes them offloadable).
+fn slow_director_with_pages(latency: Duration) -> (Dpu, HostServer, DirectorHandle, Client) {
+    let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::new(PagestoreConfig::default()));
+    let dpu = Dpu::start_slow(app.clone(), 1, latency);
+    let files = dpu.files();
+    let file = files.create("/pages");
+    let host = pagestore_server(loopback(), files);
+    let d = director(&dpu, app, host.addr, |c| c.threads = 1);
+    let mut c = Client::new(d.local_addr(), file, Vec::new());
+    for chunk in 0..8 {
+        let reqs: Vec<_> = (0..8).map(|i| (true, chunk * 8 + i, 1)).collect();
+        c.send(&reqs, chunk as u64);
+        c.check(8);
+    }
+    (dpu, host, d, c)
+}
+
 /// On a device that reports reads one by one, 300 µs apart, a message's eight reads complete
 /// over 2.4 ms. A director thread sleeps until a message's reads are all done
 /// (`prepare_sleep_until`), so messages of eight offloaded reads, sent one at a time, cost
 /// about one wake-up each, not one per read.
 #[test]
 fn a_message_of_offloaded_reads_wakes_the_director_about_once() {
-    let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::new(PagestoreConfig::default()));
-    let dpu = Dpu::start_slow(app.clone(), 1, Duration::from_micros(300));
-    let files = dpu.files();
-    let file = files.create("/pages");
-    let host = pagestore_server(loopback(), files);
-    let d = director(&dpu, app, host.addr, |c| c.threads = 1);
-    let mut c = Client::new(d.local_addr(), file, Vec::new());
-    // 64 pages written through the host (cache-on-write makes them offloadable).
-    for chunk in 0..8 {
-        let reqs: Vec<_> = (0..8).map(|i| (true, chunk * 8 + i, 1)).collect();
-        c.send(&reqs, chunk as u64);
-        c.check(8);
-    }
+    let (_dpu, _host, d, mut c) = slow_director_with_pages(Duration::from_micros(300));
     let before = d.stats();
     let messages = 40u64;
     for m in 0..messages {
@@ -545,5 +553,50 @@ fn a_message_of_offloaded_reads_wakes_the_director_about_once() {
         wakeups <= 2 * messages,
         "{wakeups} wake-ups for {messages} messages: the director woke per read"
     );
+    d.shutdown();
+}
+
+/// Sixteen clients with a message of eight offloaded reads each in flight at once: every
+/// response is right and in order, and (on io_uring, the default) leaves through the ring's
+/// sends, several connections' per system call when their reads complete together.
+#[test]
+fn concurrent_clients_are_answered_through_the_ring() {
+    let (_dpu, _host, d, writer) = slow_director_with_pages(Duration::from_micros(100));
+    let mut clients: Vec<Client> = (0..16)
+        .map(|_| Client::new(d.local_addr(), writer.file, writer.model.clone()))
+        .collect();
+    let before = d.stats();
+    let rounds = 20u64;
+    for r in 0..rounds {
+        // Every client's message is in flight at once: their responses complete together.
+        for (k, c) in clients.iter_mut().enumerate() {
+            let reqs: Vec<_> = (0..8)
+                .map(|i| (false, ((r * 5 + k as u64 * 3 + i * 7) % 64) as usize, 1))
+                .collect();
+            c.send(&reqs, 1000 + r * 100 + k as u64);
+        }
+        for c in clients.iter_mut() {
+            c.check(8);
+        }
+    }
+    let s = d.stats();
+    let messages = rounds * clients.len() as u64;
+    assert_eq!(s.offloaded - before.offloaded, messages * 8, "{s:?}");
+    let sends = s.ring_sends - before.ring_sends;
+    let calls = s.ring_send_calls - before.ring_send_calls;
+    eprintln!("{messages} messages: {sends} sends on the ring in {calls} calls");
+    if std::env::var(dds_server::BACKEND_ENV).as_deref() == Ok("epoll") {
+        assert_eq!(sends, 0, "the director was asked to stay on epoll");
+    } else {
+        // Each message's responses leave through the ring, at least one send per message.
+        assert!(
+            sends >= messages,
+            "{sends} ring sends for {messages} messages"
+        );
+        assert!(
+            calls >= 1 && calls <= sends,
+            "{calls} calls for {sends} sends"
+        );
+    }
     d.shutdown();
 }

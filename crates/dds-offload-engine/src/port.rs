@@ -280,6 +280,19 @@ impl LaneHandle {
     /// `dst` must be valid for writes of `op.size` bytes and must not be accessed until the
     /// completion of `token` has been returned by [`poll_completions`](Self::poll_completions).
     pub unsafe fn submit(&self, op: ReadOp, dst: *mut u8, token: u64) -> Result<(), Busy> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit_deferred(op, dst, token) }?;
+        self.port.wake_service();
+        Ok(())
+    }
+
+    /// [`submit`](Self::submit) without waking a sleeping service thread: the reads of a
+    /// round are queued, then [`wake_service`](Self::wake_service) wakes it once for all of
+    /// them (and does not preempt the round on a shared core at its first read).
+    ///
+    /// # Safety
+    /// As for [`submit`](Self::submit).
+    pub unsafe fn submit_deferred(&self, op: ReadOp, dst: *mut u8, token: u64) -> Result<(), Busy> {
         let lane = self.lane();
         if token >> TOKEN_BITS != 0 || lane.inflight.load(Ordering::Relaxed) >= self.port.depth {
             return Err(Busy);
@@ -291,8 +304,12 @@ impl LaneHandle {
         };
         lane.sub.push(read).map_err(|_| Busy)?;
         lane.inflight.fetch_add(1, Ordering::Relaxed);
-        self.port.wake_service();
         Ok(())
+    }
+
+    /// Wakes the service thread if it sleeps (after [`submit_deferred`](Self::submit_deferred)).
+    pub fn wake_service(&self) {
+        self.port.wake_service();
     }
 
     /// Reads submitted and not yet returned by `poll_completions`.
@@ -444,9 +461,40 @@ impl PortService {
 
     /// Reports the completion of the read `token` (from [`PortRead::token`]).
     pub fn complete(&self, token: u64, result: PortResult) {
+        if let Some(lane) = self.push_completion(token, result) {
+            // Pairs with the thread's `sleeping` store before its last look at `done`:
+            // either it sees this completion or this sees it asleep.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if lane.wake_due() {
+                lane.wake();
+            }
+        }
+    }
+
+    /// Queues the completion of the read `token` without waking its thread: a batch of
+    /// completions is followed by one [`PortService::wake_lanes`], so a director thread
+    /// is woken once per batch, not at its first completion while the rest is still coming.
+    pub fn complete_deferred(&self, token: u64, result: PortResult) {
+        self.push_completion(token, result);
+    }
+
+    /// Wakes every sleeping lane thread whose completions are due (after
+    /// [`PortService::complete_deferred`] or
+    /// [`PortService::on_completion_deferred`]).
+    pub fn wake_lanes(&self) {
+        // Pairs with each thread's `sleeping` store before its last look at `done`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for lane in self.port.lanes.iter() {
+            if lane.wake_due() {
+                lane.wake();
+            }
+        }
+    }
+
+    fn push_completion(&self, token: u64, result: PortResult) -> Option<&Lane> {
         let Some(lane) = self.port.lanes.get((token >> TOKEN_BITS) as usize) else {
             tracing::error!(token, "completion for an unknown lane dropped");
-            return;
+            return None;
         };
         // Cannot fail: a lane never has more than `depth` reads outstanding.
         let mut item = (token, result);
@@ -454,12 +502,7 @@ impl PortService {
             item = back;
             std::thread::yield_now();
         }
-        // Pairs with the thread's `sleeping` store before its last look at `done`: either it
-        // sees this completion or this sees it asleep.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if lane.wake_due() {
-            lane.wake();
-        }
+        Some(lane)
     }
 
     /// Calls `f(key, version)` for every queued invalidation, then publishes per lane that
@@ -486,24 +529,38 @@ impl PortService {
     /// once with that status; a busy target keeps the read for the next call. Returns the
     /// reads taken.
     pub fn submit_to(&mut self, target: &mut impl ReadTarget, max: usize) -> usize {
-        let mut failed: [(u64, u16); 16] = [(0, 0); 16];
-        let mut nfailed = 0;
-        let n = self.drain_submissions(max.min(16), |r| {
-            // SAFETY: the director keeps `dst` valid for `size` bytes until the completion.
-            match unsafe { target.submit_read(r.op, r.dst, PORT_USER_DATA | r.token) } {
-                Ok(()) => true,
-                Err(Refused::Busy) => false,
-                Err(Refused::Status(code)) => {
-                    failed[nfailed] = (r.token, code);
-                    nfailed += 1;
-                    true
+        let mut total = 0;
+        // In steps of 16 (the refusals of a step are completed after it), up to `max`: the
+        // reads of a round reach the target together, and it submits them as one batch.
+        while total < max {
+            let step = (max - total).min(16);
+            let mut failed: [(u64, u16); 16] = [(0, 0); 16];
+            let mut nfailed = 0;
+            let mut busy = false;
+            let n = self.drain_submissions(step, |r| {
+                // SAFETY: the director keeps `dst` valid for `size` bytes until the completion.
+                match unsafe { target.submit_read(r.op, r.dst, PORT_USER_DATA | r.token) } {
+                    Ok(()) => true,
+                    Err(Refused::Busy) => {
+                        busy = true;
+                        false
+                    }
+                    Err(Refused::Status(code)) => {
+                        failed[nfailed] = (r.token, code);
+                        nfailed += 1;
+                        true
+                    }
                 }
+            });
+            for &(token, code) in &failed[..nfailed] {
+                self.complete(token, Err(code));
             }
-        });
-        for &(token, code) in &failed[..nfailed] {
-            self.complete(token, Err(code));
+            total += n;
+            if busy || n < step {
+                break;
+            }
         }
-        n
+        total
     }
 
     /// Routes a completion of the read target: returns true (and reports it) if `user_data`
@@ -513,6 +570,16 @@ impl PortService {
             return false;
         }
         self.complete(user_data & !PORT_USER_DATA, result);
+        true
+    }
+
+    /// [`PortService::on_completion`] without the wake-up: call
+    /// [`PortService::wake_lanes`] after the batch.
+    pub fn on_completion_deferred(&self, user_data: u64, result: PortResult) -> bool {
+        if user_data & PORT_USER_DATA == 0 {
+            return false;
+        }
+        self.complete_deferred(user_data & !PORT_USER_DATA, result);
         true
     }
 
@@ -606,6 +673,80 @@ mod tests {
         assert_eq!(a.invalidations_applied(), 2);
         assert_eq!(port.next_version(), 1);
         assert_eq!(a.current_version(), 1);
+    }
+
+    /// A target that takes `room` reads, refuses those of file 9 with a status, then is busy.
+    struct Target {
+        room: usize,
+        taken: Vec<u64>,
+    }
+
+    impl ReadTarget for Target {
+        unsafe fn submit_read(
+            &mut self,
+            op: ReadOp,
+            _dst: *mut u8,
+            user_data: u64,
+        ) -> Result<(), Refused> {
+            if self.taken.len() == self.room {
+                return Err(Refused::Busy);
+            }
+            if op.file_id == 9 {
+                return Err(Refused::status(Status::NotFound));
+            }
+            self.taken.push(user_data & !PORT_USER_DATA);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_rounds_reads_reach_the_target_in_one_call_up_to_its_room() {
+        let port = FileReadPort::new(PortConfig {
+            lanes: 1,
+            depth: 64,
+            invalidations: 1,
+        });
+        let a = port.lane(0).unwrap();
+        let mut svc = port.service().unwrap();
+        let mut buf = [0u8; 8];
+        // Reads `tokens`, those ending in 3 of file 9 (refused with a status).
+        let mut queue = |tokens: std::ops::Range<u64>| {
+            for t in tokens {
+                let file_id = if t % 10 == 3 { 9 } else { 1 };
+                let op = ReadOp {
+                    file_id,
+                    offset: 0,
+                    size: 8,
+                };
+                unsafe { a.submit_deferred(op, buf.as_mut_ptr(), t).unwrap() };
+            }
+        };
+        queue(0..40);
+        // More than one step of 16: all 40 in one call (4 refused with a status).
+        let mut target = Target {
+            room: 64,
+            taken: vec![],
+        };
+        assert_eq!(svc.submit_to(&mut target, 64), 40);
+        assert_eq!(target.taken.len(), 36);
+        let mut failed = vec![];
+        a.poll_completions(|t, r| failed.push((t, r)));
+        assert_eq!(
+            failed,
+            [3, 13, 23, 33].map(|t| (t, Err(Status::NotFound.code())))
+        );
+        // A busy target keeps the rest for the next call, in order.
+        queue(44..64);
+        let mut target = Target {
+            room: 18,
+            taken: vec![],
+        };
+        // 44..=62: 18 taken and 53 refused; 63 waits, and is refused at the next call.
+        assert_eq!(svc.submit_to(&mut target, 64), 19);
+        target.room = 64;
+        assert_eq!(svc.submit_to(&mut target, 64), 1);
+        let want: Vec<u64> = (44..64).filter(|t| t % 10 != 3).collect();
+        assert_eq!(target.taken, want);
     }
 
     #[test]

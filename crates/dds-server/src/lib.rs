@@ -43,6 +43,8 @@ mod event_loop;
 mod io;
 mod uring;
 
+pub use uring::BufRing;
+
 pub use budget::Budget;
 pub use conn::{Out, Ticket};
 pub use event_loop::{bind_listener, Completions, LoopCounters, LoopStats, Server};

@@ -68,7 +68,7 @@ fn same_gen(data: u64) -> impl Fn(u32) -> bool {
 /// The receive buffers and the ring through which they are lent to the kernel
 /// (`IORING_REGISTER_PBUF_RING`). Both are allocated once, page-aligned; the kernel writes
 /// into a buffer only while it is in the ring.
-struct BufRing {
+pub struct BufRing {
     ring: *mut BufRingEntry,
     ring_layout: Layout,
     mem: *mut u8,
@@ -80,7 +80,8 @@ struct BufRing {
 }
 
 impl BufRing {
-    fn new(entries: u16, size: usize) -> io::Result<BufRing> {
+    /// `entries` (a power of two) buffers of `size` bytes, none lent to a kernel yet.
+    pub fn new(entries: u16, size: usize) -> io::Result<BufRing> {
         let oom = || io::Error::new(io::ErrorKind::OutOfMemory, "receive buffers");
         let ring_layout =
             Layout::from_size_align(usize::from(entries) * size_of::<BufRingEntry>(), 4096)
@@ -112,7 +113,7 @@ impl BufRing {
     }
 
     /// Lends buffer `bid` to the kernel (visible at the next [`BufRing::publish`]).
-    fn give(&mut self, bid: u16) {
+    pub fn give(&mut self, bid: u16) {
         debug_assert!(bid < self.entries);
         let at = usize::from(self.tail & (self.entries - 1));
         // SAFETY: `at` < entries; the kernel reads entries only up to the published tail, and
@@ -124,15 +125,33 @@ impl BufRing {
         self.tail = self.tail.wrapping_add(1);
     }
 
-    fn publish(&self) {
+    /// Makes the buffers given so far visible to the kernel.
+    pub fn publish(&self) {
         // SAFETY: the tail field lives in the first entry of the ring, which the kernel reads
         // atomically; it is written only here.
         let tail = unsafe { AtomicU16::from_ptr(BufRingEntry::tail(self.ring).cast_mut()) };
         tail.store(self.tail, Ordering::Release);
     }
 
+    /// Registers the ring with `ring` as buffer group `group` (`IORING_REGISTER_PBUF_RING`).
+    ///
+    /// # Safety
+    /// `self` must outlive the registration: drop `ring` (or unregister) before `self`.
+    pub unsafe fn register(&self, ring: &IoUring, group: u16) -> io::Result<()> {
+        // SAFETY: the entries stay allocated and in place for as long as the caller promised.
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(self.ring as u64, self.entries, group, 0)
+        }
+    }
+
+    /// The buffers' count (a power of two).
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+
     /// The first `len` bytes of buffer `bid`, which the kernel filled and returned.
-    fn bytes(&self, bid: u16, len: usize) -> &[u8] {
+    pub fn bytes(&self, bid: u16, len: usize) -> &[u8] {
         assert!(bid < self.entries && len <= self.size);
         // SAFETY: in bounds; the kernel does not write a buffer that is not in the ring.
         unsafe { std::slice::from_raw_parts(self.mem.add(usize::from(bid) * self.size), len) }
@@ -239,10 +258,7 @@ impl Uring {
         let bufs = BufRing::new(entries, cfg.read_bytes.max(4096))?;
         // SAFETY: the ring of entries stays allocated (and is not moved) until the io_uring
         // is dropped, which happens first (field order).
-        unsafe {
-            ring.submitter()
-                .register_buf_ring_with_flags(bufs.ring as u64, entries, GROUP, 0)?;
-        }
+        unsafe { bufs.register(&ring, GROUP)? };
         let n = cfg.max_connections.max(1);
         let mut u = Uring {
             ring,
