@@ -41,6 +41,7 @@ use crate::report::{fmt_num, Report, Table};
 
 mod echo_bench;
 mod figures;
+mod netns;
 mod procs;
 
 pub use echo_bench::run_echo;
@@ -98,11 +99,27 @@ pub struct RemoteArgs {
     /// Let the DPU share the host's cores (the results go beside the dedicated-core run's).
     #[arg(long)]
     pub shared_cores: bool,
+    /// `netns`: after the loopback run, the three modes again through client, DPU and host
+    /// network namespaces, the clients addressing the host and the DPU steering the server's
+    /// flows to its director (`docs/bump-in-the-wire.md`; needs root and nftables).
+    #[arg(long, value_enum, default_value = "loopback")]
+    pub topology: TopologyArg,
     /// Rounds over all modes and load points: the summary's ratios are the medians of the
     /// rounds' ratios (this machine's figures move by tens of percent between runs); the
     /// tables and plots show the first round.
     #[arg(long, default_value_t = 1)]
     pub trials: usize,
+}
+
+/// How the clients reach the servers in `dds bench remote`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyArg {
+    /// Every process on the loopback interface; clients of mode (c) connect to the
+    /// director's port.
+    Loopback,
+    /// The loopback run, then the modes through network namespaces with flow rules.
+    Netns,
 }
 
 /// Settings of `dds bench echo`.
@@ -133,7 +150,10 @@ pub struct EchoBenchArgs {
 // ---------------------------------------------------------------------------------------------
 // The remote-storage benchmark
 
+#[derive(Clone)]
 struct Plan {
+    /// The namespaces of `--topology netns` (`None`: loopback).
+    ns: Option<netns::NsPlan>,
     files: usize,
     file_size: u64,
     io_size: u32,
@@ -335,8 +355,16 @@ fn run_mode(
     }
     for &cores in &core_counts {
         let list = cpu_list(&plan.host_cpus[..cores]);
-        let listen = "127.0.0.1:0".parse()?;
-        let mut cmd = dds_command(&server_args(plan, backend, where_, listen), Some(&list))?;
+        let listen = match &plan.ns {
+            Some(_) => netns::SERVER,
+            None => "127.0.0.1:0".parse()?,
+        };
+        let host_ns = plan.ns.as_ref().map(|n| n.host.as_str());
+        let mut cmd = dds_command(
+            &server_args(plan, backend, where_, listen),
+            Some(&list),
+            host_ns,
+        )?;
         let (mut server, ready) =
             spawn_ready("pagestore server", &mut cmd, Duration::from_secs(120))?;
         let (mut addr, files) = parse_ready(&ready)?;
@@ -446,6 +474,7 @@ pub fn run_remote(a: RemoteArgs, command: String) -> Result<Report> {
     let machine = Machine::detect();
     let place = Placement::plan(machine.nproc, a.dpu_cpus.as_deref(), a.shared_cores)?;
     let plan = Plan {
+        ns: None,
         files: a.files.max(1),
         file_size: a
             .file_size
@@ -490,10 +519,15 @@ pub fn run_remote(a: RemoteArgs, command: String) -> Result<Report> {
             })
             .collect::<Result<Vec<RemoteRun>>>()
     });
+    let netns_run = match (&result, a.topology) {
+        (Ok(_), TopologyArg::Netns) => Some(netns::run(&a, &plan, &place, &work)),
+        _ => None,
+    };
     if cleanup {
         let _ = std::fs::remove_dir_all(&work);
     }
     let mut rounds = result?;
+    let netns_run = netns_run.transpose()?;
     // The first round is the one shown; every round's ratios go into the medians.
     let round_ratios: Vec<[f64; 3]> = rounds.iter().map(|r| offload_ratios(&r.0).0).collect();
     let (points, c_unavailable, director, elapsed) = rounds.remove(0);
@@ -504,7 +538,13 @@ pub fn run_remote(a: RemoteArgs, command: String) -> Result<Report> {
             all_points.push(p);
         }
     }
-    let summary = remote_summary(&points, c_unavailable, director, elapsed, &round_ratios);
+    let mut summary = remote_summary(&points, c_unavailable, director, elapsed, &round_ratios);
+    let mut points = points;
+    if let Some(n) = netns_run {
+        netns_summary(&mut summary, &points, &n);
+        points.extend(n.points.iter().cloned());
+        all_points.extend(n.points);
+    }
     let max_cores = plan.max_cores();
     let config = json!({
         "args": a,
@@ -593,7 +633,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) ->
     let mut base_args = dpu_args(&device, &socket, &a.dma_cost);
     base_args.extend(place.dpu_args());
     let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let (mut dpu, _, _) = start_dpu(&base_args)?;
+    let (mut dpu, _, _) = start_dpu(&base_args, None)?;
     let r = run_mode(
         "b",
         "dds",
@@ -614,7 +654,7 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) ->
         let mut args = base_args.clone();
         match offload_dpu_args(&mut args, copy) {
             Ok(()) => {
-                let (mut dpu, stats, director) = start_dpu(&args)?;
+                let (mut dpu, stats, director) = start_dpu(&args, None)?;
                 let director = director.context("dds dpu's ready line names no director")?;
                 let r = run_mode(
                     mode,
@@ -693,6 +733,42 @@ fn remote_summary(
         "director": director,
         "elapsed_s": elapsed_s,
     })
+}
+
+/// The netns run's figures in the summary: each mode's (`netns.a`, `netns.b`, `netns.c`),
+/// `netns_offload_over_direct_peak` (peak reads of mode c through the steered topology against
+/// mode c of the same run on loopback, its clients connecting to the director's port),
+/// `netns_bypass_flows_seen_by_director`, and their targets.
+fn netns_summary(summary: &mut Value, loopback: &[Value], n: &netns::NetnsRun) {
+    use crate::report::{ratio, Target};
+    let peak = |points: &[Value], mode: &str| {
+        points
+            .iter()
+            .filter(|p| p["mode"] == mode && p["op"] == "read")
+            .map(|p| f(p, "throughput"))
+            .fold(0.0f64, f64::max)
+    };
+    let r = ratio(peak(&n.points, "netns-c"), peak(loopback, "c"));
+    summary["netns"] = json!({
+        "a": summarize(&n.points, "netns-a", "TCP + OS files, through the namespaces"),
+        "b": summarize(&n.points, "netns-b", "TCP + DDS files, through the namespaces"),
+        "c": summarize(&n.points, "netns-c", "DDS offload, flows steered by the DPU's rules"),
+        "director": n.director,
+    });
+    summary["netns_offload_over_direct_peak"] = json!(r);
+    summary["netns_bypass_flows_seen_by_director"] = json!(n.bypass_seen);
+    if let Some(t) = summary["targets"].as_array_mut() {
+        for target in [
+            Target::at_least("netns_offload_over_direct_peak", r, 0.9),
+            Target::at_most(
+                "netns_bypass_flows_seen_by_director",
+                n.bypass_seen as f64,
+                0.0,
+            ),
+        ] {
+            t.push(serde_json::to_value(target).expect("a target"));
+        }
+    }
 }
 
 /// DDS offload (mode c) against the baseline (mode a), reads: peak throughput, CPU per read

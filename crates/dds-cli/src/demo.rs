@@ -186,6 +186,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         no_writes: true,
         dpu_cpus: None,
         shared_cores: false,
+        topology: dds_bench::remote::TopologyArg::Loopback,
         trials: 1,
         out: Some(out.clone()),
     };

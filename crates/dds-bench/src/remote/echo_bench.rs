@@ -31,7 +31,7 @@ pub fn run_echo(a: EchoBenchArgs, command: String) -> Result<Report> {
             "--role".into(),
             role.to_string(),
         ];
-        let mut cmd = dds_command(&args, cpus.as_deref())?;
+        let mut cmd = dds_command(&args, cpus.as_deref(), None)?;
         let (mut server, ready) = spawn_ready("echo server", &mut cmd, Duration::from_secs(30))?;
         let addr: SocketAddr = ready["listen"]
             .as_str()

@@ -18,23 +18,28 @@ pub(super) fn have_taskset() -> bool {
         .unwrap_or(false)
 }
 
-/// `dds <args>`, pinned to `cpus` (a taskset list) when given. taskset execs the command, so
-/// the child's pid is the dds process's.
-pub(super) fn dds_command(args: &[String], cpus: Option<&str>) -> Result<Command> {
+/// `dds <args>`, pinned to `cpus` (a taskset list) when given, in network namespace `ns`
+/// when given (`ip netns exec`). taskset and `ip netns exec` exec the command, so the
+/// child's pid is the dds process's.
+pub(super) fn dds_command(
+    args: &[String],
+    cpus: Option<&str>,
+    ns: Option<&str>,
+) -> Result<Command> {
     let exe = std::env::current_exe().context("locate the dds binary")?;
-    Ok(match cpus {
-        Some(list) if have_taskset() => {
-            let mut c = Command::new("taskset");
-            c.arg("-c").arg(list).arg(exe).args(args);
-            c
-        }
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(ns) = ns {
+        argv.extend(["ip", "netns", "exec", ns].map(Into::into));
+    }
+    match cpus {
+        Some(list) if have_taskset() => argv.extend(["taskset", "-c", list].map(Into::into)),
         Some(list) => bail!("taskset is not installed; cannot pin to CPUs {list}"),
-        None => {
-            let mut c = Command::new(exe);
-            c.args(args);
-            c
-        }
-    })
+        None => {}
+    }
+    argv.push(exe.into());
+    let mut c = Command::new(&argv[0]);
+    c.args(&argv[1..]).args(args);
+    Ok(c)
 }
 
 /// Spawns a process that prints one JSON ready line on stdout; returns it with the line.
@@ -73,10 +78,13 @@ pub(super) type DirectorStatsLine = std::thread::JoinHandle<Option<String>>;
 
 /// Starts `dds <args>` (`dds dpu ...`, its CPUs in `args`, `--json` added); returns it once
 /// it printed its ready line, with the address its traffic director got (when it has one).
-pub(super) fn start_dpu(args: &[String]) -> Result<(Proc, DirectorStatsLine, Option<SocketAddr>)> {
+pub(super) fn start_dpu(
+    args: &[String],
+    ns: Option<&str>,
+) -> Result<(Proc, DirectorStatsLine, Option<SocketAddr>)> {
     let mut args = args.to_vec();
     args.push("--json".into());
-    let mut cmd = dds_command(&args, None)?;
+    let mut cmd = dds_command(&args, None, ns)?;
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
