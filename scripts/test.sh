@@ -19,6 +19,7 @@ command -v qemu-img >/dev/null || need_pkgs+=(qemu-utils)
 # (osd_nodes.rs, wire.rs).
 command -v ip >/dev/null || need_pkgs+=(iproute2)
 command -v nft >/dev/null || need_pkgs+=(nftables)
+command -v ping >/dev/null || need_pkgs+=(iputils-ping)
 # etcd, where DPU-KV registers its endpoints.
 command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

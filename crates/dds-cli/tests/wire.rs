@@ -2,7 +2,8 @@
 //! dpu --steer` in the DPU's installs the flow rules of its signature (the host's address,
 //! port 6379) and `dds kv` listens on the host's own address. An unchanged `redis-cli -h
 //! <host address>` in the clients' namespace is served through the director; a TCP flow to
-//! another port and a UDP flow to port 6379 reach the host and never the director. `kill -9`
+//! another port, a UDP flow to port 6379 and a ping reach the host and never the director.
+//! `kill -9`
 //! of the DPU: steered connections are refused, the other flows go on; a restarted DPU
 //! installs its rules again (replacing the old ones), and with the host application
 //! restarted on it the acknowledged value reads back. A DPU stopped cleanly removes its rules,
@@ -158,6 +159,16 @@ fn steered_flows_reach_the_director_and_the_others_the_host() {
     dds_netns::enter(&t.client_ns()).unwrap();
     let accepted = director_counter(&socket, "accepted");
     bypass_flows(1);
+    let ping = t
+        .on_client("ping")
+        .args(["-c", "2", "-W", "5", &HOST_ADDR.to_string()])
+        .output()
+        .expect("ping (package iputils-ping)");
+    assert!(
+        ping.status.success(),
+        "ICMP to the host: {}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
     assert_eq!(
         director_counter(&socket, "accepted"),
         accepted,
