@@ -5,7 +5,7 @@
 //! another port, a UDP flow to port 6379 and a ping reach the host and never the director.
 //! `kill -9`
 //! of the DPU: steered connections are refused, the other flows go on; a restarted DPU
-//! installs its rules again (replacing the old ones), and with the host application
+//! with a changed signature replaces the old rules with its own, and with the host application
 //! restarted on it the acknowledged value reads back. A DPU stopped cleanly removes its rules,
 //! and removing the topology leaves no namespace behind.
 //!
@@ -24,15 +24,17 @@ use common::{director_of, dpu_stats, format_device, ready_line, spawn_listening,
 use dds_netns::wire::{Topology, HOST_ADDR};
 
 const SIGNATURE: &str = "0.0.0.0/0:0 10.78.2.2/32:6379 tcp";
+/// The restarted DPU's: only the clients' subnet.
+const CLIENTS_ONLY: &str = "10.78.1.0/24:0 10.78.2.2/32:6379 tcp";
 
-fn start_dpu(t: &Topology, img: &Path, socket: &Path) -> (Guard, SocketAddr) {
+fn start_dpu(t: &Topology, img: &Path, socket: &Path, signature: &str) -> (Guard, SocketAddr) {
     let mut cmd = t.on_dpu(DDS);
     cmd.args(["dpu", "--json", "--device"])
         .arg(img)
         .arg("--socket")
         .arg(socket)
         .args(["--offload", "redis", "--director-listen", "0.0.0.0:0"])
-        .args(["--steer", "--signature", SIGNATURE])
+        .args(["--steer", "--signature", signature])
         .stderr(if std::env::var_os("DDS_TEST_DPU_LOG").is_some() {
             Stdio::inherit()
         } else {
@@ -140,7 +142,7 @@ fn steered_flows_reach_the_director_and_the_others_the_host() {
     let img = format_device(dir.path(), "256M");
     let socket = dir.path().join("dpu.sock");
 
-    let (mut dpu, director) = start_dpu(&t, &img, &socket);
+    let (mut dpu, director) = start_dpu(&t, &img, &socket, SIGNATURE);
     let rules = t.rules().expect("flow rules installed");
     assert!(
         rules.contains(&format!("tproxy to :{}", director.port())),
@@ -185,10 +187,15 @@ fn steered_flows_reach_the_director_and_the_others_the_host() {
     // Back: the rules are replaced, and the host application restarted on the new DPU
     // serves the acknowledged value.
     drop(kv);
-    let (d2, director2) = start_dpu(&t, &img, &socket);
+    let (d2, director2) = start_dpu(&t, &img, &socket, CLIENTS_ONLY);
     dpu = d2;
     let rules = t.rules().expect("flow rules installed again");
     assert_eq!(rules.matches("tproxy").count(), 1, "{rules}");
+    assert!(rules.contains("ip saddr 10.78.1.0/24"), "{rules}");
+    assert!(
+        !rules.contains("0.0.0.0/0"),
+        "the old signature's rules are gone: {rules}"
+    );
     assert!(
         rules.contains(&format!("tproxy to :{}", director2.port())),
         "{rules}"
