@@ -42,6 +42,9 @@ pub struct Topology {
     name: String,
     /// Removed on drop (false for a handle on a topology made elsewhere, or kept).
     owned: bool,
+    /// Steps of `up` taken so far, and the one made to fail (tests of the clean-up).
+    steps: std::cell::Cell<usize>,
+    fail_at: Option<usize>,
 }
 
 impl Drop for Topology {
@@ -58,6 +61,12 @@ impl Topology {
     /// Makes topology `name`. Fails (after removing what it made) when one of its namespaces
     /// exists or the caller may not make them.
     pub fn create(name: &str) -> io::Result<Topology> {
+        Topology::create_failing_at(name, None)
+    }
+
+    /// [`Topology::create`], its step `fail_at` failing (a test of the clean-up after a
+    /// failure half-way).
+    fn create_failing_at(name: &str, fail_at: Option<usize>) -> io::Result<Topology> {
         if !valid_name(name) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -67,6 +76,8 @@ impl Topology {
         let t = Topology {
             name: name.to_string(),
             owned: true,
+            steps: std::cell::Cell::new(0),
+            fail_at,
         };
         if t.namespaces().iter().any(|ns| ns_exists(ns)) {
             return Err(io::Error::new(
@@ -84,6 +95,8 @@ impl Topology {
         let t = Topology {
             name: name.to_string(),
             owned: false,
+            steps: std::cell::Cell::new(0),
+            fail_at: None,
         };
         if !t.namespaces().iter().any(|ns| ns_exists(ns)) {
             return Err(io::Error::new(
@@ -94,15 +107,30 @@ impl Topology {
         Ok(t)
     }
 
+    /// One step of `up` (failing when it is the one `fail_at` names).
+    fn step(&self) -> io::Result<()> {
+        let n = self.steps.get();
+        self.steps.set(n + 1);
+        if self.fail_at == Some(n) {
+            return Err(io::Error::other(format!("step {n} made to fail")));
+        }
+        Ok(())
+    }
+
+    fn ip<const N: usize>(&self, args: [&str; N]) -> io::Result<()> {
+        self.step()?;
+        ip(args)
+    }
+
     fn build(&self) -> io::Result<()> {
         let (cl, dpu, host) = (self.client_ns(), self.dpu_ns(), self.host_ns());
         for ns in [&cl, &dpu, &host] {
-            ip(["netns", "add", ns])?;
-            ip(["-n", ns, "link", "set", "lo", "up"])?;
+            self.ip(["netns", "add", ns])?;
+            self.ip(["-n", ns, "link", "set", "lo", "up"])?;
         }
         self.link(&cl, &dpu, "cl0", CLIENT_ADDR, DPU_CLIENT_SIDE)?;
         self.link(&host, &dpu, "host0", HOST_ADDR, DPU_HOST_SIDE)?;
-        ip([
+        self.ip([
             "-n",
             &cl,
             "route",
@@ -111,7 +139,7 @@ impl Topology {
             "via",
             &DPU_CLIENT_SIDE.to_string(),
         ])?;
-        ip([
+        self.ip([
             "-n",
             &host,
             "route",
@@ -125,9 +153,10 @@ impl Topology {
             ("net/ipv4/conf/all/rp_filter", "0"),
             ("net/ipv4/conf/default/rp_filter", "0"),
         ] {
+            self.step()?;
             sysctl(&dpu, key, value)?;
         }
-        ip([
+        self.ip([
             "-n",
             &dpu,
             "rule",
@@ -137,7 +166,7 @@ impl Topology {
             "lookup",
             &TABLE.to_string(),
         ])?;
-        ip([
+        self.ip([
             "-n",
             &dpu,
             "route",
@@ -160,12 +189,12 @@ impl Topology {
         addr: Ipv4Addr,
         dpu_addr: Ipv4Addr,
     ) -> io::Result<()> {
-        ip([
+        self.ip([
             "-n", dpu, "link", "add", port, "type", "veth", "peer", "name", "x0",
         ])?;
-        ip(["-n", dpu, "link", "set", "x0", "netns", ns])?;
-        ip(["-n", ns, "link", "set", "x0", "name", "eth0"])?;
-        ip([
+        self.ip(["-n", dpu, "link", "set", "x0", "netns", ns])?;
+        self.ip(["-n", ns, "link", "set", "x0", "name", "eth0"])?;
+        self.ip([
             "-n",
             ns,
             "addr",
@@ -174,8 +203,8 @@ impl Topology {
             "dev",
             "eth0",
         ])?;
-        ip(["-n", ns, "link", "set", "eth0", "up"])?;
-        ip([
+        self.ip(["-n", ns, "link", "set", "eth0", "up"])?;
+        self.ip([
             "-n",
             dpu,
             "addr",
@@ -184,7 +213,7 @@ impl Topology {
             "dev",
             port,
         ])?;
-        ip(["-n", dpu, "link", "set", port, "up"])
+        self.ip(["-n", dpu, "link", "set", port, "up"])
     }
 
     /// The topology's name.
@@ -365,6 +394,35 @@ pub fn steering_available() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_topology_failing_half_way_leaves_nothing() {
+        if let Err(e) = crate::available() {
+            eprintln!("network namespaces unavailable here ({e}): skipped");
+            return;
+        }
+        let name = format!("f{}", std::process::id() % 1_000_000);
+        let mut failed = 0;
+        for k in 0.. {
+            match Topology::create_failing_at(&name, Some(k)) {
+                Err(e) => {
+                    assert!(e.to_string().contains("made to fail"), "{e}");
+                    failed += 1;
+                    for ns in ["cl", "dpu", "host"] {
+                        assert!(
+                            !ns_exists(&format!("{name}-{ns}")),
+                            "step {k} failed and left {name}-{ns}"
+                        );
+                    }
+                }
+                Ok(t) => {
+                    t.remove().unwrap();
+                    break;
+                }
+            }
+        }
+        assert!(failed > 20, "only {failed} steps");
+    }
 
     #[test]
     fn the_script_matches_the_signature() {
