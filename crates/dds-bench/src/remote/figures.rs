@@ -182,10 +182,41 @@ pub(super) fn remote_figures(points: &[Value], max_cores: u64, quick: bool) -> V
             file: "remote-fig20.png".into(),
             charts: vec![Chart {
                 title: "Fig. 20: DDS offload, zero copy vs copy (reads)".into(),
-                note,
+                note: note.clone(),
                 x_label: "throughput (K IOPS)".into(),
                 y_label: "latency (µs)".into(),
                 series: s20,
+            }],
+        });
+    }
+    // `--topology netns`: each mode's reads through the namespaces beside the same mode on
+    // loopback.
+    if points.iter().any(|p| p["mode"] == "netns-c") {
+        let mut s = Vec::new();
+        for (m, label) in MODES {
+            for (mode, how) in [
+                (m.to_string(), "loopback"),
+                (format!("netns-{m}"), "namespaces"),
+            ] {
+                let pts = series(points, &mode, "read", None, "outstanding", "throughput");
+                if !pts.is_empty() {
+                    s.push(Series {
+                        name: format!("{label}, {how}"),
+                        points: pts.into_iter().map(|(x, y)| (x, y / 1e3)).collect(),
+                        secondary: how == "namespaces",
+                    });
+                }
+            }
+        }
+        figures.push(Figure {
+            file: "remote-netns.png".into(),
+            charts: vec![Chart {
+                title: "Reads through the DPU in the wire (clients address the host) vs loopback"
+                    .into(),
+                note: note.clone(),
+                x_label: "outstanding messages per connection".into(),
+                y_label: "throughput (K IOPS)".into(),
+                series: s,
             }],
         });
     }
