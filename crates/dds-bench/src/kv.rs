@@ -627,6 +627,12 @@ fn report(
         (Some(o), Some(r)) => ratio(o.host_cpu_us_per_op, r.host_cpu_us_per_op),
         _ => f64::NAN,
     };
+    // The DPU's CPU per offloaded GET (records on storage) against redis-server's host CPU
+    // per GET (from memory), both under redis-benchmark without pipelining.
+    let dpu_cpu_ratio = match (rbo, rbr) {
+        (Some(o), Some(r)) => ratio(o.dpu_cpu_us_per_op, r.host_cpu_us_per_op),
+        _ => f64::NAN,
+    };
     let inmem = match (rbat("inmemory", 16), rbat("redis", 16)) {
         (Some(o), Some(r)) => ratio(o.requests_per_sec, r.requests_per_sec),
         _ => f64::NAN,
@@ -654,6 +660,12 @@ fn report(
         Target::at_most("host_cpu_per_get_over_redis_server", cpu_ratio, 0.1),
         Target::at_least("inmemory_get_over_redis_server", inmem, 1.0),
         Target::at_least("no_offload_get_over_device_read_iops", fractions[0].1, 0.5),
+        Target::at_most(
+            "offload_dpu_cpu_per_get_over_redis_server_host_cpu",
+            dpu_cpu_ratio,
+            1.0,
+        ),
+        Target::at_least("offload_get_over_device_read_iops", fractions[1].1, 0.7),
     ];
     let mut summary = json!({
         "offload_host_cpu_per_get_over_no_offload": host_ratio,
@@ -663,6 +675,9 @@ fn report(
         "inmemory_get_over_redis_server": inmem,
         "offload_dpu_get_fraction": off.map(|o| o.dpu_get_fraction),
         "offload_dpu_cpu_us_per_get": off.map(|o| o.dpu_cpu_us_per_op),
+        "offload_dpu_cpu_per_get_over_redis_server_host_cpu": dpu_cpu_ratio,
+        "redis_benchmark_offload_dpu_cpu_us_per_get": rbo.map(|o| o.dpu_cpu_us_per_op),
+        "redis_server_host_cpu_us_per_get": rbr.map(|r| r.host_cpu_us_per_op),
         "device_read_iops": device.map(|d| d.iops),
         "device_read_io_bytes": device.map(|d| d.io_bytes),
         "device_read_queue_depth": device.map(|d| d.threads * d.depth),
