@@ -20,6 +20,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 
+/// Runs `ip ARGS`; its standard error is the error's text when it fails.
 pub(crate) fn ip<I, S>(args: I) -> io::Result<()>
 where
     I: IntoIterator<Item = S>,
@@ -113,16 +114,21 @@ pub(crate) fn ns_path(ns: &str) -> String {
     format!("/run/netns/{ns}")
 }
 
+/// Whether network namespace `ns` exists (`/run/netns/NS`, as `ip netns` names them).
 pub fn ns_exists(ns: &str) -> bool {
     std::path::Path::new(&ns_path(ns)).exists()
 }
 
+/// `program` to run in namespace `ns` (`ip netns exec NS PROGRAM`, which execs it: the
+/// child's pid is the program's).
 pub fn in_ns(ns: &str, program: impl AsRef<OsStr>) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]).arg(program);
     cmd
 }
 
+/// Moves the calling thread into namespace `ns`: the sockets it opens from then on, and the
+/// threads it starts, are in `ns`; the process's other threads stay where they are.
 pub fn enter(ns: &str) -> io::Result<()> {
     let f = File::open(ns_path(ns))?;
     // SAFETY: setns with a namespace file descriptor this function owns; it changes only the
