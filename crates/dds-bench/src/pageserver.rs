@@ -670,6 +670,16 @@ fn report(
         _ => f64::NAN,
     };
     let peak_ratio = ratio(peak("offload"), peak("no-offload"));
+    // The DPU's CPU per offloaded read against the host server's per read without offload,
+    // at the most connections (each side's µs beside the ratio).
+    let (dpu_us, host_us) = (
+        at_max("offload").map(|o| o.dpu_cpu_us_per_read),
+        at_max("no-offload").map(|n| n.host_cpu_us_per_read),
+    );
+    let dpu_cpu_ratio = match (dpu_us, host_us) {
+        (Some(d), Some(h)) => ratio(d, h),
+        _ => f64::NAN,
+    };
     // Every mode's peak reads/s as a fraction of the device's own random 8 KiB reads.
     let throughput: Vec<(&str, Option<f64>)> = ["no-offload", "offload"]
         .into_iter()
@@ -685,6 +695,12 @@ fn report(
             fractions[0].1,
             0.5,
         ),
+        Target::at_least("offload_peak_over_device_read_iops_8k", fractions[1].1, 0.7),
+        Target::at_most(
+            "offload_dpu_cpu_per_read_over_no_offload_host_cpu",
+            dpu_cpu_ratio,
+            0.5,
+        ),
         Target::at_least("lagging_read_dpu_fraction", lagging_dpu, 0.9),
         Target::at_least(
             "lagging_over_latest_read_throughput",
@@ -698,6 +714,9 @@ fn report(
         "offload_peak_over_no_offload_peak": peak_ratio,
         "no_offload_peak_reads_per_sec": peak("no-offload"),
         "offload_peak_reads_per_sec": peak("offload"),
+        "offload_dpu_cpu_per_read_over_no_offload_host_cpu": dpu_cpu_ratio,
+        "offload_dpu_cpu_us_per_read": dpu_us,
+        "no_offload_host_cpu_us_per_read": host_us,
         "device_read_iops_8k": device.map(|d| d.iops),
         "device_read_queue_depth": device.map(|d| d.threads * d.depth),
         "device_read_data_bytes": device.map(|d| d.data_bytes),
