@@ -139,17 +139,29 @@ pub fn enter(ns: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether this process may make network namespaces (tries one and removes it): tests that
-/// need a fabric skip, saying why, where it cannot.
+/// Whether this process may make network namespaces with the links a fabric or a topology
+/// uses, and run programs in them (makes one with a bridge and a veth pair inside, runs
+/// `true` in it, removes it): tests that need one skip, saying why, where it cannot.
 pub fn available() -> Result<(), String> {
     let probe = format!("ddsprobe-{}", std::process::id());
-    match ip(["netns", "add", &probe]) {
-        Ok(()) => {
-            let _ = ip(["netns", "delete", &probe]);
-            Ok(())
+    ip(["netns", "add", &probe]).map_err(|e| e.to_string())?;
+    let r = (|| {
+        ip(["-n", &probe, "link", "add", "b0", "type", "bridge"]).map_err(|e| e.to_string())?;
+        ip([
+            "-n", &probe, "link", "add", "v0", "type", "veth", "peer", "name", "v1",
+        ])
+        .map_err(|e| e.to_string())?;
+        match in_ns(&probe, "true").output() {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(format!(
+                "ip netns exec: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => Err(format!("ip netns exec: {e}")),
         }
-        Err(e) => Err(e.to_string()),
-    }
+    })();
+    let _ = ip(["netns", "delete", &probe]);
+    r
 }
 
 #[cfg(test)]
