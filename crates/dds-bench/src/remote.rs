@@ -601,26 +601,37 @@ fn placement_text(place: &Placement, dpu: &str) -> String {
 /// offload mode, and the run's seconds.
 type RemoteRun = (Vec<Value>, Option<Value>, Value, f64);
 
-fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) -> Result<RemoteRun> {
-    let started = Instant::now();
-    eprintln!(
-        "dds bench remote: {EMULATION_NOTE}; {}.",
-        placement_text(place, "`dds dpu`")
-    );
-    let mut points = Vec::new();
-    // (a) the baseline: OS files on the work directory's disk.
+/// What modes (a) and (b) leave for mode (c): the DPU's command line, the host server's
+/// arguments that attach it to that DPU, and the DPU's control socket.
+struct DdsSetup {
+    dpu_args: Vec<String>,
+    where_b: Vec<String>,
+    socket: PathBuf,
+}
+
+/// Runs modes (a) and (b), named `{prefix}a` and `{prefix}b`, the DPU of (b) in network
+/// namespace `dpu_ns` when given: (a) the baseline on OS files on the work directory's disk,
+/// (b) DDS files on a device file on the same disk, served by `dds dpu`.
+fn run_a_and_b(
+    a: &RemoteArgs,
+    plan: &Plan,
+    place: &Placement,
+    work: &Path,
+    prefix: &str,
+    dpu_ns: Option<&str>,
+    points: &mut Vec<Value>,
+) -> Result<DdsSetup> {
     let os_dir = work.join("os-files");
     run_mode(
-        "a",
+        &format!("{prefix}a"),
         "os",
         &["--dir".into(), os_dir.display().to_string()],
         plan,
         None,
         Front::Host,
         false,
-        &mut points,
+        points,
     )?;
-    // (b) DDS files: a device file on the same disk, served by `dds dpu`.
     let device = work.join("dds-device.img");
     let device_size =
         (plan.files as u64 * plan.file_size * 3 / 2 + (64 << 20)).next_multiple_of(1 << 20);
@@ -632,20 +643,39 @@ fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) ->
     let socket = work.join("dpu.sock");
     let mut base_args = dpu_args(&device, &socket, &a.dma_cost);
     base_args.extend(place.dpu_args());
-    let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let (mut dpu, _, _) = start_dpu(&base_args, None)?;
+    let where_b = vec!["--socket".to_string(), socket.display().to_string()];
+    let (mut dpu, _, _) = start_dpu(&base_args, dpu_ns)?;
     let r = run_mode(
-        "b",
+        &format!("{prefix}b"),
         "dds",
         &where_b,
         plan,
         Some(&dpu),
         Front::Host,
         false,
-        &mut points,
+        points,
     );
     let _ = dpu.stop(STOP_GRACE);
     r?;
+    Ok(DdsSetup {
+        dpu_args: base_args,
+        where_b,
+        socket,
+    })
+}
+
+fn run_remote_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) -> Result<RemoteRun> {
+    let started = Instant::now();
+    eprintln!(
+        "dds bench remote: {EMULATION_NOTE}; {}.",
+        placement_text(place, "`dds dpu`")
+    );
+    let mut points = Vec::new();
+    let DdsSetup {
+        dpu_args: base_args,
+        where_b,
+        ..
+    } = run_a_and_b(a, plan, place, work, "", None, &mut points)?;
     // (c) DDS offload: the DPU's traffic director in front of the host server of mode (b),
     // reads served on the DPU; zero copy, then the copy mode for Fig. 20 (reads only).
     let mut c_unavailable = None;

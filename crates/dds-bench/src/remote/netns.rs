@@ -72,49 +72,19 @@ fn run_in(a: &RemoteArgs, plan: &Plan, place: &Placement, work: &Path) -> Result
          namespaces, the DPU's the only path between the others."
     );
     let mut points = Vec::new();
-    let os_dir = work.join("os-files");
-    run_mode(
-        "netns-a",
-        "os",
-        &["--dir".into(), os_dir.display().to_string()],
-        plan,
-        None,
-        Front::Host,
-        false,
-        &mut points,
-    )?;
-    let device = work.join("dds-device.img");
-    let device_size =
-        (plan.files as u64 * plan.file_size * 3 / 2 + (64 << 20)).next_multiple_of(1 << 20);
-    crate::files::format_device(
-        &std::env::current_exe().context("locate the dds binary")?,
-        &device,
-        device_size,
-    )?;
-    let socket = work.join("dpu.sock");
-    let mut base_args = dpu_args(&device, &socket, &a.dma_cost);
-    base_args.extend(place.dpu_args());
-    let where_b = ["--socket".to_string(), socket.display().to_string()];
-    let (mut dpu, _, _) = start_dpu(&base_args, Some(&ns.dpu))?;
-    let r = run_mode(
-        "netns-b",
-        "dds",
-        &where_b,
-        plan,
-        Some(&dpu),
-        Front::Host,
-        false,
-        &mut points,
-    );
-    let _ = dpu.stop(STOP_GRACE);
-    r?;
-    let mut args = base_args;
+    let DdsSetup {
+        dpu_args: mut args,
+        where_b,
+        socket,
+    } = run_a_and_b(a, plan, place, work, "netns-", Some(&ns.dpu), &mut points)?;
     offload_dpu_args(&mut args, false).map_err(|NotAvailable(why)| anyhow!(why))?;
-    for (i, x) in args.clone().iter().enumerate() {
-        if x == "--director-listen" {
-            args[i + 1] = "0.0.0.0:0".into();
-        }
-    }
+    // The director listens transparently on every address (the flow rules bring it the
+    // connections to the host's).
+    let at = args
+        .iter()
+        .position(|x| x == "--director-listen")
+        .context("offload_dpu_args gives --director-listen")?;
+    args[at + 1] = "0.0.0.0:0".into();
     args.extend([
         "--steer".to_string(),
         "--signature".to_string(),
