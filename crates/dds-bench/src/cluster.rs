@@ -53,6 +53,18 @@ pub struct ClusterArgs {
     /// Device file size of each OSD (preallocated), in bytes.
     #[arg(long)]
     pub device_size: Option<u64>,
+    /// After `dds s3`'s runs, the same S3 workload against Ceph's RGW on a Ceph cluster of
+    /// the same shape (as many BlueStore OSDs on files as `dds osd` processes, pools of size
+    /// 3), brought up and torn down by the benchmark. Needs the packages ceph-mon, ceph-osd, ceph-common and radosgw;
+    /// the benchmark installs nothing.
+    #[arg(long)]
+    pub with_rgw: bool,
+    /// Port of the Ceph monitor (with `--with-rgw`).
+    #[arg(long, default_value_t = 6789)]
+    pub ceph_port: u16,
+    /// Port of RGW's S3 frontend (with `--with-rgw`).
+    #[arg(long, default_value_t = 7480)]
+    pub rgw_port: u16,
 }
 
 fn start_etcd(dir: &Path) -> Result<(ChildGuard, String)> {
@@ -282,7 +294,7 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
             tmp.path().to_path_buf()
         }
     };
-    let (_etcd, url) = start_etcd(&dir)?;
+    let (etcd, url) = start_etcd(&dir)?;
     let mut seed = String::from("epoch = 1\n");
     for id in 0..FIRST_OSDS {
         seed +=
@@ -436,19 +448,32 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
         lost += u64::from(!ok);
     }
     eprintln!("cluster: {checked} acknowledged objects checked on {copies} copies, {lost} lost");
-    let s3 = crate::s3::throughput(
-        &osds.exe,
-        &dir,
-        &url,
-        "bench",
-        &cl,
-        POOL,
-        if a.quick { 3.0 } else { 8.0 },
-    )?;
+    let s3_secs = if a.quick { 3.0 } else { 8.0 };
+    let mut servers: Vec<u32> = osds.procs.iter().flatten().map(ChildGuard::pid).collect();
+    servers.push(etcd.pid());
+    let mut s3 =
+        crate::s3::throughput(&osds.exe, &dir, &url, "bench", &cl, POOL, s3_secs, &servers)?;
     for id in 0..osds.procs.len() {
         if let Some(mut g) = osds.procs[id].take() {
             let _ = g.stop(Duration::from_secs(5));
         }
+    }
+    if a.with_rgw {
+        crate::s3::against_rgw(
+            &mut s3,
+            &crate::s3::RgwOpts {
+                dir: &dir,
+                ceph_port: a.ceph_port,
+                rgw_port: a.rgw_port,
+                osds: osds.procs.len(),
+                size: 3,
+                device_size: osds.device_size,
+                secs: s3_secs,
+            },
+        )
+        .context("the RGW side")?;
+    } else {
+        crate::s3::rgw_not_run(&mut s3, "--with-rgw not given");
     }
 
     let per_gib = |s: f64, b: u64| if b == 0 { 0.0 } else { s / gib(b) };
@@ -525,12 +550,12 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
             "osds": "3, then a fourth joining",
             "monitor": "etcd (one member), leases of 2 s",
             "load": "writer threads (one write_full in flight each, every object written once) and one reader of acknowledged objects checking their content",
-            "s3": "dds s3 (etcd client of the same cluster, pool data, 4 MiB stripes) against dds_osd::client::Client on the same pool: 16 client threads, one request in flight each, each overwriting 4 names of its own; SigV4-presigned requests (rusty-s3) over ureq, one keep-alive connection per client; writes then reads of 4 MiB and 64 KiB objects; RGW not run",
+            "s3": "dds s3 (etcd client of the same cluster, pool data, 4 MiB stripes) against dds_osd::client::Client on the same pool: 16 client threads, one request in flight each, each overwriting 4 names of its own; SigV4-presigned requests (rusty-s3) over ureq, one keep-alive connection per client; writes then reads of 4 MiB and 64 KiB objects. Server CPU: the gateway, the OSDs and the monitor (etcd; Ceph's mon). With --with-rgw, the same workload against radosgw on Ceph (1 mon, 4 BlueStore OSDs on files, pools of size 3) after the dds osd cluster stopped; dds s3's OSDs run in placement host (the D4 placement's host CPU is not measured here)",
             "gib": "2^30 bytes of acknowledged objects: written while the OSD was down on PGs it is a member of (return), or held by the PGs moved to the new OSD (add)",
         }),
         summary,
         points: Value::Array(Vec::new()),
-        tables: vec![t, s3.table],
+        tables: std::iter::once(t).chain(s3.tables).collect(),
         charts: Vec::new(),
         panels: Vec::new(),
     })

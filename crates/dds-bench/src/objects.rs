@@ -274,7 +274,7 @@ pub fn run(a: ObjectsArgs, command: String) -> Result<Report> {
     }
     // Ceph first: a missing package fails the run before anything starts.
     if a.with_ceph {
-        ceph::check_installed()?;
+        ceph::check_installed("--with-ceph", false)?;
     }
     let machine = Machine::detect();
     let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());

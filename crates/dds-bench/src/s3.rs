@@ -20,6 +20,9 @@ use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use serde_json::{json, Value};
 
 use crate::child::ChildGuard;
+use crate::cpu::process_cpu_seconds;
+use crate::objects::ceph;
+use crate::objects::cgroup::CpuBudget;
 use crate::report::{fmt_num, Table, Target};
 
 /// Clients of each run (threads, one request in flight each).
@@ -46,18 +49,53 @@ enum Op {
 }
 
 /// One run's result.
+#[derive(Clone, Copy, Debug)]
 struct Run {
     mbs: f64,
     ops: u64,
     errors: u64,
+    /// CPU seconds of the gateway during the run.
     gateway_cpu_s: f64,
+    /// CPU seconds of every server process (gateway, OSDs, monitor) during the run.
+    server_cpu_s: f64,
 }
 
-/// The S3 part's summary keys, targets and table.
+impl Run {
+    /// Server CPU milliseconds per MB moved.
+    fn server_ms_per_mb(&self, size: usize) -> f64 {
+        self.server_cpu_s * 1e3 / ((self.ops * size as u64) as f64 / 1e6)
+    }
+}
+
+/// The object sizes and operations of the S3 part, in the order they run.
+const CASES: [(usize, &str, Op); 4] = [
+    (4 << 20, "4m", Op::Write),
+    (4 << 20, "4m", Op::Read),
+    (64 << 10, "64k", Op::Write),
+    (64 << 10, "64k", Op::Read),
+];
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Write => "write",
+        Op::Read => "read",
+    }
+}
+
+/// The S3 part's summary keys, targets and tables.
 pub struct S3Result {
     pub summary: Value,
     pub targets: Vec<Target>,
-    pub table: Table,
+    pub tables: Vec<Table>,
+    /// `dds s3`'s run of each of [`CASES`].
+    dds: Vec<Run>,
+}
+
+/// Where a run sends its S3 requests, and whose CPU it counts.
+struct Server<'a> {
+    bucket: &'a Bucket,
+    gateway_cpu: &'a dyn Fn() -> f64,
+    server_cpu: &'a dyn Fn() -> f64,
 }
 
 /// `dds s3` on the cluster in etcd at `url` (cluster `cluster`), pool `pool` (by name).
@@ -91,27 +129,26 @@ fn content(t: usize, size: usize) -> Vec<u8> {
         .collect()
 }
 
-/// `CLIENTS` threads doing `op` on `size`-byte objects for `secs` seconds.
-#[allow(clippy::too_many_arguments)]
+/// `CLIENTS` threads doing `op` on `size`-byte objects for `secs` seconds, through the native
+/// client `cl` (pool `pool`) or S3 to `srv` (`cl` is then unused and may be `None`).
 fn run(
     via: Via,
     op: Op,
     size: usize,
     secs: f64,
-    cl: &Arc<Client>,
-    pool: u64,
-    bucket: &Bucket,
-    gateway: &ChildGuard,
+    native: Option<(&Arc<Client>, u64)>,
+    srv: &Server,
 ) -> Result<Run> {
     let creds = Credentials::new(ACCESS, SECRET);
     let stop = Arc::new(AtomicBool::new(false));
     let (ops, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let cpu0 = gateway.cpu_seconds();
+    let (gw0, srv0) = ((srv.gateway_cpu)(), (srv.server_cpu)());
     let t0 = Instant::now();
     let threads: Vec<_> = (0..CLIENTS)
         .map(|t| {
             let (stop, ops, errors) = (stop.clone(), ops.clone(), errors.clone());
-            let (cl, bucket, creds) = (cl.clone(), bucket.clone(), creds.clone());
+            let native = native.map(|(cl, pool)| (cl.clone(), pool));
+            let (bucket, creds) = (srv.bucket.clone(), creds.clone());
             std::thread::spawn(move || {
                 let data = content(t, size);
                 let agent = ureq::AgentBuilder::new()
@@ -121,18 +158,19 @@ fn run(
                 while !stop.load(Ordering::Relaxed) {
                     let name = format!("s3bench.{size}.{t}.{}", i % NAMES_PER_CLIENT);
                     i += 1;
-                    let ok = match (via, op) {
-                        (Via::Native, Op::Write) => {
-                            cl.write_full(&ObjectId::new(pool, name), &data).is_ok()
+                    let ok = match (via, op, &native) {
+                        (Via::Native, _, None) => false,
+                        (Via::Native, Op::Write, Some((cl, pool))) => {
+                            cl.write_full(&ObjectId::new(*pool, name), &data).is_ok()
                         }
-                        (Via::Native, Op::Read) => cl
-                            .read_full(&ObjectId::new(pool, name))
+                        (Via::Native, Op::Read, Some((cl, pool))) => cl
+                            .read_full(&ObjectId::new(*pool, name))
                             .is_ok_and(|d| d == data),
-                        (Via::S3, Op::Write) => {
+                        (Via::S3, Op::Write, _) => {
                             let u = bucket.put_object(Some(&creds), &name).sign(SIGNED_FOR);
                             agent.put(u.as_str()).send_bytes(&data).is_ok()
                         }
-                        (Via::S3, Op::Read) => {
+                        (Via::S3, Op::Read, _) => {
                             let u = bucket.get_object(Some(&creds), &name).sign(SIGNED_FOR);
                             agent.get(u.as_str()).call().is_ok_and(|r| {
                                 let mut got = Vec::new();
@@ -168,12 +206,34 @@ fn run(
         mbs: (ops * size as u64) as f64 / 1e6 / elapsed,
         ops,
         errors: errors.load(Ordering::Relaxed),
-        gateway_cpu_s: gateway.cpu_seconds() - cpu0,
+        gateway_cpu_s: (srv.gateway_cpu)() - gw0,
+        server_cpu_s: (srv.server_cpu)() - srv0,
     })
 }
 
+/// Makes the benchmark's bucket on the S3 endpoint `addr`.
+fn make_bucket(addr: SocketAddr, who: &str) -> Result<Bucket> {
+    let endpoint = format!("http://{addr}").parse().context("endpoint")?;
+    let bucket = Bucket::new(endpoint, UrlStyle::Path, BUCKET, "us-east-1").context("bucket")?;
+    let creds = Credentials::new(ACCESS, SECRET);
+    let mk = bucket.create_bucket(&creds).sign(SIGNED_FOR);
+    if let Err(e) = ureq::put(mk.as_str()).call() {
+        bail!("{who}: create the bucket: {e}");
+    }
+    Ok(bucket)
+}
+
+/// CPU seconds of the processes `pids` so far (a process gone counts 0).
+fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter()
+        .map(|&p| process_cpu_seconds(p).unwrap_or(0.0))
+        .sum()
+}
+
 /// The S3 part on the running cluster (etcd `url`, cluster `cluster`, pool `pool` named
-/// "data"), `secs` seconds per run.
+/// "data"), `secs` seconds per run. `servers` are the cluster's processes (OSDs, etcd): with
+/// the gateway, the server CPU of a run.
+#[allow(clippy::too_many_arguments)]
 pub fn throughput(
     exe: &Path,
     dir: &Path,
@@ -182,15 +242,20 @@ pub fn throughput(
     cl: &Arc<Client>,
     pool: u64,
     secs: f64,
+    servers: &[u32],
 ) -> Result<S3Result> {
     let (mut gw, addr) = start_gateway(exe, dir, url, cluster)?;
-    let endpoint = format!("http://{addr}").parse().context("endpoint")?;
-    let bucket = Bucket::new(endpoint, UrlStyle::Path, BUCKET, "us-east-1").context("bucket")?;
-    let creds = Credentials::new(ACCESS, SECRET);
-    let mk = bucket.create_bucket(&creds).sign(SIGNED_FOR);
-    if let Err(e) = ureq::put(mk.as_str()).call() {
-        bail!("dds s3: create the bucket: {e}");
-    }
+    let bucket = make_bucket(addr, "dds s3")?;
+    let gw_pid = gw.pid();
+    let gateway_cpu = move || process_cpu_seconds(gw_pid).unwrap_or(0.0);
+    let mut all = servers.to_vec();
+    all.push(gw_pid);
+    let server_cpu = move || cpu_of(&all);
+    let srv = Server {
+        bucket: &bucket,
+        gateway_cpu: &gateway_cpu,
+        server_cpu: &server_cpu,
+    };
     let mut summary = serde_json::Map::new();
     let mut table = Table::new(
         "dds bench cluster: S3 (dds s3) against the native client, 16 clients",
@@ -201,54 +266,60 @@ pub fn throughput(
             "S3 MB/s",
             "S3 / native",
             "gateway CPU s per GB",
+            "server CPU ms per MB",
         ],
     );
     let mut targets = Vec::new();
-    for (size, label) in [(4usize << 20, "4m"), (64 << 10, "64k")] {
-        for op in [Op::Write, Op::Read] {
-            let native = run(Via::Native, op, size, secs, cl, pool, &bucket, &gw)?;
-            let s3 = run(Via::S3, op, size, secs, cl, pool, &bucket, &gw)?;
-            let what = if op == Op::Write { "write" } else { "read" };
-            eprintln!(
-                "cluster: s3 {label} {what}: native {:.1} MB/s ({} ops, {} errors), \
-                 s3 {:.1} MB/s ({} ops, {} errors)",
-                native.mbs, native.ops, native.errors, s3.mbs, s3.ops, s3.errors
+    let mut dds = Vec::new();
+    for (size, label, op) in CASES {
+        let native = run(Via::Native, op, size, secs, Some((cl, pool)), &srv)?;
+        let s3 = run(Via::S3, op, size, secs, None, &srv)?;
+        let what = op_name(op);
+        eprintln!(
+            "cluster: s3 {label} {what}: native {:.1} MB/s ({} ops, {} errors), \
+             s3 {:.1} MB/s ({} ops, {} errors)",
+            native.mbs, native.ops, native.errors, s3.mbs, s3.ops, s3.errors
+        );
+        if native.ops == 0 || s3.ops == 0 {
+            bail!(
+                "s3 {label} {what}: no request completed (native {} s3 {})",
+                native.ops,
+                s3.ops
             );
-            if native.ops == 0 || s3.ops == 0 {
-                bail!(
-                    "s3 {label} {what}: no request completed (native {} s3 {})",
-                    native.ops,
-                    s3.ops
-                );
-            }
-            let ratio = s3.mbs / native.mbs;
-            let gb = (s3.ops * size as u64) as f64 / 1e9;
-            let cpu_per_gb = s3.gateway_cpu_s / gb;
-            summary.insert(format!("s3_{label}_{what}_mbs"), json!(s3.mbs));
-            summary.insert(format!("native_{label}_{what}_mbs"), json!(native.mbs));
-            summary.insert(format!("s3_over_native_{label}_{what}_mbs"), json!(ratio));
-            summary.insert(format!("s3_{label}_{what}_errors"), json!(s3.errors));
-            summary.insert(
-                format!("native_{label}_{what}_errors"),
-                json!(native.errors),
-            );
-            summary.insert(
-                format!("s3_gateway_cpu_s_per_gb_{label}_{what}"),
-                json!(cpu_per_gb),
-            );
-            if size == 4 << 20 && op == Op::Write {
-                summary.insert("s3_over_native_write_mbs".into(), json!(ratio));
-                targets.push(Target::at_least("s3_over_native_write_mbs", ratio, 0.8));
-            }
-            table.row(vec![
-                label.into(),
-                what.into(),
-                fmt_num(native.mbs),
-                fmt_num(s3.mbs),
-                fmt_num(ratio),
-                fmt_num(cpu_per_gb),
-            ]);
         }
+        let ratio = s3.mbs / native.mbs;
+        let gb = (s3.ops * size as u64) as f64 / 1e9;
+        let cpu_per_gb = s3.gateway_cpu_s / gb;
+        summary.insert(format!("s3_{label}_{what}_mbs"), json!(s3.mbs));
+        summary.insert(format!("native_{label}_{what}_mbs"), json!(native.mbs));
+        summary.insert(format!("s3_over_native_{label}_{what}_mbs"), json!(ratio));
+        summary.insert(format!("s3_{label}_{what}_errors"), json!(s3.errors));
+        summary.insert(
+            format!("native_{label}_{what}_errors"),
+            json!(native.errors),
+        );
+        summary.insert(
+            format!("s3_gateway_cpu_s_per_gb_{label}_{what}"),
+            json!(cpu_per_gb),
+        );
+        summary.insert(
+            format!("s3_server_cpu_ms_per_mb_{label}_{what}"),
+            json!(s3.server_ms_per_mb(size)),
+        );
+        if size == 4 << 20 && op == Op::Write {
+            summary.insert("s3_over_native_write_mbs".into(), json!(ratio));
+            targets.push(Target::at_least("s3_over_native_write_mbs", ratio, 0.8));
+        }
+        table.row(vec![
+            label.into(),
+            what.into(),
+            fmt_num(native.mbs),
+            fmt_num(s3.mbs),
+            fmt_num(ratio),
+            fmt_num(cpu_per_gb),
+            fmt_num(s3.server_ms_per_mb(size)),
+        ]);
+        dds.push(s3);
     }
     summary.insert("s3_clients".into(), json!(CLIENTS));
     summary.insert("s3_seconds_per_run".into(), json!(secs));
@@ -256,6 +327,161 @@ pub fn throughput(
     Ok(S3Result {
         summary: Value::Object(summary),
         targets,
-        table,
+        tables: vec![table],
+        dds,
     })
+}
+
+/// The keys of the RGW comparison: S3 write throughput of `dds s3` over RGW's (4 MiB objects),
+/// and the servers' CPU per MB written, `dds s3` over RGW.
+const RGW_KEYS: [&str; 2] = ["s3_over_rgw_write_mbs", "s3_host_cpu_per_mb_over_rgw"];
+
+fn rgw_targets(write_ratio: f64, cpu_ratio: f64) -> [Target; 2] {
+    [
+        Target::at_least(RGW_KEYS[0], write_ratio, 1.0),
+        Target::at_most(RGW_KEYS[1], cpu_ratio, 0.5),
+    ]
+}
+
+/// Records that RGW did not run (`why`): its target keys are there, not measured.
+pub fn rgw_not_run(r: &mut S3Result, why: &str) {
+    if let Value::Object(m) = &mut r.summary {
+        for k in RGW_KEYS {
+            m.insert(k.into(), Value::Null);
+        }
+        m.insert("rgw".into(), json!(format!("not run: {why}")));
+    }
+    r.targets.extend(rgw_targets(f64::NAN, f64::NAN));
+}
+
+/// How RGW runs beside `dds s3`.
+pub struct RgwOpts<'a> {
+    pub dir: &'a Path,
+    /// The Ceph monitor's port (a monitor's address is part of its map: it cannot take port 0).
+    pub ceph_port: u16,
+    /// RGW's S3 port.
+    pub rgw_port: u16,
+    /// OSDs and pool size, as the `dds osd` cluster's.
+    pub osds: usize,
+    pub size: u32,
+    pub device_size: u64,
+    pub secs: f64,
+}
+
+/// The same S3 workload against Ceph's RGW on a Ceph cluster of the same shape (`o.osds`
+/// BlueStore OSDs on files in `o.dir`, pools of `o.size` replicas), brought up and torn down
+/// here, after `dds s3`'s runs in `r` and with the `dds osd` cluster stopped.
+pub fn against_rgw(r: &mut S3Result, o: &RgwOpts) -> Result<()> {
+    crate::objects::ceph::check_installed("--with-rgw", true)?;
+    eprintln!(
+        "cluster: RGW on Ceph (mon + {} BlueStore OSDs on files, size {}) ...",
+        o.osds, o.size
+    );
+    let t = Instant::now();
+    let (global, sections) = ceph::rgw_conf(o.dir, o.rgw_port, o.size);
+    let budget = CpuBudget::none();
+    let mut c = ceph::start(
+        &ceph::Setup {
+            dir: o.dir,
+            port: o.ceph_port,
+            osds: o.osds,
+            device_size: o.device_size,
+            pools: &[],
+            pg_num: 16,
+            host_cpus: None,
+            global: &global,
+            sections: &sections,
+        },
+        &budget,
+    )?;
+    let res = (|| -> Result<Vec<Run>> {
+        ceph::start_rgw(&mut c, o.rgw_port, ACCESS, SECRET, &budget)?;
+        eprintln!("cluster: RGW up in {:.1} s", t.elapsed().as_secs_f64());
+        let addr = SocketAddr::from(([127, 0, 0, 1], o.rgw_port));
+        let bucket = make_bucket(addr, "radosgw")?;
+        let rgw_cpu = || c.rgw_cpu();
+        let all_cpu = || c.cpu();
+        let srv = Server {
+            bucket: &bucket,
+            gateway_cpu: &rgw_cpu,
+            server_cpu: &all_cpu,
+        };
+        let mut runs = Vec::new();
+        for (size, label, op) in CASES {
+            let x = run(Via::S3, op, size, o.secs, None, &srv)?;
+            eprintln!(
+                "cluster: rgw {label} {}: {:.1} MB/s ({} ops, {} errors)",
+                op_name(op),
+                x.mbs,
+                x.ops,
+                x.errors
+            );
+            if x.ops == 0 {
+                bail!("rgw {label} {}: no request completed", op_name(op));
+            }
+            runs.push(x);
+        }
+        Ok(runs)
+    })();
+    c.stop();
+    let rgw = res?;
+    let mut table = Table::new(
+        "dds bench cluster: S3, dds s3 against Ceph's RGW (same OSD count and pool size), 16 \
+         clients",
+        &[
+            "object",
+            "op",
+            "dds s3 MB/s",
+            "RGW MB/s",
+            "dds s3 / RGW",
+            "dds s3 server CPU ms/MB",
+            "RGW server CPU ms/MB",
+            "dds s3 / RGW CPU",
+        ],
+    );
+    let Value::Object(m) = &mut r.summary else {
+        bail!("summary is not an object");
+    };
+    let mut headline = (f64::NAN, f64::NAN);
+    for (((size, label, op), d), g) in CASES.iter().zip(&r.dds).zip(&rgw) {
+        let what = op_name(*op);
+        let ratio = d.mbs / g.mbs;
+        let (dc, gc) = (d.server_ms_per_mb(*size), g.server_ms_per_mb(*size));
+        m.insert(format!("rgw_{label}_{what}_mbs"), json!(g.mbs));
+        m.insert(format!("rgw_{label}_{what}_errors"), json!(g.errors));
+        m.insert(format!("s3_over_rgw_{label}_{what}_mbs"), json!(ratio));
+        m.insert(
+            format!("rgw_server_cpu_ms_per_mb_{label}_{what}"),
+            json!(gc),
+        );
+        m.insert(
+            format!("rgw_gateway_cpu_ms_per_mb_{label}_{what}"),
+            json!(g.gateway_cpu_s * 1e3 / ((g.ops * *size as u64) as f64 / 1e6)),
+        );
+        if *size == 4 << 20 && *op == Op::Write {
+            headline = (ratio, dc / gc);
+        }
+        table.row(vec![
+            (*label).into(),
+            what.into(),
+            fmt_num(d.mbs),
+            fmt_num(g.mbs),
+            fmt_num(ratio),
+            fmt_num(dc),
+            fmt_num(gc),
+            fmt_num(dc / gc),
+        ]);
+    }
+    m.insert(RGW_KEYS[0].into(), json!(headline.0));
+    m.insert(RGW_KEYS[1].into(), json!(headline.1));
+    m.insert(
+        "rgw".into(),
+        json!(format!(
+            "radosgw (beast) on 1 mon + {} BlueStore OSDs on files, pools of size {}, auth none",
+            o.osds, o.size
+        )),
+    );
+    r.targets.extend(rgw_targets(headline.0, headline.1));
+    r.tables.push(table);
+    Ok(())
 }

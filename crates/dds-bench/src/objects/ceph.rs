@@ -17,6 +17,8 @@ use crate::cpu::process_cpu_seconds;
 use crate::report::ratio;
 
 const TOOLS: [&str; 5] = ["ceph-mon", "ceph-osd", "ceph", "rados", "monmaptool"];
+/// What RGW adds to [`TOOLS`].
+const RGW_TOOLS: [&str; 2] = ["radosgw", "radosgw-admin"];
 
 fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
@@ -31,16 +33,23 @@ fn on_path(tool: &str) -> bool {
     })
 }
 
-/// Fails, saying how to install them, unless the Ceph daemons and tools are on PATH.
-pub fn check_installed() -> Result<()> {
-    let missing: Vec<&str> = TOOLS.iter().copied().filter(|t| !on_path(t)).collect();
+/// Fails, saying how to install them, unless the Ceph daemons and tools are on PATH (with
+/// `rgw`, radosgw's too). `option` names the option that asked for them.
+pub fn check_installed(option: &str, rgw: bool) -> Result<()> {
+    let want: Vec<&str> = TOOLS
+        .iter()
+        .chain(if rgw { &RGW_TOOLS[..] } else { &[] })
+        .copied()
+        .collect();
+    let missing: Vec<&str> = want.iter().copied().filter(|t| !on_path(t)).collect();
     if !missing.is_empty() {
         bail!(
-            "--with-ceph needs {} on PATH (missing: {}). Install Ceph's packages first, e.g. on \
+            "{option} needs {} on PATH (missing: {}). Install Ceph's packages first, e.g. on \
              Debian/Ubuntu: `apt-get install --no-install-recommends ceph-mon ceph-osd \
-             ceph-common`; dds bench objects installs nothing itself",
-            TOOLS.join(", "),
-            missing.join(", ")
+             ceph-common{}`; dds bench installs nothing itself",
+            want.join(", "),
+            missing.join(", "),
+            if rgw { " radosgw" } else { "" }
         );
     }
     Ok(())
@@ -55,12 +64,6 @@ pub struct CephOpts<'a> {
     pub host_quota: f64,
     pub host_cpus: Option<&'a [usize]>,
     pub pg_num: u32,
-}
-
-struct Cluster {
-    conf: String,
-    daemons: Vec<ChildGuard>,
-    host_cpus: Option<Vec<usize>>,
 }
 
 fn uuid() -> String {
@@ -95,14 +98,26 @@ fn run_cmd(conf: &str, args: &[&str], secs: u32) -> Result<String> {
 }
 
 impl Cluster {
-    fn cpu(&self) -> f64 {
+    /// CPU seconds of every daemon so far.
+    pub fn cpu(&self) -> f64 {
         self.daemons
             .iter()
             .map(|g| process_cpu_seconds(g.pid()).unwrap_or(0.0))
             .sum()
     }
 
-    fn stop(mut self) {
+    /// CPU seconds of `radosgw` so far (0 without it).
+    pub fn rgw_cpu(&self) -> f64 {
+        self.daemons
+            .iter()
+            .filter(|g| g.name() == "radosgw")
+            .map(|g| process_cpu_seconds(g.pid()).unwrap_or(0.0))
+            .sum()
+    }
+
+    /// Stops every daemon: the OSDs and the others first, the monitor last; removes the
+    /// cluster's directory.
+    pub fn stop(mut self) {
         // OSDs first, the monitor (the first daemon) last; OSDs take seconds to exit.
         for g in self.daemons.iter_mut().skip(1) {
             // SAFETY: kill(2) on our own child, not yet reaped.
@@ -114,29 +129,59 @@ impl Cluster {
         if let Some(m) = self.daemons.first_mut() {
             let _ = m.stop(Duration::from_secs(10));
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
-    let dir = o.dir.join("ceph");
+/// The shape of a Ceph cluster [`start`] brings up.
+pub struct Setup<'a> {
+    pub dir: &'a Path,
+    pub port: u16,
+    pub osds: usize,
+    /// Size of each OSD's block file (at least 4 GiB).
+    pub device_size: u64,
+    /// A pool `p{r}` of `pg_num` PGs for each replication factor `r`.
+    pub pools: &'a [u32],
+    pub pg_num: u32,
+    pub host_cpus: Option<&'a [usize]>,
+    /// Lines added to `[global]`.
+    pub global: &'a str,
+    /// Sections appended to the configuration.
+    pub sections: &'a str,
+}
+
+/// A running Ceph cluster: the monitor first, then the OSDs, then any other daemon.
+pub struct Cluster {
+    conf: String,
+    dir: std::path::PathBuf,
+    daemons: Vec<ChildGuard>,
+    host_cpus: Option<Vec<usize>>,
+}
+
+/// Brings up a monitor and `s.osds` BlueStore OSDs on files, every daemon in `budget`, and
+/// waits until every pool of `s.pools` takes a write.
+pub fn start(s: &Setup, budget: &CpuBudget) -> Result<Cluster> {
+    let dir = s.dir.join("ceph");
     std::fs::create_dir_all(dir.join("run"))?;
     std::fs::create_dir_all(dir.join("log"))?;
     std::fs::create_dir_all(dir.join("mon-a"))?;
     let d = dir.display().to_string();
     let fsid = uuid();
-    let port = o.port;
+    let port = s.port;
     let conf_text = format!(
         "[global]\nfsid = {fsid}\nmon_host = v2:127.0.0.1:{port}\npublic_addr = 127.0.0.1\n\
          cluster_addr = 127.0.0.1\nauth_cluster_required = none\nauth_service_required = none\n\
          auth_client_required = none\nrun_dir = {d}/run\nadmin_socket = {d}/run/$name.asok\n\
          log_file = {d}/log/$name.log\nmon_allow_pool_size_one = true\n\
          mon_allow_pool_delete = true\nmon_data_avail_warn = 1\n\
-         osd_pool_default_pg_autoscale_mode = off\n[mon.a]\nmon_data = {d}/mon-a\n[osd]\n\
+         osd_pool_default_pg_autoscale_mode = off\n{}[mon.a]\nmon_data = {d}/mon-a\n[osd]\n\
          osd_data = {d}/osd-$id\ncrush_location = root=default host=h$id\n\
          bluestore_block_path = {d}/osd-$id/block.img\nbluestore_block_create = true\n\
          bluestore_block_size = {}\nosd_memory_target = 1073741824\n\
-         bluestore_cache_autotune = false\nbluestore_cache_size = 268435456\n",
-        o.plan.device_size.max(4 << 30)
+         bluestore_cache_autotune = false\nbluestore_cache_size = 268435456\n{}",
+        s.global,
+        s.device_size.max(4 << 30),
+        s.sections,
     );
     let conf = dir.join("ceph.conf").display().to_string();
     std::fs::write(&conf, conf_text)?;
@@ -158,10 +203,11 @@ fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
     let log = |n: &str| std::fs::File::create(dir.join("log").join(n));
     let mut c = Cluster {
         conf: conf.clone(),
+        dir: dir.clone(),
         daemons: Vec::new(),
-        host_cpus: o.host_cpus.map(<[usize]>::to_vec),
+        host_cpus: s.host_cpus.map(<[usize]>::to_vec),
     };
-    let mon = tool(o.host_cpus, "ceph-mon")
+    let mon = tool(s.host_cpus, "ceph-mon")
         .args(["-c", &conf, "-i", "a", "-f"])
         .stdout(Stdio::null())
         .stderr(log("mon.out")?)
@@ -172,7 +218,7 @@ fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
         .add(g.pid())
         .context("move ceph-mon into the host budget")?;
     c.daemons.push(g);
-    for id in 0..o.osds {
+    for id in 0..s.osds {
         let u = uuid();
         let got = run_cmd(&conf, &["ceph", "osd", "new", &u], 60)?;
         if got.trim() != id.to_string() {
@@ -186,7 +232,7 @@ fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
             120,
         )
         .with_context(|| format!("mkfs of osd.{id}"))?;
-        let osd = tool(o.host_cpus, "ceph-osd")
+        let osd = tool(s.host_cpus, "ceph-osd")
             .args(["-c", &conf, "-i", &ids, "-f"])
             .stdout(Stdio::null())
             .stderr(log(&format!("osd.{id}.out"))?)
@@ -199,7 +245,7 @@ fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
         c.daemons.push(g);
     }
     let deadline = Instant::now() + Duration::from_secs(180);
-    let up = format!("{} up", o.osds);
+    let up = format!("{} up", s.osds);
     loop {
         if run_cmd(&conf, &["ceph", "osd", "stat"], 30).is_ok_and(|s| s.contains(&up)) {
             break;
@@ -209,8 +255,8 @@ fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
-    let pg = o.pg_num.to_string();
-    for &r in &o.plan.replication {
+    let pg = s.pg_num.to_string();
+    for &r in s.pools {
         let pool = format!("p{r}");
         run_cmd(
             &conf,
@@ -227,6 +273,92 @@ fn start(o: &CephOpts, budget: &CpuBudget) -> Result<Cluster> {
             .with_context(|| format!("pool {pool} takes no write"))?;
     }
     Ok(c)
+}
+
+/// What [`start_rgw`] adds to a [`Setup`]: `[global]` lines (radosgw, unlike the other
+/// daemons, needs the monitor's `crc` mode to talk without auth; the pools RGW creates get
+/// `size` replicas and 16 PGs each) and its `[client]` section (its frontend on
+/// 127.0.0.1:`port`).
+pub fn rgw_conf(dir: &Path, port: u16, size: u32) -> (String, String) {
+    let min = size.div_ceil(2).max(1);
+    (
+        format!(
+            "ms_mon_client_mode = crc secure\nosd_pool_default_size = {size}\n\
+             osd_pool_default_min_size = {min}\nosd_pool_default_pg_num = 16\n\
+             osd_pool_default_pgp_num = 16\n"
+        ),
+        format!(
+            "[client]\nrgw_data = {}\nrgw_frontends = beast endpoint=127.0.0.1:{port}\n\
+             rgw_dns_name = localhost\nrgw_thread_pool_size = 64\n",
+            dir.join("ceph").join("rgw").display()
+        ),
+    )
+}
+
+/// Starts `radosgw` on a cluster started with [`rgw_conf`]'s lines, with one S3 user of the
+/// given keys, and waits until it answers HTTP on 127.0.0.1:`port`. The daemon joins the
+/// cluster's (its CPU counts in [`Cluster::cpu`]; [`Cluster::stop`] stops it).
+pub fn start_rgw(
+    c: &mut Cluster,
+    port: u16,
+    access: &str,
+    secret: &str,
+    budget: &CpuBudget,
+) -> Result<()> {
+    std::fs::create_dir_all(c.dir.join("rgw"))?;
+    run_cmd(
+        &c.conf,
+        &[
+            "radosgw-admin",
+            "user",
+            "create",
+            "--uid",
+            "bench",
+            "--display-name",
+            "bench",
+            "--access-key",
+            access,
+            "--secret",
+            secret,
+        ],
+        180,
+    )
+    .context("radosgw-admin user create")?;
+    let log = std::fs::File::create(c.dir.join("log").join("rgw.out"))?;
+    let rgw = tool(c.host_cpus.as_deref(), "radosgw")
+        .args(["-c", &c.conf, "-n", "client.rgw.a", "-f"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("start radosgw")?;
+    let mut g = ChildGuard::new(rgw, "radosgw");
+    budget
+        .add(g.pid())
+        .context("move radosgw into the host budget")?;
+    let url = format!("http://127.0.0.1:{port}/");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let answered = match ureq::get(&url).timeout(Duration::from_secs(2)).call() {
+            Ok(_) | Err(ureq::Error::Status(..)) => true,
+            Err(ureq::Error::Transport(_)) => false,
+        };
+        if answered {
+            break;
+        }
+        if let Some(st) = g.try_wait()? {
+            bail!(
+                "radosgw exited ({st}) before it served {url} (logs in {})",
+                c.dir.join("log").display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("radosgw did not answer at {url} within 120 s");
+        }
+        crate::interrupt::check()?;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    c.daemons.push(g);
+    Ok(())
 }
 
 /// The figures `rados bench` prints at its end.
@@ -394,7 +526,20 @@ pub fn run(o: &CephOpts) -> Result<Vec<Point>> {
         o.host_quota,
     );
     let t = Instant::now();
-    let c = start(o, &budget)?;
+    let c = start(
+        &Setup {
+            dir: o.dir,
+            port: o.port,
+            osds: o.osds,
+            device_size: o.plan.device_size,
+            pools: &o.plan.replication,
+            pg_num: o.pg_num,
+            host_cpus: o.host_cpus,
+            global: "",
+            sections: "",
+        },
+        &budget,
+    )?;
     eprintln!("  Ceph up in {:.1} s", t.elapsed().as_secs_f64());
     let p = o.plan;
     let cmax = *p.clients.iter().max().context("clients")?;
@@ -414,7 +559,6 @@ pub fn run(o: &CephOpts) -> Result<Vec<Point>> {
     })();
     c.stop();
     drop(budget);
-    let _ = std::fs::remove_dir_all(o.dir.join("ceph"));
     r.map(|_| pts)
 }
 

@@ -20,6 +20,16 @@ pub struct CpuBudget {
 }
 
 impl CpuBudget {
+    /// No budget: the processes added keep running where they are.
+    pub fn none() -> CpuBudget {
+        CpuBudget {
+            cores: 0.0,
+            cgroup: "none".into(),
+            path: None,
+            error: None,
+        }
+    }
+
     /// Creates the group `name` with a quota of `cores`.
     pub fn create(name: &str, cores: f64) -> CpuBudget {
         let mut b = CpuBudget {
