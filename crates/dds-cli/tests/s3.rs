@@ -1,8 +1,9 @@
 //! `dds s3` on a real 3-OSD cluster (file mode), driven by the real awscli and boto3:
 //! round trips compared byte for byte, ranged reads, listings with prefixes, delimiters and
 //! pagination, multipart uploads, SigV4 refusals, S3's error codes, hostile HTTP peers, the data
-//! surviving a restart of the gateway, and (etcd mode) the gateway serving on through the
-//! `kill -9` of an OSD.
+//! surviving a restart of the gateway, and (etcd mode) the bucket index's shards, a bucket of
+//! an earlier gateway's one-object index, and the gateway serving on through the `kill -9` of
+//! an OSD.
 
 mod common;
 
@@ -553,7 +554,7 @@ fn a_gateway_without_keys_or_pool_refuses_to_start() {
 }
 
 #[test]
-fn s3_keeps_serving_when_the_primary_of_its_bucket_index_is_killed() {
+fn s3_keeps_serving_when_the_primary_of_an_index_shard_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut c = common::start_etcd_osds(d, 3);
@@ -575,10 +576,43 @@ fn s3_keeps_serving_when_the_primary_of_its_bucket_index_is_killed() {
         aws(addr, d, &["s3", "cp", k, &format!("s3://keep/{k}")]);
     }
 
-    // kill -9 of the primary of the bucket's index object: the gateway's next writes and
-    // listings wait for the new primary (the cluster client retries) and succeed.
+    // Each key's index entry is in the shard its name hashes to.
+    use dds_objstore::ObjectId;
+    use dds_s3::record::{index_name, INDEX_SHARDS};
+    for (k, _) in &objects {
+        let shard = ObjectId::new(1, index_name("keep", INDEX_SHARDS, k.as_bytes()));
+        let got = c.client.omap_get(&shard, &[k.as_bytes().to_vec()]).unwrap();
+        assert!(got[0].is_some(), "{k} not in its index shard");
+    }
+    // A bucket of an earlier gateway (version 1 record, one index object) keeps working.
+    let mut v1 = vec![1u8];
+    v1.extend_from_slice(&7u64.to_le_bytes());
+    c.client
+        .omap_set(
+            &ObjectId::new(1, b"s3.buckets".to_vec()),
+            &[(b"old".to_vec(), v1)],
+        )
+        .unwrap();
+    std::fs::write(d.join("x"), b"into an unsharded index").unwrap();
+    aws(addr, d, &["s3", "cp", "x", "s3://old/x"]);
+    let unsharded = c
+        .client
+        .omap_list(&ObjectId::new(1, b"s3.index.old".to_vec()), None, 10)
+        .unwrap();
+    assert_eq!(unsharded.len(), 1);
+    assert_eq!(unsharded[0].0, b"x");
+    assert!(aws(addr, d, &["s3", "ls", "s3://old"]).contains(" x\n"));
+    aws(addr, d, &["s3", "cp", "s3://old/x", "x.back"]);
+    assert_eq!(
+        std::fs::read(d.join("x.back")).unwrap(),
+        b"into an unsharded index"
+    );
+
+    // kill -9 of the primary of the index shard that holds the next key: the gateway's next
+    // write and listing wait for the new primary (the cluster client retries) and succeed.
     let map = c.client.map();
-    let pg = map.pg_of(1, b"s3.index.keep").unwrap();
+    let shard = dds_s3::record::index_name("keep", dds_s3::record::INDEX_SHARDS, b"after");
+    let pg = map.pg_of(1, &shard).unwrap();
     let primary = map.acting(pg)[0];
     drop(c.osds[primary as usize].take());
     std::fs::write(d.join("after"), b"written after the kill").unwrap();

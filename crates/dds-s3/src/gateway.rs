@@ -13,8 +13,9 @@ use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 
 use crate::record::{
-    self, index_name, parts_name, stripe_name, stripes_of, upload_key, uploads_name, ObjectRecord,
-    PartRecord, Run, UploadRecord, BUCKETS, MAX_RECORD, STRIPE,
+    self, index_name, index_shard_name, parts_name, stripe_name, stripes_of, upload_key,
+    uploads_name, BucketRecord, ObjectRecord, PartRecord, Run, UploadRecord, BUCKETS, MAX_RECORD,
+    STRIPE,
 };
 
 /// Smallest part of a multipart upload other than the last (S3's limit).
@@ -37,6 +38,9 @@ struct Inner {
     buffers: tokio::sync::Semaphore,
     /// Stripe buffers of finished requests, reused by the next ones.
     spare: std::sync::Mutex<Vec<Vec<u8>>>,
+    /// Index shards of the buckets used so far (a bucket's count never changes while it
+    /// exists; a lookup that misses reads the bucket record again).
+    shards: std::sync::Mutex<std::collections::HashMap<String, u16>>,
 }
 
 /// An S3 error for a cluster error: the cluster not answering is 503, anything else 500.
@@ -210,33 +214,63 @@ impl Inner {
         absent(self.client.remove(&self.oid(name))).map(drop)
     }
 
-    fn bucket_exists(&self, bucket: &str) -> S3Result<()> {
+    fn shard_cache(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u16>> {
+        self.shards.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the bucket's record: `NoSuchBucket` without one; its index shards.
+    fn bucket_exists(&self, bucket: &str) -> S3Result<u16> {
         match self
             .omap_get1(BUCKETS, bucket.as_bytes())
             .map_err(cluster)?
         {
-            Some(_) => Ok(()),
-            None => Err(s3_error!(NoSuchBucket, "no bucket {bucket}")),
+            Some(v) => {
+                let shards = record::decode_bucket(&v).map_err(bad_record)?.shards;
+                self.shard_cache().insert(bucket.to_string(), shards);
+                Ok(shards)
+            }
+            None => {
+                self.shard_cache().remove(bucket);
+                Err(s3_error!(NoSuchBucket, "no bucket {bucket}"))
+            }
         }
     }
 
-    fn record(&self, bucket: &str, key: &str) -> S3Result<Option<ObjectRecord>> {
+    /// The bucket's index shards, known or read from its record.
+    fn shards_of(&self, bucket: &str) -> S3Result<u16> {
+        let known = self.shard_cache().get(bucket).copied();
+        match known {
+            Some(n) => Ok(n),
+            None => self.bucket_exists(bucket),
+        }
+    }
+
+    fn record_in(&self, bucket: &str, shards: u16, key: &str) -> S3Result<Option<ObjectRecord>> {
         let v = self
-            .omap_get1(&index_name(bucket), key.as_bytes())
+            .omap_get1(&index_name(bucket, shards, key.as_bytes()), key.as_bytes())
             .map_err(cluster)?;
         v.map(|b| ObjectRecord::decode(&b).map_err(bad_record))
             .transpose()
     }
 
+    fn record(&self, bucket: &str, key: &str) -> S3Result<Option<ObjectRecord>> {
+        self.record_in(bucket, self.shards_of(bucket)?, key)
+    }
+
     /// The record of an existing object (in an existing bucket).
     fn existing(&self, bucket: &str, key: &str) -> S3Result<ObjectRecord> {
-        match self.record(bucket, key)? {
-            Some(r) => Ok(r),
-            None => {
-                self.bucket_exists(bucket)?;
-                Err(s3_error!(NoSuchKey, "no key {key} in bucket {bucket}"))
+        let known = self.shards_of(bucket)?;
+        if let Some(r) = self.record_in(bucket, known, key)? {
+            return Ok(r);
+        }
+        // The bucket may be gone, or made again (through another gateway) with other shards.
+        let shards = self.bucket_exists(bucket)?;
+        if shards != known {
+            if let Some(r) = self.record_in(bucket, shards, key)? {
+                return Ok(r);
             }
         }
+        Err(s3_error!(NoSuchKey, "no key {key} in bucket {bucket}"))
     }
 
     /// Makes `rec` the object `key` of `bucket`; returns the record it replaced.
@@ -261,9 +295,10 @@ impl Inner {
                 value.len()
             ));
         }
+        let shards = self.shards_of(bucket)?;
         self.client
             .omap_set(
-                &self.oid(index_name(bucket)),
+                &self.oid(index_name(bucket, shards, key.as_bytes())),
                 &[(key.as_bytes().to_vec(), value)],
             )
             .map_err(cluster)?;
@@ -406,6 +441,7 @@ impl Gateway {
                 pool,
                 buffers: tokio::sync::Semaphore::new(stripe_buffers),
                 spare: std::sync::Mutex::new(Vec::with_capacity(stripe_buffers)),
+                shards: std::sync::Mutex::new(std::collections::HashMap::new()),
             }),
         }
     }
@@ -566,10 +602,14 @@ impl S3 for Gateway {
             {
                 return Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {bucket} exists"));
             }
-            let rec = record::encode_bucket(now_ns());
+            let rec = record::encode_bucket(BucketRecord {
+                created_ns: now_ns(),
+                shards: record::INDEX_SHARDS,
+            });
             i.client
-                .omap_set(&i.oid(BUCKETS), &[(bucket.into_bytes(), rec)])
+                .omap_set(&i.oid(BUCKETS), &[(bucket.clone().into_bytes(), rec)])
                 .map_err(cluster)?;
+            i.shard_cache().insert(bucket, record::INDEX_SHARDS);
             Ok(())
         })
         .await?;
@@ -582,20 +622,31 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
         let bucket = req.input.bucket;
         self.run(move |i| {
-            i.bucket_exists(&bucket)?;
-            let objects = i
-                .omap_page(&index_name(&bucket), None, 1)
-                .map_err(cluster)?;
-            let uploads = i
+            let shards = i.bucket_exists(&bucket)?;
+            let mut empty = i
                 .omap_page(&uploads_name(&bucket), None, 1)
-                .map_err(cluster)?;
-            if !objects.is_empty() || !uploads.is_empty() {
+                .map_err(cluster)?
+                .is_empty();
+            for s in 0..shards {
+                if !empty {
+                    break;
+                }
+                empty = i
+                    .omap_page(&index_shard_name(&bucket, shards, s), None, 1)
+                    .map_err(cluster)?
+                    .is_empty();
+            }
+            if !empty {
                 return Err(s3_error!(BucketNotEmpty, "bucket {bucket} is not empty"));
             }
             i.client
                 .omap_rm(&i.oid(BUCKETS), &[bucket.as_bytes().to_vec()])
                 .map_err(cluster)?;
-            i.remove_quiet(&index_name(&bucket)).map_err(cluster)?;
+            i.shard_cache().remove(&bucket);
+            for s in 0..shards {
+                i.remove_quiet(&index_shard_name(&bucket, shards, s))
+                    .map_err(cluster)?;
+            }
             i.remove_quiet(&uploads_name(&bucket)).map_err(cluster)
         })
         .await?;
@@ -621,7 +672,9 @@ impl S3 for Gateway {
             .map(|(name, v)| {
                 Ok(Bucket {
                     name: Some(String::from_utf8_lossy(&name).into_owned()),
-                    creation_date: Some(timestamp(record::decode_bucket(&v).map_err(bad_record)?)),
+                    creation_date: Some(timestamp(
+                        record::decode_bucket(&v).map_err(bad_record)?.created_ns,
+                    )),
                     ..Bucket::default()
                 })
             })
@@ -1131,12 +1184,15 @@ impl S3 for Gateway {
 
 /// DeleteObject: the index entry, then the data. A missing key is no error (as in S3).
 fn delete(i: &Inner, bucket: &str, key: &str) -> S3Result<()> {
-    i.bucket_exists(bucket)?;
-    let Some(rec) = i.record(bucket, key)? else {
+    let shards = i.bucket_exists(bucket)?;
+    let Some(rec) = i.record_in(bucket, shards, key)? else {
         return Ok(());
     };
     i.client
-        .omap_rm(&i.oid(index_name(bucket)), &[key.as_bytes().to_vec()])
+        .omap_rm(
+            &i.oid(index_name(bucket, shards, key.as_bytes())),
+            &[key.as_bytes().to_vec()],
+        )
         .map_err(cluster)?;
     i.remove_data(&rec)
 }
@@ -1230,9 +1286,80 @@ impl ListPage {
     }
 }
 
+/// One index shard's place in a [`Merged`] listing.
+struct ShardCursor {
+    name: Vec<u8>,
+    /// Entries fetched and not yet taken, in key order.
+    buf: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+    /// The next page of the shard starts after this key.
+    from: Option<Vec<u8>>,
+    /// The shard has no entry after `from`.
+    done: bool,
+}
+
+/// The entries of every index shard of a bucket, merged into key order: each shard is read
+/// in pages, and the smallest head among them is taken each time.
+struct Merged<'a> {
+    i: &'a Inner,
+    shards: Vec<ShardCursor>,
+}
+
+impl<'a> Merged<'a> {
+    /// The entries after `after` of the `shards` shards of `bucket`'s index.
+    fn new(i: &'a Inner, bucket: &str, shards: u16, after: Option<Vec<u8>>) -> Merged<'a> {
+        Merged {
+            i,
+            shards: (0..shards)
+                .map(|s| ShardCursor {
+                    name: index_shard_name(bucket, shards, s),
+                    buf: std::collections::VecDeque::new(),
+                    from: after.clone(),
+                    done: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// Skips every entry at or before `after`.
+    fn seek(&mut self, after: &[u8]) {
+        for c in &mut self.shards {
+            while c.buf.front().is_some_and(|(k, _)| k.as_slice() <= after) {
+                c.buf.pop_front();
+            }
+            if c.buf.is_empty() && c.from.as_deref().is_none_or(|f| f < after) {
+                c.from = Some(after.to_vec());
+            }
+        }
+    }
+
+    /// The next entry in key order.
+    fn next(&mut self) -> S3Result<Option<(Vec<u8>, Vec<u8>)>> {
+        for c in &mut self.shards {
+            if c.buf.is_empty() && !c.done {
+                let page = self
+                    .i
+                    .omap_page(&c.name, c.from.as_deref(), PAGE)
+                    .map_err(cluster)?;
+                c.done = page.len() < PAGE as usize;
+                if let Some((k, _)) = page.last() {
+                    c.from = Some(k.clone());
+                }
+                c.buf.extend(page);
+            }
+        }
+        let smallest = self
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(n, c)| c.buf.front().map(|(k, _)| (k, n)))
+            .min()
+            .map(|(_, n)| n);
+        Ok(smallest.and_then(|n| self.shards[n].buf.pop_front()))
+    }
+}
+
 fn list(i: &Inner, bucket: &str, q: &ListQuery) -> S3Result<ListPage> {
-    i.bucket_exists(bucket)?;
-    let index = index_name(bucket);
+    let shards = i.bucket_exists(bucket)?;
     let prefix = q.prefix.as_bytes();
     let mut after = match (&q.after, before(prefix)) {
         (Some(a), Some(b)) => Some(a.clone().max(b)),
@@ -1245,48 +1372,41 @@ fn list(i: &Inner, bucket: &str, q: &ListQuery) -> S3Result<ListPage> {
         next: None,
         last: None,
     };
-    'pages: loop {
-        let entries = i
-            .omap_page(&index, after.as_deref(), PAGE)
-            .map_err(cluster)?;
-        let full = entries.len() == PAGE as usize;
-        for (k, v) in entries {
-            if !k.starts_with(prefix) {
-                break 'pages;
-            }
-            let rest = &k[prefix.len()..];
-            let cut = q.delimiter.as_ref().and_then(|d| {
-                rest.windows(d.len())
-                    .position(|w| w == d.as_bytes())
-                    .map(|at| prefix.len() + at + d.len())
-            });
-            // A common prefix a marker names (or passed) was listed on an earlier page.
-            let listed = cut.is_some_and(|c| q.after.as_deref().is_some_and(|a| &k[..c] <= a));
-            if !listed && page.objects.len() + page.prefixes.len() == q.max_keys {
-                page.truncated = true;
-                page.next = after;
-                break 'pages;
-            }
-            if let Some(cut) = cut {
-                let mut skip = k[..cut].to_vec();
-                if !listed {
-                    let text = String::from_utf8_lossy(&skip).into_owned();
-                    page.prefixes.push(text.clone());
-                    page.last = Some(text);
-                }
-                skip.push(0xff);
-                after = Some(skip);
-                continue 'pages;
-            }
-            let rec = ObjectRecord::decode(&v).map_err(bad_record)?;
-            let text = String::from_utf8_lossy(&k).into_owned();
-            page.objects.push((text.clone(), rec));
-            page.last = Some(text);
-            after = Some(k);
-        }
-        if !full {
+    let mut entries = Merged::new(i, bucket, shards, after.clone());
+    while let Some((k, v)) = entries.next()? {
+        if !k.starts_with(prefix) {
             break;
         }
+        let rest = &k[prefix.len()..];
+        let cut = q.delimiter.as_ref().and_then(|d| {
+            rest.windows(d.len())
+                .position(|w| w == d.as_bytes())
+                .map(|at| prefix.len() + at + d.len())
+        });
+        // A common prefix a marker names (or passed) was listed on an earlier page.
+        let listed = cut.is_some_and(|c| q.after.as_deref().is_some_and(|a| &k[..c] <= a));
+        if !listed && page.objects.len() + page.prefixes.len() == q.max_keys {
+            page.truncated = true;
+            page.next = after;
+            break;
+        }
+        if let Some(cut) = cut {
+            let mut skip = k[..cut].to_vec();
+            if !listed {
+                let text = String::from_utf8_lossy(&skip).into_owned();
+                page.prefixes.push(text.clone());
+                page.last = Some(text);
+            }
+            skip.push(0xff);
+            entries.seek(&skip);
+            after = Some(skip);
+            continue;
+        }
+        let rec = ObjectRecord::decode(&v).map_err(bad_record)?;
+        let text = String::from_utf8_lossy(&k).into_owned();
+        page.objects.push((text.clone(), rec));
+        page.last = Some(text);
+        after = Some(k);
     }
     Ok(page)
 }

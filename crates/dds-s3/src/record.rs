@@ -54,13 +54,28 @@ pub struct PartRecord {
 }
 
 const VERSION: u8 = 1;
+/// Version of bucket records with a shard count.
+const BUCKET_VERSION: u8 = 2;
+/// Index shards of every bucket created.
+pub const INDEX_SHARDS: u16 = 16;
 
 /// Name of the bucket list object.
 pub const BUCKETS: &[u8] = b"s3.buckets";
 
-/// Name of a bucket's index object.
-pub fn index_name(bucket: &str) -> Vec<u8> {
-    [b"s3.index.", bucket.as_bytes()].concat()
+/// Name of shard `shard` of a bucket's index of `shards` shards (a bucket of one shard has
+/// its whole index in `s3.index.<bucket>`).
+pub fn index_shard_name(bucket: &str, shards: u16, shard: u16) -> Vec<u8> {
+    if shards <= 1 {
+        [b"s3.index.", bucket.as_bytes()].concat()
+    } else {
+        format!("s3.index.{bucket}/{shard}").into_bytes()
+    }
+}
+
+/// Name of the index shard that holds `key` in a bucket of `shards` shards.
+pub fn index_name(bucket: &str, shards: u16, key: &[u8]) -> Vec<u8> {
+    let shard = (crc32c::crc32c(key) % u32::from(shards.max(1))) as u16;
+    index_shard_name(bucket, shards, shard)
 }
 
 /// Name of a bucket's uploads object.
@@ -103,19 +118,36 @@ pub fn stripes_of(size: u64, stripe: u32) -> u64 {
     size.div_ceil(u64::from(stripe.max(1)))
 }
 
-/// Bucket record: version ‖ creation time.
-pub fn encode_bucket(created_ns: u64) -> Vec<u8> {
-    let mut v = vec![VERSION];
-    v.extend_from_slice(&created_ns.to_le_bytes());
+/// A bucket's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketRecord {
+    pub created_ns: u64,
+    /// Index shards (1 for a version 1 record).
+    pub shards: u16,
+}
+
+/// Bucket record: version 2 ‖ creation time ‖ index shards.
+pub fn encode_bucket(r: BucketRecord) -> Vec<u8> {
+    let mut v = vec![BUCKET_VERSION];
+    v.extend_from_slice(&r.created_ns.to_le_bytes());
+    v.extend_from_slice(&r.shards.to_le_bytes());
     v
 }
 
-pub fn decode_bucket(b: &[u8]) -> Result<u64, BadRecord> {
+pub fn decode_bucket(b: &[u8]) -> Result<BucketRecord, BadRecord> {
     let mut d = Dec::new(b, "bucket");
-    d.version()?;
-    let t = d.u64()?;
+    let version = d.u8()?;
+    let created_ns = d.u64()?;
+    let shards = match version {
+        VERSION => 1,
+        BUCKET_VERSION => d.u16()?,
+        _ => return Err(d.bad("unknown version")),
+    };
+    if shards == 0 {
+        return Err(d.bad("0 index shards"));
+    }
     d.end()?;
-    Ok(t)
+    Ok(BucketRecord { created_ns, shards })
 }
 
 fn put_meta(v: &mut Vec<u8>, content_type: &str, meta: &[(String, String)]) {
@@ -472,7 +504,41 @@ mod tests {
         };
         assert_eq!(p.encode().len(), 33);
         assert_eq!(PartRecord::decode(&p.encode()).unwrap(), p);
-        assert_eq!(decode_bucket(&encode_bucket(12)).unwrap(), 12);
+        let b = BucketRecord {
+            created_ns: 12,
+            shards: INDEX_SHARDS,
+        };
+        assert_eq!(encode_bucket(b).len(), 11);
+        assert_eq!(decode_bucket(&encode_bucket(b)).unwrap(), b);
+        // A version 1 record (earlier gateways) is a bucket of one shard.
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&12u64.to_le_bytes());
+        let one = decode_bucket(&v1).unwrap();
+        assert_eq!((one.created_ns, one.shards), (12, 1));
+        let mut zero = encode_bucket(b);
+        zero[9..11].copy_from_slice(&0u16.to_le_bytes());
+        assert!(decode_bucket(&zero).is_err());
+        assert!(decode_bucket(&[3, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn index_shards_are_named_and_chosen_by_key() {
+        assert_eq!(index_shard_name("b", 1, 0), b"s3.index.b");
+        assert_eq!(index_name("b", 1, b"any"), b"s3.index.b");
+        assert_eq!(index_shard_name("b", 16, 7), b"s3.index.b/7");
+        let mut seen = [0u32; 16];
+        for i in 0..1600 {
+            let k = format!("key{i}");
+            let n = index_name("b", 16, k.as_bytes());
+            let shard: usize = std::str::from_utf8(&n[b"s3.index.b/".len()..])
+                .unwrap()
+                .parse()
+                .unwrap();
+            seen[shard] += 1;
+            assert_eq!(index_name("b", 16, k.as_bytes()), n, "stable");
+        }
+        // Every shard takes a share of the keys.
+        assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
     }
 
     #[test]
