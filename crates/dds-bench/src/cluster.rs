@@ -65,6 +65,11 @@ pub struct ClusterArgs {
     /// Port of RGW's S3 frontend (with `--with-rgw`).
     #[arg(long, default_value_t = 7480)]
     pub rgw_port: u16,
+    /// Where each OSD's front end runs: `host` (front end and object store in one host
+    /// process) or `dpu` (the front end on the emulated DPU's core, its `dds osd-store` on the
+    /// host's; the kill -9 hits the front end).
+    #[arg(long, default_value = "host", value_parser = ["host", "dpu"])]
+    pub placement: String,
 }
 
 fn start_etcd(dir: &Path) -> Result<(ChildGuard, String)> {
@@ -83,23 +88,76 @@ struct Osds {
     dir: PathBuf,
     url: String,
     seed: PathBuf,
+    /// The OSDs' processes: the front ends (DPU processes in placement dpu).
     procs: Vec<Option<ChildGuard>>,
+    /// Placement dpu: the CPUs of the front ends, and each OSD's `dds osd-store`.
+    dpu: Option<Vec<usize>>,
+    stores: Vec<Option<ChildGuard>>,
 }
 
 impl Osds {
-    fn start(&mut self, id: u32, format: bool) -> Result<()> {
-        let log = std::fs::File::create(self.dir.join(format!("osd{id}.log")))?;
+    /// `dds osd-store` of OSD `id` (placement dpu), once its socket exists.
+    fn start_store(&mut self, id: u32, format: bool) -> Result<PathBuf> {
+        let sock = self.dir.join(format!("osd{id}.store.sock"));
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::File::create(self.dir.join(format!("osd{id}.store.log")))?;
         let mut cmd = Command::new(&self.exe);
-        cmd.args(["osd", "--id", &id.to_string(), "--etcd", &self.url])
-            .args(["--cluster", "bench", "--etcd-ttl", "2", "--map"])
-            .arg(&self.seed)
+        cmd.arg("osd-store")
             .arg("--device")
             .arg(self.dir.join(format!("osd{id}.img")))
+            .arg("--socket")
+            .arg(&sock)
             .args(["--size", &self.device_size.to_string()])
-            .stdout(Stdio::piped())
+            .stdout(Stdio::null())
             .stderr(log);
         if format {
             cmd.args(["--format", "--force"]);
+        }
+        let mut g = ChildGuard::new(cmd.spawn().context("start dds osd-store")?, "dds osd-store");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !sock.exists() {
+            if let Some(st) = g.try_wait()? {
+                bail!("dds osd-store of osd {id} exited ({st})");
+            }
+            if Instant::now() > deadline {
+                bail!("dds osd-store of osd {id}: no socket within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let i = id as usize;
+        if self.stores.len() <= i {
+            self.stores.resize_with(i + 1, || None);
+        }
+        self.stores[i] = Some(g);
+        Ok(sock)
+    }
+
+    /// OSD `id`; in placement dpu its front end on the DPU's CPUs, attached to its store
+    /// (started first when not running: a store outlives its front end).
+    fn start(&mut self, id: u32, format: bool) -> Result<()> {
+        let log = std::fs::File::create(self.dir.join(format!("osd{id}.log")))?;
+        let cpus = self.dpu.as_deref().filter(|c| !c.is_empty());
+        let mut cmd = crate::kv::taskset(&self.exe, cpus);
+        cmd.args(["osd", "--id", &id.to_string(), "--etcd", &self.url])
+            .args(["--cluster", "bench", "--etcd-ttl", "2", "--map"])
+            .arg(&self.seed)
+            .stdout(Stdio::piped())
+            .stderr(log);
+        if self.dpu.is_some() {
+            let running = self.stores.get(id as usize).is_some_and(Option::is_some);
+            let sock = if running {
+                self.dir.join(format!("osd{id}.store.sock"))
+            } else {
+                self.start_store(id, format)?
+            };
+            cmd.args(["--placement", "dpu", "--proxy-socket"]).arg(sock);
+        } else {
+            cmd.arg("--device")
+                .arg(self.dir.join(format!("osd{id}.img")))
+                .args(["--size", &self.device_size.to_string()]);
+            if format {
+                cmd.args(["--format", "--force"]);
+            }
         }
         let mut g = ChildGuard::new(cmd.spawn().context("start dds osd")?, "dds osd");
         let line = g.ready_line(Duration::from_secs(30))?;
@@ -294,6 +352,16 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
             tmp.path().to_path_buf()
         }
     };
+    let dpu_placement = a.placement == "dpu";
+    let place = crate::placement::Placement::plan(machine.nproc, None, !dpu_placement)?;
+    // Placement dpu: this process, etcd, the stores, the gateway and the load on the host's
+    // CPUs; the front ends on the DPU's.
+    let _pin = place.pin_host()?;
+    let dpu_cpus = match &place.dpu_cpus {
+        Some(l) => Some(crate::placement::parse_cpu_list(l)?),
+        None if dpu_placement => Some(Vec::new()),
+        None => None,
+    };
     let (etcd, url) = start_etcd(&dir)?;
     let mut seed = String::from("epoch = 1\n");
     for id in 0..FIRST_OSDS {
@@ -314,6 +382,8 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
         url: url.clone(),
         seed: seed_path,
         procs: Vec::new(),
+        dpu: dpu_cpus,
+        stores: Vec::new(),
     };
     for id in 0..FIRST_OSDS {
         osds.start(id, true)?;
@@ -449,12 +519,19 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
     }
     eprintln!("cluster: {checked} acknowledged objects checked on {copies} copies, {lost} lost");
     let s3_secs = if a.quick { 3.0 } else { 8.0 };
-    let mut servers: Vec<u32> = osds.procs.iter().flatten().map(ChildGuard::pid).collect();
-    servers.push(etcd.pid());
-    let mut s3 =
-        crate::s3::throughput(&osds.exe, &dir, &url, "bench", &cl, POOL, s3_secs, &servers)?;
-    for id in 0..osds.procs.len() {
-        if let Some(mut g) = osds.procs[id].take() {
+    let front_ends: Vec<u32> = osds.procs.iter().flatten().map(ChildGuard::pid).collect();
+    let stores: Vec<u32> = osds.stores.iter().flatten().map(ChildGuard::pid).collect();
+    let (mut host, dpu) = if dpu_placement {
+        (stores, front_ends)
+    } else {
+        (front_ends, Vec::new())
+    };
+    host.push(etcd.pid());
+    let mut s3 = crate::s3::throughput(
+        &osds.exe, &dir, &url, "bench", &cl, POOL, s3_secs, &host, &dpu,
+    )?;
+    for g in osds.procs.iter_mut().chain(osds.stores.iter_mut()) {
+        if let Some(mut g) = g.take() {
             let _ = g.stop(Duration::from_secs(5));
         }
     }
@@ -537,17 +614,28 @@ pub fn run(a: ClusterArgs, command: String) -> Result<Report> {
     Ok(Report {
         benchmark: "cluster".into(),
         command,
-        dpu_emulation: "none in this run: every OSD is placement host (front end and object \
-                        store in one host process); the failover, recovery and rebalancing paths \
-                        are the same for placement-dpu OSDs, whose front end reaches its store \
-                        through the emulated DMA engine"
-            .into(),
+        dpu_emulation: if dpu_placement {
+            "emulated DPU: every OSD's front end is a separate process on the DPU's own CPU \
+             (placement dpu), reaching its host-side dds osd-store through the emulated DMA \
+             engine"
+                .into()
+        } else {
+            "none in this run: every OSD is placement host (front end and object store in one \
+             host process); the failover, recovery and rebalancing paths are the same for \
+             placement-dpu OSDs (--placement dpu)"
+                .into()
+        },
         machine,
         config: json!({
             "args": a,
             "object_size": size,
             "pool": {"pg_num": PGS, "size": 3, "min_size": 2},
             "osds": "3, then a fourth joining",
+            "placement": if dpu_placement {
+                "dpu: each OSD's front end (dds osd --placement dpu) on the emulated DPU's CPU, its dds osd-store on the host's; etcd, the gateway and the load on the host's CPUs"
+            } else {
+                "host: each OSD one host process (front end and object store)"
+            },
             "monitor": "etcd (one member), leases of 2 s",
             "load": "writer threads (one write_full in flight each, every object written once) and one reader of acknowledged objects checking their content",
             "s3": "dds s3 (etcd client of the same cluster, pool data, 4 MiB stripes) against dds_osd::client::Client on the same pool: 16 client threads, one request in flight each, each overwriting 4 names of its own; SigV4-presigned requests (rusty-s3) over ureq, one keep-alive connection per client; writes then reads of 4 MiB and 64 KiB objects. Server CPU: the gateway, the OSDs and the monitor (etcd; Ceph's mon). With --with-rgw, the same workload against radosgw on Ceph (1 mon, 4 BlueStore OSDs on files, pools of size 3) after the dds osd cluster stopped; dds s3's OSDs run in placement host (the D4 placement's host CPU is not measured here)",

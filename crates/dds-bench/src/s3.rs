@@ -231,8 +231,9 @@ fn cpu_of(pids: &[u32]) -> f64 {
 }
 
 /// The S3 part on the running cluster (etcd `url`, cluster `cluster`, pool `pool` named
-/// "data"), `secs` seconds per run. `servers` are the cluster's processes (OSDs, etcd): with
-/// the gateway, the server CPU of a run.
+/// "data"), `secs` seconds per run. `host` are the cluster's host processes (OSDs or their
+/// stores, etcd): with the gateway, the server CPU of a run; `dpu` the OSD front ends on the
+/// emulated DPU (placement dpu), whose CPU is reported apart.
 #[allow(clippy::too_many_arguments)]
 pub fn throughput(
     exe: &Path,
@@ -242,15 +243,17 @@ pub fn throughput(
     cl: &Arc<Client>,
     pool: u64,
     secs: f64,
-    servers: &[u32],
+    host: &[u32],
+    dpu: &[u32],
 ) -> Result<S3Result> {
     let (mut gw, addr) = start_gateway(exe, dir, url, cluster)?;
     let bucket = make_bucket(addr, "dds s3")?;
     let gw_pid = gw.pid();
     let gateway_cpu = move || process_cpu_seconds(gw_pid).unwrap_or(0.0);
-    let mut all = servers.to_vec();
+    let mut all = host.to_vec();
     all.push(gw_pid);
     let server_cpu = move || cpu_of(&all);
+    let dpu_cpu = || cpu_of(dpu);
     let srv = Server {
         bucket: &bucket,
         gateway_cpu: &gateway_cpu,
@@ -266,14 +269,17 @@ pub fn throughput(
             "S3 MB/s",
             "S3 / native",
             "gateway CPU s per GB",
-            "server CPU ms per MB",
+            "host CPU ms per MB",
+            "DPU CPU ms per MB",
         ],
     );
     let mut targets = Vec::new();
     let mut dds = Vec::new();
     for (size, label, op) in CASES {
         let native = run(Via::Native, op, size, secs, Some((cl, pool)), &srv)?;
+        let dpu0 = dpu_cpu();
         let s3 = run(Via::S3, op, size, secs, None, &srv)?;
+        let dpu_ms_per_mb = (dpu_cpu() - dpu0) * 1e3 / ((s3.ops * size as u64) as f64 / 1e6);
         let what = op_name(op);
         eprintln!(
             "cluster: s3 {label} {what}: native {:.1} MB/s ({} ops, {} errors), \
@@ -306,6 +312,10 @@ pub fn throughput(
             format!("s3_server_cpu_ms_per_mb_{label}_{what}"),
             json!(s3.server_ms_per_mb(size)),
         );
+        summary.insert(
+            format!("s3_dpu_cpu_ms_per_mb_{label}_{what}"),
+            json!(dpu_ms_per_mb),
+        );
         if size == 4 << 20 && op == Op::Write {
             summary.insert("s3_over_native_write_mbs".into(), json!(ratio));
             targets.push(Target::at_least("s3_over_native_write_mbs", ratio, 0.8));
@@ -318,6 +328,7 @@ pub fn throughput(
             fmt_num(ratio),
             fmt_num(cpu_per_gb),
             fmt_num(s3.server_ms_per_mb(size)),
+            fmt_num(dpu_ms_per_mb),
         ]);
         dds.push(s3);
     }
@@ -434,7 +445,7 @@ pub fn against_rgw(r: &mut S3Result, o: &RgwOpts) -> Result<()> {
             "dds s3 MB/s",
             "RGW MB/s",
             "dds s3 / RGW",
-            "dds s3 server CPU ms/MB",
+            "dds s3 host CPU ms/MB",
             "RGW server CPU ms/MB",
             "dds s3 / RGW CPU",
         ],
