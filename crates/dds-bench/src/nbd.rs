@@ -1,6 +1,8 @@
 //! `dds bench nbd`: block storage over NBD, fio's `nbd` engine against, in one run:
 //!
 //! - `dds-nbd`: `dds dpu` (no offload engine) + `dds nbd` exporting a DDS file;
+//! - `dds-nbd-offload`: `dds dpu --offload nbd` + `dds nbd`, fio connecting to the DPU's
+//!   traffic director, which serves READs on the DPU (`docs/nbd.md` §6);
 //! - `nbdkit`: `nbdkit file` serving a plain file (`cache=none`) on the same disk;
 //! - `qemu-nbd`: `qemu-nbd` serving the same kind of file (`--cache=none --aio=io_uring`).
 //!
@@ -8,8 +10,7 @@
 //! 16 and 64): IOPS, read p50/p99 latency, and CPU seconds per I/O of each server's processes,
 //! host and DPU apart. The DPU runs on a core of its own; the servers and fio on the others.
 //! There is no DPU hardware: the DPU is the `dds dpu` process with an emulated DMA engine.
-//! `dds nbd` has no offload app yet (`docs/nbd.md`), so the offload targets are reported as
-//! not measured.
+//! The offload targets compare the offload row at depth 16 with the others.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,7 +61,7 @@ pub struct NbdBenchArgs {
     pub shared_cores: bool,
 }
 
-const SERVERS: [&str; 3] = ["dds-nbd", "nbdkit", "qemu-nbd"];
+const SERVERS: [&str; 4] = ["dds-nbd", "dds-nbd-offload", "nbdkit", "qemu-nbd"];
 const WORKLOADS: [(&str, &str); 2] = [("randread", "randread"), ("randrw70", "randrw")];
 
 /// A server under test: its processes (host, and the DPU for `dds-nbd`) and its URI.
@@ -80,15 +81,24 @@ fn start(
     let exe = std::env::current_exe().context("locate the dds binary")?;
     let host_cpus = place.host_cpus.as_deref();
     let file = dir.join("plain.img");
-    if name != "dds-nbd" {
+    let offload = name == "dds-nbd-offload";
+    if !name.starts_with("dds-nbd") {
         let f = std::fs::File::create(&file)?;
         f.set_len(size_mib << 20)?;
     }
     let port = free_port()?;
     let (host, dpu, uri) = match name {
-        "dds-nbd" => {
+        "dds-nbd" | "dds-nbd-offload" => {
             let device = format!("{}M", size_mib + 256);
-            let (dpu, socket, _) = spawn_dpu(&exe, dir, &device, &a.dma_cost, &[], place)?;
+            let extra: Vec<String> = if offload {
+                ["--offload", "nbd", "--director-listen", "127.0.0.1:0"]
+                    .map(String::from)
+                    .to_vec()
+            } else {
+                Vec::new()
+            };
+            let (dpu, socket, director) =
+                spawn_dpu(&exe, dir, &device, &a.dma_cost, &extra, place)?;
             let child = taskset(&exe, host_cpus)
                 .args(["nbd", "--listen", "127.0.0.1:0", "--socket"])
                 .arg(&socket)
@@ -99,6 +109,12 @@ fn start(
                 .context("start dds nbd")?;
             let mut host = ChildGuard::new(child, "dds nbd");
             let addr = listening_on(&host.ready_line(Duration::from_secs(30))?)?;
+            // With offload, clients connect to the director (`dds nbd` announced itself to it).
+            let addr = match director {
+                Some(d) if offload => d,
+                _ if offload => bail!("dds dpu --offload nbd reported no director"),
+                _ => addr,
+            };
             (host, Some(dpu), format!("nbd://{addr}/disk"))
         }
         "nbdkit" => {
@@ -311,21 +327,33 @@ fn report(
         get("dds-nbd", |p| p.read_p99_us),
         get("nbdkit", |p| p.read_p99_us),
     );
-    let not_measured = |name: &str, op: &'static str, goal: f64| Target {
-        name: format!("{name} (no offload app for dds nbd yet: not measured)"),
-        op,
-        goal,
-        measured: f64::NAN,
-        met: false,
-    };
+    let off = "dds-nbd-offload";
+    let offload_host_cpu = ratio(
+        get(off, |p| p.host_cpu_per_io),
+        get("dds-nbd", |p| p.host_cpu_per_io),
+    );
+    let offload_over_nbdkit = ratio(get(off, |p| p.iops), get("nbdkit", |p| p.iops));
+    let offload_over_qemu = ratio(get(off, |p| p.iops), get("qemu-nbd", |p| p.iops));
+    let offload_p99 = ratio(
+        get(off, |p| p.read_p99_us),
+        get("nbdkit", |p| p.read_p99_us),
+    );
+    let offload_dpu_cpu = ratio(
+        get(off, |p| p.dpu_cpu_per_io),
+        get("nbdkit", |p| p.host_cpu_per_io),
+    );
     let targets = vec![
-        not_measured("offload_host_cpu_per_read_over_no_offload", "<=", 0.02),
-        not_measured("offload_over_nbdkit_iops", ">=", 1.0),
-        not_measured("offload_over_qemu_nbd_iops", ">=", 1.0),
-        not_measured("offload_p99_over_nbdkit_p99", "<=", 1.0),
-        not_measured(
+        Target::at_most(
+            "offload_host_cpu_per_read_over_no_offload",
+            offload_host_cpu,
+            0.02,
+        ),
+        Target::at_least("offload_over_nbdkit_iops", offload_over_nbdkit, 1.0),
+        Target::at_least("offload_over_qemu_nbd_iops", offload_over_qemu, 1.0),
+        Target::at_most("offload_p99_over_nbdkit_p99", offload_p99, 1.0),
+        Target::at_most(
             "offload_dpu_cpu_per_read_over_nbdkit_cpu_per_read",
-            "<=",
+            offload_dpu_cpu,
             1.0,
         ),
     ];
@@ -341,11 +369,16 @@ fn report(
         "no_offload_dpu_cpu_per_read": get("dds-nbd", |p| p.dpu_cpu_per_io),
         "nbdkit_cpu_per_read": get("nbdkit", |p| p.host_cpu_per_io),
         "qemu_nbd_cpu_per_read": get("qemu-nbd", |p| p.host_cpu_per_io),
-        "offload_host_cpu_per_read_over_no_offload": Value::Null,
-        "offload_over_nbdkit_iops": Value::Null,
-        "offload_over_qemu_nbd_iops": Value::Null,
-        "offload_p99_over_nbdkit_p99": Value::Null,
-        "offload_dpu_cpu_per_read_over_nbdkit_cpu_per_read": Value::Null,
+        "offload_randread_iops": get(off, |p| p.iops),
+        "offload_randread_p99_us": get(off, |p| p.read_p99_us),
+        "nbdkit_randread_p99_us": get("nbdkit", |p| p.read_p99_us),
+        "offload_host_cpu_per_read": get(off, |p| p.host_cpu_per_io),
+        "offload_dpu_cpu_per_read": get(off, |p| p.dpu_cpu_per_io),
+        "offload_host_cpu_per_read_over_no_offload": offload_host_cpu,
+        "offload_over_nbdkit_iops": offload_over_nbdkit,
+        "offload_over_qemu_nbd_iops": offload_over_qemu,
+        "offload_p99_over_nbdkit_p99": offload_p99,
+        "offload_dpu_cpu_per_read_over_nbdkit_cpu_per_read": offload_dpu_cpu,
         "targets": targets,
     });
     let mut t = Table::new(

@@ -66,9 +66,13 @@ pub fn run(a: NbdArgs) -> Result<()> {
             max_connections: a.max_connections,
         },
         storage.as_ref(),
-        dds_conn,
+        dds_conn.clone(),
     )
     .context("open the NBD server")?;
+    if let Some(dds) = &dds_conn {
+        // A traffic director with the `nbd` offload app forwards to this server.
+        crate::util::announce_host_app(dds, server.local_addr());
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())?;

@@ -1,6 +1,6 @@
 //! The offload apps `dds dpu --offload NAME` runs, by name: assembled here, where the
 //! applications are assembled, from the crates that define them (`dds-apps`: `pagestore`,
-//! `kv`; `dds-kv`: `redis`; `dds-pageserver`: `pageserver`).
+//! `kv`; `dds-kv`: `redis`; `dds-pageserver`: `pageserver`; `dds-nbd`: `nbd`).
 
 use std::sync::Arc;
 
@@ -38,6 +38,11 @@ pub fn registry() -> Registry {
         "pageserver",
         "GetPage@LSN of `dds pageserver`: page versions on storage served on the DPU",
         |_| Arc::new(dds_pageserver::offload::PageServerApp),
+    );
+    r.register(
+        "nbd",
+        "NBD protocol of `dds nbd`: READs of ranges no write is changing served on the DPU",
+        |_| Arc::new(dds_nbd::NbdApp::new()),
     );
     r.register(
         "kv",

@@ -1,7 +1,9 @@
 //! `dds nbd` end to end with NBD clients nobody here wrote (fio's `nbd` engine, `nbdcopy`,
 //! `nbdinfo`, `qemu-img`) against a real `dds dpu` and `dds nbd`, plus raw-socket bad input,
 //! the consistency `NBD_FLAG_CAN_MULTI_CONN` promises across a DPU crash, and the DPU-less
-//! mode on regular files (docs/nbd.md).
+//! mode on regular files (docs/nbd.md). The clients run again through the DPU's traffic
+//! director with the offload app `nbd` (docs/nbd.md §6), whose counters show the DPU served
+//! the reads.
 
 mod common;
 
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{assert_alive, format_device, spawn_listening, start_dpu, Guard, DDS};
+use common::{assert_alive, format_device, offloaded, spawn_listening, start_dpu, Guard, DDS};
 use dds_nbd::proto::{self, Request};
 use rand::{Rng, SeedableRng};
 
@@ -38,6 +40,24 @@ fn nbd_on(socket: &Path, args: &[&str]) -> (Guard, SocketAddr) {
     let mut all = vec!["--socket", socket.to_str().unwrap()];
     all.extend_from_slice(args);
     nbd(&all)
+}
+
+/// A DPU running the offload app `nbd` on a new device in `dir`, and `dds nbd` with `args` on
+/// it: the two processes, the DPU's control socket and the traffic director's address (where
+/// clients connect; `dds nbd` announced itself to it).
+fn offload(dir: &Path, args: &[&str]) -> (Guard, Guard, PathBuf, SocketAddr) {
+    offload_with(dir, &[], args)
+}
+
+/// [`offload`] with `dpu_args` for `dds dpu`.
+fn offload_with(
+    dir: &Path,
+    dpu_args: &[&str],
+    args: &[&str],
+) -> (Guard, Guard, PathBuf, SocketAddr) {
+    let (dpu, socket, director) = common::start_offload_dpu_with(dir, "256M", "nbd", dpu_args);
+    let (server, _) = nbd_on(&socket, args);
+    (dpu, server, socket, director)
 }
 
 fn run(cmd: &mut Command) -> std::process::Output {
@@ -108,15 +128,57 @@ fn fio_random_writes_then_a_crc32c_verify_pass() {
 }
 
 #[test]
+fn fio_through_the_director_with_the_dpu_serving_the_verify_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dpu, mut server, socket, director) = offload(dir.path(), &["--export", "disk=32M"]);
+    // The window of `dds stats`'s DPU CPU per NBD read starts here.
+    let before = offloaded(&socket);
+    fio_write_then_verify(dir.path(), &format!("nbd://{director}/disk"), "32M");
+    let us = common::dpu_cpu_per_request(&socket, "NBD read", 4096);
+    let served = offloaded(&socket) - before;
+    eprintln!("{served} reads served by the DPU, {us:.1} µs of DPU CPU each");
+    // The verify pass reads the 8192 blocks written, with no write in flight.
+    assert!(served >= 8192, "the DPU served {served} reads");
+    assert_alive(&mut server, "dds nbd");
+    assert_alive(&mut dpu, "dds dpu");
+}
+
+#[test]
 fn nbdcopy_in_and_out_and_qemu_img_compare() {
     let dir = tempfile::tempdir().unwrap();
     let (_dpu, _img, socket) = dpu(dir.path());
     let (mut server, addr) = nbd_on(&socket, &["--export", "disk=24M"]);
-    let src = dir.path().join("src.img");
+    copy_and_compare(dir.path(), addr);
+    assert_alive(&mut server, "dds nbd");
+}
+
+#[test]
+fn nbdcopy_and_qemu_img_compare_through_the_director() {
+    let dir = tempfile::tempdir().unwrap();
+    // Read buffers as large as nbdcopy's requests (256 KiB), so that the DPU serves them
+    // (64 of them: 16 MiB).
+    let (mut dpu, mut server, socket, director) = offload_with(
+        dir.path(),
+        &["--offload-buffer", "256K", "--offload-contexts", "64"],
+        &["--export", "disk=24M"],
+    );
+    let before = offloaded(&socket);
+    copy_and_compare(dir.path(), director);
+    let served = offloaded(&socket) - before;
+    // nbdcopy out reads the 24 MiB in 96 requests; qemu-img reads it again, twice.
+    assert!(served >= 96, "the DPU served {served} reads");
+    assert_alive(&mut server, "dds nbd");
+    assert_alive(&mut dpu, "dds dpu");
+}
+
+/// A random image copied in with `nbdcopy` and out again, compared byte for byte, and with
+/// `qemu-img compare` (which must also find a changed byte).
+fn copy_and_compare(dir: &Path, addr: SocketAddr) {
+    let src = dir.join("src.img");
     let data = random_file(&src, 24 << 20, common::test_seed("nbdcopy"));
     let uri = format!("nbd://{addr}/disk");
     run(Command::new("nbdcopy").arg(&src).arg(&uri));
-    let out = dir.path().join("out.img");
+    let out = dir.join("out.img");
     run(Command::new("nbdcopy").arg(&uri).arg(&out));
     assert!(std::fs::read(&out).unwrap() == data, "nbdcopy out differs");
     run(Command::new("qemu-img")
@@ -134,7 +196,6 @@ fn nbdcopy_in_and_out_and_qemu_img_compare() {
         .status()
         .unwrap();
     assert_eq!(st.code(), Some(1), "qemu-img compare found no difference");
-    assert_alive(&mut server, "dds nbd");
 }
 
 #[test]
@@ -151,6 +212,29 @@ fn nbdinfo_lists_the_exports_of_a_config_file() {
     )
     .unwrap();
     let (_server, addr) = nbd(&["--config", cfg.to_str().unwrap(), "--export", "more=2M"]);
+    list_three_exports(addr);
+}
+
+#[test]
+fn nbdinfo_through_the_director() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dpu, _server, _socket, director) = offload(
+        dir.path(),
+        &[
+            "--export",
+            "disk=16M",
+            "--export",
+            "iso=1M,ro",
+            "--export",
+            "more=2M",
+        ],
+    );
+    list_three_exports(director);
+}
+
+/// `nbdinfo` lists the exports disk (16 MiB), iso (1 MiB, read-only) and more (2 MiB), and
+/// gives the default export's size.
+fn list_three_exports(addr: SocketAddr) {
     let out = run(Command::new("nbdinfo").args(["--list", "--json", &format!("nbd://{addr}")]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let got: Vec<(String, u64, bool, bool)> = v["exports"]
@@ -329,11 +413,35 @@ impl Client {
     }
 }
 
+const BAD_INPUT_EXPORTS: [&str; 4] = ["--export", "disk=40M", "--export", "iso=1M,ro"];
+
 #[test]
 fn bad_input_gets_the_nbd_errors_and_the_server_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (_dpu, _img, socket) = dpu(dir.path());
-    let (mut server, addr) = nbd_on(&socket, &["--export", "disk=40M", "--export", "iso=1M,ro"]);
+    let (mut server, addr) = nbd_on(&socket, &BAD_INPUT_EXPORTS);
+    bad_input(addr);
+    assert_alive(&mut server, "dds nbd");
+}
+
+/// Through the director, the host answers what it answers without it (the refused requests are
+/// forwarded), the connections it closes are closed, and neither process falls over.
+#[test]
+fn bad_input_through_the_director_is_answered_by_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dpu, mut server, socket, director) = offload(dir.path(), &BAD_INPUT_EXPORTS);
+    let before = offloaded(&socket);
+    bad_input(director);
+    assert!(
+        offloaded(&socket) > before,
+        "the DPU served none of the valid reads"
+    );
+    assert_alive(&mut server, "dds nbd");
+    assert_alive(&mut dpu, "dds dpu");
+}
+
+/// Bad input of every kind at `addr`; then a new client reads what the first wrote.
+fn bad_input(addr: SocketAddr) {
     const SIZE: u64 = 40 << 20;
 
     // Handshake: unknown client flags close.
@@ -462,11 +570,93 @@ fn bad_input_gets_the_nbd_errors_and_the_server_goes_on() {
     common::hostile_clients(addr, streams, 8, Duration::from_millis(300));
 
     // The server goes on: a new client reads what was written.
-    assert_alive(&mut server, "dds nbd");
     let mut c = Client::open(addr, "disk", true);
     assert_eq!(c.read(0, 4096), vec![7u8; 4096]);
     c.send(proto::CMD_DISC, 0, 0, 0, 0, &[]);
     assert!(c.closed(), "after NBD_CMD_DISC");
+}
+
+/// Through the director, a block written on one connection is read back on another as soon
+/// as the write was acknowledged, whichever side serves the read, with structured and simple
+/// replies; writes in flight keep their range's reads on the host, and the rest are the DPU's.
+#[test]
+fn writes_acknowledged_on_one_connection_are_read_on_another_through_the_director() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dpu, mut server, socket, director) = offload(dir.path(), &["--export", "disk=8M"]);
+    let mut a = Client::open(director, "disk", false);
+    let mut b = Client::open(director, "disk", true);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(common::test_seed("offload multi-conn"));
+    let before = offloaded(&socket);
+    let blocks = 256u64;
+    let mut model = vec![vec![0u8; 4096]; blocks as usize];
+    for round in 0..1500u64 {
+        let k = rng.gen_range(0..blocks);
+        let mut d = vec![0u8; 4096];
+        rng.fill(&mut d[..]);
+        let (w, r) = if round % 2 == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        w.write(k * 4096, &d, 0);
+        model[k as usize] = d;
+        // Read at once on the other connection: the block just written, and another.
+        assert_eq!(r.read(k * 4096, 4096), model[k as usize], "block {k}");
+        let j = rng.gen_range(0..blocks);
+        assert_eq!(r.read(j * 4096, 4096), model[j as usize], "block {j}");
+    }
+    // Pipelined: a write and, behind it on the same connection and on the other, reads of
+    // every block; the replies (by handle) carry the old or the new bytes of the block being
+    // written, and every other block's bytes.
+    let mut d = vec![0u8; 4096];
+    rng.fill(&mut d[..]);
+    a.send(proto::CMD_WRITE, 0, 1_000_000, 0, 4096, &d);
+    for k in 0..blocks {
+        a.send(proto::CMD_READ, 0, k, k * 4096, 4096, &[]);
+        b.send(proto::CMD_READ, 0, k, k * 4096, 4096, &[]);
+    }
+    for (c, name) in [(&mut a, "a"), (&mut b, "b")] {
+        let mut seen = vec![false; blocks as usize];
+        let mut write_acked = name == "b";
+        for _ in 0..blocks + u64::from(name == "a") {
+            let (handle, err, data) = if c.structured {
+                c.read_reply(4096)
+            } else {
+                // Simple replies: a READ reply carries 4096 bytes, the WRITE's none.
+                let (handle, err) = c.simple();
+                let mut data = vec![0u8; if handle < blocks { 4096 } else { 0 }];
+                c.s.read_exact(&mut data).unwrap();
+                (handle, err, data)
+            };
+            assert_eq!(err, 0, "{name}: request {handle}");
+            if handle == 1_000_000 {
+                write_acked = true;
+                continue;
+            }
+            let k = handle as usize;
+            assert!(!seen[k], "{name}: block {k} answered twice");
+            seen[k] = true;
+            if k == 0 {
+                assert!(data == model[0] || data == d, "{name}: block 0 torn");
+            } else {
+                assert_eq!(data, model[k], "{name}: block {k}");
+            }
+        }
+        assert!(write_acked, "{name}: the write was answered");
+    }
+    model[0] = d;
+    for k in 0..blocks {
+        assert_eq!(
+            b.read(k * 4096, 4096),
+            model[k as usize],
+            "block {k} at the end"
+        );
+    }
+    let served = offloaded(&socket) - before;
+    eprintln!("{served} of the reads served by the DPU");
+    assert!(served > 1000, "the DPU served {served} reads");
+    assert_alive(&mut server, "dds nbd");
+    assert_alive(&mut dpu, "dds dpu");
 }
 
 #[test]

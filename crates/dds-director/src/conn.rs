@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
-use dds_offload_api::{KeyMap, ERROR_REPLY_MAX};
+use dds_offload_api::{KeyMap, Malformed, OffloadApp, Phase, Session, ERROR_REPLY_MAX};
 
 use crate::buffer::Buf;
 
@@ -18,6 +18,9 @@ pub(crate) enum Entry {
     Dpu { ctx: u32 },
     /// A DPU response already copied into `cout` (copy mode), `len` bytes.
     Copied { len: u32 },
+    /// A unit of the host's opening exchange (a session's, `docs/offload.md` §5c), `len`
+    /// bytes of `hin`, relayed without a request.
+    Relay { len: u32 },
     /// The last entry of a connection whose message was refused: the error reply in
     /// `Conn::err` (none when empty), after which the connection closes.
     Error,
@@ -88,6 +91,54 @@ pub(crate) struct Conn {
     pub(crate) err_sent: bool,
     /// Client bytes discarded since the refusal (bounded by the app's message limit).
     pub(crate) discarded: usize,
+    /// The app's state of this connection, when it keeps one.
+    pub(crate) session: Option<Box<dyn Session>>,
+    /// Bytes at the front of `hin` queued as [`Entry::Relay`] entries: host responses are
+    /// framed after them.
+    pub(crate) relayed: usize,
+}
+
+impl Conn {
+    /// Whether the connection is in an opening exchange (or waits for the host's part of it).
+    pub(crate) fn opening(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| s.phase() != Phase::Requests)
+    }
+
+    /// Framing of the client's stream: the session's in its opening, the app's otherwise.
+    pub(crate) fn message_len(
+        &self,
+        app: &dyn OffloadApp,
+        buf: &[u8],
+    ) -> Result<Option<usize>, Malformed> {
+        match &self.session {
+            Some(s) if s.phase() != Phase::Requests => s.opening_message_len(buf),
+            _ => app.message_len(buf),
+        }
+    }
+
+    /// Framing of the host's responses (after the relayed bytes): the session's, or the
+    /// app's.
+    pub(crate) fn response_len(
+        &self,
+        app: &dyn OffloadApp,
+        buf: &[u8],
+    ) -> Result<Option<usize>, Malformed> {
+        response_len(app, self.session.as_deref(), buf)
+    }
+}
+
+/// Framing of a host response by the connection's session, or by the app without one.
+pub(crate) fn response_len(
+    app: &dyn OffloadApp,
+    session: Option<&dyn Session>,
+    buf: &[u8],
+) -> Result<Option<usize>, Malformed> {
+    match session {
+        Some(s) => s.response_len(buf),
+        None => app.response_len(buf),
+    }
 }
 
 pub(crate) enum Close {

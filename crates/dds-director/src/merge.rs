@@ -9,7 +9,7 @@ use dds_offload_api::OffloadApp;
 use dds_offload_engine::{CtxState, Pool};
 use dds_proto::Status;
 
-use crate::conn::{Close, Conn, Entry};
+use crate::conn::{response_len, Close, Conn, Entry};
 use crate::stats::add;
 use crate::uring::Leg;
 use crate::worker::{would_block, Worker, IOV_MAX};
@@ -174,7 +174,7 @@ impl Worker {
                             }
                             break;
                         }
-                        match app.response_len(&hin[hoff..]) {
+                        match response_len(app.as_ref(), c.session.as_deref(), &hin[hoff..]) {
                             Ok(Some(n)) if hin.len() - hoff >= n => {
                                 let b = &hin[hoff..hoff + n];
                                 hoff += n;
@@ -192,6 +192,11 @@ impl Worker {
                     Entry::Copied { len } => {
                         let b = &cout[coff..coff + len as usize];
                         coff += len as usize;
+                        b
+                    }
+                    Entry::Relay { len } => {
+                        let b = &hin[hoff..hoff + len as usize];
+                        hoff += len as usize;
                         b
                     }
                     Entry::Error => &c.err[..c.err_len],
@@ -234,11 +239,12 @@ pub(crate) fn retire(app: &dyn OffloadApp, pool: &mut Pool, c: &mut Conn, mut w:
     while w > 0 {
         let e = *c.order.front().expect("sent bytes belong to entries");
         let full = match e {
-            Entry::Host { .. } => app
-                .response_len(c.hin.data())
+            Entry::Host { .. } => c
+                .response_len(app, c.hin.data())
                 .ok()
                 .flatten()
                 .expect("framed above"),
+            Entry::Relay { len } => len as usize,
             Entry::Dpu { ctx } => pool.response(ctx).len(),
             Entry::Copied { len } => len as usize,
             Entry::Error => c.err_len,
@@ -254,6 +260,9 @@ pub(crate) fn retire(app: &dyn OffloadApp, pool: &mut Pool, c: &mut Conn, mut w:
         c.popped += 1;
         match e {
             Entry::Host { .. } => {
+                if let Some(s) = c.session.as_mut() {
+                    s.delivered(&c.hin.data()[..full]);
+                }
                 c.hin.consume(full);
                 c.host_pending -= 1;
                 c.host_retired += 1;
@@ -266,6 +275,10 @@ pub(crate) fn retire(app: &dyn OffloadApp, pool: &mut Pool, c: &mut Conn, mut w:
                 c.dpu_ctxs -= 1;
             }
             Entry::Copied { len } => c.cout.consume(len as usize),
+            Entry::Relay { len } => {
+                c.hin.consume(len as usize);
+                c.relayed -= len as usize;
+            }
             Entry::Error => {
                 // The error reply is the last thing the client gets.
                 let _ = c.client.shutdown(Shutdown::Write);

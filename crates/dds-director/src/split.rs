@@ -4,7 +4,7 @@
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 
-use dds_offload_api::{Malformed, OffloadApp, REQUEST_HEAD_BYTES, TOO_BIG};
+use dds_offload_api::{CacheView, Malformed, OffloadApp, Phase, REQUEST_HEAD_BYTES, TOO_BIG};
 use dds_offload_engine::{CtxState, Sources};
 use dds_proto::Status;
 
@@ -45,12 +45,24 @@ impl Worker {
                 p |= self.write_host(slot, allowed.unwrap_or(usize::MAX))?;
                 let before = self.conns[slot].as_ref().expect("live").hin.len();
                 p |= self.read_leg(Leg::host(slot))?;
+                p |= self.relay_opening(slot)?;
                 let c = self.conns[slot].as_mut().expect("live");
-                if c.hin.len() > before && c.host_pending == 0 {
+                let opening = c.opening();
+                if !opening
+                    && c.hin.len() > before
+                    && c.hin.len() > c.relayed
+                    && c.host_pending == 0
+                {
                     return Err(Close::Malformed("host sent a response nobody asked for"));
                 }
-                if !c.hin.is_empty() {
-                    match self.app.response_len(c.hin.data()) {
+                if c.hin.len() > c.relayed {
+                    let base = c.relayed;
+                    let rest = &c.hin.data()[base..];
+                    let framed = match &c.session {
+                        Some(s) if opening => s.opening_response_len(rest),
+                        _ => c.response_len(self.app.as_ref(), rest),
+                    };
+                    match framed {
                         Err(m) => {
                             tracing::warn!(reason = m.0, "host response malformed");
                             return Err(Close::Malformed("host sent a malformed response"));
@@ -58,15 +70,18 @@ impl Worker {
                         Ok(Some(n)) if n == 0 || n > self.max_resp => {
                             return Err(Close::Malformed("host response length out of range"));
                         }
-                        Ok(Some(n)) => c.hin.grow_toward(n).map_err(|_| Close::OutOfMemory)?,
+                        Ok(Some(n)) => c
+                            .hin
+                            .grow_toward(base + n)
+                            .map_err(|_| Close::OutOfMemory)?,
                         // Incomplete, length unknown yet (e.g. a RESP array): the buffer grows
                         // with the bytes that arrive, up to the app's limit.
-                        Ok(None) if c.hin.len() >= self.max_resp => {
+                        Ok(None) if c.hin.len() - base >= self.max_resp => {
                             return Err(Close::Malformed("host response larger than the limit"));
                         }
                         Ok(None) => c
                             .hin
-                            .grow_toward(self.max_resp)
+                            .grow_toward(base + self.max_resp)
                             .map_err(|_| Close::OutOfMemory)?,
                     }
                 }
@@ -90,10 +105,14 @@ impl Worker {
                 let _ = c.host.shutdown(Shutdown::Write);
                 c.host_wr_shut = true;
             }
-            if c.client_eof && !c.cin.is_empty() {
+            let awaiting = c
+                .session
+                .as_ref()
+                .is_some_and(|s| s.phase() == Phase::AwaitHost);
+            if c.client_eof && !c.cin.is_empty() && !awaiting {
                 // The stream ended inside a message: nothing more will complete it.
-                let complete =
-                    matches!(self.app.message_len(c.cin.data()), Ok(Some(n)) if n <= c.cin.len());
+                let complete = matches!(c.message_len(self.app.as_ref(), c.cin.data()),
+                    Ok(Some(n)) if n <= c.cin.len());
                 if !complete {
                     // Answer what came before, then close as after a half-close.
                     tracing::warn!(peer = %c.peer, bytes = c.cin.len(), "stream truncated inside a message");
@@ -106,9 +125,10 @@ impl Worker {
             if c.host_eof {
                 let stuck = match c.order.front() {
                     None => true,
-                    Some(Entry::Host { .. }) => {
-                        !matches!(self.app.response_len(c.hin.data()), Ok(Some(n)) if n <= c.hin.len())
-                    }
+                    Some(Entry::Host { .. }) => !matches!(
+                        c.response_len(self.app.as_ref(), c.hin.data()),
+                        Ok(Some(n)) if n <= c.hin.len()
+                    ),
                     Some(_) => false,
                 };
                 if stuck && c.cout.is_empty() {
@@ -145,7 +165,16 @@ impl Worker {
             if c.host_eof || c.hold.is_some() || c.refused.is_some() || c.host_sending {
                 return Ok(progress);
             }
-            let n = match app.message_len(c.cin.data()) {
+            let phase = c.session.as_ref().map(|s| (s.phase(), s.has_room()));
+            if matches!(
+                phase,
+                Some((Phase::AwaitHost, _) | (Phase::Requests, false))
+            ) {
+                // The host's answer decides how the next bytes are framed, or the session's
+                // tables are full: once responses went out.
+                return Ok(progress);
+            }
+            let n = match c.message_len(app.as_ref(), c.cin.data()) {
                 Err(m) => {
                     refuse(app.as_ref(), c, m, stats);
                     return Ok(true);
@@ -172,6 +201,23 @@ impl Worker {
             if c.cin.len() < n {
                 c.cin.grow_toward(n).map_err(|_| Close::OutOfMemory)?;
                 return Ok(progress);
+            }
+            if let (Some(s), Some((Phase::Opening, _))) = (c.session.as_mut(), phase) {
+                // An opening unit: seen by the session, forwarded whole.
+                if !c.hout.room(n).map_err(|_| Close::OutOfMemory)? {
+                    return Ok(progress);
+                }
+                let msg = &c.cin.data()[..n];
+                if let Err(m) = s.opening_message(msg) {
+                    tracing::warn!(peer = %c.peer, reason = m.0, "client's opening refused");
+                    return Err(Close::Malformed(m.0));
+                }
+                c.hout.tail()[..n].copy_from_slice(msg);
+                c.hout.commit(n);
+                c.cin.consume(n);
+                add(&stats.messages, 1);
+                progress = true;
+                continue;
             }
             if self.max_pending - c.order.len() < self.max_req {
                 return Ok(progress);
@@ -203,6 +249,7 @@ impl Worker {
                 app: app.as_ref(),
                 cache,
                 exposed,
+                session: c.session.as_deref(),
             };
             let summary = match planner.plan(&sources, &c.pend_set, msg, budget, pool.capacity()) {
                 Ok(s) => s,
@@ -275,19 +322,37 @@ impl Worker {
                 let d = step.req;
                 match step.read {
                     None => {
-                        c.order.push_back(Entry::Host { gate });
-                        c.host_pending += 1;
+                        let answered = match c.session.as_mut() {
+                            Some(s) => s.forward(msg, d).map_err(|m| {
+                                tracing::warn!(peer = %c.peer, reason = m.0, "request refused by the session");
+                                Close::Malformed(m.0)
+                            })?,
+                            None => true,
+                        };
+                        if answered {
+                            c.order.push_back(Entry::Host { gate });
+                            c.host_pending += 1;
+                        }
                     }
                     Some(op) => {
                         let ctx = pool.alloc().expect("budgeted");
-                        let hl = (d.len as usize).min(REQUEST_HEAD_BYTES);
+                        let req = &msg[d.offset as usize..d.offset as usize + d.len as usize];
+                        let mut head = [0u8; REQUEST_HEAD_BYTES];
+                        let hl = match c.session.as_ref() {
+                            Some(s) => s.request_head(req, &mut head).min(REQUEST_HEAD_BYTES),
+                            None => {
+                                let n = req.len().min(REQUEST_HEAD_BYTES);
+                                head[..n].copy_from_slice(&req[..n]);
+                                n
+                            }
+                        };
+                        let head = &head[..hl];
                         let cx = &mut pool.ctxs[ctx as usize];
                         cx.state = CtxState::InFlight;
                         cx.conn = slot as u32;
                         cx.gen = c.gen;
                         cx.op = op;
-                        cx.head[..hl]
-                            .copy_from_slice(&msg[d.offset as usize..d.offset as usize + hl]);
+                        cx.head[..hl].copy_from_slice(head);
                         cx.head_len = hl as u8;
                         let dst = pool.data_ptr(ctx);
                         if op.size == 0 {
@@ -296,7 +361,6 @@ impl Worker {
                             pool.ctxs[ctx as usize].state = CtxState::Ready;
                             let (room, data) = pool.room_and_data(ctx);
                             let (room_len, cap) = (room.len(), data.len());
-                            let head = &msg[d.offset as usize..d.offset as usize + hl];
                             match app.build_response(head, &op, Ok(0), room, data) {
                                 Ok(l)
                                     if (l.header_len as usize) <= room_len
@@ -319,13 +383,7 @@ impl Worker {
                             pool.ctxs[ctx as usize].state = CtxState::Ready;
                             let (room, data) = pool.room_and_data(ctx);
                             let l = app
-                                .build_response(
-                                    &msg[d.offset as usize..d.offset as usize + hl],
-                                    &op,
-                                    Err(Status::Busy.code()),
-                                    room,
-                                    data,
-                                )
+                                .build_response(head, &op, Err(Status::Busy.code()), room, data)
                                 .unwrap_or_default();
                             pool.ctxs[ctx as usize].layout = l;
                         } else {
@@ -350,6 +408,56 @@ impl Worker {
             add(&stats.forwarded, nhost as u64);
             add(&stats.fallback, summary.fallback as u64);
             add(&stats.unexposed, summary.unexposed as u64);
+            progress = true;
+        }
+    }
+}
+
+impl Worker {
+    /// Queues the complete units of the host's opening exchange in `hin` (after those queued
+    /// already) for the client, each seen by the session first.
+    fn relay_opening(&mut self, slot: usize) -> Result<bool, Close> {
+        let Worker {
+            conns,
+            cache,
+            max_pending,
+            max_resp,
+            ..
+        } = self;
+        let c = conns[slot].as_mut().expect("live");
+        let mut progress = false;
+        loop {
+            let crate::conn::Conn {
+                session,
+                hin,
+                relayed,
+                order,
+                ..
+            } = &mut **c;
+            let Some(s) = session.as_mut().filter(|s| s.phase() != Phase::Requests) else {
+                return Ok(progress);
+            };
+            let rest = &hin.data()[*relayed..];
+            if rest.is_empty() || order.len() >= *max_pending {
+                return Ok(progress);
+            }
+            let n = match s.opening_response_len(rest) {
+                Ok(Some(n)) if n == 0 || n > *max_resp => {
+                    return Err(Close::Malformed("host's opening unit length out of range"))
+                }
+                Ok(Some(n)) if n <= rest.len() => n,
+                Ok(_) => return Ok(progress),
+                Err(m) => {
+                    tracing::warn!(reason = m.0, "host's opening malformed");
+                    return Err(Close::Malformed("host sent a malformed opening"));
+                }
+            };
+            if let Err(m) = s.opening_response(&rest[..n], &CacheView::new(cache)) {
+                tracing::warn!(reason = m.0, "host's opening refused");
+                return Err(Close::Malformed(m.0));
+            }
+            order.push_back(Entry::Relay { len: n as u32 });
+            *relayed += n;
             progress = true;
         }
     }

@@ -494,6 +494,8 @@ impl Worker {
                 err_len: 0,
                 err_sent: false,
                 discarded: 0,
+                session: if split { self.app.session() } else { None },
+                relayed: 0,
             }));
             if split {
                 if let Some(u) = self.uring.as_mut() {

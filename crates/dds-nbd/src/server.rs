@@ -873,6 +873,22 @@ impl NbdServer {
             }
             files.push(f);
         }
+        // The DPU's offload engine may read the exports' files: each export's file under its
+        // name's key (and the default export's under the empty name's), docs/nbd.md §6.
+        for (k, (e, f)) in cfg.exports.iter().zip(&files).enumerate() {
+            if storage
+                .expose(f.as_ref())
+                .with_context(|| format!("expose the file of export `{}`", e.name))?
+            {
+                let mut items = vec![(crate::offload::export_key(e.name.as_bytes()), 0, 0, e.size)];
+                if k == 0 {
+                    items.push((crate::offload::export_key(b""), 0, 0, e.size));
+                }
+                storage
+                    .cache(f.as_ref(), &items)
+                    .with_context(|| format!("publish export `{}` to the DPU", e.name))?;
+            }
+        }
         let ids: Option<Vec<u32>> = files.iter().map(|f| f.dds_id()).collect();
         let io: Box<dyn FileIo> = match (dds, ids) {
             (Some(dds), Some(ids)) => Box::new(DdsIo::new(dds, &ids)),

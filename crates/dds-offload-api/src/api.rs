@@ -330,4 +330,82 @@ pub trait OffloadApp: Send + Sync {
     /// Invalidate-on-read: called by the file service for every host file read. Fills `keys`
     /// with the keys whose cache entries must be dropped.
     fn invalidate_on_read(&self, file_id: u32, offset: u64, len: u32, keys: &mut KeyList);
+
+    /// The state of a new split connection, for a protocol that needs one
+    /// (`docs/offload.md` §5c). `None` (the default): the connection is a stream of requests
+    /// from its first byte, framed and split without state.
+    fn session(&self) -> Option<Box<dyn Session>> {
+        None
+    }
+}
+
+/// Where a connection with a [`Session`] is (`docs/offload.md` §5c).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// An opening exchange (a handshake): both directions are relayed unit by unit,
+    /// untouched, through the session's opening framing; the host may speak first.
+    Opening,
+    /// The opening waits for the host: the client's further bytes stay unframed until a host
+    /// unit changes the phase.
+    AwaitHost,
+    /// Requests: framed by [`OffloadApp::message_len`], split and merged as for any app.
+    Requests,
+}
+
+/// Per-connection state of a protocol that needs it: an opening exchange before requests,
+/// requests whose meaning depends on it (which file), host responses framed by what was asked.
+/// Made by [`OffloadApp::session`] for each split connection; the same contract as the app's
+/// functions (no allocation, no blocking, no system calls).
+pub trait Session: Send {
+    /// The connection's phase.
+    fn phase(&self) -> Phase;
+
+    /// Opening: the length of the client's next unit at the start of `buf`; `Ok(None)` if
+    /// more bytes are needed.
+    fn opening_message_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed>;
+
+    /// Opening: a whole unit of the client, seen before it goes to the host.
+    fn opening_message(&mut self, msg: &[u8]) -> Result<(), Malformed>;
+
+    /// Opening and AwaitHost: the length of the host's next unit at the start of `buf`.
+    fn opening_response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed>;
+
+    /// Opening and AwaitHost: a whole unit of the host, seen before it goes to the client;
+    /// it may end the opening (the phase becomes `Requests`). `cache` holds what the host
+    /// published.
+    fn opening_response(&mut self, resp: &[u8], cache: &CacheView<'_>) -> Result<(), Malformed>;
+
+    /// Requests: the length of the host response at the start of `buf` (replaces
+    /// [`OffloadApp::response_len`]).
+    fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed>;
+
+    /// Requests: whether the session can take another message (its tables have room).
+    fn has_room(&self) -> bool {
+        true
+    }
+
+    /// Requests: the offload function with the connection's state (replaces
+    /// [`OffloadApp::offload_function`]).
+    fn offload_function(
+        &self,
+        app: &dyn OffloadApp,
+        msg: &[u8],
+        req: ReqDesc,
+        cache: &CacheView<'_>,
+    ) -> Offload;
+
+    /// Requests: what the response builder gets as `req_head` for the request `req` (its
+    /// bytes): written into `head`, returning the length. Default: the request's first bytes.
+    fn request_head(&self, req: &[u8], head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+        let n = req.len().min(REQUEST_HEAD_BYTES);
+        head[..n].copy_from_slice(&req[..n]);
+        n
+    }
+
+    /// Requests: the host-bound request `req` of `msg` is forwarded (called before its bytes
+    /// can reach the host). `Ok(false)`: the host does not answer it (no response is awaited).
+    fn forward(&mut self, msg: &[u8], req: ReqDesc) -> Result<bool, Malformed>;
+
+    /// Requests: the host response `resp` went out whole to the client.
+    fn delivered(&mut self, resp: &[u8]);
 }

@@ -19,8 +19,8 @@ pub mod plugin;
 mod registry;
 
 pub use api::{
-    CacheView, FixedList, Full, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp,
-    ReadResult, ReqDesc, ReqList, ResponseLayout, ERROR_REPLY_MAX, MAX_HEADER_ROOM,
+    CacheView, FixedList, Full, ItemList, KeyList, Malformed, Offload, OffloadApp, Phase, ReadOp,
+    ReadResult, ReqDesc, ReqList, ResponseLayout, Session, ERROR_REPLY_MAX, MAX_HEADER_ROOM,
     REQUEST_HEAD_BYTES, TOO_BIG,
 };
 pub use keys::{KeyMap, MapFull};

@@ -13,7 +13,8 @@ use dds_cache::CacheReader;
 use crate::ExposedFiles;
 
 use dds_offload_api::{
-    CacheView, FixedList, KeyList, KeyMap, Malformed, Offload, OffloadApp, ReadOp, ReqDesc, ReqList,
+    CacheView, FixedList, KeyList, KeyMap, Malformed, Offload, OffloadApp, ReadOp, ReqDesc,
+    ReqList, Session,
 };
 
 /// One request of a planned message, in message order.
@@ -48,6 +49,8 @@ pub struct Sources<'a> {
     pub cache: &'a CacheReader,
     /// The files the application exposed.
     pub exposed: &'a ExposedFiles,
+    /// The connection's session, when the app keeps one (its offload function is used).
+    pub session: Option<&'a dyn Session>,
 }
 
 /// Scratch space of the plan step, allocated once per director thread from the app's limits.
@@ -116,6 +119,7 @@ impl Planner {
             app,
             cache,
             exposed,
+            session,
         } = *src;
         let view = CacheView::restricted(cache, false, pending, &self.masked_map, 0);
         app.offload_predicate(msg, &view, &mut self.host, &mut self.dpu)?;
@@ -158,7 +162,11 @@ impl Planner {
         for i in 0..self.dpu.len() {
             let d = self.dpu.as_slice()[i];
             let view = CacheView::restricted(cache, false, pending, &self.masked_map, d.pos);
-            let read = match app.offload_function(msg, d, &view) {
+            let decided = match session {
+                Some(s) => s.offload_function(app, msg, d, &view),
+                None => app.offload_function(msg, d, &view),
+            };
+            let read = match decided {
                 // A read of 0 bytes touches no file: a response the builder makes alone.
                 Offload::Read(op) if op.size > 0 && !exposed.contains(op.file_id) => {
                     summary.unexposed += 1;

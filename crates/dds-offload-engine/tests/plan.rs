@@ -37,6 +37,7 @@ fn reads_of_cached_pages_go_to_the_dpu_and_writes_mask_their_pages() {
         app: &app,
         cache: &cache,
         exposed: &exposed,
+        session: None,
     };
     let none = KeyMap::with_capacity(1);
     let mut p = Planner::new(&app);
@@ -87,6 +88,7 @@ fn a_message_the_app_cannot_parse_is_an_error() {
         app: &app,
         cache: &cache,
         exposed: &exposed,
+        session: None,
     };
     let none = KeyMap::with_capacity(1);
     let mut p = Planner::new(&app);

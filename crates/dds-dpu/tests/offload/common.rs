@@ -86,6 +86,11 @@ impl Dpu {
         }
     }
 
+    /// The host library's connection, for host applications that take one.
+    pub fn dds(&self) -> Arc<Dds> {
+        self.dds.clone()
+    }
+
     /// The host application's file access (through the host library).
     pub fn files(&self) -> HostFiles {
         HostFiles {
