@@ -102,7 +102,8 @@ start_dds() {
   local line
   line=$(ready_line "$work/dds/dpu.out" '"director"') || return 1
   director_port=$(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["director"].rsplit(":",1)[1])')
-  "$dds" kv --listen 127.0.0.1:0 --socket "$work/dds/dpu.sock" --memory 64M --log-size 2G \
+  "$dds" kv --listen 127.0.0.1:0 --socket "$work/dds/dpu.sock" --memory 128M --page-size 16M \
+    --log-size 2G \
     >"$work/dds/kv.out" 2>"$work/dds/kv.log" &
   kv_pid=$!
   pids+=("$kv_pid")

@@ -27,6 +27,8 @@ pub struct CommandStat {
 #[derive(Debug, Default)]
 pub struct CommandStats {
     per: Vec<CommandStat>,
+    /// Subcommands (`config|get`...), counted apart from their command, as Redis 7 does.
+    subs: Vec<(String, CommandStat)>,
     errors: Vec<(String, u64)>,
     error_replies: u64,
 }
@@ -46,6 +48,7 @@ impl CommandStats {
     pub fn new(commands: usize) -> Self {
         CommandStats {
             per: vec![CommandStat::default(); commands],
+            subs: Vec::new(),
             errors: Vec::new(),
             error_replies: 0,
         }
@@ -59,6 +62,26 @@ impl CommandStats {
             if reply.first() == Some(&b'-') {
                 s.failed += 1;
             }
+        }
+        self.error(reply);
+    }
+
+    /// Subcommand `sub` of command `name` (`config`, `get`: `config|get`) ran for `usec` µs
+    /// and answered `reply`.
+    pub fn call_sub(&mut self, name: &str, sub: &str, usec: u64, reply: &[u8]) {
+        let found = self.subs.iter().position(|(n, _)| {
+            n.len() == name.len() + 1 + sub.len() && n.starts_with(name) && n.ends_with(sub)
+        });
+        let at = found.unwrap_or_else(|| {
+            self.subs
+                .push((format!("{name}|{sub}"), CommandStat::default()));
+            self.subs.len() - 1
+        });
+        let s = &mut self.subs[at].1;
+        s.calls += 1;
+        s.usec += usec;
+        if reply.first() == Some(&b'-') {
+            s.failed += 1;
         }
         self.error(reply);
     }
@@ -94,6 +117,7 @@ impl CommandStats {
     /// CONFIG RESETSTAT: every counter back to 0.
     pub fn reset(&mut self) {
         self.per.fill(CommandStat::default());
+        self.subs.clear();
         self.errors.clear();
         self.error_replies = 0;
     }
@@ -107,7 +131,9 @@ impl CommandStats {
     /// command `i`'s name: `cmdstat_<name>:calls=..,usec=..,usec_per_call=..,rejected_calls=..,failed_calls=..`.
     pub fn commandstats(&self, names: impl Iterator<Item = &'static str>) -> Vec<(String, String)> {
         names
+            .map(|n| n as &str)
             .zip(&self.per)
+            .chain(self.subs.iter().map(|(n, s)| (n.as_str(), s)))
             .filter(|(_, s)| s.calls + s.rejected + s.failed > 0)
             .map(|(n, s)| {
                 let per_call = if s.calls == 0 {
@@ -145,7 +171,10 @@ mod tests {
         s.call(0, 10, b"+OK\r\n");
         s.call(0, 20, b"-ERR syntax error\r\n");
         s.call(2, 5, b"-WRONGTYPE Operation against a key\r\n");
-        s.reject(Some(1), b"-ERR wrong number of arguments for 'b' command\r\n");
+        s.reject(
+            Some(1),
+            b"-ERR wrong number of arguments for 'b' command\r\n",
+        );
         s.reject(None, b"-ERR unknown command 'x'\r\n");
         assert_eq!(
             s.get(0),
@@ -183,6 +212,15 @@ mod tests {
                 ("errorstat_ERR".to_string(), "count=3".to_string()),
                 ("errorstat_WRONGTYPE".to_string(), "count=1".to_string())
             ]
+        );
+        s.call_sub("config", "get", 7, b"*0\r\n");
+        s.call_sub("config", "get", 1, b"*0\r\n");
+        assert_eq!(
+            s.commandstats(["a", "b", "c"].into_iter()).pop(),
+            Some((
+                "cmdstat_config|get".to_string(),
+                "calls=2,usec=8,usec_per_call=4.00,rejected_calls=0,failed_calls=0".to_string()
+            ))
         );
         s.reset();
         assert_eq!(s.error_replies(), 0);

@@ -10,6 +10,7 @@ pub use dds_resp::session::Session;
 use crate::cmdstats::CommandStats;
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::introspect;
 use crate::keyspace;
 use crate::offload::MAX_WRITE_KEYS;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
@@ -137,8 +138,22 @@ const TABLE: &[(&str, i32)] = &[
     ("hello", -1),
     ("debug", -2),
     ("function", -2),
+    ("time", 1),
+    ("memory", -2),
+    ("object", -2),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
+];
+
+/// Commands with subcommands, which INFO's `Commandstats` counts per subcommand
+/// (`cmdstat_config|get`), as Redis 7 does.
+const SUBCOMMANDS: &[(&str, &[&str])] = &[
+    ("client", &["setname", "getname", "id", "setinfo"]),
+    ("config", &["get", "set", "resetstat", "rewrite"]),
+    ("command", &["count", "docs", "info"]),
+    ("function", &["flush", "list"]),
+    ("memory", &["usage"]),
+    ("object", &["encoding"]),
 ];
 
 /// The name in `names` that `arg` spells in any case ("" when none does), without a copy.
@@ -256,7 +271,17 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
     match ran {
         Ran::Yes(idx) => {
             let usec = start.elapsed().as_micros() as u64;
-            ctx.info.stats.call(idx, usec, reply);
+            let name = TABLE[idx].0;
+            match SUBCOMMANDS.iter().find(|(n, _)| *n == name) {
+                // A container's subcommand is counted as `name|sub`; an unknown one, whose
+                // reply is an error, as a refusal (Redis does not run it).
+                Some((_, subs)) => match argv.get(1).map(|a| option(a, subs)) {
+                    Some("") => ctx.info.stats.reject(None, reply),
+                    Some(sub) => ctx.info.stats.call_sub(name, sub, usec, reply),
+                    None => ctx.info.stats.call(idx, usec, reply),
+                },
+                None => ctx.info.stats.call(idx, usec, reply),
+            }
         }
         Ran::Refused(idx) => ctx.info.stats.reject(idx, reply),
         Ran::Nothing => {}
@@ -557,6 +582,8 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "hello" => hello(ctx.session, ctx.password, &mut r, argv),
             "debug" => debug(ctx.info, &mut r, argv),
             "function" => function(&mut r, argv),
+            "time" => introspect::time(&mut r),
+            "memory" | "object" => introspect::memory_or_object(store, &mut r, argv)?,
             _ => unreachable!("every command of the table is handled"),
         }
         Ok(())
@@ -765,7 +792,12 @@ fn debug(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
 /// so FLUSH has nothing to remove and LIST nothing to list; every other subcommand is
 /// refused.
 fn function(r: &mut Reply<'_>, argv: &[&[u8]]) {
-    let sub = option(argv[1], &["flush", "list", "load", "delete", "dump", "restore", "stats", "kill"]);
+    let sub = option(
+        argv[1],
+        &[
+            "flush", "list", "load", "delete", "dump", "restore", "stats", "kill",
+        ],
+    );
     match sub {
         "flush" => match argv.get(2) {
             None => r.ok(),
@@ -834,6 +866,7 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                         | "hello"
                         | "debug"
                         | "function"
+                        | "time"
                 );
                 r.array(6);
                 r.bulk(name.as_bytes());
@@ -844,6 +877,7 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                     "rename" | "renamenx" | "copy" => (1, 2),
                     "bitop" => (2, -1),
                     "lcs" => (1, 2),
+                    "memory" | "object" => (2, 2),
                     _ => (1, 1),
                 };
                 let step = if matches!(*name, "mset" | "msetnx") {

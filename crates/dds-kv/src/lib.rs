@@ -12,6 +12,7 @@ pub mod config;
 pub mod engine;
 mod float;
 pub mod glob;
+mod introspect;
 mod keyspace;
 pub mod offload;
 pub mod record;
