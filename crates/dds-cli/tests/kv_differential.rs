@@ -1175,20 +1175,27 @@ fn unauthenticated_clients_get_redis_bounds() {
     }
 }
 
-/// Malformed requests get the same error reply as from `redis-server`, before the same
-/// close, from every `dds kv` and through the director; and a request Redis still waits for
-/// (its line not ended, or ended after a NUL) gets no reply yet.
-#[test]
-fn protocol_errors_are_redis_servers() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_redis, rsock) = start_redis_server(dir.path());
-    let sv = Servers::start(dir.path(), false);
+/// `redis-server` and every `dds kv` (its processes kept while the result lives), each with
+/// its name, for tests that speak raw bytes to them.
+fn raw_targets(dir: &Path) -> (Guard, Servers, [(&'static str, Endpoint); 4]) {
+    let (redis, rsock) = start_redis_server(dir);
+    let sv = Servers::start(dir, false);
     let targets = [
         ("redis-server", Endpoint::Unix(rsock)),
         ("dds kv (log file)", Endpoint::Tcp(sv.file_addr)),
         ("dds kv (memory engine)", Endpoint::Tcp(sv.mem_addr)),
         ("dds kv (director)", Endpoint::Tcp(sv.director)),
     ];
+    (redis, sv, targets)
+}
+
+/// Malformed requests get the same error reply as from `redis-server`, before the same
+/// close, from every `dds kv` and through the director; and a request Redis still waits for
+/// (its line not ended, or ended after a NUL) gets no reply yet.
+#[test]
+fn protocol_errors_are_redis_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, _sv, targets) = raw_targets(dir.path());
     let long_inline = vec![b'a'; 70_000];
     let cases: &[&[&[u8]]] = &[
         &[b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n"],
@@ -1244,14 +1251,7 @@ fn protocol_errors_are_redis_servers() {
 #[test]
 fn a_client_sending_past_a_protocol_error_is_disconnected() {
     let dir = tempfile::tempdir().unwrap();
-    let (_redis, rsock) = start_redis_server(dir.path());
-    let sv = Servers::start(dir.path(), false);
-    let targets = [
-        ("redis-server", Endpoint::Unix(rsock)),
-        ("dds kv (log file)", Endpoint::Tcp(sv.file_addr)),
-        ("dds kv (memory engine)", Endpoint::Tcp(sv.mem_addr)),
-        ("dds kv (director)", Endpoint::Tcp(sv.director)),
-    ];
+    let (_redis, _sv, targets) = raw_targets(dir.path());
     // Far below what the director would discard (its 64 MiB message limit), far above the
     // 64 KiB after which the line is too long plus what the sockets' buffers hold.
     const MAX_SENT: usize = 16 << 20;
