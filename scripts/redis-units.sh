@@ -52,6 +52,7 @@ fi
 work=$(mktemp -d)
 out=${REDIS_UNITS_OUT:-$work/out}
 mkdir -p "$out"
+: >"$out/differences.txt"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
@@ -175,7 +176,7 @@ for unit in "${units[@]}"; do
       sed "s|^|$unit ($side): |" >>"$out/differences.txt"
   done
 done
-n=$(wc -l <"$out/differences.txt" 2>/dev/null || echo 0)
+n=$(wc -l <"$out/differences.txt")
 echo "redis-units: $n tests redis-server passes and a dds kv side does not, listed in $out/differences.txt"
 if [ -z "${REDIS_UNITS_OUT:-}" ] && [ "$n" -gt 0 ]; then
   cat "$out/differences.txt"
