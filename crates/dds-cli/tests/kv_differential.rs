@@ -1411,6 +1411,42 @@ fn info_and_config_speak_redis() {
         };
         let want = counters(&mut redis);
         assert_eq!(counters(&mut t), want, "{name}");
+        // OBJECT ENCODING of values written whole, MEMORY USAGE's and TIME's shapes.
+        let long = "x".repeat(45);
+        for v in ["1234", "-12", "01", "abc", &long, "99999999999999999999"] {
+            for c in [&mut redis, &mut t] {
+                ask(c, &["SET", "enc", v]);
+            }
+            let e = ask(&mut t, &["OBJECT", "ENCODING", "enc"]);
+            assert_eq!(
+                e,
+                ask(&mut redis, &["OBJECT", "ENCODING", "enc"]),
+                "{name}: {v}"
+            );
+        }
+        for words in [
+            &["OBJECT", "ENCODING", "nosuchkey"][..],
+            &["MEMORY", "USAGE", "nosuchkey"],
+            &["OBJECT", "ENCODING"],
+            &["MEMORY", "USAGE", "enc", "SAMPLES"],
+            &["MEMORY", "USAGE", "enc", "SAMPLES", "x"],
+            &["TIME", "x"],
+        ] {
+            let want = ask(&mut redis, words);
+            assert_eq!(ask(&mut t, words), want, "{name}: {words:?}");
+        }
+        let usage = ask(&mut t, &["MEMORY", "USAGE", "enc"]);
+        assert!(usage.starts_with(b":"), "{name}: {}", show(&usage));
+        let time = ask(&mut t, &["TIME"]);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let secs: u64 = bulks(&time).unwrap()[0]
+            .iter()
+            .map(|&d| (d - b'0') as u64)
+            .fold(0, |a, d| a * 10 + d);
+        assert!(secs.abs_diff(now) <= 2, "{name}: {}", show(&time));
         assert!(
             want.contains("cmdstat_get:calls=1,rejected_calls=1,failed_calls=0")
                 && want
