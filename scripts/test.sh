@@ -50,6 +50,10 @@ cargo clippy -p dds-cli --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace --release --features dds-cli/bench
 cargo test --release -p dds-cli --test cli
+# Redis's own Tcl units against redis-server, `dds kv` and the director, side by side (a
+# check that prints counts; skipped without a Redis source tree in $REDIS_SRC).
+echo "== scripts/redis-units.sh"
+scripts/redis-units.sh
 for s in crates/*/loom.sh; do
   [ -x "$s" ] || continue
   echo "== $s"

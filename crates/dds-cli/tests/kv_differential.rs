@@ -1175,20 +1175,27 @@ fn unauthenticated_clients_get_redis_bounds() {
     }
 }
 
-/// Malformed requests get the same error reply as from `redis-server`, before the same
-/// close, from every `dds kv` and through the director; and a request Redis still waits for
-/// (its line not ended, or ended after a NUL) gets no reply yet.
-#[test]
-fn protocol_errors_are_redis_servers() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_redis, rsock) = start_redis_server(dir.path());
-    let sv = Servers::start(dir.path(), false);
+/// `redis-server` and every `dds kv` (its processes kept while the result lives), each with
+/// its name, for tests that speak raw bytes to them.
+fn raw_targets(dir: &Path) -> (Guard, Servers, [(&'static str, Endpoint); 4]) {
+    let (redis, rsock) = start_redis_server(dir);
+    let sv = Servers::start(dir, false);
     let targets = [
         ("redis-server", Endpoint::Unix(rsock)),
         ("dds kv (log file)", Endpoint::Tcp(sv.file_addr)),
         ("dds kv (memory engine)", Endpoint::Tcp(sv.mem_addr)),
         ("dds kv (director)", Endpoint::Tcp(sv.director)),
     ];
+    (redis, sv, targets)
+}
+
+/// Malformed requests get the same error reply as from `redis-server`, before the same
+/// close, from every `dds kv` and through the director; and a request Redis still waits for
+/// (its line not ended, or ended after a NUL) gets no reply yet.
+#[test]
+fn protocol_errors_are_redis_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, _sv, targets) = raw_targets(dir.path());
     let long_inline = vec![b'a'; 70_000];
     let cases: &[&[&[u8]]] = &[
         &[b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n"],
@@ -1232,6 +1239,47 @@ fn protocol_errors_are_redis_servers() {
                 case.iter().map(|p| show(p)).collect::<Vec<_>>(),
                 shown(&seen[0]),
                 shown(got)
+            );
+        }
+    }
+}
+
+/// A client that keeps sending after a protocol error is disconnected at once, as by
+/// `redis-server` (Redis's "Protocol desync regression" tests: a NUL, then bytes without a line
+/// end, sent until a write fails; the error reply is read then), by every `dds kv` and by the
+/// director (which must not go on discarding the client's bytes).
+#[test]
+fn a_client_sending_past_a_protocol_error_is_disconnected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, _sv, targets) = raw_targets(dir.path());
+    // Far below what the director would discard (its 64 MiB message limit), far above the
+    // 64 KiB after which the line is too long plus what the sockets' buffers hold.
+    const MAX_SENT: usize = 16 << 20;
+    let chunk = vec![b'A'; 64 << 10];
+    for (name, at) in &targets {
+        for (seq, why) in [
+            (&b"\x00"[..], "too big inline request"),
+            (b"*\x00", "too big mbulk count string"),
+            (b"$\x00", "too big inline request"),
+        ] {
+            let mut c = at.connect(Duration::from_secs(10));
+            c.write_all(seq).unwrap();
+            let mut sent = 0;
+            while c.write_all(&chunk).is_ok() {
+                sent += chunk.len();
+                assert!(
+                    sent < MAX_SENT,
+                    "{name}: {} and {sent} bytes accepted without a close",
+                    show(seq)
+                );
+            }
+            let mut got = Vec::new();
+            let _ = c.read_to_end(&mut got);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                format!("-ERR Protocol error: {why}\r\n"),
+                "{name}: {}",
+                show(seq)
             );
         }
     }
@@ -1301,12 +1349,111 @@ fn info_and_config_speak_redis() {
                 continue;
             };
             for f in fields {
+                // Counters named after a command or an error code: those that ran or were
+                // answered differ between the two.
+                let counter = f.starts_with("cmdstat_") || f.starts_with("errorstat_");
                 assert!(
-                    theirs.contains(f) || own.contains(&f.as_str()) || f.starts_with("db"),
+                    theirs.contains(f)
+                        || own.contains(&f.as_str())
+                        || f.starts_with("db")
+                        || counter,
                     "{name}: {title} field {f} is not one of redis-server's"
                 );
             }
         }
+        // The default sections leave Commandstats and Latencystats out; `all` has them; a
+        // section's name in any case picks it.
+        for (args, has, lacks) in [
+            (&["INFO"][..], "Errorstats", "Commandstats"),
+            (&["INFO", "default"], "Keyspace", "Latencystats"),
+            (&["INFO", "all"], "Commandstats", ""),
+            (&["INFO", "cpu", "everything"], "Latencystats", ""),
+            (&["INFO", "commandSTATS"], "Commandstats", "CPU"),
+        ] {
+            let theirs: Vec<String> = info_fields(&ask(&mut redis, args))
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect();
+            let ours: Vec<String> = info_fields(&ask(&mut t, args))
+                .into_iter()
+                .map(|(t, _)| t)
+                .filter(|t| t != "Engine")
+                .collect();
+            assert_eq!(ours, theirs, "{name}: {args:?}");
+            assert!(ours.iter().any(|t| t == has), "{name}: {args:?}: {ours:?}");
+            assert!(
+                !ours.iter().any(|t| t == lacks),
+                "{name}: {args:?}: {ours:?}"
+            );
+        }
+        // The same counters, with Redis's fields, for the same commands and errors.
+        for c in [&mut redis, &mut t] {
+            assert_eq!(ask(c, &["CONFIG", "RESETSTAT"]), b"+OK\r\n");
+            ask(c, &["SET", "k", "v"]);
+            ask(c, &["GET", "k"]);
+            ask(c, &["GET"]);
+            ask(c, &["INCR", "k"]);
+            ask(c, &["NOSUCHCOMMAND"]);
+        }
+        let counters = |c: &mut Target| {
+            let text = String::from_utf8(ask(c, &["INFO", "commandstats", "errorstats"])).unwrap();
+            text.lines()
+                .filter_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    if k == "cmdstat_info" {
+                        return None;
+                    }
+                    // The time a command took differs; the rest must not.
+                    let v: Vec<&str> = v.split(',').filter(|f| !f.starts_with("usec")).collect();
+                    Some(format!("{k}:{}", v.join(",")))
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let want = counters(&mut redis);
+        assert_eq!(counters(&mut t), want, "{name}");
+        // OBJECT ENCODING of values written whole, MEMORY USAGE's and TIME's shapes.
+        let long = "x".repeat(45);
+        for v in ["1234", "-12", "01", "abc", &long, "99999999999999999999"] {
+            for c in [&mut redis, &mut t] {
+                ask(c, &["SET", "enc", v]);
+            }
+            let e = ask(&mut t, &["OBJECT", "ENCODING", "enc"]);
+            assert_eq!(
+                e,
+                ask(&mut redis, &["OBJECT", "ENCODING", "enc"]),
+                "{name}: {v}"
+            );
+        }
+        for words in [
+            &["OBJECT", "ENCODING", "nosuchkey"][..],
+            &["MEMORY", "USAGE", "nosuchkey"],
+            &["OBJECT", "ENCODING"],
+            &["MEMORY", "USAGE", "enc", "SAMPLES"],
+            &["MEMORY", "USAGE", "enc", "SAMPLES", "x"],
+            &["TIME", "x"],
+        ] {
+            let want = ask(&mut redis, words);
+            assert_eq!(ask(&mut t, words), want, "{name}: {words:?}");
+        }
+        let usage = ask(&mut t, &["MEMORY", "USAGE", "enc"]);
+        assert!(usage.starts_with(b":"), "{name}: {}", show(&usage));
+        let time = ask(&mut t, &["TIME"]);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let secs: u64 = bulks(&time).unwrap()[0]
+            .iter()
+            .map(|&d| (d - b'0') as u64)
+            .fold(0, |a, d| a * 10 + d);
+        assert!(secs.abs_diff(now) <= 2, "{name}: {}", show(&time));
+        assert!(
+            want.contains("cmdstat_get:calls=1,rejected_calls=1,failed_calls=0")
+                && want
+                    .contains("cmdstat_config|resetstat:calls=1,rejected_calls=0,failed_calls=0")
+                && want.contains("errorstat_ERR:count=3"),
+            "{want:?}"
+        );
         let cpu = &info.iter().find(|(t, _)| t == "CPU").unwrap().1;
         assert!(
             cpu.contains(&"used_cpu_user".to_string()) && cpu.contains(&"used_cpu_sys".to_string())

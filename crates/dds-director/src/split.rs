@@ -92,7 +92,9 @@ impl Worker {
                 // The rest once the round's sends completed (the connection is driven again).
                 return Ok(());
             }
-            if c.err_sent && c.client_eof {
+            if c.err_sent {
+                // As Redis after a protocol error's reply: closed at once, not at the client's
+                // end of stream (a client that keeps sending then sees its writes fail).
                 return Err(Close::Done);
             }
             // Half-close: after the client's last message went out to the host.

@@ -7,8 +7,10 @@ use dds_resp::Reply;
 
 pub use dds_resp::session::Session;
 
+use crate::cmdstats::CommandStats;
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::introspect;
 use crate::keyspace;
 use crate::offload::MAX_WRITE_KEYS;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
@@ -45,6 +47,8 @@ pub struct ServerInfo {
     /// The KEYS command being run was walked ahead, step by step as its records were read
     /// (`list_buf` holds its keys): the number of keys.
     pub keys_walked: Option<usize>,
+    /// Per-command and per-error counters (INFO's `Commandstats` and `Errorstats`).
+    pub stats: CommandStats,
 }
 
 /// What the connection does after a command.
@@ -133,8 +137,23 @@ const TABLE: &[(&str, i32)] = &[
     ("auth", -2),
     ("hello", -1),
     ("debug", -2),
+    ("function", -2),
+    ("time", 1),
+    ("memory", -2),
+    ("object", -2),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
+];
+
+/// Commands with subcommands, which INFO's `Commandstats` counts per subcommand
+/// (`cmdstat_config|get`), as Redis 7 does.
+const SUBCOMMANDS: &[(&str, &[&str])] = &[
+    ("client", &["setname", "getname", "id", "setinfo"]),
+    ("config", &["get", "set", "resetstat", "rewrite"]),
+    ("command", &["count", "docs", "info"]),
+    ("function", &["flush", "list"]),
+    ("memory", &["usage"]),
+    ("object", &["encoding"]),
 ];
 
 /// The name in `names` that `arg` spells in any case ("" when none does), without a copy.
@@ -232,20 +251,64 @@ fn store_error(r: &mut Reply<'_>, e: &StoreError) {
     }
 }
 
-/// Runs one command; its reply goes to `out`.
+/// The names of the commands, in the order of their counters (INFO's `Commandstats`).
+pub fn command_names() -> impl Iterator<Item = &'static str> {
+    TABLE.iter().map(|(n, _)| *n)
+}
+
+/// Number of commands (the counters INFO's `Commandstats` keeps).
+pub fn command_count() -> usize {
+    TABLE.len()
+}
+
+/// Runs one command; its reply goes to `out`. The command's counters (INFO's
+/// `Commandstats` and `Errorstats`) count it.
 pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
+    let start = std::time::Instant::now();
+    let mark = out.len();
+    let (after, ran) = dispatch(ctx, argv, out);
+    let reply = &out[mark..];
+    match ran {
+        Ran::Yes(idx) => {
+            let usec = start.elapsed().as_micros() as u64;
+            let name = TABLE[idx].0;
+            match SUBCOMMANDS.iter().find(|(n, _)| *n == name) {
+                // A container's subcommand is counted as `name|sub`; an unknown one, whose
+                // reply is an error, as a refusal (Redis does not run it).
+                Some((_, subs)) => match argv.get(1).map(|a| option(a, subs)) {
+                    Some("") => ctx.info.stats.reject(None, reply),
+                    Some(sub) => ctx.info.stats.call_sub(name, sub, usec, reply),
+                    None => ctx.info.stats.call(idx, usec, reply),
+                },
+                None => ctx.info.stats.call(idx, usec, reply),
+            }
+        }
+        Ran::Refused(idx) => ctx.info.stats.reject(idx, reply),
+        Ran::Nothing => {}
+    }
+    after
+}
+
+/// Whether a command ran: its place in the table, or `None` for an unknown one.
+enum Ran {
+    Yes(usize),
+    Refused(Option<usize>),
+    Nothing,
+}
+
+fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran) {
     let mut r = Reply::with_protocol(out, ctx.session.resp3);
     let Some(first) = argv.first() else {
-        return After::Continue;
+        return (After::Continue, Ran::Nothing);
     };
     // The table's own name: looked up without a lower-cased copy of the argument.
-    let Some(&(name, arity)) = TABLE
+    let Some(idx) = TABLE
         .iter()
-        .find(|(n, _)| first.eq_ignore_ascii_case(n.as_bytes()))
+        .position(|(n, _)| first.eq_ignore_ascii_case(n.as_bytes()))
     else {
         if ctx.password.is_some() && !ctx.session.authed {
             r.error("NOAUTH Authentication required.");
-            return After::Continue;
+            return (After::Continue, Ran::Refused(None));
         }
         // As Redis: "'%.*s' " per argument while the list is under 128 bytes, each argument
         // and the name cut at 128 bytes and at their first NUL.
@@ -268,18 +331,19 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             b"', with args beginning with: ",
             &args,
         ]);
-        return After::Continue;
+        return (After::Continue, Ran::Refused(None));
     };
+    let (name, arity) = TABLE[idx];
     let n = argv.len() as i32;
     if (arity > 0 && n != arity) || (arity < 0 && n < -arity) {
         r.error(&format!(
             "ERR wrong number of arguments for '{name}' command"
         ));
-        return After::Continue;
+        return (After::Continue, Ran::Refused(Some(idx)));
     }
     if ctx.password.is_some() && !ctx.session.authed && !matches!(name, "auth" | "hello" | "quit") {
         r.error("NOAUTH Authentication required.");
-        return After::Continue;
+        return (After::Continue, Ran::Refused(Some(idx)));
     }
     let store = &mut *ctx.store;
     // Redis's `proto-max-bulk-len`: the largest value.
@@ -517,6 +581,9 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
             "auth" => auth(ctx.session, ctx.password, &mut r, argv),
             "hello" => hello(ctx.session, ctx.password, &mut r, argv),
             "debug" => debug(ctx.info, &mut r, argv),
+            "function" => function(&mut r, argv),
+            "time" => introspect::time(&mut r),
+            "memory" | "object" => introspect::memory_or_object(store, &mut r, argv)?,
             _ => unreachable!("every command of the table is handled"),
         }
         Ok(())
@@ -524,11 +591,12 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
     if let Err(e) = res {
         store_error(&mut r, &e);
     }
-    if name == "quit" {
+    let after = if name == "quit" {
         After::Close
     } else {
         After::Continue
-    }
+    };
+    (after, Ran::Yes(idx))
 }
 
 /// The expiry time of SET, SETEX and PSETEX as Redis computes and checks it
@@ -720,6 +788,35 @@ fn debug(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
     ]);
 }
 
+/// `FUNCTION FLUSH [ASYNC|SYNC]` and `FUNCTION LIST`: there are no functions (no Lua engine),
+/// so FLUSH has nothing to remove and LIST nothing to list; every other subcommand is
+/// refused.
+fn function(r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let sub = option(
+        argv[1],
+        &[
+            "flush", "list", "load", "delete", "dump", "restore", "stats", "kill",
+        ],
+    );
+    match sub {
+        "flush" => match argv.get(2) {
+            None => r.ok(),
+            Some(m) if argv.len() == 3 && !option(m, &["async", "sync"]).is_empty() => r.ok(),
+            Some(_) if argv.len() == 3 => {
+                r.error("ERR FUNCTION FLUSH only supports SYNC|ASYNC option")
+            }
+            Some(_) => r.error("ERR wrong number of arguments for 'function|flush' command"),
+        },
+        "list" => r.array(0),
+        "" => r.error_bytes(&[
+            b"ERR unknown subcommand '",
+            &argv[1][..argv[1].len().min(128)],
+            b"'. Try FUNCTION HELP.",
+        ]),
+        _ => r.error("ERR functions are not supported by dds kv (no Lua engine)"),
+    }
+}
+
 fn config(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
     let sub = option(argv[1], &["get", "set", "resetstat", "rewrite"]);
     match (sub, argv.len()) {
@@ -729,6 +826,7 @@ fn config(info: &mut ServerInfo, r: &mut Reply<'_>, argv: &[&[u8]]) {
             info.commands = 0;
             info.connections = 0;
             info.rejected = 0;
+            info.stats.reset();
             r.ok();
         }
         ("rewrite", 2) => r.error("ERR The server is running without a config file"),
@@ -767,6 +865,8 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                         | "auth"
                         | "hello"
                         | "debug"
+                        | "function"
+                        | "time"
                 );
                 r.array(6);
                 r.bulk(name.as_bytes());
@@ -777,6 +877,7 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
                     "rename" | "renamenx" | "copy" => (1, 2),
                     "bitop" => (2, -1),
                     "lcs" => (1, 2),
+                    "memory" | "object" => (2, 2),
                     _ => (1, 1),
                 };
                 let step = if matches!(*name, "mset" | "msetnx") {
@@ -798,45 +899,63 @@ fn command(r: &mut Reply<'_>, argv: &[&[u8]]) {
     }
 }
 
-/// INFO's sections in Redis's order (`engine`: the hybrid log's or memory engine's own).
-const SECTIONS: &[&str] = &[
-    "server",
-    "clients",
-    "memory",
-    "persistence",
-    "stats",
-    "replication",
-    "cpu",
-    "modules",
-    "cluster",
-    "keyspace",
-    "engine",
+/// INFO's sections in Redis's order (`engine`: the hybrid log's or memory engine's own), and
+/// whether each is one of the default ones (`INFO`, `INFO default`); `all` and `everything`
+/// take every one.
+const SECTIONS: &[(&str, bool)] = &[
+    ("server", true),
+    ("clients", true),
+    ("memory", true),
+    ("persistence", true),
+    ("stats", true),
+    ("replication", true),
+    ("cpu", true),
+    ("modules", true),
+    ("commandstats", false),
+    ("errorstats", true),
+    ("latencystats", false),
+    ("cluster", true),
+    ("keyspace", true),
+    ("engine", true),
 ];
 
 /// `INFO [section ...]`: Redis's sections and field names (`docs/kv-service.md` §5 lists
-/// which fields `dds kv` has). No section, `default`, `all` or `everything`: every section.
-/// Sections are separated by an empty line; an unknown section adds nothing.
+/// which fields `dds kv` has), as Redis 7.0's `genInfoSectionDict` picks them: none or
+/// `default`: the default sections; `all` and `everything`: every section; a name: that
+/// section (in any case; `module_list` is `modules`). Sections come in Redis's order,
+/// separated by an empty line; an unknown name adds nothing.
 fn info(store: &dyn Engine, i: &ServerInfo, args: &[&[u8]]) -> String {
-    let wanted = |name: &str| {
-        args.is_empty()
-            || args.iter().any(|a| {
-                a.eq_ignore_ascii_case(name.as_bytes())
-                    || ["default", "all", "everything"]
-                        .iter()
-                        .any(|w| a.eq_ignore_ascii_case(w.as_bytes()))
-            })
+    let is = |a: &[u8], w: &str| a.eq_ignore_ascii_case(w.as_bytes());
+    let all = args.iter().any(|a| is(a, "all") || is(a, "everything"));
+    let defaults = args.is_empty() || args.iter().any(|a| is(a, "default"));
+    let wanted = |name: &str, default: bool| {
+        all || (defaults && default)
+            || args
+                .iter()
+                .any(|a| is(a, name) || (name == "modules" && is(a, "module_list")))
     };
     let mut out = String::new();
-    for name in SECTIONS.iter().copied().filter(|n| wanted(n)) {
+    for &(name, _) in SECTIONS.iter().filter(|&&(n, d)| wanted(n, d)) {
         if !out.is_empty() {
             out.push_str("\r\n");
         }
-        let mut title = name.to_string();
-        title[..1].make_ascii_uppercase();
-        if name == "cpu" {
-            title = "CPU".into();
-        }
+        let title = match name {
+            "cpu" => "CPU".to_string(),
+            _ => {
+                let mut t = name.to_string();
+                t[..1].make_ascii_uppercase();
+                t
+            }
+        };
         out.push_str(&format!("# {title}\r\n"));
+        let counters = match name {
+            "commandstats" => i.stats.commandstats(command_names()),
+            "errorstats" => i.stats.errorstats(),
+            _ => Vec::new(),
+        };
+        for (k, v) in counters {
+            out.push_str(&format!("{k}:{v}\r\n"));
+        }
         for (k, v) in info_section(store, i, name) {
             out.push_str(&format!("{k}:{v}\r\n"));
         }
@@ -917,8 +1036,22 @@ fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static
             ("total_commands_processed", i.commands.to_string()),
             ("rejected_connections", i.rejected.to_string()),
             ("expired_keys", store.expired_keys().to_string()),
+            ("total_error_replies", i.stats.error_replies().to_string()),
         ],
-        "replication" => vec![("role", "master".into()), ("connected_slaves", "0".into())],
+        // A primary without replicas or a replication backlog.
+        "replication" => vec![
+            ("role", "master".into()),
+            ("connected_slaves", "0".into()),
+            ("master_failover_state", "no-failover".into()),
+            ("master_replid", i.run_id.clone()),
+            ("master_replid2", "0".repeat(40)),
+            ("master_repl_offset", "0".into()),
+            ("second_repl_offset", "-1".into()),
+            ("repl_backlog_active", "0".into()),
+            ("repl_backlog_size", "1048576".into()),
+            ("repl_backlog_first_byte_offset", "0".into()),
+            ("repl_backlog_histlen", "0".into()),
+        ],
         "cpu" => {
             let (sys, user) = cpu_times(libc::RUSAGE_SELF);
             let (csys, cuser) = cpu_times(libc::RUSAGE_CHILDREN);

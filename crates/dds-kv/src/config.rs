@@ -122,6 +122,13 @@ const PARAMS: &[Param] = &[
     p("lfu-log-factor", "", INT, "10"),
     p("lfu-decay-time", "", INT, "1"),
     p("tracking-table-max-keys", "", SIZE, "1000000"),
+    // Redis's test suite sets it around its snapshot tests (no snapshots here).
+    p(
+        "rdb-key-save-delay",
+        "",
+        Kind::Int(i32::MIN as i64, i32::MAX as i64),
+        "0",
+    ),
 ];
 
 const fn p(name: &'static str, alias: &'static str, kind: Kind, default: &'static str) -> Param {

@@ -6,11 +6,13 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod cmdstats;
 pub mod commands;
 pub mod config;
 pub mod engine;
 mod float;
 pub mod glob;
+mod introspect;
 mod keyspace;
 pub mod offload;
 pub mod record;

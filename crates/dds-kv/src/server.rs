@@ -692,6 +692,7 @@ impl Server {
                 active_expire: true,
                 list_buf: Vec::new(),
                 keys_walked: None,
+                stats: crate::cmdstats::CommandStats::new(crate::commands::command_count()),
             },
             store,
             limits,
