@@ -340,6 +340,8 @@ struct Snap {
     dma_ops: u64,
     raw_bytes: u64,
     requests: u64,
+    batches: u64,
+    empty_polls: u64,
 }
 
 fn info_field(addr: SocketAddr, names: &[&str]) -> Vec<u64> {
@@ -370,10 +372,17 @@ fn snap(side: &Side) -> Snap {
     let f = if side.dpu.is_some() && side.design != "dpu-only" {
         info_field(
             side.endpoints[0],
-            &["dma_bytes", "dma_ops", "raw_bytes", "kvqp_requests"],
+            &[
+                "dma_bytes",
+                "dma_ops",
+                "raw_bytes",
+                "kvqp_requests",
+                "kvqp_batches",
+                "kvqp_empty_polls",
+            ],
         )
     } else {
-        vec![0; 4]
+        vec![0; 6]
     };
     Snap {
         host: process_cpu_seconds(side.host.pid()).unwrap_or(0.0),
@@ -386,6 +395,8 @@ fn snap(side: &Side) -> Snap {
         dma_ops: f[1],
         raw_bytes: f[2],
         requests: f[3],
+        batches: f[4],
+        empty_polls: f[5],
     }
 }
 
@@ -410,6 +421,10 @@ struct Point {
     dma_ops_per_op: f64,
     /// RESP bytes of the same requests and replies.
     raw_bytes_per_op: f64,
+    /// Requests per request batch (queue pair designs).
+    requests_per_batch: f64,
+    /// Response reads that found no new batch, per batch.
+    empty_polls_per_batch: f64,
     errors: u64,
 }
 
@@ -441,6 +456,7 @@ fn measure(
     }
     let ops = r.ops.max(1) as f64;
     let req = (a.requests - b.requests).max(1) as f64;
+    let batches = (a.batches - b.batches).max(1) as f64;
     let pt = Point {
         design: side.design,
         workload,
@@ -457,13 +473,15 @@ fn measure(
         dma_bytes_per_op: (a.dma_bytes - b.dma_bytes) as f64 / req,
         dma_ops_per_op: (a.dma_ops - b.dma_ops) as f64 / req,
         raw_bytes_per_op: (a.raw_bytes - b.raw_bytes) as f64 / req,
+        requests_per_batch: req / batches,
+        empty_polls_per_batch: (a.empty_polls - b.empty_polls) as f64 / batches,
         errors: r.errors,
     };
     eprintln!(
-        "  {:<9} {:<15} c{} {:>3}x{:<3} {:>10.0} ops/s p50 {:>6.0} µs p99 {:>6.0} µs host {:>4.2} cores ({:>6.2} µs/op) dpu {:>4.2} cores  PCIe {:>5.1} B/op {:>5.3} DMA/op (RESP {:>5.1} B/op)",
+        "  {:<9} {:<15} c{} {:>3}x{:<3} {:>10.0} ops/s p50 {:>6.0} µs p99 {:>6.0} µs host {:>4.2} cores ({:>6.2} µs/op) dpu {:>4.2} cores  PCIe {:>5.1} B/op {:>5.3} DMA/op (RESP {:>5.1} B/op) {:>5.1} req/batch {:>5.2} empty reads/batch",
         pt.design, workload, comm, conns, depth, pt.ops_per_sec, pt.p50_us, pt.p99_us,
         pt.host_cores, pt.host_cpu_us_per_op, pt.dpu_cores, pt.dma_bytes_per_op,
-        pt.dma_ops_per_op, pt.raw_bytes_per_op
+        pt.dma_ops_per_op, pt.raw_bytes_per_op, pt.requests_per_batch, pt.empty_polls_per_batch
     );
     Ok(pt)
 }
@@ -614,6 +632,8 @@ fn report(
             "PCIe B/op",
             "DMA ops/op",
             "RESP B/op",
+            "req/batch",
+            "empty reads/batch",
         ],
     );
     for x in points
@@ -632,6 +652,8 @@ fn report(
             fmt_num(x.dma_bytes_per_op),
             format!("{:.3}", x.dma_ops_per_op),
             fmt_num(x.raw_bytes_per_op),
+            fmt_num(x.requests_per_batch),
+            format!("{:.2}", x.empty_polls_per_batch),
         ]);
     }
     let note = format!(

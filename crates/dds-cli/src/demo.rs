@@ -188,6 +188,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         shared_cores: false,
         topology: dds_bench::remote::TopologyArg::Loopback,
         trials: 1,
+        memdev: "none".into(),
         out: Some(out.clone()),
     };
     let report = dds_bench::remote::run_remote(args, crate::bench_cmd::command_line())?;

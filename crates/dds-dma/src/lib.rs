@@ -38,7 +38,7 @@
 //! * a write (local → host) is preceded by `fence(Release)` and stores words with `Release`, in
 //!   ascending address order: PCIe posted writes are not reordered, so a host thread that
 //!   observes a later word of one write observes the earlier ones (DPU-KV's queue pairs signal
-//!   a batch with a trailer word written by the same operation);
+//!   a batch with an end marker, the last byte of the same operation);
 //! * a `fence(SeqCst)` separates consecutive operations, so a later DMA read observes
 //!   everything ordered before an earlier DMA write, as PCIe ordering gives (the response ring
 //!   relies on this: write `Tail`, then read `Waiters`).

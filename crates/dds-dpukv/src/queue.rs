@@ -43,7 +43,9 @@ impl Geometry {
             || dds_kvmem::qp::max_value_response(self.max_value as usize) + BATCH_HEADER
                 > self.batch_max()
         {
-            return Err("max value: 1 byte up to a slot's batch bytes less 11".into());
+            return Err(
+                "max value: 1 byte up to what a slot's batch holds of one value's response".into(),
+            );
         }
         if self.region_len() > 1 << 32 {
             return Err("queue region larger than 4 GiB".into());
@@ -66,12 +68,23 @@ impl Geometry {
         (c as usize * self.workers as usize + w as usize) * self.pair_bytes()
     }
 
-    /// Most batch bytes a slot carries (room for the trailer).
+    /// Most batch bytes a slot carries (room for a request's end marker).
     pub fn batch_max(&self) -> usize {
-        (self.slot_bytes as usize - 8).min(BATCH_MAX)
+        (self.slot_bytes as usize - 1).min(BATCH_MAX)
     }
 }
 
 pub(crate) fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
+}
+
+/// Bytes of the DMA write of a request batch of `bytes` bytes: the batch, zeros, and the end
+/// marker as the last byte of the first multiple of 8 past the batch (`docs/dpu-kv.md` §2.2).
+pub(crate) fn request_write_len(bytes: usize) -> usize {
+    align8(bytes + 1)
+}
+
+/// The end marker of the request batch numbered `seq`: never 0.
+pub(crate) fn end_marker(seq: u16) -> u8 {
+    0x80 | (seq & 0x7F) as u8
 }

@@ -75,7 +75,7 @@ fn commands_pipelined_past_the_pending_limit_all_run() {
 
 #[test]
 fn requests_no_queue_slot_can_carry_are_refused_at_once() {
-    // 256-byte slots carry 248 batch bytes: a GET of a 250-byte key (252 record bytes plus
+    // 256-byte slots carry 255 batch bytes: a GET of a 250-byte key (252 record bytes plus
     // the batch header) never fits, nor a SET of a 255-byte key with a 200-byte value.
     let d = deploy(Design::Lat, 256, 200);
     let mut s = TcpStream::connect(d.addr).unwrap();

@@ -6,8 +6,8 @@
 
 use crate::partition::{KvError, Partition};
 
-/// Batch header bytes.
-pub const BATCH_HEADER: usize = 8;
+/// Batch header bytes: the batch's length (`u16`) and its sequence number (`u16`).
+pub const BATCH_HEADER: usize = 4;
 /// Most bytes in a batch (the length field is 16 bits).
 pub const BATCH_MAX: usize = u16::MAX as usize;
 
@@ -126,12 +126,12 @@ pub struct BatchWriter<'b> {
 }
 
 impl<'b> BatchWriter<'b> {
-    /// Starts a batch with sequence number `seq` at the end of `buf`, of at most `max` bytes
-    /// (header included; at most [`BATCH_MAX`]).
-    pub fn new(buf: &'b mut Vec<u8>, seq: u32, max: usize) -> Self {
+    /// Starts a batch with sequence number `seq` ([`batch_seq`]) at the end of `buf`, of at
+    /// most `max` bytes (header included; at most [`BATCH_MAX`]).
+    pub fn new(buf: &'b mut Vec<u8>, seq: u16, max: usize) -> Self {
         assert!((BATCH_HEADER..=BATCH_MAX).contains(&max), "batch limit");
         let start = buf.len();
-        buf.extend_from_slice(&[0; 4]);
+        buf.extend_from_slice(&[0; 2]);
         buf.extend_from_slice(&seq.to_le_bytes());
         BatchWriter {
             buf,
@@ -221,23 +221,28 @@ impl<'b> BatchWriter<'b> {
     /// Closes the batch (writes its header); returns its length.
     pub fn finish(self) -> usize {
         let len = self.buf.len() - self.start;
-        self.buf[self.start..self.start + 2].copy_from_slice(&self.count.to_le_bytes());
-        self.buf[self.start + 2..self.start + 4].copy_from_slice(&(len as u16).to_le_bytes());
+        self.buf[self.start..self.start + 2].copy_from_slice(&(len as u16).to_le_bytes());
         len
     }
 }
 
-/// A batch's header: (count, bytes, seq).
-pub fn batch_header(b: &[u8]) -> Result<(u16, usize, u32), Malformed> {
+/// The sequence number of batch `n` (from 0) of a queue: `n mod 65535 + 1`, never 0 (a zeroed
+/// slot holds no batch).
+pub fn batch_seq(n: u64) -> u16 {
+    (n % 65_535) as u16 + 1
+}
+
+/// A batch's header: (bytes, seq). The batch carries no record count: its records run to
+/// `bytes`.
+pub fn batch_header(b: &[u8]) -> Result<(usize, u16), Malformed> {
     if b.len() < BATCH_HEADER {
         return Err(Malformed("truncated batch header"));
     }
-    let count = u16::from_le_bytes([b[0], b[1]]);
-    let len = u16::from_le_bytes([b[2], b[3]]) as usize;
+    let len = u16::from_le_bytes([b[0], b[1]]) as usize;
     if len < BATCH_HEADER || len > b.len() {
         return Err(Malformed("batch length out of range"));
     }
-    Ok((count, len, u32::from_le_bytes([b[4], b[5], b[6], b[7]])))
+    Ok((len, u16::from_le_bytes([b[2], b[3]])))
 }
 
 fn take<'a>(b: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], Malformed> {
@@ -331,21 +336,19 @@ fn response<'a>(body: &'a [u8], at: &mut usize) -> Result<Response<'a>, Malforme
 pub struct Records<'a, T> {
     body: &'a [u8],
     at: usize,
-    left: u16,
     err: Option<Malformed>,
     decode: fn(&'a [u8], &mut usize) -> Result<T, Malformed>,
 }
 
 impl<'a, T> Records<'a, T> {
     fn new(b: &'a [u8], decode: fn(&'a [u8], &mut usize) -> Result<T, Malformed>) -> Self {
-        let (body, left, err) = match batch_header(b) {
-            Ok((count, len, _)) => (&b[..len], count, None),
-            Err(e) => (&b[..0], 0, Some(e)),
+        let (body, err) = match batch_header(b) {
+            Ok((len, _)) => (&b[..len], None),
+            Err(e) => (&b[..0], Some(e)),
         };
         Records {
             body,
             at: BATCH_HEADER,
-            left,
             err,
             decode,
         }
@@ -358,13 +361,12 @@ impl<T> Iterator for Records<'_, T> {
         if let Some(e) = self.err.take() {
             return Some(Err(e));
         }
-        if self.left == 0 {
+        if self.at >= self.body.len() {
             return None;
         }
-        self.left -= 1;
         let r = (self.decode)(self.body, &mut self.at);
         if r.is_err() {
-            self.left = 0;
+            self.at = self.body.len();
         }
         Some(r)
     }
@@ -442,7 +444,7 @@ mod tests {
         let len = w.finish();
         // A GET of an 8-byte key is 10 bytes, a SET of 8/8 bytes 20 (RESP: 27 and 41).
         assert_eq!(len, BATCH_HEADER + 10 + 20 + 11 + 10);
-        assert_eq!(batch_header(&b).unwrap(), (4, len, 7));
+        assert_eq!(batch_header(&b).unwrap(), (len, 7));
         let got: Vec<_> = requests(&b).collect::<Result<_, _>>().unwrap();
         assert_eq!(got, reqs);
         // The host serves them.
@@ -484,7 +486,7 @@ mod tests {
             }
         }
         // A fourth length byte, or a length past the batch, is an error.
-        let bad = [1u8, 0, 12, 0, 1, 0, 0, 0, VALUE, 0x80, 0x80, 0x80];
+        let bad = [8u8, 0, 1, 0, VALUE, 0x80, 0x80, 0x80];
         assert!(responses(&bad).any(|r| r.is_err()));
     }
 
@@ -499,13 +501,44 @@ mod tests {
         w.finish();
         for cut in 0..b.len() {
             let mut t = b[..cut].to_vec();
-            if t.len() >= 4 {
-                t[2..4].copy_from_slice(&(cut as u16).to_le_bytes());
+            if t.len() >= 2 {
+                t[0..2].copy_from_slice(&(cut as u16).to_le_bytes());
             }
-            assert!(requests(&t).any(|r| r.is_err()), "cut at {cut}");
+            if cut == BATCH_HEADER {
+                // The header alone: a batch of no records.
+                assert_eq!(requests(&t).count(), 0);
+            } else {
+                assert!(requests(&t).any(|r| r.is_err()), "cut at {cut}");
+            }
         }
+        // A length past the bytes present, or inside the header, is an error.
+        let mut long = b.clone();
+        long[0..2].copy_from_slice(&(b.len() as u16 + 1).to_le_bytes());
+        assert!(requests(&long).any(|r| r.is_err()));
+        let mut short = b.clone();
+        short[0..2].copy_from_slice(&3u16.to_le_bytes());
+        assert!(requests(&short).any(|r| r.is_err()));
         let mut g = b.clone();
         g[BATCH_HEADER] = 99;
         assert!(requests(&g).any(|r| r.is_err()));
+    }
+
+    #[test]
+    fn sequence_numbers_are_never_zero_and_differ_between_neighbours() {
+        assert_eq!(batch_seq(0), 1);
+        assert_eq!(batch_seq(65_534), 65_535);
+        assert_eq!(batch_seq(65_535), 1);
+        for n in [0u64, 1, 1000, 65_534, 65_535, 1 << 40, u64::MAX - 1024] {
+            assert_ne!(batch_seq(n), 0);
+            // A slot's previous batch (n - slots, slots <= 1024) had another number.
+            for slots in [1u64, 8, 1024] {
+                assert_ne!(batch_seq(n + slots), batch_seq(n), "n {n} slots {slots}");
+            }
+        }
+        let mut b = Vec::new();
+        let w = BatchWriter::new(&mut b, batch_seq(70_000), BATCH_MAX);
+        let len = w.finish();
+        assert_eq!(b, [4, 0, 0x72, 0x11]);
+        assert_eq!(batch_header(&b).unwrap(), (len, 4466));
     }
 }

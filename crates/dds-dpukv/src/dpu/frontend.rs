@@ -91,8 +91,9 @@ pub struct Queues {
     engine: EmulatedDma,
     queues: Vec<DpuQueue<Waiter>>,
     partitions: usize,
-    /// Running mean of the response bytes of a GET (the prediction a response read uses).
-    get_mean: f64,
+    /// Running mean of the response bytes of a GET, in sixteenths of a byte (the prediction a
+    /// response read uses, rounded to the nearest byte).
+    get_mean16: u32,
     max_value: usize,
     completions: Vec<DmaCompletion>,
     last_stats: (u64, u64),
@@ -119,7 +120,7 @@ impl Queues {
                 .map(|w| DpuQueue::new(region, g, c, w))
                 .collect(),
             partitions: partitions.max(1),
-            get_mean: 10.0,
+            get_mean16: 10 * 16,
             max_value: g.max_value as usize,
             completions: vec![DmaCompletion::default(); 256],
             last_stats: (0, 0),

@@ -2,9 +2,9 @@
 //! region id and offset and moves bytes only with DMA operations; batches sent and their
 //! responses read back, and the faults that end a queue pair.
 
-use crate::queue::{align8, Geometry};
+use crate::queue::{end_marker, request_write_len, Geometry};
 use dds_dma::{DmaEngine, DmaError, DmaOp, LocalBuf, RegionId};
-use dds_kvmem::qp::{batch_header, Malformed, BATCH_HEADER};
+use dds_kvmem::qp::{batch_header, batch_seq, responses, Malformed, BATCH_HEADER};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -167,8 +167,8 @@ impl<W> DpuQueue<W> {
         self.outstanding.len()
     }
 
-    /// Posts the batch being filled (one DMA write: batch, padding, trailer). Returns whether
-    /// an operation was posted.
+    /// Posts the batch being filled (one DMA write: batch, zeros, end marker). Returns
+    /// whether an operation was posted.
     ///
     /// # Safety
     /// The engine completes this queue's operations before the queue is dropped.
@@ -187,23 +187,22 @@ impl<W> DpuQueue<W> {
             return Ok(false);
         }
         let n = self.sent;
-        let seq = (n as u32).wrapping_add(1);
+        let seq = batch_seq(n);
         let len = self.building.len();
-        self.building[0..2].copy_from_slice(&self.building_count.to_le_bytes());
-        self.building[2..4].copy_from_slice(&(len as u16).to_le_bytes());
-        self.building[4..8].copy_from_slice(&seq.to_le_bytes());
-        let end = align8(len);
+        self.building[0..2].copy_from_slice(&(len as u16).to_le_bytes());
+        self.building[2..4].copy_from_slice(&seq.to_le_bytes());
+        let end = request_write_len(len);
         let slot = (n % self.slots) as usize;
         let buf = &mut self.out[slot];
         let dst = buf.as_mut_slice();
         dst[..len].copy_from_slice(&self.building);
-        dst[len..end].fill(0);
-        dst[end..end + 8].copy_from_slice(&u64::from(seq).to_le_bytes());
+        dst[len..end - 1].fill(0);
+        dst[end - 1] = end_marker(seq);
         let op = DmaOp::write(
             self.region,
             self.req_off + slot as u64 * self.slot_bytes as u64,
             buf.as_ptr(),
-            (end + 8) as u32,
+            end as u32,
             UD_WRITE | u64::from(index),
         );
         // SAFETY: the staging buffer stays untouched until the write completes (this slot
@@ -293,12 +292,12 @@ impl<W> DpuQueue<W> {
         let o = self.outstanding.front().ok_or(QueueFault::Protocol(
             "a response read completed with no batch outstanding",
         ))?;
-        let want = (o.n as u32).wrapping_add(1);
+        let want = batch_seq(o.n);
         match self.read {
             ReadState::Idle => Err(QueueFault::Protocol("unexpected read completion")),
             ReadState::Head(got) => {
                 let b = &self.inb.as_slice()[..got];
-                let seq = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+                let seq = u16::from_le_bytes([b[2], b[3]]);
                 if seq != want {
                     self.read = ReadState::Idle;
                     self.empty_polls += 1;
@@ -316,8 +315,8 @@ impl<W> DpuQueue<W> {
                     self.read_whole = true;
                 }
                 self.misses = 0;
-                let len = u16::from_le_bytes([b[2], b[3]]) as usize;
-                if len < BATCH_HEADER || align8(len) > self.slot_bytes {
+                let len = u16::from_le_bytes([b[0], b[1]]) as usize;
+                if len <= BATCH_HEADER || len > self.batch_max {
                     return Err(QueueFault::Malformed(Malformed(
                         "response batch length out of range",
                     )));
@@ -354,8 +353,15 @@ impl<W> DpuQueue<W> {
             self.service + (took - self.service) / 16
         };
         let b = &self.inb.as_slice()[..len];
-        let (count, blen, _) = batch_header(b).map_err(QueueFault::Malformed)?;
-        if count != o.count || blen != len {
+        let (blen, _) = batch_header(b).map_err(QueueFault::Malformed)?;
+        // The batch carries no count: its records are counted (and checked) before any is
+        // delivered.
+        let mut count = 0usize;
+        for r in responses(b) {
+            r.map_err(QueueFault::Malformed)?;
+            count += 1;
+        }
+        if count != usize::from(o.count) || blen != len {
             return Err(QueueFault::Protocol(
                 "response count differs from the request's",
             ));

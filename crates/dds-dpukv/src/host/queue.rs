@@ -1,8 +1,8 @@
 //! The host worker's end of a KV queue pair ([`HostQueue`]): plain atomics on the queue region
 //! the host owns, mapped in its own memory.
 
-use crate::queue::{align8, Geometry};
-use dds_kvmem::qp::{batch_header, Malformed, BATCH_HEADER};
+use crate::queue::{align8, end_marker, request_write_len, Geometry};
+use dds_kvmem::qp::{batch_header, batch_seq, Malformed, BATCH_HEADER};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The host worker's end of one queue pair.
@@ -43,21 +43,23 @@ impl HostQueue {
         unsafe { AtomicU64::from_ptr(base.add(at).cast()) }
     }
 
-    /// Takes the next request batch if it is complete: copies it into `into`, zeroes its
+    /// Takes the next request batch if it is complete (its header carries the batch's `seq`
+    /// and the last word of its write the end marker): copies it into `into`, zeroes its
     /// slot. `Ok(false)`: nothing yet. `Err`: the DPU wrote a batch that cannot be valid.
     pub fn take(&mut self, into: &mut Vec<u8>) -> Result<bool, Malformed> {
         let slot = (self.next % self.slots) as usize * self.slot_bytes;
-        let seq = (self.next as u32).wrapping_add(1);
+        let seq = batch_seq(self.next);
         let head = Self::word(self.req, slot).load(Ordering::Acquire);
-        if (head >> 32) as u32 != seq {
+        if (head >> 16) as u16 != seq {
             return Ok(false);
         }
-        let bytes = ((head >> 16) & 0xFFFF) as usize;
-        let end = align8(bytes);
-        if bytes < BATCH_HEADER || end + 8 > self.slot_bytes {
+        let bytes = (head & 0xFFFF) as usize;
+        let end = request_write_len(bytes);
+        if bytes <= BATCH_HEADER || end > self.slot_bytes {
             return Err(Malformed("request batch length out of range"));
         }
-        if Self::word(self.req, slot + end).load(Ordering::Acquire) != u64::from(seq) {
+        let last = Self::word(self.req, slot + end - 8).load(Ordering::Acquire);
+        if (last >> 56) as u8 != end_marker(seq) {
             return Ok(false);
         }
         into.clear();
@@ -66,7 +68,7 @@ impl HostQueue {
             into.extend_from_slice(&w.to_le_bytes());
         }
         into.truncate(bytes);
-        for at in (0..end + 8).step_by(8) {
+        for at in (0..end).step_by(8) {
             Self::word(self.req, slot + at).store(0, Ordering::Relaxed);
         }
         Ok(true)
@@ -74,24 +76,26 @@ impl HostQueue {
 
     /// Publishes the response batch of the request batch just taken.
     pub fn respond(&mut self, batch: &[u8]) {
-        let (_, len, seq) = batch_header(batch).expect("a finished batch");
+        let (len, seq) = batch_header(batch).expect("a finished batch");
         assert_eq!(len, batch.len());
-        assert_eq!(
-            seq,
-            (self.next as u32).wrapping_add(1),
-            "response out of order"
-        );
+        assert_eq!(seq, batch_seq(self.next), "response out of order");
         assert!(
             align8(len) <= self.slot_bytes,
             "response larger than a slot"
         );
         let slot = (self.next % self.slots) as usize * self.slot_bytes;
-        for (i, chunk) in batch.chunks(8).enumerate().skip(1) {
+        let word_of = |chunk: &[u8]| {
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
-            Self::word(self.resp, slot + i * 8).store(u64::from_le_bytes(w), Ordering::Relaxed);
+            u64::from_le_bytes(w)
+        };
+        let mut chunks = batch.chunks(8);
+        // The word that holds the header goes last, with release ordering: a reader that sees
+        // the header sees the records.
+        let head = word_of(chunks.next().expect("a header"));
+        for (i, chunk) in chunks.enumerate() {
+            Self::word(self.resp, slot + (i + 1) * 8).store(word_of(chunk), Ordering::Relaxed);
         }
-        let head = u64::from_le_bytes(batch[..8].try_into().expect("8 bytes"));
         Self::word(self.resp, slot).store(head, Ordering::Release);
         self.next += 1;
     }

@@ -72,7 +72,7 @@ pub fn run(
                 }
             }
             work = true;
-            let (_, _, seq) = qp::batch_header(&req).expect("checked by take");
+            let (_, seq) = qp::batch_header(&req).expect("checked by take");
             resp.clear();
             let mut w = BatchWriter::new(&mut resp, seq, batch_max);
             let mut n = 0u64;

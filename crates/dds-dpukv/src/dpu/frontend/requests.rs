@@ -197,7 +197,7 @@ impl FrontState {
                     _ => 1,
                 };
                 let expect = match req.op {
-                    Op::Get => q.get_mean.ceil() as usize,
+                    Op::Get => (q.get_mean16 as usize + 8) / 16,
                     _ => worst,
                 };
                 record.clear();
@@ -374,9 +374,10 @@ pub(super) fn pump(
             deliver(waits, free_waits, stats, sink, w, resp);
         }
         q.queues[idx].recycle(o.waiters);
-        if gets > 0 {
-            let mean = bytes as f64 / gets as f64;
-            q.get_mean = 0.9 * q.get_mean + 0.1 * mean;
+        // Fixed point, so that a run of equal responses is predicted exactly (a float mean
+        // drifts above it, and a rounded-up prediction reads a byte too many a GET).
+        if let Some(mean16) = (bytes * 16 + gets / 2).checked_div(gets) {
+            q.get_mean16 = (q.get_mean16 * 7 + mean16.min(1 << 24) as u32 + 4) / 8;
         }
         more = true;
     }
