@@ -602,7 +602,7 @@ fn report(
     let targets = vec![
         Target::at_most("kvqp_bytes_over_raw_get", bytes_get, 0.55),
         Target::at_most("kvqp_bytes_over_raw_set", bytes_set, 0.55),
-        Target::at_most("sav_host_cpu_over_cpu_only", sav_cpu, 0.2),
+        Target::at_most("sav_host_cpu_over_cpu_only", sav_cpu, 0.3),
         Target::at_most("lat_p50_over_cpu_only_p50", lat_p50, 1.0),
         Target::at_least("cpu_only_over_redis_server", cpu_redis, 1.5),
     ];
