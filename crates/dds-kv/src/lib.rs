@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod collection;
 pub mod commands;
 pub mod config;
 pub mod engine;
