@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod collection;
+pub mod collmap;
 pub mod commands;
 pub mod config;
 pub mod engine;
