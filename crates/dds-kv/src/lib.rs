@@ -19,6 +19,7 @@ pub mod record;
 pub mod server;
 pub mod store;
 mod strings;
+pub mod zindex;
 
 pub use engine::{Engine, MemEngine};
 pub use store::{Durability, Expiry, Modify, SetCond, Store, StoreConfig, StoreError, StoreStats};
