@@ -1,5 +1,5 @@
 //! Collections on the log (`docs/kv-service.md` §7): a metadata record per collection key,
-//! an element record per element under its composite key. The hash primitives.
+//! an element record per element under its composite key. The primitives of hashes and sets.
 
 use super::*;
 use crate::collection::{
@@ -89,14 +89,22 @@ impl Store {
             .unwrap_or(0))
     }
 
-    /// HSET of one field: whether the field is new. Creates the hash when `key` is missing.
-    pub fn hset(&mut self, key: &[u8], field: &[u8], value: &[u8]) -> StoreResult<bool> {
+    /// Writes one element of the collection of type `ty` at `key` (HSET of a field, SADD of
+    /// a member with an empty value): whether it is new. Creates the collection when `key`
+    /// is missing; WRONGTYPE when it holds something else.
+    pub fn element_put(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        field: &[u8],
+        value: &[u8],
+    ) -> StoreResult<bool> {
         self.check_sizes(key, 0)?;
-        let version = match self.coll_of(key, CollType::Hash)? {
+        let version = match self.coll_of(key, ty)? {
             Some(v) => v,
             None => {
                 let meta = Meta {
-                    ty: CollType::Hash,
+                    ty,
                     version: self.seq + 1,
                 };
                 self.append(record::key_hash(key), KIND_META, key, &encode_meta(meta), 0)?;
@@ -106,15 +114,16 @@ impl Store {
         Ok(self.append_element(key, version, field, Some(value))? > 0)
     }
 
-    /// HGET: calls `f` with the field's value (or `None`). An element on storage is read
-    /// through the records read ahead ([`Store::element_storage_addr`]) when it was.
-    pub fn hget_with<R>(
+    /// Reads one element (HGET): calls `f` with its value (or `None`). An element on storage
+    /// is read through the records read ahead ([`Store::element_storage_addr`]) when it was.
+    pub fn element_get_with<R>(
         &mut self,
+        ty: CollType,
         key: &[u8],
         field: &[u8],
         f: impl FnOnce(Option<&[u8]>) -> R,
     ) -> StoreResult<R> {
-        let Some(version) = self.coll_of(key, CollType::Hash)? else {
+        let Some(version) = self.coll_of(key, ty)? else {
             return Ok(f(None));
         };
         let kh = record::key_hash(key);
@@ -137,9 +146,10 @@ impl Store {
         Ok(f(Some(&self.scratch[hdr.value_range()])))
     }
 
-    /// HDEL of one field: whether it existed. Removing the last field deletes the hash.
-    pub fn hdel(&mut self, key: &[u8], field: &[u8]) -> StoreResult<bool> {
-        let Some(version) = self.coll_of(key, CollType::Hash)? else {
+    /// Removes one element (HDEL, SREM): whether it existed. Removing the last element
+    /// deletes the collection.
+    pub fn element_del(&mut self, ty: CollType, key: &[u8], field: &[u8]) -> StoreResult<bool> {
+        let Some(version) = self.coll_of(key, ty)? else {
             return Ok(false);
         };
         let kh = record::key_hash(key);
@@ -157,12 +167,23 @@ impl Store {
         Ok(true)
     }
 
-    /// HLEN (0 for a missing key).
-    pub fn hlen(&mut self, key: &[u8]) -> StoreResult<u64> {
-        Ok(match self.coll_of(key, CollType::Hash)? {
+    /// The live elements of the collection of type `ty` at `key` (HLEN, SCARD; 0 for a
+    /// missing key).
+    pub fn coll_len(&mut self, ty: CollType, key: &[u8]) -> StoreResult<u64> {
+        Ok(match self.coll_of(key, ty)? {
             Some(_) => self.colls.get(record::key_hash(key)).map_or(0, |c| c.live),
             None => 0,
         })
+    }
+
+    /// Whether an element exists (HEXISTS, SISMEMBER), from the collection map alone: no
+    /// record is read (the element map is keyed by the sub-key's 128-bit hash).
+    pub fn element_exists(&mut self, ty: CollType, key: &[u8], sub: &[u8]) -> StoreResult<bool> {
+        Ok(self.coll_of(key, ty)?.is_some()
+            && self
+                .colls
+                .get(record::key_hash(key))
+                .is_some_and(|c| c.element(record::key_hash(sub)).is_some()))
     }
 
     /// The log address of a hash field's record when it is on storage only (a command that
@@ -188,7 +209,7 @@ mod tests {
         for k in keys {
             let m = model.get(k);
             assert_eq!(
-                s.hlen(k).unwrap(),
+                s.coll_len(CollType::Hash, k).unwrap(),
                 m.map_or(0, |m| m.len() as u64),
                 "HLEN {k:?}"
             );
@@ -199,7 +220,9 @@ mod tests {
             );
             for f in 0..60u32 {
                 let field = format!("field:{f}").into_bytes();
-                let got = s.hget_with(k, &field, |v| v.map(<[u8]>::to_vec)).unwrap();
+                let got = s
+                    .element_get_with(CollType::Hash, k, &field, |v| v.map(<[u8]>::to_vec))
+                    .unwrap();
                 assert_eq!(got.as_ref(), m.and_then(|m| m.get(&field)), "{k:?} {f}");
             }
         }
@@ -227,12 +250,12 @@ mod tests {
                 match (x >> 50) % 16 {
                     0..=10 => {
                         let v = vec![(step % 251) as u8; 50 + (x >> 8) as usize % 300];
-                        let new = s.hset(k, &field, &v).unwrap();
+                        let new = s.element_put(CollType::Hash, k, &field, &v).unwrap();
                         let m = model.entry(k.clone()).or_default();
                         assert_eq!(new, m.insert(field, v).is_none());
                     }
                     11..=13 => {
-                        let had = s.hdel(k, &field).unwrap();
+                        let had = s.element_del(CollType::Hash, k, &field).unwrap();
                         let m = model.get_mut(k);
                         assert_eq!(had, m.is_some_and(|m| m.remove(&field).is_some()));
                         if model.get(k).is_some_and(|m| m.is_empty()) {
@@ -248,10 +271,13 @@ mod tests {
                             .unwrap();
                         model.remove(k);
                         assert!(matches!(
-                            s.hget_with(k, b"f", |_| ()),
+                            s.element_get_with(CollType::Hash, k, b"f", |_| ()),
                             Err(StoreError::WrongType)
                         ));
-                        assert!(matches!(s.hset(k, b"f", b"v"), Err(StoreError::WrongType)));
+                        assert!(matches!(
+                            s.element_put(CollType::Hash, k, b"f", b"v"),
+                            Err(StoreError::WrongType)
+                        ));
                         assert!(s.del(k).unwrap());
                     }
                 }
@@ -303,13 +329,13 @@ mod tests {
         let mut s = open(dir.path(), cfg);
         for f in 0..100_000u32 {
             assert!(s
-                .hset(b"big", format!("f{f}").as_bytes(), b"value")
+                .element_put(CollType::Hash, b"big", format!("f{f}").as_bytes(), b"value")
                 .unwrap());
         }
-        assert_eq!(s.hlen(b"big").unwrap(), 100_000);
+        assert_eq!(s.coll_len(CollType::Hash, b"big").unwrap(), 100_000);
         for (field, value) in [(&b"f5"[..], &b"new value"[..]), (b"brand-new-field", b"v")] {
             let before = s.addresses()[4];
-            s.hset(b"big", field, value).unwrap();
+            s.element_put(CollType::Hash, b"big", field, value).unwrap();
             let appended = s.addresses()[4] - before;
             let element = (record::HEADER + field.len() + value.len()) as u64;
             assert_eq!(
@@ -318,7 +344,7 @@ mod tests {
             );
             assert!(appended <= 2 * element, "{appended} bytes for {element}");
         }
-        assert_eq!(s.hlen(b"big").unwrap(), 100_001);
+        assert_eq!(s.coll_len(CollType::Hash, b"big").unwrap(), 100_001);
     }
 
     /// A field whose record left memory is read back from storage, with a small memory.
@@ -326,7 +352,8 @@ mod tests {
     fn a_field_evicted_to_storage_is_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = open(dir.path(), small(Durability::Periodic));
-        s.hset(b"h", b"first", b"the first value").unwrap();
+        s.element_put(CollType::Hash, b"h", b"first", b"the first value")
+            .unwrap();
         let mut n = 0u32;
         while s.element_storage_addr(b"h", b"first").is_none() {
             s.set(
@@ -342,9 +369,48 @@ mod tests {
         }
         let reads = s.stats().storage_reads;
         let got = s
-            .hget_with(b"h", b"first", |v| v.map(<[u8]>::to_vec))
+            .element_get_with(CollType::Hash, b"h", b"first", |v| v.map(<[u8]>::to_vec))
             .unwrap();
         assert_eq!(got.as_deref(), Some(&b"the first value"[..]));
         assert_eq!(s.stats().storage_reads, reads + 1);
+    }
+
+    /// Sets on the same records: members with empty values; a set and a hash at one key
+    /// exclude each other (WRONGTYPE); membership needs no record read.
+    #[test]
+    fn sets_are_members_without_values_and_types_exclude_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path(), small(Durability::Fsync));
+        let set = CollType::Set;
+        assert!(s.element_put(set, b"s", b"a", b"").unwrap());
+        assert!(s.element_put(set, b"s", b"b", b"").unwrap());
+        assert!(!s.element_put(set, b"s", b"a", b"").unwrap());
+        assert_eq!(s.coll_len(set, b"s").unwrap(), 2);
+        let reads = s.stats().memory_reads + s.stats().storage_reads;
+        assert!(s.element_exists(set, b"s", b"a").unwrap());
+        assert!(!s.element_exists(set, b"s", b"c").unwrap());
+        assert_eq!(s.stats().memory_reads + s.stats().storage_reads, reads);
+        assert_eq!(s.coll_type(b"s").unwrap(), Some(CollType::Set));
+        assert!(matches!(
+            s.element_put(CollType::Hash, b"s", b"f", b"v"),
+            Err(StoreError::WrongType)
+        ));
+        assert!(matches!(
+            s.coll_len(CollType::Hash, b"s"),
+            Err(StoreError::WrongType)
+        ));
+        assert!(s.element_del(set, b"s", b"a").unwrap());
+        assert!(!s.element_del(set, b"s", b"a").unwrap());
+        s.commit().unwrap();
+        drop(s);
+        let mut s = open(dir.path(), small(Durability::Fsync));
+        assert_eq!(s.coll_len(set, b"s").unwrap(), 1);
+        assert!(s.element_exists(set, b"s", b"b").unwrap());
+        // Removing the last member deletes the key; it can then hold a hash.
+        assert!(s.element_del(set, b"s", b"b").unwrap());
+        assert!(!s.exists(b"s").unwrap());
+        assert_eq!(s.len(), 0);
+        assert!(s.element_put(CollType::Hash, b"s", b"f", b"v").unwrap());
+        assert_eq!(s.coll_type(b"s").unwrap(), Some(CollType::Hash));
     }
 }
