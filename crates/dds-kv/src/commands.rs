@@ -235,6 +235,9 @@ fn now_ms() -> u64 {
 fn store_error(r: &mut Reply<'_>, e: &StoreError) {
     match e {
         StoreError::NotInteger => r.error("ERR value is not an integer or out of range"),
+        StoreError::WrongType => {
+            r.error("WRONGTYPE Operation against a key holding the wrong kind of value")
+        }
         StoreError::Overflow => r.error("ERR increment or decrement would overflow"),
         StoreError::KeyTooLarge(n) => r.error(&format!("ERR key too large (limit {n} bytes)")),
         StoreError::ValueTooLarge(n) => r.error(&format!("ERR value too large (limit {n} bytes)")),

@@ -7,6 +7,8 @@
 
 pub mod checkpoint;
 pub mod cmdstats;
+pub mod collection;
+pub mod collmap;
 pub mod commands;
 pub mod config;
 pub mod engine;
@@ -19,6 +21,7 @@ pub mod record;
 pub mod server;
 pub mod store;
 mod strings;
+pub mod zindex;
 
 pub use engine::{Engine, MemEngine};
 pub use store::{Durability, Expiry, Modify, SetCond, Store, StoreConfig, StoreError, StoreStats};

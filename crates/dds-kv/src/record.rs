@@ -95,8 +95,9 @@ pub fn decode_header(b: &[u8]) -> Option<Header> {
         seq: u64_at(b, 16),
         expire_ms: u64_at(b, 24),
     };
-    if (h.kind != KIND_VALUE && h.kind != KIND_TOMBSTONE)
-        || (h.kind == KIND_TOMBSTONE && h.vlen != 0)
+    let tomb = h.kind == KIND_TOMBSTONE || h.kind == crate::collection::KIND_ELEMENT_TOMBSTONE;
+    if !(KIND_VALUE..=crate::collection::KIND_ELEMENT_TOMBSTONE).contains(&h.kind)
+        || (tomb && h.vlen != 0)
     {
         return None;
     }

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{ensure, Context, Result};
 
 use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::collection::{self, KIND_ELEMENT, KIND_ELEMENT_TOMBSTONE, KIND_META};
 use crate::record::{self, Header, FLAG_SUPERSEDED, HEADER, KIND_TOMBSTONE, KIND_VALUE};
 use dds_storage::aio::SubmitError;
 use dds_storage::fileio::{FileIo, IoDone};
@@ -75,6 +76,9 @@ pub enum StoreError {
     /// A value above the limit.
     #[error("value too large (limit {0} bytes)")]
     ValueTooLarge(usize),
+    /// The key holds a value of another type (a collection read as a string, or the reverse).
+    #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
+    WrongType,
     /// The in-memory engine's memory budget is full (nothing was evicted).
     #[error("out of memory")]
     OutOfMemory,
@@ -281,6 +285,10 @@ pub struct Store {
     wbuf: Vec<u8>,
     /// Records read ahead for the command being run (`docs/kv-service.md` §5, pending reads).
     fetched: Vec<Fetched>,
+    /// The collections (`docs/kv-service.md` §7.2).
+    colls: crate::collmap::Collections,
+    /// A composite key being built (reused).
+    ckey: Vec<u8>,
 }
 
 /// A record read from storage ahead of a command (a pending read that completed): its log
@@ -421,6 +429,8 @@ impl Store {
             scratch: Vec::new(),
             wbuf: Vec::new(),
             fetched: Vec::new(),
+            colls: Default::default(),
+            ckey: Vec::new(),
             file,
             ckpt,
             storage,
@@ -475,8 +485,26 @@ impl Store {
                 }
                 last_seq = h.seq;
                 let at = o + off;
-                let kh = record::key_hash(&page[at + HEADER..at + HEADER + h.klen as usize]);
-                self.replay(kh, p * self.ps + at as u64, &h);
+                let key = &page[at + HEADER..at + HEADER + h.klen as usize];
+                let addr = p * self.ps + at as u64;
+                if h.kind == KIND_ELEMENT || h.kind == KIND_ELEMENT_TOMBSTONE {
+                    if let Some(c) = collection::decode_composite(key) {
+                        self.colls
+                            .replay_element(&c, addr, h.kind == KIND_ELEMENT_TOMBSTONE);
+                    }
+                } else {
+                    let kh = record::key_hash(key);
+                    let value = &page[at + HEADER + h.klen as usize..at + h.len()];
+                    match collection::decode_meta(&value[..h.vlen as usize])
+                        .filter(|_| h.kind == KIND_META)
+                    {
+                        Some(meta) => self.colls.meta(kh, meta),
+                        None => {
+                            self.colls.remove(kh);
+                        }
+                    }
+                    self.replay(kh, addr, &h);
+                }
                 self.tail = p * self.ps + (at + h.len()) as u64;
                 any = true;
             }
@@ -487,6 +515,17 @@ impl Store {
             a = (p + 1) * self.ps;
         }
         self.seq = c.seq.max(last_seq);
+        // Collections whose metadata record survived without any element are deleted, as
+        // Redis keeps no empty collection (their records are garbage from now on).
+        for kh in self.colls.finish_recovery() {
+            if let Some(e) = self.index.get(&kh).copied().filter(|e| e & TOMB == 0) {
+                self.live -= 1;
+                if e & EXPIRES != 0 {
+                    self.expiring -= 1;
+                }
+                self.index_remove(kh);
+            }
+        }
         // The tail page goes back into memory; everything recovered is on storage.
         if !self.tail.is_multiple_of(self.ps) {
             let tp = self.page_of(self.tail);
@@ -554,6 +593,7 @@ impl Store {
 
     /// Drops the key hash `h` from the index (and the scan order and expiry set).
     fn index_remove(&mut self, h: (u64, u64)) {
+        self.colls.remove(h);
         if let Some(old) = self.index.remove(&h) {
             self.order.remove(&h);
             if old & EXPIRES != 0 {
@@ -646,18 +686,22 @@ impl Store {
         Ok(h)
     }
 
-    /// The newest live, unexpired record of `key` (loaded into `scratch`).
-    fn find(&mut self, key: &[u8]) -> StoreResult<Option<Found>> {
-        let h = record::key_hash(key);
-        let Some(&e) = self.index.get(&h) else {
-            return Ok(None);
-        };
+    /// The index entry of the key hash `h` unless it is missing or a tombstone; notes a read
+    /// of a record that is not durable yet.
+    fn live_entry(&mut self, h: (u64, u64)) -> Option<u64> {
+        let e = *self.index.get(&h)?;
         if e & ADDR >= self.durable_end {
             self.undurable = true;
         }
-        if e & TOMB != 0 {
+        (e & TOMB == 0).then_some(e)
+    }
+
+    /// The newest live, unexpired record of `key` (loaded into `scratch`).
+    fn find(&mut self, key: &[u8]) -> StoreResult<Option<Found>> {
+        let h = record::key_hash(key);
+        let Some(e) = self.live_entry(h) else {
             return Ok(None);
-        }
+        };
         let hdr = self.load(e & ADDR)?;
         if &self.scratch[hdr.key_range()] != key {
             tracing::error!("128-bit key hash collision; treating the key as missing");
@@ -672,6 +716,14 @@ impl Store {
             return Ok(None);
         }
         Ok(Some(Found { hdr }))
+    }
+
+    /// [`Store::find`] for a command that reads a string's value: a collection is WRONGTYPE.
+    fn find_value(&mut self, key: &[u8]) -> StoreResult<Option<Found>> {
+        match self.find(key)? {
+            Some(f) if f.hdr.kind != KIND_VALUE => Err(StoreError::WrongType),
+            found => Ok(found),
+        }
     }
 
     /// The log address of the key's newest record when that record is on storage only (a
@@ -712,7 +764,7 @@ impl Store {
         // The value is in `scratch`; it is taken out while the record is rewritten (the
         // rewrite may compact, which does not use `scratch`) and put back after.
         let scratch = std::mem::take(&mut self.scratch);
-        let r = self.upsert(key, &scratch[f.hdr.value_range()], expire_ms);
+        let r = self.upsert_kind(f.hdr.kind, key, &scratch[f.hdr.value_range()], expire_ms);
         self.scratch = scratch;
         r.map(|()| true)
     }
@@ -723,7 +775,7 @@ impl Store {
         key: &[u8],
         f: impl FnOnce(Option<&[u8]>) -> R,
     ) -> StoreResult<R> {
-        match self.find(key)? {
+        match self.find_value(key)? {
             None => Ok(f(None)),
             Some(found) => Ok(f(Some(&self.scratch[found.hdr.value_range()]))),
         }
@@ -792,7 +844,11 @@ impl Store {
     ) -> StoreResult<bool> {
         self.check_sizes(key, value.len())?;
         let need_old = cond != SetCond::Always || old.is_some() || expiry == Expiry::Keep;
-        let found = if need_old { self.find(key)? } else { None };
+        let found = if need_old {
+            self.find_value(key)?
+        } else {
+            None
+        };
         if let Some(f) = old {
             f(found.as_ref().map(|x| &self.scratch[x.hdr.value_range()]));
         }
@@ -812,6 +868,18 @@ impl Store {
     /// Writes `value` as the key's newest version: in place when its record is in the
     /// mutable region and the size fits, else a new record at the tail.
     fn upsert(&mut self, key: &[u8], value: &[u8], expire_ms: u64) -> StoreResult<()> {
+        self.upsert_kind(KIND_VALUE, key, value, expire_ms)
+    }
+
+    /// [`Store::upsert`] of a record of `kind` (a string's value or a collection's metadata);
+    /// in place only over a record of the same kind.
+    fn upsert_kind(
+        &mut self,
+        kind: u8,
+        key: &[u8],
+        value: &[u8],
+        expire_ms: u64,
+    ) -> StoreResult<()> {
         let h = record::key_hash(key);
         if let Some(&e) = self.index.get(&h) {
             let a = e & ADDR;
@@ -819,6 +887,7 @@ impl Store {
                 let (f, o) = self.in_frame(a);
                 let old = record::decode_header(&self.frames[f][o..]).expect("record in memory");
                 if old.len() == record::record_len(key.len(), value.len())
+                    && old.kind == kind
                     && &self.frames[f][o + HEADER..o + HEADER + key.len()] == key
                 {
                     // The record keeps its sequence number: sequence numbers grow along the
@@ -827,7 +896,7 @@ impl Store {
                     let len = old.len();
                     record::encode(
                         &mut self.frames[f][o..o + len],
-                        KIND_VALUE,
+                        kind,
                         key,
                         value,
                         seq,
@@ -851,7 +920,7 @@ impl Store {
                 }
             }
         }
-        self.append(h, KIND_VALUE, key, value, expire_ms)
+        self.append(h, kind, key, value, expire_ms)
     }
 
     /// Appends a record and points the index at it.
@@ -878,6 +947,12 @@ impl Store {
         self.stats.appends += 1;
         self.dirty = true;
         self.undurable = true;
+        match crate::collection::decode_meta(value).filter(|_| kind == KIND_META) {
+            Some(meta) => self.colls.meta(h, meta),
+            None => {
+                self.colls.remove(h);
+            }
+        }
         let old = self.index.get(&h).copied();
         if let Some(e) = old {
             if (e & ADDR) < self.marked && self.cfg.offload {
@@ -937,7 +1012,7 @@ impl Store {
 
     /// GETDEL-style read then delete: `f` gets the old value.
     pub fn take_with(&mut self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>)) -> StoreResult<bool> {
-        match self.find(key)? {
+        match self.find_value(key)? {
             None => {
                 f(None);
                 Ok(false)
@@ -954,7 +1029,7 @@ impl Store {
     /// INCRBY: read-modify-write of a base-10 i64 (a missing key is 0); keeps the expiry.
     pub fn incr_by(&mut self, key: &[u8], by: i64) -> StoreResult<i64> {
         self.check_sizes(key, 20)?;
-        let (cur, expire) = match self.find(key)? {
+        let (cur, expire) = match self.find_value(key)? {
             None => (0i64, 0u64),
             Some(f) => {
                 let v = &self.scratch[f.hdr.value_range()];
@@ -980,7 +1055,7 @@ impl Store {
     /// empty buffer; when it answers [`Modify::Write`], the buffer becomes the key's value,
     /// keeping its expiry. The buffer is the store's own (reused: no allocation once grown).
     pub fn modify(&mut self, key: &[u8], f: Modifier<'_>) -> StoreResult<()> {
-        let found = self.find(key)?;
+        let found = self.find_value(key)?;
         let mut buf = std::mem::take(&mut self.wbuf);
         buf.clear();
         let cur = found.as_ref().map(|x| &self.scratch[x.hdr.value_range()]);
@@ -997,7 +1072,7 @@ impl Store {
 
     /// APPEND: returns the new length; keeps the expiry.
     pub fn append_value(&mut self, key: &[u8], data: &[u8]) -> StoreResult<usize> {
-        let (mut v, expire) = match self.find(key)? {
+        let (mut v, expire) = match self.find_value(key)? {
             None => (Vec::new(), 0),
             Some(f) => (self.scratch[f.hdr.value_range()].to_vec(), f.hdr.expire_ms),
         };
@@ -1009,7 +1084,7 @@ impl Store {
 
     /// Value length (0 when missing).
     pub fn strlen(&mut self, key: &[u8]) -> StoreResult<usize> {
-        Ok(self.find(key)?.map_or(0, |f| f.hdr.vlen as usize))
+        Ok(self.find_value(key)?.map_or(0, |f| f.hdr.vlen as usize))
     }
 
     /// FLUSHDB: drops every key. The DPU's cache forgets every key it may hold; a checkpoint
@@ -1028,6 +1103,7 @@ impl Store {
         // What is in flight lands first (the log's addresses start over past it).
         self.drain_io()?;
         self.index.clear();
+        self.colls = Default::default();
         self.order.clear();
         self.expires.clear();
         self.expire_sum = 0;
@@ -1078,6 +1154,7 @@ impl std::fmt::Debug for Store {
     }
 }
 
+mod colls;
 mod keys;
 pub use keys::SCAN_STORAGE_MAX;
 mod space;

@@ -240,7 +240,22 @@ impl Store {
         let mut moves: Vec<(usize, Header)> = Vec::new();
         for (o, h) in record::scan(page) {
             let a = start + o as u64;
-            let kh = record::key_hash(&page[o + HEADER..o + HEADER + h.klen as usize]);
+            let key = &page[o + HEADER..o + HEADER + h.klen as usize];
+            if h.kind == KIND_ELEMENT || h.kind == KIND_ELEMENT_TOMBSTONE {
+                // An element's record: live when its collection's element map points at it.
+                let Some(c) = collection::decode_composite(key) else {
+                    continue;
+                };
+                if self.colls.element_is_live(&c, a) {
+                    if h.kind == KIND_ELEMENT_TOMBSTONE {
+                        self.colls.drop_tombstone(&c, a);
+                    } else {
+                        moves.push((o, h));
+                    }
+                }
+                continue;
+            }
+            let kh = record::key_hash(key);
             if self.index.get(&kh).is_some_and(|&e| e & ADDR == a) {
                 if h.kind == KIND_TOMBSTONE {
                     // Every older record of the key is below it and gone: forget the key.
@@ -275,20 +290,26 @@ impl Store {
             let (f, fo) = self.in_frame(a);
             record::encode(
                 &mut self.frames[f][fo..fo + len as usize],
-                KIND_VALUE,
+                h.kind,
                 key,
                 &rec[h.value_range()],
                 self.seq,
                 h.expire_ms,
             );
+            self.stats.compaction_moves += 1;
+            self.dirty = true;
+            if h.kind == KIND_ELEMENT {
+                if let Some(c) = collection::decode_composite(key) {
+                    self.colls.moved(&c, start + o as u64, a);
+                }
+                continue;
+            }
             self.index_put(kh, value_entry(a, h.expire_ms), h.expire_ms);
             if self.cfg.offload {
                 // The DPU may hold the old copy; the new one is cached once it is written.
                 // Until then an update of the key must not leave the old copy cached.
                 self.invalidate.push(kh.0);
             }
-            self.stats.compaction_moves += 1;
-            self.dirty = true;
         }
         // A checkpoint may start recovery at the new `begin` once the moved records, below
         // the tail now, are durable.

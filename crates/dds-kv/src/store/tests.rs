@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use super::*;
 use dds_storage::OsStorage;
 
-fn small(durability: Durability) -> StoreConfig {
+pub(super) fn small(durability: Durability) -> StoreConfig {
     StoreConfig {
         page_size: 64 << 10,
         memory: 3 * (64 << 10),
@@ -21,7 +21,7 @@ fn small(durability: Durability) -> StoreConfig {
     }
 }
 
-fn open(dir: &std::path::Path, cfg: StoreConfig) -> Store {
+pub(super) fn open(dir: &std::path::Path, cfg: StoreConfig) -> Store {
     Store::open(Box::new(OsStorage::new(dir).unwrap()), cfg).unwrap()
 }
 
