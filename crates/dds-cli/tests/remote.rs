@@ -138,7 +138,15 @@ fn bench_remote_quick_reports_modes_a_b_and_c() {
             "offload_over_baseline_peak",
             "offload_dpu_cpu_over_baseline_host_cpu",
             "offload_p50_over_baseline_p50",
+            "offload_over_baseline_peak_memdev",
         ]
+    );
+    // The reads-only pass with the files on a RAM-backed directory (/dev/shm by default).
+    assert!(
+        summary["offload_over_baseline_peak_memdev"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0),
+        "{summary}"
     );
     for t in targets {
         for k in ["name", "goal", "op", "measured", "met"] {
