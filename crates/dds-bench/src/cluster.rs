@@ -9,7 +9,7 @@
 //! objects.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -99,31 +99,16 @@ impl Osds {
     /// `dds osd-store` of OSD `id` (placement dpu), once its socket exists.
     fn start_store(&mut self, id: u32, format: bool) -> Result<PathBuf> {
         let sock = self.dir.join(format!("osd{id}.store.sock"));
-        let _ = std::fs::remove_file(&sock);
-        let log = std::fs::File::create(self.dir.join(format!("osd{id}.store.log")))?;
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("osd-store")
-            .arg("--device")
-            .arg(self.dir.join(format!("osd{id}.img")))
-            .arg("--socket")
-            .arg(&sock)
-            .args(["--size", &self.device_size.to_string()])
-            .stdout(Stdio::null())
-            .stderr(log);
-        if format {
-            cmd.args(["--format", "--force"]);
-        }
-        let mut g = ChildGuard::new(cmd.spawn().context("start dds osd-store")?, "dds osd-store");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !sock.exists() {
-            if let Some(st) = g.try_wait()? {
-                bail!("dds osd-store of osd {id} exited ({st})");
-            }
-            if Instant::now() > deadline {
-                bail!("dds osd-store of osd {id}: no socket within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let g = crate::objects::spawn_store(
+            &self.exe,
+            None,
+            &self.dir.join(format!("osd{id}.img")),
+            &sock,
+            self.device_size,
+            format,
+            std::fs::File::create(self.dir.join(format!("osd{id}.store.log")))?,
+            &crate::objects::cgroup::CpuBudget::none(),
+        )?;
         let i = id as usize;
         if self.stores.len() <= i {
             self.stores.resize_with(i + 1, || None);

@@ -20,6 +20,7 @@
 pub mod ceph;
 pub mod cgroup;
 mod cluster;
+pub(crate) use cluster::spawn_store;
 pub mod dmapath;
 mod render;
 mod workload;

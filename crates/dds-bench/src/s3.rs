@@ -56,14 +56,27 @@ struct Run {
     errors: u64,
     /// CPU seconds of the gateway during the run.
     gateway_cpu_s: f64,
-    /// CPU seconds of every server process (gateway, OSDs, monitor) during the run.
+    /// CPU seconds of every host server process (gateway, OSDs or their stores, monitor)
+    /// during the run.
     server_cpu_s: f64,
+    /// CPU seconds of the OSD front ends on the emulated DPU during the run (placement dpu).
+    dpu_cpu_s: f64,
 }
 
 impl Run {
-    /// Server CPU milliseconds per MB moved.
+    /// MB moved by the run's `size`-byte requests.
+    fn mb(&self, size: usize) -> f64 {
+        (self.ops * size as u64) as f64 / 1e6
+    }
+
+    /// `cpu_s` CPU seconds as milliseconds per MB moved.
+    fn ms_per_mb(&self, cpu_s: f64, size: usize) -> f64 {
+        cpu_s * 1e3 / self.mb(size)
+    }
+
+    /// Host server CPU milliseconds per MB moved.
     fn server_ms_per_mb(&self, size: usize) -> f64 {
-        self.server_cpu_s * 1e3 / ((self.ops * size as u64) as f64 / 1e6)
+        self.ms_per_mb(self.server_cpu_s, size)
     }
 }
 
@@ -96,6 +109,7 @@ struct Server<'a> {
     bucket: &'a Bucket,
     gateway_cpu: &'a dyn Fn() -> f64,
     server_cpu: &'a dyn Fn() -> f64,
+    dpu_cpu: &'a dyn Fn() -> f64,
 }
 
 /// `dds s3` on the cluster in etcd at `url` (cluster `cluster`), pool `pool` (by name).
@@ -142,7 +156,7 @@ fn run(
     let creds = Credentials::new(ACCESS, SECRET);
     let stop = Arc::new(AtomicBool::new(false));
     let (ops, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let (gw0, srv0) = ((srv.gateway_cpu)(), (srv.server_cpu)());
+    let (gw0, srv0, dpu0) = ((srv.gateway_cpu)(), (srv.server_cpu)(), (srv.dpu_cpu)());
     let t0 = Instant::now();
     let threads: Vec<_> = (0..CLIENTS)
         .map(|t| {
@@ -208,6 +222,7 @@ fn run(
         errors: errors.load(Ordering::Relaxed),
         gateway_cpu_s: (srv.gateway_cpu)() - gw0,
         server_cpu_s: (srv.server_cpu)() - srv0,
+        dpu_cpu_s: (srv.dpu_cpu)() - dpu0,
     })
 }
 
@@ -258,6 +273,7 @@ pub fn throughput(
         bucket: &bucket,
         gateway_cpu: &gateway_cpu,
         server_cpu: &server_cpu,
+        dpu_cpu: &dpu_cpu,
     };
     let mut summary = serde_json::Map::new();
     let mut table = Table::new(
@@ -277,9 +293,8 @@ pub fn throughput(
     let mut dds = Vec::new();
     for (size, label, op) in CASES {
         let native = run(Via::Native, op, size, secs, Some((cl, pool)), &srv)?;
-        let dpu0 = dpu_cpu();
         let s3 = run(Via::S3, op, size, secs, None, &srv)?;
-        let dpu_ms_per_mb = (dpu_cpu() - dpu0) * 1e3 / ((s3.ops * size as u64) as f64 / 1e6);
+        let dpu_ms_per_mb = s3.ms_per_mb(s3.dpu_cpu_s, size);
         let what = op_name(op);
         eprintln!(
             "cluster: s3 {label} {what}: native {:.1} MB/s ({} ops, {} errors), \
@@ -294,8 +309,7 @@ pub fn throughput(
             );
         }
         let ratio = s3.mbs / native.mbs;
-        let gb = (s3.ops * size as u64) as f64 / 1e9;
-        let cpu_per_gb = s3.gateway_cpu_s / gb;
+        let cpu_per_gb = s3.gateway_cpu_s / (s3.mb(size) / 1e3);
         summary.insert(format!("s3_{label}_{what}_mbs"), json!(s3.mbs));
         summary.insert(format!("native_{label}_{what}_mbs"), json!(native.mbs));
         summary.insert(format!("s3_over_native_{label}_{what}_mbs"), json!(ratio));
@@ -416,6 +430,7 @@ pub fn against_rgw(r: &mut S3Result, o: &RgwOpts) -> Result<()> {
             bucket: &bucket,
             gateway_cpu: &rgw_cpu,
             server_cpu: &all_cpu,
+            dpu_cpu: &|| 0.0,
         };
         let mut runs = Vec::new();
         for (size, label, op) in CASES {
@@ -467,7 +482,7 @@ pub fn against_rgw(r: &mut S3Result, o: &RgwOpts) -> Result<()> {
         );
         m.insert(
             format!("rgw_gateway_cpu_ms_per_mb_{label}_{what}"),
-            json!(g.gateway_cpu_s * 1e3 / ((g.ops * *size as u64) as f64 / 1e6)),
+            json!(g.ms_per_mb(g.gateway_cpu_s, *size)),
         );
         if *size == 4 << 20 && *op == Op::Write {
             headline = (ratio, dc / gc);

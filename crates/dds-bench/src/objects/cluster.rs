@@ -85,29 +85,33 @@ fn wait_socket(p: &Path, child: &mut ChildGuard, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Starts a `dds osd-store` on a fresh device file, in `budget` and on `host_cpus`, and waits
-/// for its socket.
-pub(super) fn spawn_store(
+/// Starts a `dds osd-store` on its device file (formatted first with `format`: a fresh
+/// store), in `budget` and on `host_cpus`, and waits for its socket.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn spawn_store(
     exe: &Path,
     host_cpus: Option<&[usize]>,
     dev: &Path,
     sock: &Path,
     device_size: u64,
+    format: bool,
     log: std::fs::File,
     budget: &CpuBudget,
 ) -> Result<ChildGuard> {
     let _ = std::fs::remove_file(sock);
-    let child = taskset(exe, host_cpus)
-        .arg("osd-store")
+    let mut cmd = taskset(exe, host_cpus);
+    cmd.arg("osd-store")
         .arg("--device")
         .arg(dev)
         .arg("--socket")
         .arg(sock)
-        .args(["--format", "--force", "--size", &device_size.to_string()])
+        .args(["--size", &device_size.to_string()])
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("start dds osd-store")?;
+        .stderr(log);
+    if format {
+        cmd.args(["--format", "--force"]);
+    }
+    let child = cmd.spawn().context("start dds osd-store")?;
     let mut g = ChildGuard::new(child, "dds osd-store");
     budget
         .add(g.pid())
@@ -158,6 +162,7 @@ pub(super) fn start_cluster(name: &str, o: &StartOpts) -> Result<Cluster> {
                 &dev,
                 &sock,
                 o.device_size,
+                true,
                 log("store")?,
                 &host_budget,
             )?);

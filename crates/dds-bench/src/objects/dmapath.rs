@@ -67,6 +67,7 @@ pub(super) fn measure(o: &DmaPathOpts) -> Result<DmaPathPoint> {
         &dir.join("store.img"),
         &sock,
         1 << 30,
+        true,
         std::fs::File::create(dir.join("store.log"))?,
         &budget,
     )?;
