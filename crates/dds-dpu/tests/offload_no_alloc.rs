@@ -11,7 +11,9 @@ use common::*;
 use dds_apps::offload::pagestore::MessageBuilder;
 use dds_apps::offload::PagestoreApp;
 use dds_offload_api::OffloadApp;
-use dds_testkit::alloc::{allocations, allocations_in, count_this_thread, CountingAlloc};
+use dds_testkit::alloc::{
+    allocations, allocations_in, count_this_thread, measure_alone, CountingAlloc,
+};
 
 #[global_allocator]
 static A: CountingAlloc = CountingAlloc;
@@ -33,6 +35,7 @@ fn traffic(c: &mut std::net::TcpStream, file: u32, rounds: u64) {
 
 #[test]
 fn director_data_path_does_not_allocate() {
+    let _alone = measure_alone();
     for copy_mode in [false, true] {
         let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::default());
         let dpu = Dpu::start(app.clone(), 1);
@@ -66,6 +69,7 @@ fn nbd_sessions_do_not_allocate_per_request() {
     use dds_nbd::proto::{self, Request};
     use std::io::Read;
     use std::sync::atomic::AtomicBool;
+    let _alone = measure_alone();
 
     let app: Arc<dyn OffloadApp> = Arc::new(dds_nbd::NbdApp::new());
     let dpu = Dpu::start(app.clone(), 1);

@@ -29,9 +29,6 @@ fn run(s: &mut TcpStream, window: &[u8], reply_bytes: usize, rounds: usize) {
     }
 }
 
-/// One measurement at a time (the watched thread is global).
-static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// A number of the front end's `INFO`.
 fn info(s: &mut TcpStream, field: &str) -> u64 {
     s.write_all(&resp(&[b"INFO"])).unwrap();
@@ -51,7 +48,8 @@ fn info(s: &mut TcpStream, field: &str) -> u64 {
 }
 
 fn steady_state_allocates_nothing(design: Design, front_thread: &str) {
-    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    // One measurement at a time (the watched thread is global).
+    let _one = dds_testkit::alloc::measure_alone();
     let d = deploy(design, 16 << 10, 1024);
     let mut s = TcpStream::connect(d.addr).unwrap();
     s.set_nodelay(true).unwrap();

@@ -24,7 +24,7 @@
 //!
 //! [`allocations`] is the number counted so far, process-wide; [`allocations_in`] the number
 //! counted while a closure ran. The counters are global: a binary whose tests measure
-//! different threads runs its measurements one at a time.
+//! different threads runs its measurements one at a time, each holding [`measure_alone`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -155,6 +155,15 @@ pub fn count_thread_id(tid: i32) {
 /// call [`exempt_this_thread`].
 pub fn count_all_threads(on: bool) {
     ALL.store(on, Ordering::SeqCst);
+}
+
+/// Serializes the measurements of one test binary: the counters and the selections are
+/// process-wide, and the test harness runs a binary's tests on parallel threads, so a test
+/// that counts holds this guard from its first selection to its last measurement. Another
+/// test's threads (set up while this one measures) would otherwise count here.
+pub fn measure_alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Allocations counted so far in this process.
