@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{format_device, free_port, offloaded, start_dpu, Guard};
-use dds_testkit::resp::command as cmd;
+use dds_testkit::resp::{bulks, command as cmd};
 
 /// `dds kv ARGS --listen 127.0.0.1:0`; returns the process and its address.
 fn start_kv(args: &[&str]) -> (Guard, SocketAddr) {
@@ -34,7 +34,7 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
 /// Reads one reply (as framed by the codec) from a blocking stream.
 fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
     loop {
-        if let Some(n) = dds_resp_frame(buf) {
+        if let Some(n) = dds_resp::frame_reply(buf, 1 << 20, 1 << 30).expect("a RESP reply") {
             return buf.drain(..n).collect();
         }
         let mut chunk = [0u8; 65536];
@@ -45,22 +45,6 @@ fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<u8> {
             String::from_utf8_lossy(buf)
         );
         buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// Minimal reply framer for the tests (simple, error, integer, bulk replies).
-fn dds_resp_frame(b: &[u8]) -> Option<usize> {
-    let nl = b.windows(2).position(|w| w == b"\r\n")?;
-    match b[0] {
-        b'$' => {
-            let n: i64 = std::str::from_utf8(&b[1..nl]).ok()?.parse().ok()?;
-            if n < 0 {
-                return Some(nl + 2);
-            }
-            let end = nl + 2 + n as usize + 2;
-            (b.len() >= end).then_some(end)
-        }
-        _ => Some(nl + 2),
     }
 }
 
@@ -482,11 +466,13 @@ fn survive_kill_9(log_size: &str) -> u64 {
         "fsync",
     ];
     let mut expect: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    let mut colls = Collections::default();
     let mut compactions = 0;
     for life in 0..3u32 {
         let (mut kv, addr) = start_kv(&args);
         let mut s = TcpStream::connect(addr).unwrap();
         let mut b = Vec::new();
+        colls.check(&mut s, &mut b, &format!("life {life}"));
         for (k, v) in &expect {
             s.write_all(&cmd(&[b"GET", format!("{k}").as_bytes()]))
                 .unwrap();
@@ -500,7 +486,7 @@ fn survive_kill_9(log_size: &str) -> u64 {
         wait_dbsize(
             &mut s,
             &mut b,
-            expect.len(),
+            expect.len() + colls.keys(),
             &format!("life {life}, recovered"),
         );
         for l in 0..life {
@@ -537,10 +523,11 @@ fn survive_kill_9(log_size: &str) -> u64 {
         for _ in 0..202 {
             assert_eq!(read_reply(&mut s, &mut b), b"+OK\r\n");
         }
+        colls.write(&mut s, &mut b, life);
         wait_dbsize(
             &mut s,
             &mut b,
-            expect.len(),
+            expect.len() + colls.keys(),
             &format!("life {life}, expired"),
         );
         s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
@@ -555,6 +542,120 @@ fn survive_kill_9(log_size: &str) -> u64 {
         kv.0.wait().unwrap();
     }
     compactions
+}
+
+/// The hashes and sets a kill -9 test writes, as acknowledged: fields and members are
+/// written and removed (a collection whose last element goes is deleted), a whole hash is
+/// deleted and renamed now and then.
+#[derive(Default)]
+struct Collections {
+    hashes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    sets: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
+impl Collections {
+    /// Live collection keys.
+    fn keys(&self) -> usize {
+        self.hashes.values().filter(|h| !h.is_empty()).count()
+            + self.sets.values().filter(|m| !m.is_empty()).count()
+    }
+
+    /// Pipelined element writes and removals on 6 hashes and 6 sets, each reply checked
+    /// against the model before the model takes the change.
+    fn write(&mut self, s: &mut TcpStream, b: &mut Vec<u8>, life: u32) {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(life);
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut batch = Vec::new();
+        let mut want: Vec<Vec<u8>> = Vec::new();
+        for i in 0..2500u32 {
+            let (h, f) = (format!("hash{}", next(6)), format!("f{}", next(150)));
+            let (st, m) = (format!("set{}", next(6)), format!("{}", next(150)));
+            match next(10) {
+                0..=3 => {
+                    let v = format!("{life}:{i}:{}", "h".repeat(next(400) as usize));
+                    batch.extend(cmd(&[b"HSET", h.as_bytes(), f.as_bytes(), v.as_bytes()]));
+                    let new = self.hashes.entry(h).or_default().insert(f, v).is_none();
+                    want.push(format!(":{}\r\n", u8::from(new)).into_bytes());
+                }
+                4 => {
+                    batch.extend(cmd(&[b"HDEL", h.as_bytes(), f.as_bytes()]));
+                    let gone = self.hashes.entry(h).or_default().remove(&f).is_some();
+                    want.push(format!(":{}\r\n", u8::from(gone)).into_bytes());
+                }
+                5..=7 => {
+                    batch.extend(cmd(&[b"SADD", st.as_bytes(), m.as_bytes()]));
+                    let new = self.sets.entry(st).or_default().insert(m);
+                    want.push(format!(":{}\r\n", u8::from(new)).into_bytes());
+                }
+                8 => {
+                    batch.extend(cmd(&[b"SREM", st.as_bytes(), m.as_bytes()]));
+                    let gone = self.sets.entry(st).or_default().remove(&m);
+                    want.push(format!(":{}\r\n", u8::from(gone)).into_bytes());
+                }
+                _ if i % 500 == 9 => {
+                    batch.extend(cmd(&[b"DEL", h.as_bytes()]));
+                    let had = self.hashes.remove(&h).is_some_and(|m| !m.is_empty());
+                    want.push(format!(":{}\r\n", u8::from(had)).into_bytes());
+                }
+                _ => {
+                    // A hash moves whole to another name (replacing what was there).
+                    let to = format!("hash{}", next(6));
+                    batch.extend(cmd(&[b"RENAME", h.as_bytes(), to.as_bytes()]));
+                    match self.hashes.remove(&h).filter(|m| !m.is_empty()) {
+                        Some(m) => {
+                            self.hashes.insert(to, m);
+                            want.push(b"+OK\r\n".to_vec());
+                        }
+                        None => want.push(b"-ERR no such key\r\n".to_vec()),
+                    }
+                }
+            }
+        }
+        s.write_all(&batch).unwrap();
+        for (i, w) in want.iter().enumerate() {
+            let got = read_reply(s, b);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(w),
+                "life {life}, collection command {i}"
+            );
+        }
+    }
+
+    /// Every hash and set reads back whole as the model has it.
+    fn check(&self, s: &mut TcpStream, b: &mut Vec<u8>, what: &str) {
+        for (k, m) in &self.hashes {
+            s.write_all(&cmd(&[b"HGETALL", k.as_bytes()])).unwrap();
+            let got = bulks(&read_reply(s, b)).expect("HGETALL's pairs");
+            let got: std::collections::BTreeMap<String, String> = got
+                .chunks(2)
+                .map(|p| {
+                    (
+                        String::from_utf8(p[0].clone()).unwrap(),
+                        String::from_utf8(p[1].clone()).unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(&got, m, "{what}: hash {k}");
+        }
+        for (k, m) in &self.sets {
+            s.write_all(&cmd(&[b"SMEMBERS", k.as_bytes()])).unwrap();
+            let got = bulks(&read_reply(s, b)).expect("SMEMBERS' members");
+            let got: std::collections::BTreeSet<String> = got
+                .into_iter()
+                .map(|m| String::from_utf8(m).unwrap())
+                .collect();
+            assert_eq!(&got, m, "{what}: set {k}");
+            s.write_all(&cmd(&[b"SCARD", k.as_bytes()])).unwrap();
+            let want = format!(":{}\r\n", m.len());
+            assert_eq!(read_reply(s, b), want.as_bytes(), "{what}: SCARD {k}");
+        }
+    }
 }
 
 /// Sends `sig` (`STOP`, `CONT`) to a process.

@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{offloaded, start_kv, Guard};
-use dds_testkit::resp::command_of as multibulk;
+use dds_testkit::resp::{bulks, command_of as multibulk};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -204,6 +204,8 @@ struct Gen {
     rng: SmallRng,
     keys: Vec<Vec<u8>>,
     step: u64,
+    /// Hash and set commands too (servers with collections only).
+    collections: bool,
 }
 
 impl Gen {
@@ -217,6 +219,7 @@ impl Gen {
             rng: SmallRng::seed_from_u64(seed),
             keys,
             step: 0,
+            collections: false,
         }
     }
 
@@ -265,7 +268,10 @@ impl Gen {
     fn command(&mut self) -> Vec<Vec<u8>> {
         self.step += 1;
         let w = |s: &str| s.as_bytes().to_vec();
-        let mut c: Vec<Vec<u8>> = match self.rng.gen_range(0..44) {
+        if self.collections && self.rng.gen_bool(0.5) {
+            return self.collection_command();
+        }
+        let c: Vec<Vec<u8>> = match self.rng.gen_range(0..44) {
             0..=4 => vec![w("GET"), self.key()],
             5..=7 => {
                 let mut c = vec![w("SET"), self.key(), self.value()];
@@ -364,15 +370,20 @@ impl Gen {
             ],
             _ => vec![w("EXISTS"), self.key()],
         };
-        // Wrong arity now and then: an argument missing or one too many.
+        let spare = self.value();
+        self.vary(c, spare, true)
+    }
+
+    /// Wrong arity now and then (with `arity`): an argument missing or one too many
+    /// (`spare`); command names in any case.
+    fn vary(&mut self, mut c: Vec<Vec<u8>>, spare: Vec<u8>, arity: bool) -> Vec<Vec<u8>> {
         match self.rng.gen_range(0..20) {
-            0 if c.len() > 1 => {
+            0 if arity && c.len() > 1 => {
                 c.pop();
             }
-            1 => c.push(self.value()),
+            1 if arity => c.push(spare),
             _ => {}
         }
-        // Command names in any case.
         if self.rng.gen_bool(0.3) {
             c[0] = c[0].to_ascii_lowercase();
         }
@@ -402,7 +413,14 @@ impl Gen {
             "1.5",
             "",
         ];
-        INTS[self.rng.gen_range(0..INTS.len())].as_bytes().to_vec()
+        self.pick(INTS)
+    }
+
+    /// One of `words`.
+    fn pick(&mut self, words: &[&str]) -> Vec<u8> {
+        words[self.rng.gen_range(0..words.len())]
+            .as_bytes()
+            .to_vec()
     }
 
     /// A bit offset: within every server's largest value, at Redis's 512 MiB limit, negative
@@ -578,6 +596,180 @@ impl Gen {
             .to_vec()
     }
 
+    /// A hash field or set member: a few names (numbers too, so that sets of integers
+    /// occur), the empty one, binary.
+    fn sub(&mut self) -> Vec<u8> {
+        match self.rng.gen_range(0..12) {
+            0 => Vec::new(),
+            1 => b"f\x00\xff\r\n".to_vec(),
+            2..=5 => self.rng.gen_range(-3..12).to_string().into_bytes(),
+            _ => format!("f{}", self.rng.gen_range(0..8)).into_bytes(),
+        }
+    }
+
+    /// A key of few names, so that collections grow and meet: one of the three keys of
+    /// hashes (`set`: of sets) among the six collection keys at the end, or any key.
+    fn ckey(&mut self, set: bool) -> Vec<u8> {
+        if self.rng.gen_bool(0.15) {
+            return self.key();
+        }
+        let i = self.rng.gen_range(0..3) + if set { 3 } else { 0 };
+        self.keys[self.keys.len() - 6 + i].clone()
+    }
+
+    /// A count argument of HRANDFIELD, SRANDMEMBER, SPOP.
+    fn count(&mut self) -> Vec<u8> {
+        self.pick(&[
+            "0",
+            "1",
+            "3",
+            "100",
+            "-1",
+            "-5",
+            "x",
+            "-9223372036854775808",
+            "9223372036854775807",
+        ])
+    }
+
+    /// The hash and set families with their options, wrong arguments and edge values.
+    /// Random picks that change what is stored (SPOP of some members) are not sent: the
+    /// servers would pick differently. SPOP takes every member (a count of 100 is more than
+    /// any set here holds) or none.
+    fn collection_command(&mut self) -> Vec<Vec<u8>> {
+        let w = |s: &str| s.as_bytes().to_vec();
+        let n = self.rng.gen_range(0..34);
+        // Hash commands come first in the list below, set commands from 16 on.
+        let set = n >= 16 || ((14..=15).contains(&n) && self.rng.gen());
+        let key = self.ckey(set);
+        let c = match n {
+            0..=3 => {
+                let mut c = vec![w(["HSET", "HMSET"][self.rng.gen_range(0..2)]), key];
+                for _ in 0..self.rng.gen_range(1..4) {
+                    c.push(self.sub());
+                    c.push(self.value());
+                }
+                c
+            }
+            4 => vec![w("HSETNX"), key, self.sub(), self.value()],
+            5 | 6 => vec![w("HGET"), key, self.sub()],
+            7 => {
+                let mut c = vec![w("HMGET"), key];
+                c.extend((0..self.rng.gen_range(1..5)).map(|_| self.sub()));
+                c
+            }
+            8 => {
+                let mut c = vec![w("HDEL"), key];
+                c.extend((0..self.rng.gen_range(1..4)).map(|_| self.sub()));
+                c
+            }
+            9 => vec![
+                w(["HLEN", "HGETALL", "HKEYS", "HVALS"][self.rng.gen_range(0..4)]),
+                key,
+            ],
+            10 => vec![
+                w(["HEXISTS", "HSTRLEN"][self.rng.gen_range(0..2)]),
+                key,
+                self.sub(),
+            ],
+            11 => vec![w("HINCRBY"), key, self.sub(), self.int_arg()],
+            12 => {
+                const FLOATS: &[&str] = &["1.5", "-0.25", "1e3", "3", "inf", "-inf", "x", "0x10"];
+                let by = w(FLOATS[self.rng.gen_range(0..FLOATS.len())]);
+                vec![w("HINCRBYFLOAT"), key, self.sub(), by]
+            }
+            13 => {
+                let mut c = vec![w("HRANDFIELD"), key];
+                if self.rng.gen_bool(0.7) {
+                    c.push(self.count());
+                    if self.rng.gen_bool(0.5) {
+                        c.push(w(
+                            ["WITHVALUES", "withvalues", "bogus"][self.rng.gen_range(0..3)]
+                        ));
+                    }
+                }
+                c
+            }
+            14 | 15 => {
+                let name = if set { "SSCAN" } else { "HSCAN" };
+                let cursor = ["0", "x", "-1"][self.rng.gen_range(0..3)];
+                let mut c = vec![w(name), key, w(cursor)];
+                match self.rng.gen_range(0..5) {
+                    0 => c.extend([w("MATCH"), self.pattern()]),
+                    1 => c.extend([w("COUNT"), w(["1", "0", "x"][self.rng.gen_range(0..3)])]),
+                    2 => c.extend([w("TYPE"), w("string")]),
+                    3 => c.push(w("bogus")),
+                    _ => {}
+                }
+                c
+            }
+            16..=19 => {
+                let mut c = vec![w(["SADD", "SREM"][self.rng.gen_range(0..2)]), key];
+                c.extend((0..self.rng.gen_range(1..5)).map(|_| self.sub()));
+                c
+            }
+            20 => vec![w("SISMEMBER"), key, self.sub()],
+            21 => {
+                let mut c = vec![w("SMISMEMBER"), key];
+                c.extend((0..self.rng.gen_range(1..4)).map(|_| self.sub()));
+                c
+            }
+            22 => vec![w(["SCARD", "SMEMBERS"][self.rng.gen_range(0..2)]), key],
+            23 | 24 => {
+                let names = [
+                    "SINTER",
+                    "SUNION",
+                    "SDIFF",
+                    "SINTERSTORE",
+                    "SUNIONSTORE",
+                    "SDIFFSTORE",
+                ];
+                let mut c = vec![w(names[self.rng.gen_range(0..names.len())]), key];
+                c.extend((0..self.rng.gen_range(1..4)).map(|_| self.ckey(true)));
+                c
+            }
+            25 => {
+                let n = self.rng.gen_range(1..4);
+                let numkeys = [n.to_string(), "0".into(), "9".into(), "x".into()]
+                    [self.rng.gen_range(0..4)]
+                .clone();
+                let mut c = vec![w("SINTERCARD"), w(&numkeys), key];
+                c.extend((1..n).map(|_| self.ckey(true)));
+                match self.rng.gen_range(0..4) {
+                    0 => c.extend([
+                        w("LIMIT"),
+                        w(["0", "1", "-1", "x"][self.rng.gen_range(0..4)]),
+                    ]),
+                    1 => c.push(w("LIMIT")),
+                    _ => {}
+                }
+                c
+            }
+            26 => vec![w("SMOVE"), key, self.ckey(true), self.sub()],
+            27 => vec![
+                w("SPOP"),
+                key,
+                w(["100", "0", "-1", "x"][self.rng.gen_range(0..4)]),
+            ],
+            28 => {
+                let mut c = vec![w("SRANDMEMBER"), key];
+                if self.rng.gen_bool(0.7) {
+                    c.push(self.count());
+                }
+                c
+            }
+            29 => vec![w("TYPE"), key],
+            30 => self.keyspace_command(),
+            31 => vec![w(["DEL", "EXISTS", "TTL"][self.rng.gen_range(0..3)]), key],
+            32 => vec![w("EXPIRE"), key, w("100000")],
+            _ => vec![w("GET"), key],
+        };
+        // Not SPOP's arity: without a count it pops one random member.
+        let spare = self.sub();
+        let arity = !c[0].eq_ignore_ascii_case(b"spop");
+        self.vary(c, spare, arity)
+    }
+
     /// KEYS, SCAN with every option (valid and not), RANDOMKEY.
     fn listing_command(&mut self) -> Vec<Vec<u8>> {
         let w = |s: &str| s.as_bytes().to_vec();
@@ -745,6 +937,26 @@ fn same(cmd: &[Vec<u8>], want: &[u8], got: &[u8]) -> bool {
         b"SCAN" if want.starts_with(b"*2\r\n") => return got.starts_with(b"*2\r\n"),
         // Another key: a key on both or on neither.
         b"RANDOMKEY" => return want.starts_with(b"$-1") == got.starts_with(b"$-1"),
+        // A collection's elements in another order (the hash order of each server).
+        b"HKEYS" | b"HVALS" | b"SMEMBERS" | b"SINTER" | b"SUNION" | b"SDIFF" | b"SPOP"
+            if want.starts_with(b"*") =>
+        {
+            return sorted_bulks(want) == sorted_bulks(got);
+        }
+        b"HGETALL" if want.starts_with(b"*") => return sorted_pairs(want) == sorted_pairs(got),
+        // Another step of the walk: Redis answers a small collection in one step (errors
+        // are the same).
+        b"HSCAN" | b"SSCAN" if want.starts_with(b"*2\r\n") => return got.starts_with(b"*2\r\n"),
+        // Other random elements: as many, or a null on both.
+        b"HRANDFIELD" | b"SRANDMEMBER" => {
+            return match (want.first(), got.first()) {
+                (Some(b'*'), Some(b'*')) => {
+                    bulks(want).map(|v| v.len()) == bulks(got).map(|v| v.len())
+                }
+                (Some(b'$'), Some(b'$')) => want.starts_with(b"$-1") == got.starts_with(b"$-1"),
+                _ => false,
+            };
+        }
         _ => {}
     }
     if name == b"INFO" && want.starts_with(b"$") && got.starts_with(b"$") {
@@ -766,34 +978,17 @@ fn same(cmd: &[Vec<u8>], want: &[u8], got: &[u8]) -> bool {
     matches!((int_reply(want), int_reply(got)), (Some(a), Some(b)) if a >= 0 && b >= 0 && (a - b).abs() <= slack)
 }
 
-/// The bulk strings of an array reply, sorted (None when it is not an array of bulks).
-fn sorted_bulks(r: &[u8]) -> Option<Vec<Vec<u8>>> {
-    let mut v = bulks(r)?;
+/// The field-value pairs of an HGETALL reply, sorted.
+fn sorted_pairs(r: &[u8]) -> Option<Vec<Vec<Vec<u8>>>> {
+    let mut v: Vec<Vec<Vec<u8>>> = bulks(r)?.chunks(2).map(<[Vec<u8>]>::to_vec).collect();
     v.sort();
     Some(v)
 }
 
-/// The bulk strings of an array reply, in order.
-fn bulks(r: &[u8]) -> Option<Vec<Vec<u8>>> {
-    let line = |at: usize| -> Option<(i64, usize)> {
-        let e = at + r[at..].windows(2).position(|w| w == b"\r\n")?;
-        let n = std::str::from_utf8(&r[at + 1..e]).ok()?.parse().ok()?;
-        Some((n, e + 2))
-    };
-    if r.first() != Some(&b'*') {
-        return None;
-    }
-    let (n, mut at) = line(0)?;
-    let mut v = Vec::new();
-    for _ in 0..n {
-        if r.get(at) != Some(&b'$') {
-            return None;
-        }
-        let (len, start) = line(at)?;
-        let end = start + usize::try_from(len).ok()?;
-        v.push(r.get(start..end)?.to_vec());
-        at = end + 2;
-    }
+/// The bulk strings of an array reply, sorted (None when it is not an array of bulks).
+fn sorted_bulks(r: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut v = bulks(r)?;
+    v.sort();
     Some(v)
 }
 
@@ -832,6 +1027,7 @@ fn walks_agree(targets: &mut [Target]) {
         &["MATCH", "k[0-9]", "COUNT", "1000"],
         &["TYPE", "string", "MATCH", "*1*"],
         &["TYPE", "hash"],
+        &["TYPE", "set", "COUNT", "2"],
     ];
     for opts in cases {
         let walks: Vec<Vec<Vec<u8>>> = targets.iter_mut().map(|t| scan_walk(t, opts)).collect();
@@ -869,9 +1065,15 @@ fn show(b: &[u8]) -> String {
 }
 
 /// Runs `steps` random commands (one at a time, and in pipelined batches) on every target;
-/// the first target's replies are the reference.
-fn run_sequence(targets: &mut [Target], seed: u64, steps: usize) {
+/// the first target's replies are the reference. Returns how many hash and set commands
+/// were answered with something other than an error (what the sequence exercised).
+fn run_sequence(targets: &mut [Target], seed: u64, steps: usize, collections: bool) -> usize {
     let mut g = Gen::new(seed);
+    let mut answered = 0;
+    if collections {
+        g.collections = true;
+        g.keys.extend((0..6).map(|i| format!("c{i}").into_bytes()));
+    }
     let mut done = 0;
     while done < steps {
         let batch = if g.rng.gen_bool(0.2) {
@@ -940,8 +1142,56 @@ fn run_sequence(targets: &mut [Target], seed: u64, steps: usize) {
                 );
             }
         }
+        answered += cmds
+            .iter()
+            .zip(&replies[0])
+            .filter(|(c, r)| is_collection_command(&c[0]) && !r.starts_with(b"-"))
+            .count();
         done += cmds.len();
     }
+    answered
+}
+
+/// Whether `name` is a hash or set command.
+fn is_collection_command(name: &[u8]) -> bool {
+    const NAMES: &[&str] = &[
+        "HSET",
+        "HMSET",
+        "HSETNX",
+        "HGET",
+        "HMGET",
+        "HDEL",
+        "HLEN",
+        "HGETALL",
+        "HKEYS",
+        "HVALS",
+        "HEXISTS",
+        "HSTRLEN",
+        "HINCRBY",
+        "HINCRBYFLOAT",
+        "HRANDFIELD",
+        "HSCAN",
+        "SSCAN",
+        "SADD",
+        "SREM",
+        "SISMEMBER",
+        "SMISMEMBER",
+        "SCARD",
+        "SMEMBERS",
+        "SINTER",
+        "SUNION",
+        "SDIFF",
+        "SINTERSTORE",
+        "SUNIONSTORE",
+        "SDIFFSTORE",
+        "SINTERCARD",
+        "SMOVE",
+        "SPOP",
+        "SRANDMEMBER",
+    ];
+    NAMES
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
 }
 
 /// Keys that expire while nobody looks: gone for every server once their time has passed.
@@ -1045,8 +1295,27 @@ fn dds_kv_answers_as_redis_server_does() {
     let before = offloaded(&sv.socket);
     set_active_expire(&mut targets, false);
     for round in 0..4 {
-        run_sequence(&mut targets, seed.wrapping_add(round), 1500);
+        run_sequence(&mut targets, seed.wrapping_add(round), 1500, false);
         walks_agree(&mut targets);
+    }
+    // Hashes and sets among the strings, on the servers that have them (the memory engine
+    // answers their commands with an error: docs/kv-service.md, §7).
+    let mem = targets.remove(2);
+    let mut answered = 0;
+    for round in 0..3 {
+        answered += run_sequence(&mut targets, seed.wrapping_add(100 + round), 2000, true);
+        walks_agree(&mut targets);
+    }
+    assert!(
+        answered > 500,
+        "only {answered} hash and set commands were answered without an error"
+    );
+    targets.insert(2, mem);
+    for t in targets.iter_mut() {
+        t.conn
+            .write_all(&multibulk(&[b"FLUSHALL".to_vec()]))
+            .unwrap();
+        assert_eq!(t.reply(), b"+OK\r\n", "{}", t.name);
     }
     expiry_passes(&mut targets);
     let served = offloaded(&sv.socket) - before;

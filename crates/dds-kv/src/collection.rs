@@ -44,6 +44,18 @@ impl CollType {
         }
     }
 
+    /// The type TYPE names `name`; `None` for `string`, `none` or an unknown name.
+    pub fn from_name(name: &str) -> Option<CollType> {
+        [
+            CollType::Hash,
+            CollType::Set,
+            CollType::ZSet,
+            CollType::List,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+    }
+
     /// The name TYPE answers.
     pub fn name(self) -> &'static str {
         match self {

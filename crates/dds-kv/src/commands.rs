@@ -8,11 +8,14 @@ use dds_resp::Reply;
 pub use dds_resp::session::Session;
 
 use crate::cmdstats::CommandStats;
+use crate::collection::CollType;
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::hashes;
 use crate::introspect;
 use crate::keyspace;
 use crate::offload::MAX_WRITE_KEYS;
+use crate::sets;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
 use crate::strings;
 
@@ -141,6 +144,39 @@ const TABLE: &[(&str, i32)] = &[
     ("time", 1),
     ("memory", -2),
     ("object", -2),
+    ("hset", -4),
+    ("hmset", -4),
+    ("hsetnx", 4),
+    ("hget", 3),
+    ("hmget", -3),
+    ("hdel", -3),
+    ("hlen", 2),
+    ("hexists", 3),
+    ("hstrlen", 3),
+    ("hgetall", 2),
+    ("hkeys", 2),
+    ("hvals", 2),
+    ("hscan", -3),
+    ("hincrby", 4),
+    ("hincrbyfloat", 4),
+    ("hrandfield", -2),
+    ("sadd", -3),
+    ("srem", -3),
+    ("sismember", 3),
+    ("smismember", -3),
+    ("scard", 2),
+    ("smembers", 2),
+    ("sscan", -3),
+    ("spop", -2),
+    ("srandmember", -2),
+    ("smove", 4),
+    ("sinter", -2),
+    ("sunion", -2),
+    ("sdiff", -2),
+    ("sinterstore", -3),
+    ("sunionstore", -3),
+    ("sdiffstore", -3),
+    ("sintercard", -3),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
 ];
@@ -225,6 +261,26 @@ pub fn read_keys<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8])) {
     }
 }
 
+/// Calls `f` with every (key, element) whose record the command reads (an element on
+/// storage is fetched before the command runs, as [`read_keys`] does for keys).
+pub fn read_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], &'a [u8])) {
+    let (Some(name), Some(key)) = (argv.first(), argv.get(1)) else {
+        return;
+    };
+    let is = |names: &[&str]| {
+        names
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+    };
+    if is(&["hget", "hstrlen", "hincrby", "hincrbyfloat"]) {
+        if let Some(field) = argv.get(2) {
+            f(key, field);
+        }
+    } else if is(&["hmget"]) {
+        argv[2..].iter().for_each(|field| f(key, field));
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -247,6 +303,7 @@ fn store_error(r: &mut Reply<'_>, e: &StoreError) {
         StoreError::OutOfMemory => {
             r.error("OOM command not allowed when used memory > 'maxmemory'.")
         }
+        StoreError::Unsupported(what) => r.error_bytes(&[b"ERR ", what.as_bytes()]),
         StoreError::Storage(err) => {
             tracing::error!(error = %format!("{err:#}"), "storage failed");
             r.error(&format!("ERR storage: {err:#}"))
@@ -433,21 +490,20 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 }
                 r.int(n);
             }
-            "mget" => {
-                r.array(argv.len() - 1);
-                for k in &argv[1..] {
-                    store.get_with(k, &mut |v| match v {
-                        Some(v) => r.bulk(v),
-                        None => r.null(),
-                    })?;
+            "mget" | "dds.mgetpart" => {
+                if name == "mget" {
+                    r.array(argv.len() - 1);
                 }
-            }
-            "dds.mgetpart" => {
                 for k in &argv[1..] {
-                    store.get_with(k, &mut |v| match v {
+                    // A key of another type is a null, as in Redis (MGET never says WRONGTYPE).
+                    let got = store.get_with(k, &mut |v| match v {
                         Some(v) => r.bulk(v),
                         None => r.null(),
-                    })?;
+                    });
+                    match got {
+                        Err(StoreError::WrongType) => r.null(),
+                        other => other?,
+                    }
                 }
             }
             "mset" | "msetnx" => {
@@ -585,8 +641,57 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "hello" => hello(ctx.session, ctx.password, &mut r, argv),
             "debug" => debug(ctx.info, &mut r, argv),
             "function" => function(&mut r, argv),
+            "hset" | "hmset" => hashes::hset(store, &mut r, argv, name)?,
+            "hsetnx" => hashes::hsetnx(store, &mut r, argv)?,
+            "hget" => hashes::hget(store, &mut r, argv)?,
+            "hmget" => hashes::hmget(store, &mut r, argv)?,
+            "hdel" => hashes::hdel(store, &mut r, argv)?,
+            "hlen" => hashes::hlen(store, &mut r, argv[1])?,
+            "hexists" => hashes::hexists(store, &mut r, argv)?,
+            "hstrlen" => hashes::hstrlen(store, &mut r, argv)?,
+            "hgetall" | "hkeys" | "hvals" => {
+                let parts = match name {
+                    "hgetall" => hashes::Parts::Both,
+                    "hkeys" => hashes::Parts::Fields,
+                    _ => hashes::Parts::Values,
+                };
+                hashes::hgetall(store, &mut r, argv[1], parts, &mut ctx.info.list_buf)?
+            }
+            "hscan" | "sscan" => {
+                let ty = if name == "hscan" {
+                    CollType::Hash
+                } else {
+                    CollType::Set
+                };
+                hashes::coll_scan(store, &mut r, argv, ty, &mut ctx.info.list_buf)?
+            }
+            "hincrby" => hashes::hincrby(store, &mut r, argv)?,
+            "hincrbyfloat" => hashes::hincrbyfloat(store, &mut r, argv)?,
+            "hrandfield" => hashes::hrandfield(
+                store,
+                &mut r,
+                argv,
+                ctx.session.resp3,
+                &mut ctx.info.list_buf,
+            )?,
+            "sadd" => sets::sadd(store, &mut r, argv)?,
+            "srem" => sets::srem(store, &mut r, argv)?,
+            "sismember" => sets::sismember(store, &mut r, argv)?,
+            "smismember" => sets::smismember(store, &mut r, argv)?,
+            "scard" => sets::scard(store, &mut r, argv[1])?,
+            "smembers" => sets::smembers(store, &mut r, argv[1], &mut ctx.info.list_buf)?,
+            "spop" => sets::spop(store, &mut r, argv)?,
+            "srandmember" => sets::srandmember(store, &mut r, argv, &mut ctx.info.list_buf)?,
+            "smove" => sets::smove(store, &mut r, argv)?,
+            "sinter" | "sunion" | "sdiff" => sets::set_op(store, &mut r, &argv[1..], set_op(name))?,
+            "sinterstore" | "sunionstore" | "sdiffstore" => {
+                sets::set_op_store(store, &mut r, argv, set_op(name))?
+            }
+            "sintercard" => sets::sintercard(store, &mut r, argv)?,
             "time" => introspect::time(&mut r),
-            "memory" | "object" => introspect::memory_or_object(store, &mut r, argv)?,
+            "memory" | "object" => {
+                introspect::memory_or_object(store, &mut r, argv, &ctx.info.config)?
+            }
             _ => unreachable!("every command of the table is handled"),
         }
         Ok(())
@@ -600,6 +705,17 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
         After::Continue
     };
     (after, Ran::Yes(idx))
+}
+
+/// The set operation a command's name starts with.
+fn set_op(name: &str) -> sets::Op {
+    if name.starts_with("sinter") {
+        sets::Op::Inter
+    } else if name.starts_with("sunion") {
+        sets::Op::Union
+    } else {
+        sets::Op::Diff
+    }
 }
 
 /// The expiry time of SET, SETEX and PSETEX as Redis computes and checks it

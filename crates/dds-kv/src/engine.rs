@@ -8,6 +8,7 @@ use anyhow::Result;
 use dds_kvmem::KvError;
 use dds_storage::fileio::{FileIo, IoDone};
 
+use crate::collection::CollType;
 use crate::store::{
     Durability, Expiry, Fetched, Modifier, Modify, OldValue, SetCond, Store, StoreError,
     StoreResult,
@@ -152,7 +153,82 @@ pub trait Engine: Send {
     fn is_broken(&self) -> bool {
         false
     }
+    /// The type of `key` (TYPE's name), `None` when it is missing.
+    fn key_type(&mut self, key: &[u8]) -> StoreResult<Option<&'static str>> {
+        Ok(self.exists(key)?.then_some("string"))
+    }
+    /// The type of a live `key` from memory alone, no record read (SCAN's TYPE filter).
+    fn live_key_type(&self, _key: &[u8]) -> &'static str {
+        "string"
+    }
+    /// Writes one element of the collection of type `ty` at `key`, creating it: whether
+    /// the element is new ([`Store::element_put`]).
+    fn element_put(
+        &mut self,
+        _ty: CollType,
+        _key: &[u8],
+        _sub: &[u8],
+        _value: &[u8],
+    ) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Reads one element: `f` gets its value or `None`.
+    fn element_get_with(
+        &mut self,
+        _ty: CollType,
+        _key: &[u8],
+        _sub: &[u8],
+        _f: &mut dyn FnMut(Option<&[u8]>),
+    ) -> StoreResult<()> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Removes one element: whether it existed (the last one removes the key).
+    fn element_del(&mut self, _ty: CollType, _key: &[u8], _sub: &[u8]) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Whether an element exists.
+    fn element_exists(&mut self, _ty: CollType, _key: &[u8], _sub: &[u8]) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// The live elements of a collection (0 when `key` is missing).
+    fn coll_len(&mut self, _ty: CollType, _key: &[u8]) -> StoreResult<u64> {
+        Err(NO_COLLECTIONS)
+    }
+    /// One step of a walk over a collection's elements ([`Store::coll_scan`]).
+    fn coll_scan(
+        &mut self,
+        _ty: CollType,
+        _key: &[u8],
+        _cursor: u64,
+        _count: usize,
+        _f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> StoreResult<u64> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Random elements of a collection ([`Store::coll_random`]).
+    fn coll_random(
+        &mut self,
+        _ty: CollType,
+        _key: &[u8],
+        _count: usize,
+        _repeat: bool,
+        _f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> StoreResult<()> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Copies the collection at `src` to the missing key `dst` ([`Store::coll_copy`]).
+    fn coll_copy(&mut self, _src: &[u8], _dst: &[u8], _expire_ms: u64) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// The log address of an element's record when it must be read from storage.
+    fn element_storage_addr(&self, _key: &[u8], _sub: &[u8]) -> Option<u64> {
+        None
+    }
 }
+
+/// The error of a collection command on an engine without collections.
+const NO_COLLECTIONS: StoreError =
+    StoreError::Unsupported("collections are not supported by the in-memory engine");
 
 impl Engine for Store {
     fn get_with(&mut self, key: &[u8], f: &mut dyn FnMut(Option<&[u8]>)) -> StoreResult<()> {
@@ -284,6 +360,70 @@ impl Engine for Store {
     }
     fn storage_addr(&self, key: &[u8]) -> Option<u64> {
         Store::storage_addr(self, key)
+    }
+    fn key_type(&mut self, key: &[u8]) -> StoreResult<Option<&'static str>> {
+        if !Store::exists(self, key)? {
+            return Ok(None);
+        }
+        Ok(Some(
+            Store::coll_type(self, key)?.map_or("string", CollType::name),
+        ))
+    }
+    fn live_key_type(&self, key: &[u8]) -> &'static str {
+        self.live_coll_type(key).map_or("string", CollType::name)
+    }
+    fn element_put(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        sub: &[u8],
+        value: &[u8],
+    ) -> StoreResult<bool> {
+        Store::element_put(self, ty, key, sub, value)
+    }
+    fn element_get_with(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        sub: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>),
+    ) -> StoreResult<()> {
+        Store::element_get_with(self, ty, key, sub, f)
+    }
+    fn element_del(&mut self, ty: CollType, key: &[u8], sub: &[u8]) -> StoreResult<bool> {
+        Store::element_del(self, ty, key, sub)
+    }
+    fn element_exists(&mut self, ty: CollType, key: &[u8], sub: &[u8]) -> StoreResult<bool> {
+        Store::element_exists(self, ty, key, sub)
+    }
+    fn coll_len(&mut self, ty: CollType, key: &[u8]) -> StoreResult<u64> {
+        Store::coll_len(self, ty, key)
+    }
+    fn coll_scan(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        cursor: u64,
+        count: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> StoreResult<u64> {
+        Store::coll_scan(self, ty, key, cursor, count, f)
+    }
+    fn coll_random(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        count: usize,
+        repeat: bool,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> StoreResult<()> {
+        Store::coll_random(self, ty, key, count, repeat, f)
+    }
+    fn coll_copy(&mut self, src: &[u8], dst: &[u8], expire_ms: u64) -> StoreResult<bool> {
+        Store::coll_copy(self, src, dst, expire_ms)
+    }
+    fn element_storage_addr(&self, key: &[u8], sub: &[u8]) -> Option<u64> {
+        Store::element_storage_addr(self, key, sub)
     }
     fn file_span(&self, addr: u64) -> (u64, usize) {
         Store::file_span(self, addr)

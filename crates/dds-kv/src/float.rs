@@ -102,6 +102,11 @@ impl LongDouble {
         Some(LongDouble(if neg { -v } else { v }))
     }
 
+    /// Whether it is infinite (parsing refuses NaN).
+    pub(crate) fn is_infinite(self) -> bool {
+        self.0.is_infinite()
+    }
+
     /// The sum, rounded to the format; `None` when it is NaN or infinite.
     pub(crate) fn add(self, other: LongDouble) -> Option<LongDouble> {
         let sum = self.0.add_r(other.0, Round::NearestTiesToEven).value;

@@ -6,7 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use dds_resp::session::int_arg;
 use dds_resp::Reply;
 
+use crate::collection::{composite_len, CollType};
 use crate::commands::option;
+use crate::config::Config;
 use crate::engine::Engine;
 use crate::record;
 use crate::store::StoreResult;
@@ -19,6 +21,59 @@ pub(crate) fn time(r: &mut Reply<'_>) {
     r.array(2);
     r.bulk(d.as_secs().to_string().as_bytes());
     r.bulk(d.subsec_micros().to_string().as_bytes());
+}
+
+/// The encoding Redis 7.0 gives a collection with these elements, under the thresholds of
+/// CONFIG (`hash-max-listpack-entries`...): the compact form (`listpack`, `intset`) while
+/// the collection is small, else `hashtable` or `skiplist`; lists are `quicklist`. Storage
+/// does not depend on it: every collection is one record per element.
+fn coll_encoding(
+    s: &mut dyn Engine,
+    ty: CollType,
+    key: &[u8],
+    config: &Config,
+) -> StoreResult<&'static str> {
+    let limit = |name: &str| -> u64 {
+        config
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    let (entries, value, small, large) = match ty {
+        CollType::Hash => (
+            limit("hash-max-listpack-entries"),
+            limit("hash-max-listpack-value"),
+            "listpack",
+            "hashtable",
+        ),
+        CollType::Set => (
+            limit("set-max-intset-entries"),
+            u64::MAX,
+            "intset",
+            "hashtable",
+        ),
+        CollType::ZSet => (
+            limit("zset-max-listpack-entries"),
+            limit("zset-max-listpack-value"),
+            "listpack",
+            "skiplist",
+        ),
+        CollType::List => return Ok("quicklist"),
+    };
+    if s.coll_len(ty, key)? > entries {
+        return Ok(large);
+    }
+    let mut fits = true;
+    s.coll_scan(ty, key, 0, usize::MAX, &mut |sub, v| {
+        fits &= match ty {
+            // An intset holds integers only.
+            CollType::Set => int_arg(sub).is_some(),
+            // A sorted set's value is its score, not a string.
+            CollType::ZSet => sub.len() as u64 <= value,
+            _ => sub.len() as u64 <= value && v.len() as u64 <= value,
+        };
+    })?;
+    Ok(if fits { small } else { large })
 }
 
 /// The encoding Redis 7.0 gives a string value that a command wrote whole
@@ -42,6 +97,7 @@ pub(crate) fn memory_or_object(
     s: &mut dyn Engine,
     r: &mut Reply<'_>,
     argv: &[&[u8]],
+    config: &Config,
 ) -> StoreResult<()> {
     let memory = argv[0].eq_ignore_ascii_case(b"memory");
     let (sub, help) = if memory {
@@ -80,6 +136,19 @@ pub(crate) fn memory_or_object(
         j += 2;
     }
     let key = argv[2];
+    if let Some(ty) = s.key_type(key)?.and_then(CollType::from_name) {
+        if memory {
+            // The metadata record and every element record.
+            let mut bytes = record::record_len(key.len(), crate::collection::META_LEN);
+            s.coll_scan(ty, key, 0, usize::MAX, &mut |sub, v| {
+                bytes += record::record_len(composite_len(key.len(), sub.len()), v.len());
+            })?;
+            r.int(bytes as i64);
+        } else {
+            r.bulk(coll_encoding(s, ty, key, config)?.as_bytes());
+        }
+        return Ok(());
+    }
     s.get_with(key, &mut |v| match v {
         None => r.null(),
         Some(v) if memory => r.int(record::record_len(key.len(), v.len()) as i64),

@@ -7,10 +7,62 @@ use dds_resp::Reply;
 use crate::engine::Engine;
 use crate::store::{unsigned_decimal, Expiry, SetCond, StoreResult};
 
-/// `TYPE key`: `string` or `none` (strings are the only type).
+/// `TYPE key`: `string`, a collection's type (`hash`, `set`, ...) or `none`.
 pub(crate) fn type_of(s: &mut dyn Engine, r: &mut Reply<'_>, key: &[u8]) -> StoreResult<()> {
-    r.simple(if s.exists(key)? { "string" } else { "none" });
+    r.simple(s.key_type(key)?.unwrap_or("none"));
     Ok(())
+}
+
+/// What a RENAME or COPY moves: a string's value, or a collection (copied element by
+/// element), with the key's expiry.
+enum Source {
+    Value(Vec<u8>),
+    Collection,
+}
+
+/// The source of a RENAME or COPY and its expiry, `None` when `key` is missing.
+fn source(s: &mut dyn Engine, key: &[u8]) -> StoreResult<Option<(Source, Expiry)>> {
+    let Some(ty) = s.key_type(key)? else {
+        return Ok(None);
+    };
+    if ty != "string" {
+        let exp = s.expiry(key)?.unwrap_or(0);
+        return Ok(Some((Source::Collection, expiry_of(exp))));
+    }
+    Ok(take_copy(s, key)?.map(|(v, e)| (Source::Value(v), e)))
+}
+
+fn expiry_of(exp: u64) -> Expiry {
+    if exp == 0 {
+        Expiry::None
+    } else {
+        Expiry::At(exp)
+    }
+}
+
+/// Writes `src` (read by [`source`]) at `dst` when `cond` allows: whether it was written.
+fn write_copy(
+    s: &mut dyn Engine,
+    from: &[u8],
+    dst: &[u8],
+    src: &Source,
+    expiry: Expiry,
+    cond: SetCond,
+) -> StoreResult<bool> {
+    match src {
+        Source::Value(v) => s.set(dst, v, cond, expiry, None),
+        Source::Collection => {
+            if cond == SetCond::IfMissing && s.exists(dst)? {
+                return Ok(false);
+            }
+            s.del(dst)?;
+            let exp = match expiry {
+                Expiry::At(t) => t,
+                _ => 0,
+            };
+            s.coll_copy(from, dst, exp)
+        }
+    }
 }
 
 /// `TOUCH key [key ...]`: how many exist (there is no access time to update).
@@ -30,12 +82,7 @@ fn take_copy(s: &mut dyn Engine, key: &[u8]) -> StoreResult<Option<(Vec<u8>, Exp
     };
     let mut value = Vec::new();
     s.get_with(key, &mut |v| value = v.unwrap_or_default().to_vec())?;
-    let expiry = if exp == 0 {
-        Expiry::None
-    } else {
-        Expiry::At(exp)
-    };
-    Ok(Some((value, expiry)))
+    Ok(Some((value, expiry_of(exp))))
 }
 
 /// `RENAME key newkey` and `RENAMENX key newkey`: the value moves with its expiry.
@@ -46,7 +93,7 @@ pub(crate) fn rename(
     nx: bool,
 ) -> StoreResult<()> {
     let (src, dst) = (argv[1], argv[2]);
-    let Some((value, expiry)) = take_copy(s, src)? else {
+    let Some((value, expiry)) = source(s, src)? else {
         r.error("ERR no such key");
         return Ok(());
     };
@@ -63,7 +110,7 @@ pub(crate) fn rename(
     } else {
         SetCond::Always
     };
-    if !s.set(dst, &value, cond, expiry, None)? {
+    if !write_copy(s, src, dst, &value, expiry, cond)? {
         r.int(0);
         return Ok(());
     }
@@ -109,7 +156,7 @@ pub(crate) fn copy(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
         r.error("ERR source and destination objects are the same");
         return Ok(());
     }
-    let Some((value, expiry)) = take_copy(s, src)? else {
+    let Some((value, expiry)) = source(s, src)? else {
         r.int(0);
         return Ok(());
     };
@@ -118,7 +165,7 @@ pub(crate) fn copy(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
     } else {
         SetCond::IfMissing
     };
-    let copied = s.set(dst, &value, cond, expiry, None)?;
+    let copied = write_copy(s, src, dst, &value, expiry, cond)?;
     r.int(i64::from(copied));
     Ok(())
 }
@@ -207,25 +254,44 @@ pub(crate) fn scan(
             return Ok(());
         }
     };
-    // Every key is a string: another TYPE filters every key out (an unknown name too, as
-    // Redis 7.0).
-    let all_filtered = a
-        .type_name
-        .is_some_and(|t| !t.eq_ignore_ascii_case(b"string"));
     body.clear();
     let mut n = 0;
-    let next = s.scan(a.cursor, a.count, true, &mut |k| {
-        if !all_filtered && passes(a.pattern, k) {
-            Reply::new(body).bulk(k);
-            n += 1;
+    let next = match a.type_name {
+        None => s.scan(a.cursor, a.count, true, &mut |k| {
+            if passes(a.pattern, k) {
+                Reply::new(body).bulk(k);
+                n += 1;
+            }
+        })?,
+        Some(t) => {
+            // The step's keys first, then their types (from memory: no record is read).
+            // An unknown type name filters every key out, as in Redis 7.0.
+            let mut step: Vec<Vec<u8>> = Vec::new();
+            let next = s.scan(a.cursor, a.count, true, &mut |k| {
+                if passes(a.pattern, k) {
+                    step.push(k.to_vec());
+                }
+            })?;
+            for k in step {
+                if t.eq_ignore_ascii_case(s.live_key_type(&k).as_bytes()) {
+                    Reply::new(body).bulk(&k);
+                    n += 1;
+                }
+            }
+            next
         }
-    })?;
+    };
+    scan_reply(r, next, n, body);
+    Ok(())
+}
+
+/// A SCAN-family reply: the next cursor, then the `n` replies encoded in `body`.
+pub(crate) fn scan_reply(r: &mut Reply<'_>, next: u64, n: usize, body: &[u8]) {
     r.array(2);
     let mut digits = [0u8; 20];
     r.bulk(unsigned_decimal(next, &mut digits));
     r.array(n);
     r.out_mut().extend_from_slice(body);
-    Ok(())
 }
 
 /// `KEYS pattern`: every live key that matches, by a whole walk of SCAN's steps (a key on

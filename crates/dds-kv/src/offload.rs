@@ -200,8 +200,30 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "EXPIREAT",
         "PEXPIREAT",
         "PERSIST",
+        // Collections: no string is cached under their keys, but a command that creates or
+        // removes one is a write of the key all the same.
+        "HSET",
+        "HMSET",
+        "HSETNX",
+        "HDEL",
+        "HINCRBY",
+        "HINCRBYFLOAT",
+        "SADD",
+        "SREM",
+        "SPOP",
     ];
-    const ALL: &[&str] = &["DEL", "UNLINK", "RENAME", "RENAMENX"];
+    // SMOVE's member and the sources of a STORE are listed too (harmless: a member is not
+    // a key, and the sources are read only).
+    const ALL: &[&str] = &[
+        "DEL",
+        "UNLINK",
+        "RENAME",
+        "RENAMENX",
+        "SMOVE",
+        "SINTERSTORE",
+        "SUNIONSTORE",
+        "SDIFFSTORE",
+    ];
     const PAIRS: &[&str] = &["MSET", "MSETNX"];
     // The key written is the second argument.
     const SECOND: &[&str] = &["BITOP", "COPY"];
@@ -756,5 +778,15 @@ mod tests {
         keys.clear();
         app.invalidate_on_forward(&cmd(&[b"COPY", b"a", b"b", b"REPLACE"]), d, &mut keys);
         assert_eq!(keys.as_slice(), &[h(b"b")]);
+        keys.clear();
+        // A STORE replaces its destination, whatever it held (a cached string too).
+        app.invalidate_on_forward(&cmd(&[b"SUNIONSTORE", b"dst", b"s1"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"dst"), h(b"s1")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"hset", b"h", b"f", b"v"]), d, &mut keys);
+        assert_eq!(keys.as_slice(), &[h(b"h")]);
+        keys.clear();
+        app.invalidate_on_forward(&cmd(&[b"SMOVE", b"a", b"b", b"m"]), d, &mut keys);
+        assert_eq!(&keys.as_slice()[..2], &[h(b"a"), h(b"b")]);
     }
 }

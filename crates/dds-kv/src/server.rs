@@ -23,7 +23,7 @@ use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Ticket, Verd
 use dds_storage::fileio::IoDone;
 use dds_storage::inflight::InFlightReads;
 
-use crate::commands::{execute, read_keys, After, Ctx, ServerInfo, Session};
+use crate::commands::{execute, read_elements, read_keys, After, Ctx, ServerInfo, Session};
 use crate::engine::Engine;
 use crate::keyspace::{passes, scan_args};
 use crate::record;
@@ -222,20 +222,27 @@ impl KvService {
                 });
             }
         }
-        read_keys(argv, |k| {
-            if let Some(a) = store.storage_addr(k) {
-                if s.fetched.iter().any(|f| f.addr == a) || want[..n].contains(&a) {
-                    return;
-                }
-                if n == want.len() {
-                    more = true;
-                    return;
-                }
-                want[n] = a;
-                n += 1;
+        let mut push = |a: u64| {
+            if s.fetched.iter().any(|f| f.addr == a) || want[..n].contains(&a) {
+                return;
             }
+            if n == want.len() {
+                more = true;
+                return;
+            }
+            want[n] = a;
+            n += 1;
+        };
+        read_keys(argv, |k| {
+            store.storage_addr(k).into_iter().for_each(&mut push)
         });
-        let _ = more; // Keys past the first 16 are read while the command runs.
+        read_elements(argv, |k, sub| {
+            store
+                .element_storage_addr(k, sub)
+                .into_iter()
+                .for_each(&mut push)
+        });
+        let _ = more; // Records past the first 16 are read while the command runs.
         let issued = self.fetch_records(id, &want[..n]);
         if issued > 0 {
             s.rounds += 1;

@@ -82,6 +82,9 @@ pub enum StoreError {
     /// The in-memory engine's memory budget is full (nothing was evicted).
     #[error("out of memory")]
     OutOfMemory,
+    /// The engine does not have what the command needs.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// Storage failed: the store can no longer be trusted to have written what it said.
     #[error("storage: {0:#}")]
     Storage(anyhow::Error),
@@ -843,9 +846,12 @@ impl Store {
         old: Option<OldValue<'_>>,
     ) -> StoreResult<bool> {
         self.check_sizes(key, value.len())?;
-        let need_old = cond != SetCond::Always || old.is_some() || expiry == Expiry::Keep;
-        let found = if need_old {
+        // Only GET reads the old value (a collection there is WRONGTYPE); NX, XX and KEEPTTL
+        // look at any key, a collection too, as Redis does.
+        let found = if old.is_some() {
             self.find_value(key)?
+        } else if cond != SetCond::Always || expiry == Expiry::Keep {
+            self.find(key)?
         } else {
             None
         };

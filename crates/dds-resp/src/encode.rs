@@ -134,6 +134,13 @@ impl<'a> Reply<'a> {
         self.out.extend_from_slice(b"\r\n");
     }
 
+    /// `~n` in RESP3, `*n` in RESP2 (the caller appends `n` replies, a set's members).
+    pub fn set(&mut self, n: usize) {
+        self.out.push(if self.resp3 { b'~' } else { b'*' });
+        push_int(self.out, n as i64);
+        self.out.extend_from_slice(b"\r\n");
+    }
+
     /// `*-1`.
     pub fn null_array(&mut self) {
         self.out.extend_from_slice(b"*-1\r\n");

@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::collection::{
-    composite_fits, composite_len, encode_composite, encode_meta, CollType, Meta,
+    composite_fits, composite_len, decode_composite, encode_composite, encode_meta, CollType, Meta,
 };
+use crate::collmap::{Hash, ELEMENT_TOMB};
 
 impl Store {
     /// The type of `key`'s collection; `None` when `key` is missing or a string.
@@ -13,6 +14,12 @@ impl Store {
             return Ok(None);
         }
         Ok(self.colls.type_of(record::key_hash(key)))
+    }
+
+    /// The type of a live `key`'s collection from memory alone (no record read, no
+    /// expiry check); `None` for a string or a missing key.
+    pub fn live_coll_type(&self, key: &[u8]) -> Option<CollType> {
+        self.colls.type_of(record::key_hash(key))
     }
 
     /// The live collection of type `ty` at `key`: its version, or `None` when `key` is
@@ -186,6 +193,190 @@ impl Store {
                 .is_some_and(|c| c.element(record::key_hash(sub)).is_some()))
     }
 
+    /// Loads the live element `sub` (by its hash) of the collection `kh` (`key`, `version`)
+    /// into `scratch`: its header, `None` when the element is gone or its record names
+    /// another element (a 128-bit hash collision, logged).
+    fn load_element(
+        &mut self,
+        kh: Hash,
+        key: &[u8],
+        version: u64,
+        sub: Hash,
+    ) -> StoreResult<Option<Header>> {
+        let Some(a) = self.colls.get(kh).and_then(|c| c.element(sub)) else {
+            return Ok(None);
+        };
+        if a >= self.durable_end {
+            self.undurable = true;
+        }
+        let hdr = self.load(a)?;
+        let ok = decode_composite(&self.scratch[hdr.key_range()]).is_some_and(|c| {
+            c.key == key && c.version == version && record::key_hash(c.sub) == sub
+        });
+        if !ok {
+            tracing::error!("element record does not match its collection; skipped");
+            return Ok(None);
+        }
+        Ok(Some(hdr))
+    }
+
+    /// Calls `f` with the sub-key and value of the element record in `scratch`.
+    fn with_element(&self, hdr: &Header, f: &mut dyn FnMut(&[u8], &[u8])) {
+        let c = decode_composite(&self.scratch[hdr.key_range()]).expect("checked on load");
+        f(c.sub, &self.scratch[hdr.value_range()]);
+    }
+
+    /// One step of a walk over the live elements of the collection of type `ty` at `key`
+    /// (HSCAN, SSCAN, and whole with `count` = `usize::MAX`: HGETALL, SMEMBERS): `f` gets
+    /// the sub-key and value of about `count` elements from `cursor` on; returns the next
+    /// cursor, 0 when the walk is complete. The order is the sub-keys' hashes (the cursor is
+    /// the first 64 bits of the next one), which no insertion or removal changes: an
+    /// element present for the whole walk is returned at least once. An element on storage
+    /// is read while the step runs.
+    pub fn coll_scan(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        cursor: u64,
+        count: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> StoreResult<u64> {
+        let Some(version) = self.coll_of(key, ty)? else {
+            return Ok(0);
+        };
+        let kh = record::key_hash(key);
+        let mut subs = std::mem::take(&mut self.step);
+        subs.clear();
+        let mut next = 0;
+        if let Some(c) = self.colls.get(kh) {
+            for (&sub, &a) in c.elems.range((cursor, 0)..) {
+                if a & ELEMENT_TOMB != 0 {
+                    continue;
+                }
+                if subs.len() >= count.max(1) && sub.0 != subs.last().map_or(cursor, |l| l.0) {
+                    // The next step starts at this hash (never inside a run of equal first
+                    // halves, so that the walk always moves on).
+                    next = sub.0;
+                    break;
+                }
+                subs.push(sub);
+            }
+        }
+        let r = (|| {
+            for &sub in &subs {
+                if let Some(hdr) = self.load_element(kh, key, version, sub)? {
+                    self.with_element(&hdr, f);
+                }
+            }
+            Ok(())
+        })();
+        self.step = subs;
+        r.map(|()| next)
+    }
+
+    /// Random elements of the collection of type `ty` at `key` (HRANDFIELD, SRANDMEMBER,
+    /// SPOP): `count` distinct ones (all, in hash order, when `count` ≥ the length), or with
+    /// `repeat`, `count` independent draws. `f` gets each element's sub-key and value.
+    pub fn coll_random(
+        &mut self,
+        ty: CollType,
+        key: &[u8],
+        count: usize,
+        repeat: bool,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> StoreResult<()> {
+        let Some(version) = self.coll_of(key, ty)? else {
+            return Ok(());
+        };
+        let kh = record::key_hash(key);
+        let mut subs = std::mem::take(&mut self.step);
+        subs.clear();
+        if let Some(c) = self.colls.get(kh) {
+            subs.extend(
+                c.elems
+                    .iter()
+                    .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
+                    .map(|(&s, _)| s),
+            );
+        }
+        let n = subs.len();
+        let picks = if n == 0 {
+            0
+        } else if repeat {
+            count
+        } else if count >= n {
+            n
+        } else {
+            // A partial Fisher-Yates shuffle: the first `count` are a uniform sample.
+            for i in 0..count {
+                let j = i + (self.random() % (n - i) as u64) as usize;
+                subs.swap(i, j);
+            }
+            count
+        };
+        let r = (|| {
+            for i in 0..picks {
+                let sub = if repeat {
+                    subs[(self.random() % n as u64) as usize]
+                } else {
+                    subs[i]
+                };
+                if let Some(hdr) = self.load_element(kh, key, version, sub)? {
+                    self.with_element(&hdr, f);
+                }
+            }
+            Ok(())
+        })();
+        self.step = subs;
+        r
+    }
+
+    /// Writes a copy of the collection at `src` as a new collection at `dst` with expiry
+    /// `expire_ms` (RENAME, COPY of a collection): a metadata record of a new version, then
+    /// one element record per live element of `src`. `dst` must not be live (the caller
+    /// deletes it first); false when `src` is not a collection.
+    pub fn coll_copy(&mut self, src: &[u8], dst: &[u8], expire_ms: u64) -> StoreResult<bool> {
+        let Some(ty) = self.coll_type(src)? else {
+            return Ok(false);
+        };
+        let version = self.coll_of(src, ty)?.expect("a live collection");
+        self.check_sizes(dst, 0)?;
+        let sh = record::key_hash(src);
+        let subs: Vec<Hash> = self.colls.get(sh).map_or(Vec::new(), |c| {
+            c.elems
+                .iter()
+                .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
+                .map(|(&s, _)| s)
+                .collect()
+        });
+        let meta = Meta {
+            ty,
+            version: self.seq + 1,
+        };
+        self.append(
+            record::key_hash(dst),
+            KIND_META,
+            dst,
+            &encode_meta(meta),
+            expire_ms,
+        )?;
+        let (mut sub, mut value) = (Vec::new(), Vec::new());
+        for s in subs {
+            // The source's element is looked up again: writing may have compacted (moved) it.
+            let Some(hdr) = self.load_element(sh, src, version, s)? else {
+                continue;
+            };
+            self.with_element(&hdr, &mut |k, v| {
+                sub.clear();
+                sub.extend_from_slice(k);
+                value.clear();
+                value.extend_from_slice(v);
+            });
+            self.append_element(dst, meta.version, &sub, Some(&value))?;
+        }
+        Ok(true)
+    }
+
     /// The log address of a hash field's record when it is on storage only (a command that
     /// reads it fetches it first); `None` when it is in memory or missing.
     pub fn element_storage_addr(&self, key: &[u8], field: &[u8]) -> Option<u64> {
@@ -310,6 +501,108 @@ mod tests {
             check(&mut s, &model, &keys);
             assert_eq!(s.len(), model.len() as u64);
         }
+    }
+
+    /// A walk of HSCAN steps returns every field present for the whole walk at least once,
+    /// while fields come and go and the elements are on storage; random picks are distinct
+    /// (or repeat when asked); a copy is whole and survives a restart, the source untouched.
+    #[test]
+    fn walks_random_picks_and_copies_of_a_hash_on_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = || StoreConfig {
+            log_size: 64 * (64 << 10),
+            ..small(Durability::Fsync)
+        };
+        let mut s = open(dir.path(), cfg());
+        let h = CollType::Hash;
+        let field = |i: u32| format!("field:{i}").into_bytes();
+        for i in 0..3000 {
+            s.element_put(h, b"big", &field(i), &[i as u8; 100])
+                .unwrap();
+        }
+        assert!(
+            s.element_storage_addr(b"big", &field(0)).is_some(),
+            "on storage"
+        );
+        // The walk: fields 0..3000 stay; 3000.. come during the walk; the odd ones below
+        // 3000 of the last third go.
+        let mut seen = std::collections::HashSet::new();
+        let (mut cursor, mut steps) = (0, 0);
+        loop {
+            cursor = s
+                .coll_scan(h, b"big", cursor, 100, &mut |f, v| {
+                    assert!(v.len() == 100 || v == b"new", "{v:?}");
+                    seen.insert(f.to_vec());
+                })
+                .unwrap();
+            steps += 1;
+            s.element_put(h, b"big", &field(3000 + steps), b"new")
+                .unwrap();
+            s.element_del(h, b"big", &field(2000 + 2 * steps + 1))
+                .unwrap();
+            if cursor == 0 {
+                break;
+            }
+        }
+        assert!(steps > 20, "{steps} steps");
+        for i in (0..2000).chain((2000..3000).step_by(2)) {
+            assert!(seen.contains(&field(i)), "field {i} was never returned");
+        }
+        let len = s.coll_len(h, b"big").unwrap() as usize;
+        let mut picks = Vec::new();
+        s.coll_random(h, b"big", 50, false, &mut |f, _| picks.push(f.to_vec()))
+            .unwrap();
+        let distinct: std::collections::HashSet<_> = picks.iter().collect();
+        assert_eq!((picks.len(), distinct.len()), (50, 50));
+        picks.clear();
+        s.coll_random(h, b"big", len + 10, false, &mut |f, _| {
+            picks.push(f.to_vec())
+        })
+        .unwrap();
+        assert_eq!(
+            picks.len(),
+            len,
+            "a count over the length answers every field"
+        );
+        picks.clear();
+        s.coll_random(h, b"big", 5000, true, &mut |f, _| picks.push(f.to_vec()))
+            .unwrap();
+        let distinct: std::collections::HashSet<_> = picks.iter().collect();
+        assert_eq!(picks.len(), 5000);
+        assert!(distinct.len() < 5000, "draws with repeats repeat");
+        // The copy, then the copy and the source after a restart.
+        let all = |s: &mut Store, k: &[u8]| {
+            let mut m = std::collections::BTreeMap::new();
+            s.coll_scan(h, k, 0, usize::MAX, &mut |f, v| {
+                m.insert(f.to_vec(), v.to_vec());
+            })
+            .unwrap();
+            m
+        };
+        let want = all(&mut s, b"big");
+        assert_eq!(want.len(), len);
+        s.set(
+            b"copy",
+            b"a string there",
+            SetCond::Always,
+            Expiry::None,
+            None,
+        )
+        .unwrap();
+        s.del(b"copy").unwrap();
+        assert!(s.coll_copy(b"big", b"copy", 0).unwrap());
+        assert!(!s.coll_copy(b"nosuch", b"copy2", 0).unwrap());
+        assert_eq!(all(&mut s, b"copy"), want);
+        s.element_put(h, b"copy", b"only in the copy", b"x")
+            .unwrap();
+        s.commit().unwrap();
+        drop(s);
+        let mut s = open(dir.path(), cfg());
+        assert_eq!(all(&mut s, b"big"), want);
+        let mut copy = want.clone();
+        copy.insert(b"only in the copy".to_vec(), b"x".to_vec());
+        assert_eq!(all(&mut s, b"copy"), copy);
+        assert_eq!(s.coll_type(b"copy").unwrap(), Some(CollType::Hash));
     }
 
     /// One HSET on a hash of 100,000 fields appends one element record: bytes in proportion

@@ -142,7 +142,7 @@ impl Store {
         Ok(())
     }
 
-    fn random(&mut self) -> u64 {
+    pub(super) fn random(&mut self) -> u64 {
         // xorshift64*
         let mut x = self.rng;
         x ^= x >> 12;
