@@ -189,7 +189,7 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
     ("command", &["count", "docs", "info"]),
     ("function", &["flush", "list"]),
     ("memory", &["usage"]),
-    ("object", &["encoding"]),
+    ("object", &["encoding", "refcount"]),
 ];
 
 /// The name in `names` that `arg` spells in any case ("" when none does), without a copy.

@@ -89,10 +89,11 @@ pub(crate) fn string_encoding(v: &[u8]) -> &'static str {
     }
 }
 
-/// `MEMORY USAGE key [SAMPLES n]`: the bytes of the key's record in the log (header, key and
+/// `MEMORY USAGE key [SAMPLES n]`: the bytes of the key's records in the log (header, key and
 /// value, 8-byte aligned), or null for a missing key; `OBJECT ENCODING key`: the value's
-/// encoding in Redis's terms ([`string_encoding`]), or null. Every other subcommand is
-/// refused as Redis refuses an unknown one.
+/// encoding in Redis's terms ([`string_encoding`], [`coll_encoding`]), or null; `OBJECT
+/// REFCOUNT key`: 1 (Redis's count for a shared small integer), or null. Every other
+/// subcommand is refused as Redis refuses an unknown one.
 pub(crate) fn memory_or_object(
     s: &mut dyn Engine,
     r: &mut Reply<'_>,
@@ -103,7 +104,7 @@ pub(crate) fn memory_or_object(
     let (sub, help) = if memory {
         (option(argv[1], &["usage"]), "MEMORY")
     } else {
-        (option(argv[1], &["encoding"]), "OBJECT")
+        (option(argv[1], &["encoding", "refcount"]), "OBJECT")
     };
     if sub.is_empty() {
         r.error_bytes(&[
@@ -115,7 +116,7 @@ pub(crate) fn memory_or_object(
         ]);
         return Ok(());
     }
-    if argv.len() < 3 || (sub == "encoding" && argv.len() > 3) {
+    if argv.len() < 3 || (sub != "usage" && argv.len() > 3) {
         r.error(&format!(
             "ERR wrong number of arguments for '{}|{sub}' command",
             help.to_ascii_lowercase()
@@ -136,6 +137,24 @@ pub(crate) fn memory_or_object(
         j += 2;
     }
     let key = argv[2];
+    if sub == "refcount" {
+        // One reference per value (no sharing), but Redis's shared integers 0..9999, whose
+        // count is `OBJ_SHARED_REFCOUNT`.
+        if s.key_type(key)?.is_some_and(|t| t != "string") {
+            r.int(1);
+            return Ok(());
+        }
+        return s.get_with(key, &mut |v| match v {
+            None => r.null(),
+            Some(v)
+                if int_arg(v).is_some_and(|n| (0..10_000).contains(&n))
+                    && string_encoding(v) == "int" =>
+            {
+                r.int(i32::MAX as i64)
+            }
+            Some(_) => r.int(1),
+        });
+    }
     if let Some(ty) = s.key_type(key)?.and_then(CollType::from_name) {
         if memory {
             // The metadata record and every element record.

@@ -1,0 +1,181 @@
+//! The collection workloads of `dds bench kv`: redis-benchmark's collection tests against
+//! every side, and the log bytes one HSET appends to a large hash.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use super::load::push_cmd;
+use super::{snap, Mode, Plan, Side};
+
+/// redis-benchmark's collection tests that `dds kv` serves.
+pub(super) const SERVED: &[&str] = &["hset", "sadd", "spop"];
+/// ... and those of the issue's list it does not serve yet (lists, sorted sets).
+pub(super) const NOT_SERVED: &[&str] = &[
+    "lpush",
+    "rpush",
+    "lpop",
+    "rpop",
+    "zadd",
+    "zpopmin",
+    "lrange_100",
+];
+
+/// One redis-benchmark collection test on one side.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct CollPoint {
+    pub mode: &'static str,
+    pub test: &'static str,
+    pub requests_per_sec: f64,
+    pub host_cpu_us_per_op: f64,
+    pub dpu_cpu_us_per_op: f64,
+}
+
+/// Runs each served test (50 clients, no pipelining, `-r` over the plan's redis-benchmark
+/// keys) on `side`, with the server's CPU per request.
+pub(super) fn run(side: &Side, mode: Mode, p: &Plan) -> Result<Vec<CollPoint>> {
+    let mut out = Vec::new();
+    for &test in SERVED {
+        let before = snap(side);
+        let o = Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", &side.addr.port().to_string()])
+            .args(["-t", test, "-c", "50"])
+            .args(["-n", &p.requests.to_string(), "-r", &p.rb_keys.to_string()])
+            .arg("--csv")
+            .output()
+            .context("run redis-benchmark (package redis-tools)")?;
+        let after = snap(side);
+        let text = String::from_utf8_lossy(&o.stdout);
+        let name = format!("\"{}\"", test.to_ascii_uppercase());
+        let rps: f64 = text
+            .lines()
+            .find(|l| l.starts_with(&name))
+            .and_then(|l| l.split(',').nth(1))
+            .and_then(|v| v.trim_matches('"').parse().ok())
+            .with_context(|| format!("redis-benchmark {test} output: {text}"))?;
+        let n = p.requests as f64;
+        let pt = CollPoint {
+            mode: mode.name(),
+            test,
+            requests_per_sec: rps,
+            host_cpu_us_per_op: (after.host - before.host) * 1e6 / n,
+            dpu_cpu_us_per_op: (after.dpu - before.dpu) * 1e6 / n,
+        };
+        eprintln!(
+            "  redis-benchmark {test:<5} {:>9.0} req/s  host {:>6.2} µs/op",
+            pt.requests_per_sec, pt.host_cpu_us_per_op
+        );
+        out.push(pt);
+    }
+    Ok(out)
+}
+
+/// Log bytes per HSET of a new field on a large hash, against the bytes of the field, its
+/// value and one record header (32).
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct HsetBytes {
+    pub hash_fields: u64,
+    pub hsets_measured: u64,
+    pub log_bytes_per_hset: f64,
+    pub element_bytes: u64,
+    pub ratio: f64,
+}
+
+const VALUE: &[u8] = b"vvvvvvvv";
+
+fn field(i: u64) -> String {
+    format!("field:{i:010}")
+}
+
+/// Pipelined `HSET key field value` for fields `from..to`, each reply checked.
+fn hsets(s: &mut TcpStream, key: &str, from: u64, to: u64) -> Result<()> {
+    let mut sink = vec![0u8; 1 << 16];
+    let mut i = from;
+    while i < to {
+        let end = (i + 1000).min(to);
+        let mut out = Vec::new();
+        for f in i..end {
+            push_cmd(
+                &mut out,
+                &[b"HSET", key.as_bytes(), field(f).as_bytes(), VALUE],
+            );
+        }
+        s.write_all(&out)?;
+        // Each reply is `:1\r\n` (a new field).
+        let want = (end - i) as usize * 4;
+        let mut got = 0;
+        while got < want {
+            let m = s.read(&mut sink)?;
+            if m == 0 {
+                bail!("the server closed the connection during HSETs");
+            }
+            if sink[..m].contains(&b'-') {
+                bail!("HSET failed: {}", String::from_utf8_lossy(&sink[..m]));
+            }
+            got += m;
+        }
+        i = end;
+    }
+    Ok(())
+}
+
+/// `log_tail` from `INFO engine`.
+fn log_tail(s: &mut TcpStream) -> Result<u64> {
+    let mut cmd = Vec::new();
+    push_cmd(&mut cmd, &[b"INFO", b"engine"]);
+    s.write_all(&cmd)?;
+    let mut text = Vec::new();
+    let mut b = [0u8; 4096];
+    // A bulk reply: `$<len>\r\n` + text + `\r\n`.
+    loop {
+        let m = s.read(&mut b)?;
+        if m == 0 {
+            bail!("the server closed the connection during INFO");
+        }
+        text.extend_from_slice(&b[..m]);
+        if let Some(nl) = text.windows(2).position(|w| w == b"\r\n") {
+            let len: usize = std::str::from_utf8(&text[1..nl])?.parse()?;
+            if text.len() >= nl + 2 + len + 2 {
+                break;
+            }
+        }
+    }
+    let t = String::from_utf8_lossy(&text);
+    t.lines()
+        .find_map(|l| l.strip_prefix("log_tail:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("INFO engine has no log_tail")
+}
+
+/// Builds a hash of `fields` fields at `addr`, then measures the log bytes of 1,000 HSETs of
+/// new fields.
+pub(super) fn hset_log_bytes(addr: SocketAddr, fields: u64) -> Result<HsetBytes> {
+    let mut s = TcpStream::connect(addr)?;
+    let key = "bench:bighash";
+    let bar = crate::progress::bar(fields, false);
+    bar.set_message(format!("HSET: a hash of {fields} fields"));
+    let mut at = 0;
+    while at < fields {
+        let end = (at + 100_000).min(fields);
+        hsets(&mut s, key, at, end)?;
+        at = end;
+        bar.set_position(at);
+    }
+    bar.finish_and_clear();
+    let n = 1000;
+    let before = log_tail(&mut s)?;
+    hsets(&mut s, key, fields, fields + n)?;
+    let after = log_tail(&mut s)?;
+    let per = (after - before) as f64 / n as f64;
+    let element = (field(0).len() + VALUE.len() + 32) as u64;
+    Ok(HsetBytes {
+        hash_fields: fields,
+        hsets_measured: n,
+        log_bytes_per_hset: per,
+        element_bytes: element,
+        ratio: per / element as f64,
+    })
+}
