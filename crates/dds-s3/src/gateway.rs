@@ -1,7 +1,7 @@
 //! The `S3` trait of `s3s` on the object cluster (`docs/s3.md`, "Operations on these objects").
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use dds_objstore::{KvPairs, ObjectId};
@@ -31,9 +31,12 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    pool: u64,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) pool: u64,
+    /// The orphan sweep's grace: a write under a new instance stops once half of it passed
+    /// since its previous stripe write ([`Fresh`]).
+    grace: Duration,
     /// One permit per stripe buffer a request may hold while its body streams in.
     buffers: tokio::sync::Semaphore,
     /// Stripe buffers of finished requests, reused by the next ones.
@@ -121,7 +124,7 @@ fn check_md5(content_md5: Option<&str>, digest: &[u8; 16]) -> S3Result<()> {
 }
 
 /// `Ok(None)` for a cluster object that does not exist.
-fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
+pub(crate) fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.status == Status::NotFound => Ok(None),
@@ -129,7 +132,7 @@ fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
     }
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -182,8 +185,46 @@ fn before(prefix: &[u8]) -> Option<Vec<u8>> {
     Some(s)
 }
 
+/// The writer's side of the orphan sweep (`docs/s3.md`, "Orphaned stripes"): a write of
+/// stripes under a new instance goes on only while less than half the sweep's grace passed
+/// since it sent its previous stripe write, so a sweep never takes the stripes of a write that
+/// may still make them referenced.
+struct Fresh {
+    /// When the previous stripe write was sent (`None`: none yet).
+    last: Option<Instant>,
+    limit: Duration,
+}
+
+impl Fresh {
+    fn new(grace: Duration) -> Fresh {
+        Fresh {
+            last: None,
+            limit: grace / 2,
+        }
+    }
+
+    /// Before the record that makes the stripes referenced is written.
+    fn check(&self) -> S3Result<()> {
+        match self.last {
+            Some(t) if t.elapsed() > self.limit => Err(s3_error!(
+                RequestTimeout,
+                "the write stalled for more than {} s between two stripes",
+                self.limit.as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Before a stripe write is sent.
+    fn stripe(&mut self) -> S3Result<()> {
+        self.check()?;
+        self.last = Some(Instant::now());
+        Ok(())
+    }
+}
+
 impl Inner {
-    fn oid(&self, name: impl Into<Vec<u8>>) -> ObjectId {
+    pub(crate) fn oid(&self, name: impl Into<Vec<u8>>) -> ObjectId {
         ObjectId::new(self.pool, name)
     }
 
@@ -196,21 +237,35 @@ impl Inner {
         Ok(absent(self.client.omap_list(&self.oid(obj), after, max))?.unwrap_or_default())
     }
 
-    /// Every entry of an omap, in pages.
-    fn omap_all(&self, obj: &[u8]) -> Result<KvPairs, OpError> {
-        let mut out: KvPairs = Vec::new();
+    /// Every entry of an omap, given to `f` a page at a time.
+    pub(crate) fn omap_pages<E: From<OpError>>(
+        &self,
+        obj: &[u8],
+        mut f: impl FnMut(KvPairs) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut after: Option<Vec<u8>> = None;
         loop {
-            let after = out.last().map(|e| e.0.clone());
             let page = self.omap_page(obj, after.as_deref(), PAGE)?;
-            let n = page.len();
-            out.extend(page);
-            if n < PAGE as usize {
-                return Ok(out);
+            let full = page.len() >= PAGE as usize;
+            after = page.last().map(|e| e.0.clone());
+            f(page)?;
+            if !full {
+                return Ok(());
             }
         }
     }
 
-    fn remove_quiet(&self, name: &[u8]) -> Result<(), OpError> {
+    /// Every entry of an omap, read in pages.
+    pub(crate) fn omap_all(&self, obj: &[u8]) -> Result<KvPairs, OpError> {
+        let mut out: KvPairs = Vec::new();
+        self.omap_pages(obj, |page| {
+            out.extend(page);
+            Ok::<(), OpError>(())
+        })?;
+        Ok(out)
+    }
+
+    pub(crate) fn remove_quiet(&self, name: &[u8]) -> Result<(), OpError> {
         absent(self.client.remove(&self.oid(name))).map(drop)
     }
 
@@ -340,7 +395,9 @@ impl Inner {
         part: u32,
         rec: &PartRecord,
         old: Option<Vec<u8>>,
+        fresh: &Fresh,
     ) -> S3Result<()> {
+        fresh.check()?;
         self.client
             .omap_set(
                 &self.oid(parts_name(upload)),
@@ -364,11 +421,13 @@ impl Inner {
         end: u64,
         upload: u64,
         part: u32,
+        fresh: &mut Fresh,
     ) -> S3Result<[u8; 16]> {
         let mut md5 = Md5::new();
         let mut buf: Vec<u8> = Vec::new();
         let mut stripes = 0u64;
-        let flush = |buf: &mut Vec<u8>, stripes: &mut u64| -> S3Result<()> {
+        let mut flush = |buf: &mut Vec<u8>, stripes: &mut u64| -> S3Result<()> {
+            fresh.stripe()?;
             let name = stripe_name(upload, part, *stripes);
             self.client
                 .write_full(&self.oid(name), buf)
@@ -433,17 +492,33 @@ impl Inner {
 impl Gateway {
     /// A gateway storing in pool `pool` of the cluster `client` reaches, with at most
     /// `stripe_buffers` request bodies being gathered into stripes at once (the others wait).
-    pub fn new(client: Client, pool: u64, stripe_buffers: usize) -> Gateway {
+    /// `grace` is the orphan sweep's (`docs/s3.md`, "Orphaned stripes").
+    pub fn new(client: Client, pool: u64, stripe_buffers: usize, grace: Duration) -> Gateway {
         let stripe_buffers = stripe_buffers.max(1);
         Gateway {
             inner: Arc::new(Inner {
                 client,
                 pool,
+                grace,
                 buffers: tokio::sync::Semaphore::new(stripe_buffers),
                 spare: std::sync::Mutex::new(Vec::with_capacity(stripe_buffers)),
                 shards: std::sync::Mutex::new(std::collections::HashMap::new()),
             }),
         }
+    }
+
+    /// One sweep of the pool's orphaned stripes (`docs/s3.md`, "Orphaned stripes").
+    pub fn sweep(&self) -> Result<crate::sweep::Sweep, crate::sweep::SweepError> {
+        crate::sweep::sweep(&self.inner, self.inner.grace)
+    }
+
+    /// Sweeps now and then every `every` on a thread of its own (`every` zero: never).
+    pub fn sweep_every(&self, every: Duration) -> std::io::Result<()> {
+        let inner = self.inner.clone();
+        std::thread::Builder::new()
+            .name("s3-sweep".into())
+            .spawn(move || crate::sweep::sweep_forever(&inner, inner.grace, every))
+            .map(drop)
     }
 
     /// Runs `f` on the blocking pool (the cluster client is synchronous).
@@ -474,8 +549,9 @@ impl Gateway {
         part: u32,
         body: Option<StreamingBlob>,
         content_md5: Option<String>,
-    ) -> S3Result<(u64, [u8; 16])> {
+    ) -> S3Result<(u64, [u8; 16], Fresh)> {
         let mut md5 = Md5::new();
+        let mut fresh = Fresh::new(self.inner.grace);
         let (mut size, mut stripes) = (0u64, 0u64);
         let mut digest = [0u8; 16];
         let r = async {
@@ -502,6 +578,7 @@ impl Gateway {
                     buf.extend_from_slice(&rest[..take]);
                     rest = &rest[take..];
                     if buf.len() == STRIPE as usize || (last && rest.is_empty()) {
+                        fresh.stripe()?;
                         let name = stripe_name(instance, part, stripes);
                         buf = self
                             .run(move |i| {
@@ -536,7 +613,7 @@ impl Gateway {
                 .await;
             return Err(e);
         }
-        Ok((size, digest))
+        Ok((size, digest, fresh))
     }
 
     /// One page of a bucket's listing (ListObjects, ListObjectsV2).
@@ -702,7 +779,7 @@ impl S3 for Gateway {
             .write_body(instance, 0, input.body, input.content_md5)
             .await;
         let old = old.await.ok().flatten();
-        let (size, md5) = written?;
+        let (size, md5, fresh) = written?;
         let rec = ObjectRecord {
             size,
             mtime_ns: now_ns(),
@@ -723,6 +800,10 @@ impl S3 for Gateway {
         };
         let tag = etag(&rec.etag);
         self.run(move |i| {
+            if let Err(e) = fresh.check() {
+                let _ = i.remove_data(&rec);
+                return Err(e);
+            }
             i.set_record(&bucket, &key, &rec)?;
             match old.filter(|o| o.instance != rec.instance) {
                 Some(old) => i.remove_data(&old),
@@ -809,7 +890,9 @@ impl S3 for Gateway {
                     rec.meta = sorted_meta(meta);
                 }
                 // Stripe by stripe, through this gateway: one stripe in memory.
+                let mut fresh = Fresh::new(i.grace);
                 let copied = rec.stripes().try_for_each(|(p, j)| {
+                    fresh.stripe()?;
                     let data = i
                         .client
                         .read_full(&i.oid(stripe_name(src.instance, p, j)))
@@ -821,6 +904,7 @@ impl S3 for Gateway {
                 });
                 let old = match copied.and_then(|()| {
                     let old = i.record(&bucket, &key)?;
+                    fresh.check()?;
                     i.set_record(&bucket, &key, &rec).map(|()| old)
                 }) {
                     Ok(old) => old,
@@ -1006,7 +1090,7 @@ impl S3 for Gateway {
                 Ok((upload, old))
             })
             .await?;
-        let (size, md5) = self
+        let (size, md5, fresh) = self
             .write_body(upload, part, input.body, input.content_md5)
             .await?;
         let rec = PartRecord {
@@ -1014,7 +1098,7 @@ impl S3 for Gateway {
             md5,
             mtime_ns: now_ns(),
         };
-        self.run(move |i| i.finish_part(upload, part, &rec, old))
+        self.run(move |i| i.finish_part(upload, part, &rec, old, &fresh))
             .await?;
         Ok(S3Response::new(UploadPartOutput {
             e_tag: Some(etag(&hex::encode(md5))),
@@ -1043,13 +1127,14 @@ impl S3 for Gateway {
                 let old = i
                     .omap_get1(&parts_name(upload), &part.to_be_bytes())
                     .map_err(cluster)?;
-                let md5 = i.copy_range(&src, start, end, upload, part)?;
+                let mut fresh = Fresh::new(i.grace);
+                let md5 = i.copy_range(&src, start, end, upload, part, &mut fresh)?;
                 let rec = PartRecord {
                     size: end - start,
                     md5,
                     mtime_ns: now_ns(),
                 };
-                i.finish_part(upload, part, &rec, old)?;
+                i.finish_part(upload, part, &rec, old, &fresh)?;
                 Ok(rec)
             })
             .await?;

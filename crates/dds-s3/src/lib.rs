@@ -15,6 +15,7 @@
 
 pub mod gateway;
 pub mod record;
+pub mod sweep;
 
 use std::net::SocketAddr;
 
@@ -37,6 +38,10 @@ pub struct Config {
     pub stripe_buffers: usize,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Orphaned stripes younger than this are left alone (`docs/s3.md`, "Orphaned stripes").
+    pub orphan_grace: std::time::Duration,
+    /// Time between two sweeps of orphaned stripes, the first at start (zero: no sweeps).
+    pub sweep_interval: std::time::Duration,
 }
 
 /// How long a client may take to send a request's headers.
@@ -51,12 +56,25 @@ pub fn serve(
     ready: impl FnOnce(SocketAddr),
 ) -> std::io::Result<()> {
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if cfg.threads > 0 {
-        rt.worker_threads(cfg.threads);
-    }
+    let workers = match cfg.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    rt.worker_threads(workers);
+    // The runtime starts its workers first: they serve the connections (`s3-worker`); the
+    // threads started later run the cluster calls (`s3-blocking`).
+    let started = std::sync::atomic::AtomicUsize::new(0);
+    rt.thread_name_fn(move || {
+        match started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < workers {
+            true => "s3-worker".into(),
+            false => "s3-blocking".into(),
+        }
+    });
     let rt = rt.enable_all().build()?;
+    let gateway = Gateway::new(client, cfg.pool, cfg.stripe_buffers, cfg.orphan_grace);
+    gateway.sweep_every(cfg.sweep_interval)?;
     let service = {
-        let mut b = S3ServiceBuilder::new(Gateway::new(client, cfg.pool, cfg.stripe_buffers));
+        let mut b = S3ServiceBuilder::new(gateway);
         b.set_auth(SimpleAuth::from_single(cfg.access_key, cfg.secret_key));
         b.build()
     };
