@@ -147,8 +147,8 @@ fn random_id() -> u64 {
     rand::random::<u64>().max(1)
 }
 
-fn etag(text: &str) -> ETag {
-    ETag::Strong(text.to_string())
+fn etag(text: String) -> ETag {
+    ETag::Strong(text)
 }
 
 /// User metadata in a stable order (the record's).
@@ -158,8 +158,13 @@ fn sorted_meta(meta: Option<Metadata>) -> Vec<(String, String)> {
     m
 }
 
-fn meta_map(meta: &[(String, String)]) -> Option<Metadata> {
-    (!meta.is_empty()).then(|| meta.iter().cloned().collect())
+fn meta_map(meta: Vec<(String, String)>) -> Option<Metadata> {
+    (!meta.is_empty()).then(|| meta.into_iter().collect())
+}
+
+/// A record's Content-Type as S3 answers it (none when empty).
+fn content_type(text: String) -> Option<String> {
+    (!text.is_empty()).then_some(text)
 }
 
 fn check_key(key: &str) -> S3Result<()> {
@@ -579,9 +584,10 @@ impl Gateway {
                     rest = &rest[take..];
                     if buf.len() == STRIPE as usize || (last && rest.is_empty()) {
                         fresh.stripe()?;
-                        let name = stripe_name(instance, part, stripes);
+                        let stripe = stripes;
                         buf = self
                             .run(move |i| {
+                                let name = stripe_name(instance, part, stripe);
                                 i.client.write_full(&i.oid(name), &buf).map_err(cluster)?;
                                 let mut buf = buf;
                                 buf.clear();
@@ -637,12 +643,11 @@ impl Gateway {
 
     /// The body of bytes `start..end` of `rec`: its stripes read in order on the blocking
     /// pool, at most one read ahead of the one being sent.
-    fn body(&self, rec: &ObjectRecord, start: u64, end: u64) -> StreamingBlob {
-        let pieces = rec.pieces(start, end);
+    fn body(&self, rec: ObjectRecord, start: u64, end: u64) -> StreamingBlob {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
         let (inner, instance) = (self.inner.clone(), rec.instance);
         tokio::task::spawn_blocking(move || {
-            for (p, j, off, len) in pieces {
+            for (p, j, off, len) in rec.pieces(start, end) {
                 let oid = inner.oid(stripe_name(instance, p, j));
                 let r = match inner.client.read(&oid, off, len) {
                     Ok(d) if d.len() as u64 == len => Ok(Bytes::from(d)),
@@ -798,21 +803,21 @@ impl S3 for Gateway {
                 Vec::new()
             },
         };
-        let tag = etag(&rec.etag);
-        self.run(move |i| {
-            if let Err(e) = fresh.check() {
-                let _ = i.remove_data(&rec);
-                return Err(e);
-            }
-            i.set_record(&bucket, &key, &rec)?;
-            match old.filter(|o| o.instance != rec.instance) {
-                Some(old) => i.remove_data(&old),
-                None => Ok(()),
-            }
-        })
-        .await?;
+        let tag = self
+            .run(move |i| {
+                if let Err(e) = fresh.check() {
+                    let _ = i.remove_data(&rec);
+                    return Err(e);
+                }
+                i.set_record(&bucket, &key, &rec)?;
+                if let Some(old) = old.filter(|o| o.instance != rec.instance) {
+                    i.remove_data(&old)?;
+                }
+                Ok(rec.etag)
+            })
+            .await?;
         Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(tag),
+            e_tag: Some(etag(tag)),
             ..PutObjectOutput::default()
         }))
     }
@@ -823,7 +828,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
         let (bucket, key) = (input.bucket, input.key);
-        let rec = self.run(move |i| i.existing(&bucket, &key)).await?;
+        let mut rec = self.run(move |i| i.existing(&bucket, &key)).await?;
         let (range, content_range) = match input.range {
             Some(r) => {
                 let r = r.check(rec.size)?;
@@ -832,18 +837,19 @@ impl S3 for Gateway {
             }
             None => (0..rec.size, None),
         };
-        let body = self.body(&rec, range.start, range.end);
-        Ok(S3Response::new(GetObjectOutput {
-            body: Some(body),
+        // The record's strings move into the answer; its runs go on to the body's reads.
+        let mut out = GetObjectOutput {
             content_length: Some((range.end - range.start) as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
-            e_tag: Some(etag(&rec.etag)),
+            e_tag: Some(etag(std::mem::take(&mut rec.etag))),
             last_modified: Some(timestamp(rec.mtime_ns)),
-            content_type: (!rec.content_type.is_empty()).then(|| rec.content_type.clone()),
-            metadata: meta_map(&rec.meta),
+            content_type: content_type(std::mem::take(&mut rec.content_type)),
+            metadata: meta_map(std::mem::take(&mut rec.meta)),
             ..GetObjectOutput::default()
-        }))
+        };
+        out.body = Some(self.body(rec, range.start, range.end));
+        Ok(S3Response::new(out))
     }
 
     async fn head_object(
@@ -856,10 +862,10 @@ impl S3 for Gateway {
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(rec.size as i64),
             accept_ranges: Some("bytes".into()),
-            e_tag: Some(etag(&rec.etag)),
+            e_tag: Some(etag(rec.etag)),
             last_modified: Some(timestamp(rec.mtime_ns)),
-            content_type: (!rec.content_type.is_empty()).then(|| rec.content_type.clone()),
-            metadata: meta_map(&rec.meta),
+            content_type: content_type(rec.content_type),
+            metadata: meta_map(rec.meta),
             ..HeadObjectOutput::default()
         }))
     }
@@ -921,7 +927,7 @@ impl S3 for Gateway {
             .await?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
-                e_tag: Some(etag(&rec.etag)),
+                e_tag: Some(etag(rec.etag)),
                 last_modified: Some(timestamp(rec.mtime_ns)),
                 ..CopyObjectResult::default()
             }),
@@ -1101,7 +1107,7 @@ impl S3 for Gateway {
         self.run(move |i| i.finish_part(upload, part, &rec, old, &fresh))
             .await?;
         Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(etag(&hex::encode(md5))),
+            e_tag: Some(etag(hex::encode(md5))),
             ..UploadPartOutput::default()
         }))
     }
@@ -1140,7 +1146,7 @@ impl S3 for Gateway {
             .await?;
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
-                e_tag: Some(etag(&hex::encode(rec.md5))),
+                e_tag: Some(etag(hex::encode(rec.md5))),
                 last_modified: Some(timestamp(rec.mtime_ns)),
                 ..CopyPartResult::default()
             }),
@@ -1197,7 +1203,7 @@ impl S3 for Gateway {
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
-            e_tag: Some(etag(&tag)),
+            e_tag: Some(etag(tag)),
             ..CompleteMultipartUploadOutput::default()
         }))
     }
@@ -1247,7 +1253,7 @@ impl S3 for Gateway {
             .map(|(n, p)| Part {
                 part_number: Some(n as i32),
                 size: Some(p.size as i64),
-                e_tag: Some(etag(&hex::encode(p.md5))),
+                e_tag: Some(etag(hex::encode(p.md5))),
                 last_modified: Some(timestamp(p.mtime_ns)),
                 ..Part::default()
             })
@@ -1354,7 +1360,7 @@ impl ListPage {
             .map(|(key, rec)| Object {
                 key: Some(key),
                 size: Some(rec.size as i64),
-                e_tag: Some(etag(&rec.etag)),
+                e_tag: Some(etag(rec.etag)),
                 last_modified: Some(timestamp(rec.mtime_ns)),
                 storage_class: Some(ObjectStorageClass::from_static(
                     ObjectStorageClass::STANDARD,
@@ -1540,7 +1546,7 @@ mod tests {
     fn parts_must_ascend_exist_match_and_be_large_enough() {
         let part = |n: i32, tag: &str| CompletedPart {
             part_number: Some(n),
-            e_tag: Some(etag(tag)),
+            e_tag: Some(etag(tag.to_string())),
             ..CompletedPart::default()
         };
         let rec = |size: u64, b: u8| PartRecord {

@@ -44,6 +44,12 @@ pub struct Config {
     pub sweep_interval: std::time::Duration,
 }
 
+/// Largest read buffer of a connection: a request's headers must fit, and a body is read in
+/// blocks of at most this size (the HTTP layer takes a new block for a read while the previous
+/// one's chunk is still being copied into a stripe buffer; blocks this size stay out of the
+/// allocator's mmap range).
+const READ_BUFFER: usize = 64 << 10;
+
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -85,7 +91,8 @@ pub fn serve(
         let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         http.http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(READ_BUFFER);
         let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         loop {
             let Ok(slot) = slots.clone().acquire_owned().await else {
