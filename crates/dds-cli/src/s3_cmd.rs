@@ -40,8 +40,9 @@ pub struct S3Args {
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
     /// Orphaned stripes (of writes that never completed) younger than this many seconds are
-    /// left alone by the sweep; a write stalled for half of it between two stripes fails.
-    #[arg(long, default_value_t = 3600)]
+    /// left alone by the sweep; a write stalled for half of it between two stripes fails
+    /// (at least 2).
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(2..))]
     orphan_grace: u64,
     /// Seconds between two sweeps of orphaned stripes, the first at start (0: no sweeps).
     #[arg(long, default_value_t = 3600)]

@@ -551,6 +551,15 @@ fn a_gateway_without_keys_or_pool_refuses_to_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no pool nope in the map"));
+    // A grace too short for any write to finish between two stripes.
+    let out = Command::new(DDS)
+        .args(["s3", "--access-key", ACCESS, "--secret-key", SECRET])
+        .args(["--orphan-grace", "1", "--map"])
+        .arg(&map)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--orphan-grace"));
 }
 
 #[test]
