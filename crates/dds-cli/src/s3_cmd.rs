@@ -39,6 +39,14 @@ pub struct S3Args {
     /// Connections served at once; further clients wait in the listen backlog.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Orphaned stripes (of writes that never completed) younger than this many seconds are
+    /// left alone by the sweep; a write stalled for half of it between two stripes fails
+    /// (at least 2).
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(2..))]
+    orphan_grace: u64,
+    /// Seconds between two sweeps of orphaned stripes, the first at start (0: no sweeps).
+    #[arg(long, default_value_t = 3600)]
+    sweep_interval: u64,
     /// Options from a TOML file (keys are the long option names); the command line wins.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -60,6 +68,8 @@ pub fn run(a: S3Args) -> Result<()> {
         threads: a.threads,
         stripe_buffers: a.stripe_buffers,
         max_connections: a.max_connections,
+        orphan_grace: std::time::Duration::from_secs(a.orphan_grace),
+        sweep_interval: std::time::Duration::from_secs(a.sweep_interval),
     };
     dds_s3::serve(client, listener, cfg, |addr| {
         println!(

@@ -551,6 +551,15 @@ fn a_gateway_without_keys_or_pool_refuses_to_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no pool nope in the map"));
+    // A grace too short for any write to finish between two stripes.
+    let out = Command::new(DDS)
+        .args(["s3", "--access-key", ACCESS, "--secret-key", SECRET])
+        .args(["--orphan-grace", "1", "--map"])
+        .arg(&map)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--orphan-grace"));
 }
 
 #[test]
@@ -664,4 +673,296 @@ fn connections_beyond_the_limit_wait_for_a_free_slot() {
         String::from_utf8_lossy(&out)
     );
     common::assert_alive(&mut gw, "dds s3");
+}
+
+/// A PUT through a presigned URL of `total` bytes that sends `send` of them, prints "sent",
+/// then stalls (`stall`) or closes its connection (`close`).
+const PARTIAL_PUT: &str = r#"
+import http.client, sys, time, urllib.parse
+import boto3
+from botocore.config import Config
+endpoint, access, secret, bucket, key, total, send, mode = sys.argv[1:9]
+s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=access,
+                  aws_secret_access_key=secret, region_name="us-east-1",
+                  config=Config(signature_version="s3v4"))
+url = urllib.parse.urlsplit(s3.generate_presigned_url(
+    "put_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=600))
+c = http.client.HTTPConnection(url.hostname, url.port)
+c.putrequest("PUT", url.path + "?" + url.query)
+c.putheader("Content-Length", total)
+c.endheaders()
+chunk = bytes(range(256)) * 4096
+for _ in range(int(send) // len(chunk)):
+    c.send(chunk)
+print("sent", flush=True)
+if mode == "stall":
+    time.sleep(600)
+c.sock.close()
+"#;
+
+/// Starts [`PARTIAL_PUT`] and waits for its "sent".
+fn partial_put(
+    addr: SocketAddr,
+    dir: &Path,
+    key: &str,
+    total: usize,
+    send: usize,
+    mode: &str,
+) -> Guard {
+    use std::io::BufRead;
+    let script = dir.join("partial_put.py");
+    std::fs::write(&script, PARTIAL_PUT).unwrap();
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{addr}"))
+        .args([ACCESS, SECRET, "orphans", key])
+        .args([total.to_string(), send.to_string(), mode.to_string()])
+        .env("AWS_CONFIG_FILE", dir.join("no-aws-config"))
+        .env(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            dir.join("no-aws-credentials"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with boto3");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "sent");
+    Guard(child)
+}
+
+/// `s3api put-object` of the file `file` as `key` of bucket `orphans`.
+fn put_file(addr: SocketAddr, dir: &Path, key: &str, file: &str) {
+    let args = ["s3api", "put-object", "--bucket", "orphans", "--key"];
+    aws(addr, dir, &[&args[..], &[key, "--body", file]].concat());
+}
+
+/// `s3api get-object` of `key` of bucket `orphans`: its bytes.
+fn get_file(addr: SocketAddr, dir: &Path, key: &str) -> Vec<u8> {
+    let _ = std::fs::remove_file(dir.join("out.bin"));
+    let args = ["s3api", "get-object", "--bucket", "orphans", "--key"];
+    aws(addr, dir, &[&args[..], &[key, "out.bin"]].concat());
+    std::fs::read(dir.join("out.bin")).unwrap()
+}
+
+/// The stripe objects of the pool, as `dds objects ls` lists them.
+fn stripe_objects(c: &OsdCluster) -> std::collections::BTreeSet<String> {
+    let mut ls = Command::new(DDS);
+    ls.args(["objects", "--pool", "data", "--map"])
+        .arg(&c.map)
+        .arg("ls");
+    String::from_utf8(common::stdout_of(&mut ls))
+        .unwrap()
+        .lines()
+        .filter(|n| n.starts_with("s3.data."))
+        .map(String::from)
+        .collect()
+}
+
+/// The stripes of `now` that are not in `before`, by instance (the 16 hex digits).
+fn new_instances(
+    before: &std::collections::BTreeSet<String>,
+    now: &std::collections::BTreeSet<String>,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for n in now.difference(before) {
+        *out.entry(n["s3.data.".len()..][..16].to_string())
+            .or_insert(0) += 1;
+    }
+    out
+}
+
+/// Polls until `done` holds of the pool's stripes (60 s at most).
+fn wait_stripes(
+    c: &OsdCluster,
+    what: &str,
+    done: impl Fn(&std::collections::BTreeSet<String>) -> bool,
+) -> std::collections::BTreeSet<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let now = stripe_objects(c);
+        if done(&now) {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {now:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The orphan sweep (docs/s3.md, "Orphaned stripes") with a grace of 10 s (a write may stall
+/// 5 s between stripes) and a sweep every second: the stripes of a PUT whose gateway was
+/// killed, and leftovers of replaced objects and parts, are removed once old enough; every
+/// stripe of an acknowledged object or of an upload in progress stays.
+#[test]
+fn orphaned_stripes_of_a_killed_put_and_of_replaced_objects_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = cluster(d);
+    let sweep = ["--orphan-grace", "10", "--sweep-interval", "1"];
+    let (mut gw, addr) = gateway(&c, &sweep);
+    aws(addr, d, &["s3", "mb", "s3://orphans"]);
+
+    // Acknowledged objects: three stripes, one byte, and a multipart upload in progress with
+    // one part of two stripes (its parts are referenced by the upload, not by an object).
+    let three = pattern(9 << 20, 11);
+    let tiny = pattern(1, 12);
+    std::fs::write(d.join("three.bin"), &three).unwrap();
+    std::fs::write(d.join("tiny.bin"), &tiny).unwrap();
+    put_file(addr, d, "three", "three.bin");
+    put_file(addr, d, "tiny", "tiny.bin");
+    let part = pattern(5 << 20, 13);
+    std::fs::write(d.join("part.bin"), &part).unwrap();
+    let up: serde_json::Value = serde_json::from_str(&aws(
+        addr,
+        d,
+        &[
+            "s3api",
+            "create-multipart-upload",
+            "--bucket",
+            "orphans",
+            "--key",
+            "multi",
+        ],
+    ))
+    .unwrap();
+    let upload = up["UploadId"].as_str().unwrap().to_string();
+    let upload_part = |body: &str| {
+        let args = [
+            "s3api",
+            "upload-part",
+            "--bucket",
+            "orphans",
+            "--key",
+            "multi",
+        ];
+        let out = aws(
+            addr,
+            d,
+            &[
+                &args[..],
+                &[
+                    "--upload-id",
+                    upload.as_str(),
+                    "--part-number",
+                    "1",
+                    "--body",
+                    body,
+                ],
+            ]
+            .concat(),
+        );
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["ETag"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // The part first of three stripes, then again of two: the gateway removes the third.
+    upload_part("three.bin");
+    let before_part = stripe_objects(&c);
+    let tag = upload_part("part.bin");
+    let acked = stripe_objects(&c);
+    assert_eq!(
+        before_part.len(),
+        acked.len() + 1,
+        "the part's third stripe is removed"
+    );
+    assert_eq!(acked.len(), 3 + 1 + 2);
+
+    // An overwrite with fewer stripes: the old instance's three go, the new one's one stays.
+    let shrink = pattern(9 << 20, 14);
+    std::fs::write(d.join("shrink.bin"), &shrink).unwrap();
+    put_file(addr, d, "shrink", "shrink.bin");
+    let with_shrink = stripe_objects(&c);
+    let old = new_instances(&acked, &with_shrink);
+    assert_eq!(old.values().copied().collect::<Vec<_>>(), [3]);
+    put_file(addr, d, "shrink", "tiny.bin");
+    let acked = stripe_objects(&c);
+    let new = new_instances(&with_shrink, &acked);
+    assert_eq!(new.values().copied().collect::<Vec<_>>(), [1]);
+    assert!(acked
+        .iter()
+        .all(|n| !n.contains(old.keys().next().unwrap())));
+
+    // A client that goes away half way: the gateway removes the stripes it wrote, before the
+    // sweep's grace lets a sweep do it.
+    drop(partial_put(addr, d, "gone", 40 << 20, 12 << 20, "close"));
+    let closed = std::time::Instant::now();
+    while stripe_objects(&c) == acked && closed.elapsed().as_secs() < 2 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    wait_stripes(&c, "the stripes of a PUT whose client left", |now| {
+        *now == acked
+    });
+    assert!(
+        closed.elapsed().as_secs() < 10,
+        "removed by the gateway, not a sweep"
+    );
+
+    // kill -9 of the gateway while a 64 MiB PUT is half way.
+    let stalled = partial_put(addr, d, "killed", 64 << 20, 16 << 20, "stall");
+    let killed = wait_stripes(&c, "the stripes of the stalled PUT", |now| {
+        new_instances(&acked, now).values().any(|&n| n >= 3)
+    });
+    gw.0.kill().unwrap();
+    gw.0.wait().unwrap();
+    drop(stalled);
+    // What a gateway dying between a record and the removals it owes leaves: stripes beyond
+    // the part's and the new object's sizes, and a whole replaced instance.
+    let client = dds_osd::client::Client::connect_map(&c.map).unwrap();
+    let instance = new.keys().next().unwrap();
+    let planted = [
+        format!("s3.data.{instance}.0.1"),
+        format!("s3.data.{instance}.0.2"),
+        format!("s3.data.{upload}.1.2"),
+        "s3.data.00000000000000aa.0.0".to_string(),
+    ];
+    for name in &planted {
+        let oid = dds_objstore::ObjectId::new(1, name.as_bytes().to_vec());
+        client.write_full(&oid, b"left behind").unwrap();
+    }
+
+    let orphans = new_instances(&acked, &stripe_objects(&c));
+    assert!(
+        orphans.values().sum::<usize>() >= 3 + planted.len(),
+        "{orphans:?}"
+    );
+    assert!(killed.is_subset(&stripe_objects(&c)));
+
+    // The restarted gateway sweeps them once they are older than the grace; every stripe of
+    // an acknowledged object or part stays.
+    let (_gw, addr) = gateway(&c, &sweep);
+    let swept = wait_stripes(&c, "the orphans swept", |now| *now == acked);
+    assert_eq!(swept, acked);
+    for (key, want) in [("three", &three), ("tiny", &tiny), ("shrink", &tiny)] {
+        assert!(get_file(addr, d, key) == *want, "{key}");
+    }
+    let parts = format!(r#"{{"Parts":[{{"PartNumber":1,"ETag":{tag:?}}}]}}"#);
+    aws(
+        addr,
+        d,
+        &[
+            "s3api",
+            "complete-multipart-upload",
+            "--bucket",
+            "orphans",
+            "--key",
+            "multi",
+            "--upload-id",
+            &upload,
+            "--multipart-upload",
+            &parts,
+        ],
+    );
+    assert!(get_file(addr, d, "multi") == part, "multi");
+    for key in ["killed", "gone"] {
+        let out = aws_with(
+            addr,
+            SECRET,
+            d,
+            &["s3api", "head-object", "--bucket", "orphans", "--key", key],
+        );
+        assert!(!out.status.success(), "{key} was never acknowledged");
+    }
 }

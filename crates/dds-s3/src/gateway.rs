@@ -1,7 +1,7 @@
 //! The `S3` trait of `s3s` on the object cluster (`docs/s3.md`, "Operations on these objects").
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use dds_objstore::{KvPairs, ObjectId};
@@ -31,9 +31,12 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    pool: u64,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) pool: u64,
+    /// The orphan sweep's grace: a write under a new instance stops once half of it passed
+    /// since its previous stripe write ([`Fresh`]).
+    grace: Duration,
     /// One permit per stripe buffer a request may hold while its body streams in.
     buffers: tokio::sync::Semaphore,
     /// Stripe buffers of finished requests, reused by the next ones.
@@ -121,7 +124,7 @@ fn check_md5(content_md5: Option<&str>, digest: &[u8; 16]) -> S3Result<()> {
 }
 
 /// `Ok(None)` for a cluster object that does not exist.
-fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
+pub(crate) fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.status == Status::NotFound => Ok(None),
@@ -129,7 +132,7 @@ fn absent<T>(r: Result<T, OpError>) -> Result<Option<T>, OpError> {
     }
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -144,8 +147,8 @@ fn random_id() -> u64 {
     rand::random::<u64>().max(1)
 }
 
-fn etag(text: &str) -> ETag {
-    ETag::Strong(text.to_string())
+fn etag(text: String) -> ETag {
+    ETag::Strong(text)
 }
 
 /// User metadata in a stable order (the record's).
@@ -155,8 +158,13 @@ fn sorted_meta(meta: Option<Metadata>) -> Vec<(String, String)> {
     m
 }
 
-fn meta_map(meta: &[(String, String)]) -> Option<Metadata> {
-    (!meta.is_empty()).then(|| meta.iter().cloned().collect())
+fn meta_map(meta: Vec<(String, String)>) -> Option<Metadata> {
+    (!meta.is_empty()).then(|| meta.into_iter().collect())
+}
+
+/// A record's Content-Type as S3 answers it (none when empty).
+fn content_type(text: String) -> Option<String> {
+    (!text.is_empty()).then_some(text)
 }
 
 fn check_key(key: &str) -> S3Result<()> {
@@ -182,8 +190,46 @@ fn before(prefix: &[u8]) -> Option<Vec<u8>> {
     Some(s)
 }
 
+/// The writer's side of the orphan sweep (`docs/s3.md`, "Orphaned stripes"): a write of
+/// stripes under a new instance goes on only while less than half the sweep's grace passed
+/// since it sent its previous stripe write, so a sweep never takes the stripes of a write that
+/// may still make them referenced.
+struct Fresh {
+    /// When the previous stripe write was sent (`None`: none yet).
+    last: Option<Instant>,
+    limit: Duration,
+}
+
+impl Fresh {
+    fn new(grace: Duration) -> Fresh {
+        Fresh {
+            last: None,
+            limit: grace / 2,
+        }
+    }
+
+    /// Before the record that makes the stripes referenced is written.
+    fn check(&self) -> S3Result<()> {
+        match self.last {
+            Some(t) if t.elapsed() > self.limit => Err(s3_error!(
+                RequestTimeout,
+                "the write stalled for more than {} s between two stripes",
+                self.limit.as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Before a stripe write is sent.
+    fn stripe(&mut self) -> S3Result<()> {
+        self.check()?;
+        self.last = Some(Instant::now());
+        Ok(())
+    }
+}
+
 impl Inner {
-    fn oid(&self, name: impl Into<Vec<u8>>) -> ObjectId {
+    pub(crate) fn oid(&self, name: impl Into<Vec<u8>>) -> ObjectId {
         ObjectId::new(self.pool, name)
     }
 
@@ -196,21 +242,35 @@ impl Inner {
         Ok(absent(self.client.omap_list(&self.oid(obj), after, max))?.unwrap_or_default())
     }
 
-    /// Every entry of an omap, in pages.
-    fn omap_all(&self, obj: &[u8]) -> Result<KvPairs, OpError> {
-        let mut out: KvPairs = Vec::new();
+    /// Every entry of an omap, given to `f` a page at a time.
+    pub(crate) fn omap_pages<E: From<OpError>>(
+        &self,
+        obj: &[u8],
+        mut f: impl FnMut(KvPairs) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut after: Option<Vec<u8>> = None;
         loop {
-            let after = out.last().map(|e| e.0.clone());
             let page = self.omap_page(obj, after.as_deref(), PAGE)?;
-            let n = page.len();
-            out.extend(page);
-            if n < PAGE as usize {
-                return Ok(out);
+            let full = page.len() >= PAGE as usize;
+            after = page.last().map(|e| e.0.clone());
+            f(page)?;
+            if !full {
+                return Ok(());
             }
         }
     }
 
-    fn remove_quiet(&self, name: &[u8]) -> Result<(), OpError> {
+    /// Every entry of an omap, read in pages.
+    pub(crate) fn omap_all(&self, obj: &[u8]) -> Result<KvPairs, OpError> {
+        let mut out: KvPairs = Vec::new();
+        self.omap_pages(obj, |page| {
+            out.extend(page);
+            Ok::<(), OpError>(())
+        })?;
+        Ok(out)
+    }
+
+    pub(crate) fn remove_quiet(&self, name: &[u8]) -> Result<(), OpError> {
         absent(self.client.remove(&self.oid(name))).map(drop)
     }
 
@@ -340,7 +400,9 @@ impl Inner {
         part: u32,
         rec: &PartRecord,
         old: Option<Vec<u8>>,
+        fresh: &Fresh,
     ) -> S3Result<()> {
+        fresh.check()?;
         self.client
             .omap_set(
                 &self.oid(parts_name(upload)),
@@ -364,11 +426,13 @@ impl Inner {
         end: u64,
         upload: u64,
         part: u32,
+        fresh: &mut Fresh,
     ) -> S3Result<[u8; 16]> {
         let mut md5 = Md5::new();
         let mut buf: Vec<u8> = Vec::new();
         let mut stripes = 0u64;
-        let flush = |buf: &mut Vec<u8>, stripes: &mut u64| -> S3Result<()> {
+        let mut flush = |buf: &mut Vec<u8>, stripes: &mut u64| -> S3Result<()> {
+            fresh.stripe()?;
             let name = stripe_name(upload, part, *stripes);
             self.client
                 .write_full(&self.oid(name), buf)
@@ -433,17 +497,33 @@ impl Inner {
 impl Gateway {
     /// A gateway storing in pool `pool` of the cluster `client` reaches, with at most
     /// `stripe_buffers` request bodies being gathered into stripes at once (the others wait).
-    pub fn new(client: Client, pool: u64, stripe_buffers: usize) -> Gateway {
+    /// `grace` is the orphan sweep's (`docs/s3.md`, "Orphaned stripes").
+    pub fn new(client: Client, pool: u64, stripe_buffers: usize, grace: Duration) -> Gateway {
         let stripe_buffers = stripe_buffers.max(1);
         Gateway {
             inner: Arc::new(Inner {
                 client,
                 pool,
+                grace,
                 buffers: tokio::sync::Semaphore::new(stripe_buffers),
                 spare: std::sync::Mutex::new(Vec::with_capacity(stripe_buffers)),
                 shards: std::sync::Mutex::new(std::collections::HashMap::new()),
             }),
         }
+    }
+
+    /// One sweep of the pool's orphaned stripes (`docs/s3.md`, "Orphaned stripes").
+    pub fn sweep(&self) -> Result<crate::sweep::Sweep, crate::sweep::SweepError> {
+        crate::sweep::sweep(&self.inner, self.inner.grace)
+    }
+
+    /// Sweeps now and then every `every` on a thread of its own (`every` zero: never).
+    pub fn sweep_every(&self, every: Duration) -> std::io::Result<()> {
+        let inner = self.inner.clone();
+        std::thread::Builder::new()
+            .name("s3-sweep".into())
+            .spawn(move || crate::sweep::sweep_forever(&inner, inner.grace, every))
+            .map(drop)
     }
 
     /// Runs `f` on the blocking pool (the cluster client is synchronous).
@@ -474,8 +554,9 @@ impl Gateway {
         part: u32,
         body: Option<StreamingBlob>,
         content_md5: Option<String>,
-    ) -> S3Result<(u64, [u8; 16])> {
+    ) -> S3Result<(u64, [u8; 16], Fresh)> {
         let mut md5 = Md5::new();
+        let mut fresh = Fresh::new(self.inner.grace);
         let (mut size, mut stripes) = (0u64, 0u64);
         let mut digest = [0u8; 16];
         let r = async {
@@ -502,9 +583,11 @@ impl Gateway {
                     buf.extend_from_slice(&rest[..take]);
                     rest = &rest[take..];
                     if buf.len() == STRIPE as usize || (last && rest.is_empty()) {
-                        let name = stripe_name(instance, part, stripes);
+                        fresh.stripe()?;
+                        let stripe = stripes;
                         buf = self
                             .run(move |i| {
+                                let name = stripe_name(instance, part, stripe);
                                 i.client.write_full(&i.oid(name), &buf).map_err(cluster)?;
                                 let mut buf = buf;
                                 buf.clear();
@@ -536,7 +619,7 @@ impl Gateway {
                 .await;
             return Err(e);
         }
-        Ok((size, digest))
+        Ok((size, digest, fresh))
     }
 
     /// One page of a bucket's listing (ListObjects, ListObjectsV2).
@@ -560,12 +643,11 @@ impl Gateway {
 
     /// The body of bytes `start..end` of `rec`: its stripes read in order on the blocking
     /// pool, at most one read ahead of the one being sent.
-    fn body(&self, rec: &ObjectRecord, start: u64, end: u64) -> StreamingBlob {
-        let pieces = rec.pieces(start, end);
+    fn body(&self, rec: ObjectRecord, start: u64, end: u64) -> StreamingBlob {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
         let (inner, instance) = (self.inner.clone(), rec.instance);
         tokio::task::spawn_blocking(move || {
-            for (p, j, off, len) in pieces {
+            for (p, j, off, len) in rec.pieces(start, end) {
                 let oid = inner.oid(stripe_name(instance, p, j));
                 let r = match inner.client.read(&oid, off, len) {
                     Ok(d) if d.len() as u64 == len => Ok(Bytes::from(d)),
@@ -702,7 +784,7 @@ impl S3 for Gateway {
             .write_body(instance, 0, input.body, input.content_md5)
             .await;
         let old = old.await.ok().flatten();
-        let (size, md5) = written?;
+        let (size, md5, fresh) = written?;
         let rec = ObjectRecord {
             size,
             mtime_ns: now_ns(),
@@ -721,17 +803,21 @@ impl S3 for Gateway {
                 Vec::new()
             },
         };
-        let tag = etag(&rec.etag);
-        self.run(move |i| {
-            i.set_record(&bucket, &key, &rec)?;
-            match old.filter(|o| o.instance != rec.instance) {
-                Some(old) => i.remove_data(&old),
-                None => Ok(()),
-            }
-        })
-        .await?;
+        let tag = self
+            .run(move |i| {
+                if let Err(e) = fresh.check() {
+                    let _ = i.remove_data(&rec);
+                    return Err(e);
+                }
+                i.set_record(&bucket, &key, &rec)?;
+                if let Some(old) = old.filter(|o| o.instance != rec.instance) {
+                    i.remove_data(&old)?;
+                }
+                Ok(rec.etag)
+            })
+            .await?;
         Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(tag),
+            e_tag: Some(etag(tag)),
             ..PutObjectOutput::default()
         }))
     }
@@ -742,7 +828,7 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let input = req.input;
         let (bucket, key) = (input.bucket, input.key);
-        let rec = self.run(move |i| i.existing(&bucket, &key)).await?;
+        let mut rec = self.run(move |i| i.existing(&bucket, &key)).await?;
         let (range, content_range) = match input.range {
             Some(r) => {
                 let r = r.check(rec.size)?;
@@ -751,18 +837,19 @@ impl S3 for Gateway {
             }
             None => (0..rec.size, None),
         };
-        let body = self.body(&rec, range.start, range.end);
-        Ok(S3Response::new(GetObjectOutput {
-            body: Some(body),
+        // The record's strings move into the answer; its runs go on to the body's reads.
+        let mut out = GetObjectOutput {
             content_length: Some((range.end - range.start) as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
-            e_tag: Some(etag(&rec.etag)),
+            e_tag: Some(etag(std::mem::take(&mut rec.etag))),
             last_modified: Some(timestamp(rec.mtime_ns)),
-            content_type: (!rec.content_type.is_empty()).then(|| rec.content_type.clone()),
-            metadata: meta_map(&rec.meta),
+            content_type: content_type(std::mem::take(&mut rec.content_type)),
+            metadata: meta_map(std::mem::take(&mut rec.meta)),
             ..GetObjectOutput::default()
-        }))
+        };
+        out.body = Some(self.body(rec, range.start, range.end));
+        Ok(S3Response::new(out))
     }
 
     async fn head_object(
@@ -775,10 +862,10 @@ impl S3 for Gateway {
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(rec.size as i64),
             accept_ranges: Some("bytes".into()),
-            e_tag: Some(etag(&rec.etag)),
+            e_tag: Some(etag(rec.etag)),
             last_modified: Some(timestamp(rec.mtime_ns)),
-            content_type: (!rec.content_type.is_empty()).then(|| rec.content_type.clone()),
-            metadata: meta_map(&rec.meta),
+            content_type: content_type(rec.content_type),
+            metadata: meta_map(rec.meta),
             ..HeadObjectOutput::default()
         }))
     }
@@ -809,7 +896,9 @@ impl S3 for Gateway {
                     rec.meta = sorted_meta(meta);
                 }
                 // Stripe by stripe, through this gateway: one stripe in memory.
+                let mut fresh = Fresh::new(i.grace);
                 let copied = rec.stripes().try_for_each(|(p, j)| {
+                    fresh.stripe()?;
                     let data = i
                         .client
                         .read_full(&i.oid(stripe_name(src.instance, p, j)))
@@ -821,6 +910,7 @@ impl S3 for Gateway {
                 });
                 let old = match copied.and_then(|()| {
                     let old = i.record(&bucket, &key)?;
+                    fresh.check()?;
                     i.set_record(&bucket, &key, &rec).map(|()| old)
                 }) {
                     Ok(old) => old,
@@ -837,7 +927,7 @@ impl S3 for Gateway {
             .await?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
-                e_tag: Some(etag(&rec.etag)),
+                e_tag: Some(etag(rec.etag)),
                 last_modified: Some(timestamp(rec.mtime_ns)),
                 ..CopyObjectResult::default()
             }),
@@ -1006,7 +1096,7 @@ impl S3 for Gateway {
                 Ok((upload, old))
             })
             .await?;
-        let (size, md5) = self
+        let (size, md5, fresh) = self
             .write_body(upload, part, input.body, input.content_md5)
             .await?;
         let rec = PartRecord {
@@ -1014,10 +1104,10 @@ impl S3 for Gateway {
             md5,
             mtime_ns: now_ns(),
         };
-        self.run(move |i| i.finish_part(upload, part, &rec, old))
+        self.run(move |i| i.finish_part(upload, part, &rec, old, &fresh))
             .await?;
         Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(etag(&hex::encode(md5))),
+            e_tag: Some(etag(hex::encode(md5))),
             ..UploadPartOutput::default()
         }))
     }
@@ -1043,19 +1133,20 @@ impl S3 for Gateway {
                 let old = i
                     .omap_get1(&parts_name(upload), &part.to_be_bytes())
                     .map_err(cluster)?;
-                let md5 = i.copy_range(&src, start, end, upload, part)?;
+                let mut fresh = Fresh::new(i.grace);
+                let md5 = i.copy_range(&src, start, end, upload, part, &mut fresh)?;
                 let rec = PartRecord {
                     size: end - start,
                     md5,
                     mtime_ns: now_ns(),
                 };
-                i.finish_part(upload, part, &rec, old)?;
+                i.finish_part(upload, part, &rec, old, &fresh)?;
                 Ok(rec)
             })
             .await?;
         Ok(S3Response::new(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
-                e_tag: Some(etag(&hex::encode(rec.md5))),
+                e_tag: Some(etag(hex::encode(rec.md5))),
                 last_modified: Some(timestamp(rec.mtime_ns)),
                 ..CopyPartResult::default()
             }),
@@ -1112,7 +1203,7 @@ impl S3 for Gateway {
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
-            e_tag: Some(etag(&tag)),
+            e_tag: Some(etag(tag)),
             ..CompleteMultipartUploadOutput::default()
         }))
     }
@@ -1162,7 +1253,7 @@ impl S3 for Gateway {
             .map(|(n, p)| Part {
                 part_number: Some(n as i32),
                 size: Some(p.size as i64),
-                e_tag: Some(etag(&hex::encode(p.md5))),
+                e_tag: Some(etag(hex::encode(p.md5))),
                 last_modified: Some(timestamp(p.mtime_ns)),
                 ..Part::default()
             })
@@ -1269,7 +1360,7 @@ impl ListPage {
             .map(|(key, rec)| Object {
                 key: Some(key),
                 size: Some(rec.size as i64),
-                e_tag: Some(etag(&rec.etag)),
+                e_tag: Some(etag(rec.etag)),
                 last_modified: Some(timestamp(rec.mtime_ns)),
                 storage_class: Some(ObjectStorageClass::from_static(
                     ObjectStorageClass::STANDARD,
@@ -1455,7 +1546,7 @@ mod tests {
     fn parts_must_ascend_exist_match_and_be_large_enough() {
         let part = |n: i32, tag: &str| CompletedPart {
             part_number: Some(n),
-            e_tag: Some(etag(tag)),
+            e_tag: Some(etag(tag.to_string())),
             ..CompletedPart::default()
         };
         let rec = |size: u64, b: u8| PartRecord {

@@ -15,6 +15,7 @@
 
 pub mod gateway;
 pub mod record;
+pub mod sweep;
 
 use std::net::SocketAddr;
 
@@ -37,7 +38,17 @@ pub struct Config {
     pub stripe_buffers: usize,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Orphaned stripes younger than this are left alone (`docs/s3.md`, "Orphaned stripes").
+    pub orphan_grace: std::time::Duration,
+    /// Time between two sweeps of orphaned stripes, the first at start (zero: no sweeps).
+    pub sweep_interval: std::time::Duration,
 }
+
+/// Largest read buffer of a connection: a request's headers must fit, and a body is read in
+/// blocks of at most this size (the HTTP layer takes a new block for a read while the previous
+/// one's chunk is still being copied into a stripe buffer; blocks this size stay out of the
+/// allocator's mmap range).
+const READ_BUFFER: usize = 64 << 10;
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -51,12 +62,25 @@ pub fn serve(
     ready: impl FnOnce(SocketAddr),
 ) -> std::io::Result<()> {
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if cfg.threads > 0 {
-        rt.worker_threads(cfg.threads);
-    }
+    let workers = match cfg.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    rt.worker_threads(workers);
+    // The runtime starts its workers first: they serve the connections (`s3-worker`); the
+    // threads started later run the cluster calls (`s3-blocking`).
+    let started = std::sync::atomic::AtomicUsize::new(0);
+    rt.thread_name_fn(move || {
+        match started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < workers {
+            true => "s3-worker".into(),
+            false => "s3-blocking".into(),
+        }
+    });
     let rt = rt.enable_all().build()?;
+    let gateway = Gateway::new(client, cfg.pool, cfg.stripe_buffers, cfg.orphan_grace);
+    gateway.sweep_every(cfg.sweep_interval)?;
     let service = {
-        let mut b = S3ServiceBuilder::new(Gateway::new(client, cfg.pool, cfg.stripe_buffers));
+        let mut b = S3ServiceBuilder::new(gateway);
         b.set_auth(SimpleAuth::from_single(cfg.access_key, cfg.secret_key));
         b.build()
     };
@@ -67,7 +91,8 @@ pub fn serve(
         let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         http.http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(READ_BUFFER);
         let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
         loop {
             let Ok(slot) = slots.clone().acquire_owned().await else {

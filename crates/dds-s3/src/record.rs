@@ -93,6 +93,36 @@ pub fn stripe_name(instance: u64, part: u32, stripe: u64) -> Vec<u8> {
     format!("s3.data.{instance:016x}.{part}.{stripe}").into_bytes()
 }
 
+/// The instance, part and stripe index a stripe object's name holds (`None` for any other
+/// name).
+pub fn parse_stripe_name(name: &[u8]) -> Option<(u64, u32, u64)> {
+    let rest = name.strip_prefix(b"s3.data.")?;
+    let (instance, rest) = (rest.get(..16)?, rest.get(16..)?);
+    let rest = rest.strip_prefix(b".")?;
+    let dot = rest.iter().position(|&b| b == b'.')?;
+    let (part, stripe) = (&rest[..dot], &rest[dot + 1..]);
+    let hex = |b: &[u8]| b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let dec = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
+    if !hex(instance) || !dec(part) || !dec(stripe) {
+        return None;
+    }
+    let text = std::str::from_utf8;
+    Some((
+        u64::from_str_radix(text(instance).ok()?, 16).ok()?,
+        text(part).ok()?.parse().ok()?,
+        text(stripe).ok()?.parse().ok()?,
+    ))
+}
+
+/// The upload id an entry key of an uploads object ends with (`None` for a malformed key).
+pub fn parse_upload_key(key: &[u8]) -> Option<u64> {
+    let at = key.len().checked_sub(17)?;
+    if key[at] != 0 {
+        return None;
+    }
+    parse_upload_id(std::str::from_utf8(&key[at + 1..]).ok()?)
+}
+
 /// Key of an upload in the uploads object.
 pub fn upload_key(key: &str, upload: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(key.len() + 17);
@@ -539,6 +569,40 @@ mod tests {
         }
         // Every shard takes a share of the keys.
         assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
+    }
+
+    #[test]
+    fn stripe_names_and_upload_keys_parse_back() {
+        let n = stripe_name(0xfeed_beef_0123_4567, 12, 345);
+        assert_eq!(
+            parse_stripe_name(&n),
+            Some((0xfeed_beef_0123_4567, 12, 345))
+        );
+        assert_eq!(parse_stripe_name(&stripe_name(1, 0, 0)), Some((1, 0, 0)));
+        for bad in [
+            &b"s3.data.feedbeef01234567.1"[..],
+            b"s3.data.feedbeef0123456.1.2",
+            b"s3.data.FEEDBEEF01234567.1.2",
+            b"s3.data.feedbeef01234567.1.",
+            b"s3.data.feedbeef01234567..2",
+            b"s3.data.feedbeef01234567.1.2x",
+            b"s3.data.feedbeef01234567.99999999999.2",
+            b"s3.index.b/1",
+            b"s3.parts.feedbeef01234567",
+        ] {
+            assert_eq!(
+                parse_stripe_name(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(parse_upload_key(&upload_key("a/b", 0xabc)), Some(0xabc));
+        assert_eq!(parse_upload_key(&upload_key("", 7)), Some(7));
+        assert_eq!(parse_upload_key(b"short"), None);
+        let mut no_nul = upload_key("k", 7);
+        no_nul[1] = b'x';
+        assert_eq!(parse_upload_key(&no_nul), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! and backtrace to stderr.
 //!
 //! [`allocations`] is the number counted so far, process-wide; [`allocations_in`] the number
-//! counted while a closure ran. The counters are global: a binary whose tests measure
+//! counted while a closure ran; [`allocated_bytes`] the bytes they asked for. The counters are global: a binary whose tests measure
 //! different threads runs its measurements one at a time, each holding [`measure_alone`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -34,6 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 pub struct CountingAlloc;
 
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Bytes asked for by the counted allocations (a realloc counts its new size).
+static BYTES: AtomicUsize = AtomicUsize::new(0);
 /// Kernel thread id whose allocations count (0: none).
 static WATCHED: AtomicI32 = AtomicI32::new(0);
 /// Every thread not exempt counts.
@@ -89,6 +91,7 @@ fn own_tid() -> i32 {
 fn count(size: usize) {
     if counted() {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(size, Ordering::Relaxed);
         trace(size);
     }
 }
@@ -171,6 +174,12 @@ pub fn allocations() -> usize {
     ALLOCS.load(Ordering::SeqCst)
 }
 
+/// Bytes asked for by the allocations counted so far in this process (a realloc counts its
+/// new size).
+pub fn allocated_bytes() -> usize {
+    BYTES.load(Ordering::SeqCst)
+}
+
 /// Allocations counted while `f` ran.
 pub fn allocations_in(f: impl FnOnce()) -> usize {
     let before = allocations();
@@ -210,7 +219,9 @@ mod tests {
         assert_eq!(allocations_in(|| boxed(10)), 0);
         // The calling thread.
         count_this_thread(true);
+        let bytes = allocated_bytes();
         assert_eq!(allocations_in(|| boxed(10)), 1);
+        assert_eq!(allocated_bytes() - bytes, 10);
         let mut v: Vec<u8> = Vec::with_capacity(1);
         assert_eq!(allocations_in(|| v.reserve(100)), 1, "a realloc counts");
         count_this_thread(false);

@@ -19,6 +19,18 @@ impl Drop for Guard {
     }
 }
 
+/// The stdout of `cmd`, run to its end; panics with its stderr unless it succeeded.
+pub fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// `dds format --size SIZE` of a new device file `dev.img` in `dir`.
 pub fn format_device(dir: &Path, size: &str) -> PathBuf {
     let img = dir.join("dev.img");
