@@ -541,13 +541,14 @@ fn survive_kill_9(log_size: &str) -> u64 {
     compactions
 }
 
-/// The hashes and sets a kill -9 test writes, as acknowledged: fields and members are
+/// The hashes, sets and sorted sets a kill -9 test writes, as acknowledged: fields and members are
 /// written and removed (a collection whose last element goes is deleted), a whole hash is
 /// deleted and renamed now and then.
 #[derive(Default)]
 struct Collections {
     hashes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     sets: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    zsets: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
 }
 
 impl Collections {
@@ -555,10 +556,11 @@ impl Collections {
     fn keys(&self) -> usize {
         self.hashes.values().filter(|h| !h.is_empty()).count()
             + self.sets.values().filter(|m| !m.is_empty()).count()
+            + self.zsets.values().filter(|m| !m.is_empty()).count()
     }
 
-    /// Pipelined element writes and removals on 6 hashes and 6 sets, each reply checked
-    /// against the model before the model takes the change.
+    /// Pipelined element writes and removals on 6 hashes, 6 sets and 4 sorted sets, each
+    /// reply checked against the model before the model takes the change.
     fn write(&mut self, s: &mut TcpStream, b: &mut Vec<u8>, life: u32) {
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(life);
         let mut next = move |n: u64| {
@@ -572,7 +574,8 @@ impl Collections {
         for i in 0..2500u32 {
             let (h, f) = (format!("hash{}", next(6)), format!("f{}", next(150)));
             let (st, m) = (format!("set{}", next(6)), format!("{}", next(150)));
-            match next(10) {
+            let (z, zm) = (format!("zset{}", next(4)), format!("m{}", next(100)));
+            match next(13) {
                 0..=3 => {
                     let v = format!("{life}:{i}:{}", "h".repeat(next(400) as usize));
                     batch.extend(cmd(&[b"HSET", h.as_bytes(), f.as_bytes(), v.as_bytes()]));
@@ -592,6 +595,18 @@ impl Collections {
                 8 => {
                     batch.extend(cmd(&[b"SREM", st.as_bytes(), m.as_bytes()]));
                     let gone = self.sets.entry(st).or_default().remove(&m);
+                    want.push(format!(":{}\r\n", u8::from(gone)).into_bytes());
+                }
+                9 | 10 => {
+                    let score = next(50) as i64 - 25;
+                    let sc = score.to_string();
+                    batch.extend(cmd(&[b"ZADD", z.as_bytes(), sc.as_bytes(), zm.as_bytes()]));
+                    let new = self.zsets.entry(z).or_default().insert(zm, score).is_none();
+                    want.push(format!(":{}\r\n", u8::from(new)).into_bytes());
+                }
+                11 => {
+                    batch.extend(cmd(&[b"ZREM", z.as_bytes(), zm.as_bytes()]));
+                    let gone = self.zsets.entry(z).or_default().remove(&zm).is_some();
                     want.push(format!(":{}\r\n", u8::from(gone)).into_bytes());
                 }
                 _ if i % 500 == 9 => {
@@ -624,8 +639,27 @@ impl Collections {
         }
     }
 
-    /// Every hash and set reads back whole as the model has it.
+    /// Every hash, set and sorted set reads back whole as the model has it (a sorted set in
+    /// its order: by score, then member).
     fn check(&self, s: &mut TcpStream, b: &mut Vec<u8>, what: &str) {
+        for (k, m) in &self.zsets {
+            s.write_all(&cmd(&[b"ZRANGE", k.as_bytes(), b"0", b"-1", b"WITHSCORES"]))
+                .unwrap();
+            let got: Vec<(String, i64)> = bulks(&read_reply(s, b))
+                .expect("ZRANGE's members and scores")
+                .chunks(2)
+                .map(|p| {
+                    let score = String::from_utf8(p[1].clone()).unwrap();
+                    (
+                        String::from_utf8(p[0].clone()).unwrap(),
+                        score.parse().unwrap(),
+                    )
+                })
+                .collect();
+            let mut want: Vec<(String, i64)> = m.iter().map(|(k, &v)| (k.clone(), v)).collect();
+            want.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+            assert_eq!(got, want, "{what}: sorted set {k}");
+        }
         for (k, m) in &self.hashes {
             s.write_all(&cmd(&[b"HGETALL", k.as_bytes()])).unwrap();
             let got = bulks(&read_reply(s, b)).expect("HGETALL's pairs");

@@ -269,7 +269,11 @@ impl Gen {
         self.step += 1;
         let w = |s: &str| s.as_bytes().to_vec();
         if self.collections && self.rng.gen_bool(0.5) {
-            return self.collection_command();
+            return if self.rng.gen_bool(0.4) {
+                self.zset_command()
+            } else {
+                self.collection_command()
+            };
         }
         let c: Vec<Vec<u8>> = match self.rng.gen_range(0..44) {
             0..=4 => vec![w("GET"), self.key()],
@@ -608,13 +612,160 @@ impl Gen {
     }
 
     /// A key of few names, so that collections grow and meet: one of the three keys of
-    /// hashes (`set`: of sets) among the six collection keys at the end, or any key.
+    /// hashes (`set`: of sets) among the nine collection keys at the end, or any key.
     fn ckey(&mut self, set: bool) -> Vec<u8> {
+        self.ckey_of(usize::from(set))
+    }
+
+    /// One of the three keys of hashes (`kind` 0), sets (1) or sorted sets (2), or any key.
+    fn ckey_of(&mut self, kind: usize) -> Vec<u8> {
         if self.rng.gen_bool(0.15) {
             return self.key();
         }
-        let i = self.rng.gen_range(0..3) + if set { 3 } else { 0 };
-        self.keys[self.keys.len() - 6 + i].clone()
+        let i = self.rng.gen_range(0..3) + 3 * kind;
+        self.keys[self.keys.len() - 9 + i].clone()
+    }
+
+    /// A score argument: numbers, infinities, and what is not a score.
+    fn score(&mut self) -> Vec<u8> {
+        self.pick(&[
+            "1", "2.5", "-3", "0", "0", "7", "inf", "-inf", "1e3", "x", "nan", "(1",
+        ])
+    }
+
+    /// A bound of a score range.
+    fn score_bound(&mut self) -> Vec<u8> {
+        self.pick(&[
+            "-inf", "+inf", "(1", "2", "(2.5", "0", "-3", "(-3", "x", "7",
+        ])
+    }
+
+    /// A bound of a lex range.
+    fn lex_bound(&mut self) -> Vec<u8> {
+        self.pick(&["-", "+", "[f1", "(f3", "[f5", "(", "[", "x", "[1"])
+    }
+
+    /// The sorted set family. Lex ranges go to one key of their own (`lexz`, not among the
+    /// keys of the other commands) whose members all have score 0: Redis's order by lex is
+    /// defined only then.
+    fn zset_command(&mut self) -> Vec<Vec<u8>> {
+        let w = |s: &str| s.as_bytes().to_vec();
+        let key = self.ckey_of(2);
+        let lexz = w("lexz");
+        let c = match self.rng.gen_range(0..22) {
+            0..=3 => {
+                let mut c = vec![w("ZADD"), key];
+                for _ in 0..self.rng.gen_range(0..3) {
+                    c.push(self.pick(&["NX", "XX", "GT", "LT", "CH", "INCR", "ch"]));
+                }
+                for _ in 0..self.rng.gen_range(1..4) {
+                    c.push(self.score());
+                    c.push(self.sub());
+                }
+                c
+            }
+            4 => vec![w("ZINCRBY"), key, self.score(), self.sub()],
+            5 => vec![w("ZSCORE"), key, self.sub()],
+            6 => {
+                let mut c = vec![w("ZMSCORE"), key];
+                c.extend((0..self.rng.gen_range(1..4)).map(|_| self.sub()));
+                c
+            }
+            7 => {
+                let mut c = vec![w("ZREM"), key];
+                c.extend((0..self.rng.gen_range(1..3)).map(|_| self.sub()));
+                c
+            }
+            8 => vec![w("ZCARD"), key],
+            9 => vec![self.pick(&["ZRANK", "ZREVRANK"]), key, self.sub()],
+            10 => vec![w("ZCOUNT"), key, self.score_bound(), self.score_bound()],
+            11 | 12 => {
+                let mut c = vec![w("ZRANGE"), key];
+                if self.rng.gen_bool(0.3) {
+                    c.push(self.int_arg());
+                    c.push(self.int_arg());
+                } else {
+                    c.push(self.score_bound());
+                    c.push(self.score_bound());
+                    c.push(w("BYSCORE"));
+                }
+                for _ in 0..self.rng.gen_range(0..3) {
+                    match self.rng.gen_range(0..4) {
+                        0 => c.push(w("REV")),
+                        1 => c.push(w("WITHSCORES")),
+                        2 => {
+                            let off = self.pick(&["0", "1", "-1", "x"]);
+                            let count = self.pick(&["1", "2", "-1", "0"]);
+                            c.extend([w("LIMIT"), off, count]);
+                        }
+                        _ => c.push(w("bogus")),
+                    }
+                }
+                c
+            }
+            13 => {
+                let mut c = vec![self.pick(&["ZRANGEBYSCORE", "ZREVRANGEBYSCORE"]), key];
+                c.push(self.score_bound());
+                c.push(self.score_bound());
+                if self.rng.gen() {
+                    c.push(w("WITHSCORES"));
+                }
+                if self.rng.gen() {
+                    let off = self.pick(&["0", "1", "-1"]);
+                    let count = self.pick(&["1", "3", "-1"]);
+                    c.extend([w("LIMIT"), off, count]);
+                }
+                c
+            }
+            14 => {
+                let mut c = vec![w("ZREVRANGE"), key, self.int_arg(), self.int_arg()];
+                if self.rng.gen() {
+                    c.push(w("WITHSCORES"));
+                }
+                c
+            }
+            15 => {
+                let name = self.pick(&["ZPOPMIN", "ZPOPMAX"]);
+                vec![name, key, self.pick(&["1", "2", "0", "-1", "x", "100"])]
+            }
+            16 => vec![self.pick(&["ZPOPMIN", "ZPOPMAX"]), key],
+            17 => {
+                if self.rng.gen() {
+                    vec![w("ZREMRANGEBYRANK"), key, self.int_arg(), self.int_arg()]
+                } else {
+                    let (a, b) = (self.score_bound(), self.score_bound());
+                    vec![w("ZREMRANGEBYSCORE"), key, a, b]
+                }
+            }
+            18 => vec![w("ZSCAN"), key, w("0"), w("COUNT"), w("3")],
+            // The lex key.
+            19 => vec![w("ZADD"), lexz, w("0"), self.sub(), w("0"), self.sub()],
+            20 => vec![w("ZREM"), lexz, self.sub()],
+            _ => {
+                let name = self.pick(&[
+                    "ZRANGEBYLEX",
+                    "ZREVRANGEBYLEX",
+                    "ZLEXCOUNT",
+                    "ZREMRANGEBYLEX",
+                    "ZRANGE",
+                ]);
+                let mut c = vec![name.clone(), lexz, self.lex_bound(), self.lex_bound()];
+                if name == b"ZRANGE" {
+                    c.push(w("BYLEX"));
+                    if self.rng.gen() {
+                        c.push(w("REV"));
+                    }
+                }
+                if name.ends_with(b"BYLEX") && self.rng.gen() {
+                    let off = self.pick(&["0", "1", "-1"]);
+                    let count = self.pick(&["2", "-1"]);
+                    c.extend([w("LIMIT"), off, count]);
+                }
+                c
+            }
+        };
+        let spare = self.sub();
+        self.vary(c, spare, true)
     }
 
     /// A count argument of HRANDFIELD, SRANDMEMBER, SPOP.
@@ -946,7 +1097,9 @@ fn same(cmd: &[Vec<u8>], want: &[u8], got: &[u8]) -> bool {
         b"HGETALL" if want.starts_with(b"*") => return sorted_pairs(want) == sorted_pairs(got),
         // Another step of the walk: Redis answers a small collection in one step (errors
         // are the same).
-        b"HSCAN" | b"SSCAN" if want.starts_with(b"*2\r\n") => return got.starts_with(b"*2\r\n"),
+        b"HSCAN" | b"SSCAN" | b"ZSCAN" if want.starts_with(b"*2\r\n") => {
+            return got.starts_with(b"*2\r\n")
+        }
         // Other random elements: as many, or a null on both.
         b"HRANDFIELD" | b"SRANDMEMBER" => {
             return match (want.first(), got.first()) {
@@ -1072,7 +1225,7 @@ fn run_sequence(targets: &mut [Target], seed: u64, steps: usize, collections: bo
     let mut answered = 0;
     if collections {
         g.collections = true;
-        g.keys.extend((0..6).map(|i| format!("c{i}").into_bytes()));
+        g.keys.extend((0..9).map(|i| format!("c{i}").into_bytes()));
     }
     let mut done = 0;
     while done < steps {
@@ -1152,26 +1305,9 @@ fn run_sequence(targets: &mut [Target], seed: u64, steps: usize, collections: bo
     answered
 }
 
-/// Whether `name` is a hash or set command.
+/// Whether `name` is a hash, set or sorted set command (every H and Z command is).
 fn is_collection_command(name: &[u8]) -> bool {
-    const NAMES: &[&str] = &[
-        "HSET",
-        "HMSET",
-        "HSETNX",
-        "HGET",
-        "HMGET",
-        "HDEL",
-        "HLEN",
-        "HGETALL",
-        "HKEYS",
-        "HVALS",
-        "HEXISTS",
-        "HSTRLEN",
-        "HINCRBY",
-        "HINCRBYFLOAT",
-        "HRANDFIELD",
-        "HSCAN",
-        "SSCAN",
+    const SETS: &[&str] = &[
         "SADD",
         "SREM",
         "SISMEMBER",
@@ -1188,10 +1324,10 @@ fn is_collection_command(name: &[u8]) -> bool {
         "SMOVE",
         "SPOP",
         "SRANDMEMBER",
+        "SSCAN",
     ];
-    NAMES
-        .iter()
-        .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+    matches!(name.first().map(u8::to_ascii_uppercase), Some(b'H' | b'Z'))
+        || SETS.iter().any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
 }
 
 /// Keys that expire while nobody looks: gone for every server once their time has passed.

@@ -24,6 +24,9 @@ pub struct Coll {
     pub elems: BTreeMap<Hash, u64>,
     /// Live elements (entries without [`ELEMENT_TOMB`]).
     pub live: u64,
+    /// A sorted set's members in order, built when an ordered command first needs it (from
+    /// the element records) and kept up to date by the store's writes after that.
+    pub zindex: Option<Box<crate::zindex::ZIndex>>,
 }
 
 impl Coll {
@@ -33,6 +36,7 @@ impl Coll {
             version: meta.version,
             elems: BTreeMap::new(),
             live: 0,
+            zindex: None,
         }
     }
 
@@ -57,6 +61,11 @@ impl Collections {
     /// The collection of a key hash.
     pub fn get(&self, key: Hash) -> Option<&Coll> {
         self.live.get(&key)
+    }
+
+    /// The collection of a key hash, to change.
+    pub fn get_mut(&mut self, key: Hash) -> Option<&mut Coll> {
+        self.live.get_mut(&key)
     }
 
     /// The type of a key hash's collection (`None`: not a collection).

@@ -18,6 +18,7 @@ use crate::offload::MAX_WRITE_KEYS;
 use crate::sets;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
 use crate::strings;
+use crate::zsets;
 
 /// Server-wide state the commands read.
 pub struct ServerInfo {
@@ -177,6 +178,28 @@ const TABLE: &[(&str, i32)] = &[
     ("sunionstore", -3),
     ("sdiffstore", -3),
     ("sintercard", -3),
+    ("zadd", -4),
+    ("zincrby", 4),
+    ("zscore", 3),
+    ("zmscore", -3),
+    ("zrem", -3),
+    ("zcard", 2),
+    ("zrank", 3),
+    ("zrevrank", 3),
+    ("zcount", 4),
+    ("zlexcount", 4),
+    ("zrange", -4),
+    ("zrevrange", -4),
+    ("zrangebyscore", -4),
+    ("zrevrangebyscore", -4),
+    ("zrangebylex", -4),
+    ("zrevrangebylex", -4),
+    ("zpopmin", -2),
+    ("zpopmax", -2),
+    ("zremrangebyrank", 4),
+    ("zremrangebyscore", 4),
+    ("zremrangebylex", 4),
+    ("zscan", -3),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
 ];
@@ -272,12 +295,24 @@ pub fn read_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], &'a [u8]
             .iter()
             .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
     };
-    if is(&["hget", "hstrlen", "hincrby", "hincrbyfloat"]) {
+    if is(&[
+        "hget",
+        "hstrlen",
+        "hincrby",
+        "hincrbyfloat",
+        "zscore",
+        "zrank",
+        "zrevrank",
+    ]) {
         if let Some(field) = argv.get(2) {
             f(key, field);
         }
-    } else if is(&["hmget"]) {
+    } else if is(&["hmget", "zmscore"]) {
         argv[2..].iter().for_each(|field| f(key, field));
+    } else if is(&["zincrby"]) {
+        if let Some(member) = argv.get(3) {
+            f(key, member);
+        }
     }
 }
 
@@ -657,11 +692,11 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 };
                 hashes::hgetall(store, &mut r, argv[1], parts, &mut ctx.info.list_buf)?
             }
-            "hscan" | "sscan" => {
-                let ty = if name == "hscan" {
-                    CollType::Hash
-                } else {
-                    CollType::Set
+            "hscan" | "sscan" | "zscan" => {
+                let ty = match name {
+                    "hscan" => CollType::Hash,
+                    "sscan" => CollType::Set,
+                    _ => CollType::ZSet,
                 };
                 hashes::coll_scan(store, &mut r, argv, ty, &mut ctx.info.list_buf)?
             }
@@ -688,6 +723,34 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 sets::set_op_store(store, &mut r, argv, set_op(name))?
             }
             "sintercard" => sets::sintercard(store, &mut r, argv)?,
+            "zadd" | "zincrby" => {
+                zsets::zadd(store, &mut r, argv, ctx.session.resp3, name == "zincrby")?
+            }
+            "zscore" | "zmscore" => {
+                zsets::zscore(store, &mut r, argv, ctx.session.resp3, name == "zmscore")?
+            }
+            "zrem" => zsets::zrem(store, &mut r, argv)?,
+            "zcard" => zsets::zcard(store, &mut r, argv[1])?,
+            "zrank" | "zrevrank" => zsets::zrank(store, &mut r, argv, name == "zrevrank")?,
+            "zcount" | "zlexcount" => zsets::zcount(store, &mut r, argv, name == "zlexcount")?,
+            "zrange" | "zrevrange" | "zrangebyscore" | "zrevrangebyscore" | "zrangebylex"
+            | "zrevrangebylex" => {
+                let cmd = match name {
+                    "zrange" => zsets::RangeCmd::Zrange,
+                    "zrevrange" => zsets::RangeCmd::ZrevRange,
+                    "zrangebyscore" => zsets::RangeCmd::ByScore,
+                    "zrevrangebyscore" => zsets::RangeCmd::RevByScore,
+                    "zrangebylex" => zsets::RangeCmd::ByLex,
+                    _ => zsets::RangeCmd::RevByLex,
+                };
+                zsets::zrange(store, &mut r, argv, cmd, ctx.session.resp3)?
+            }
+            "zpopmin" | "zpopmax" => {
+                zsets::zpop(store, &mut r, argv, name == "zpopmax", ctx.session.resp3)?
+            }
+            "zremrangebyrank" | "zremrangebyscore" | "zremrangebylex" => {
+                zsets::zremrange(store, &mut r, argv, &name["zremrangeby".len()..])?
+            }
             "time" => introspect::time(&mut r),
             "memory" | "object" => {
                 introspect::memory_or_object(store, &mut r, argv, &ctx.info.config)?

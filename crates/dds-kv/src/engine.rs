@@ -224,6 +224,37 @@ pub trait Engine: Send {
     fn element_storage_addr(&self, _key: &[u8], _sub: &[u8]) -> Option<u64> {
         None
     }
+    /// A sorted set member's score ([`Store::zscore`]).
+    fn zscore(&mut self, _key: &[u8], _member: &[u8]) -> StoreResult<Option<f64>> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Sets a member's score ([`Store::zadd`]): whether it is new.
+    fn zadd(&mut self, _key: &[u8], _member: &[u8], _score: f64) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Removes a member ([`Store::zrem`]).
+    fn zrem(&mut self, _key: &[u8], _member: &[u8]) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Members for which `before` holds, a prefix of the order ([`Store::zcount_before`]).
+    fn zcount_before(
+        &mut self,
+        _key: &[u8],
+        _before: crate::zindex::Before<'_>,
+    ) -> StoreResult<usize> {
+        Err(NO_COLLECTIONS)
+    }
+    /// The members of ranks `from..to` ([`Store::zrange`]).
+    fn zrange(
+        &mut self,
+        _key: &[u8],
+        _from: usize,
+        _to: usize,
+        _rev: bool,
+        _f: &mut dyn FnMut(&[u8], f64),
+    ) -> StoreResult<()> {
+        Err(NO_COLLECTIONS)
+    }
 }
 
 /// The error of a collection command on an engine without collections.
@@ -424,6 +455,32 @@ impl Engine for Store {
     }
     fn element_storage_addr(&self, key: &[u8], sub: &[u8]) -> Option<u64> {
         Store::element_storage_addr(self, key, sub)
+    }
+    fn zscore(&mut self, key: &[u8], member: &[u8]) -> StoreResult<Option<f64>> {
+        Store::zscore(self, key, member)
+    }
+    fn zadd(&mut self, key: &[u8], member: &[u8], score: f64) -> StoreResult<bool> {
+        Store::zadd(self, key, member, score)
+    }
+    fn zrem(&mut self, key: &[u8], member: &[u8]) -> StoreResult<bool> {
+        Store::zrem(self, key, member)
+    }
+    fn zcount_before(
+        &mut self,
+        key: &[u8],
+        before: crate::zindex::Before<'_>,
+    ) -> StoreResult<usize> {
+        Store::zcount_before(self, key, before)
+    }
+    fn zrange(
+        &mut self,
+        key: &[u8],
+        from: usize,
+        to: usize,
+        rev: bool,
+        f: &mut dyn FnMut(&[u8], f64),
+    ) -> StoreResult<()> {
+        Store::zrange(self, key, from, to, rev, f)
     }
     fn file_span(&self, addr: u64) -> (u64, usize) {
         Store::file_span(self, addr)

@@ -145,8 +145,9 @@ pub(crate) fn hgetall(
     Ok(())
 }
 
-/// `HSCAN key cursor [MATCH pattern] [COUNT count]` and `SSCAN` (`ty`): one step of the walk
-/// over the elements in hash order; a hash's fields come with their values.
+/// `HSCAN key cursor [MATCH pattern] [COUNT count]`, `SSCAN` and `ZSCAN` (`ty`): one step
+/// of the walk over the elements in hash order; a hash's fields come with their values, a
+/// sorted set's members with their scores.
 pub(crate) fn coll_scan(
     s: &mut dyn Engine,
     r: &mut Reply<'_>,
@@ -186,6 +187,9 @@ pub(crate) fn coll_scan(
             n += 1;
             if ty == CollType::Hash {
                 b.bulk(v);
+                n += 1;
+            } else if ty == CollType::ZSet {
+                b.bulk(crate::zsets::scan_score(v).as_bytes());
                 n += 1;
             }
         }

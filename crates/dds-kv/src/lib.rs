@@ -24,6 +24,7 @@ mod sets;
 pub mod store;
 mod strings;
 pub mod zindex;
+mod zsets;
 
 pub use engine::{Engine, MemEngine};
 pub use store::{Durability, Expiry, Modify, SetCond, Store, StoreConfig, StoreError, StoreStats};

@@ -211,6 +211,14 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "SADD",
         "SREM",
         "SPOP",
+        "ZADD",
+        "ZINCRBY",
+        "ZREM",
+        "ZPOPMIN",
+        "ZPOPMAX",
+        "ZREMRANGEBYRANK",
+        "ZREMRANGEBYSCORE",
+        "ZREMRANGEBYLEX",
     ];
     // SMOVE's member and the sources of a STORE are listed too (harmless: a member is not
     // a key, and the sources are read only).

@@ -8,7 +8,7 @@ use std::cmp::Ordering;
 const NIL: u32 = u32::MAX;
 
 /// A test that holds for a prefix of the order (e.g. "before the member (s, m)").
-type Before<'a> = &'a dyn Fn((f64, &[u8])) -> bool;
+pub type Before<'a> = &'a dyn Fn((f64, &[u8])) -> bool;
 
 struct Node {
     score: f64,
@@ -32,6 +32,12 @@ pub struct ZIndex {
     free: Vec<u32>,
     root: u32,
     rng: u64,
+}
+
+impl std::fmt::Debug for ZIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZIndex").field("len", &self.len()).finish()
+    }
 }
 
 impl Default for ZIndex {
