@@ -7,7 +7,9 @@
 //! Both files are written fully once before any measurement, so no run measures allocation.
 //! The modes run side by side for each I/O size, trial after trial; figures are medians.
 //! Host CPU is this process's CPU time (getrusage) per operation, DPU CPU the `dds dpu`
-//! process's (from /proc/<pid>/stat).
+//! process's (from /proc/<pid>/stat); of that, the part its service thread spent executing the
+//! emulated DMA engine's copies (`DmaCounters::execute_ns` from the DPU's stats, before and
+//! after the run) is reported beside it, not subtracted from it.
 //!
 //! Here: the options, the runs and the measurements; the summary of the trials (medians,
 //! ratios, the report's tables and figures) is `files/summary.rs`.
@@ -182,6 +184,10 @@ pub struct FilesPoint {
     pub host_cpu_us_per_op: f64,
     /// The `dds dpu` process's CPU time per operation, µs (library modes).
     pub dpu_cpu_us_per_op: Option<f64>,
+    /// Of that, the time its service thread spent executing DMA operations per operation, µs:
+    /// the emulated engine's copies, which a hardware engine does without the DPU's cores
+    /// (`DmaCounters::execute_ns`; library modes).
+    pub dpu_dma_execute_us_per_op: Option<f64>,
 }
 
 const FILE_PATH: &str = "/bench/files.dat";
@@ -391,11 +397,16 @@ impl Bench<'_> {
             registered: mode == FilesMode::Registered,
             ..self.spec(file.id, io_bytes, ops, seed)
         };
+        let engine_ns = |dds: &Dds| dds.stats().ok().map(|s| s.dma.execute_ns);
+        let engine0 = engine_ns(&dds);
         let host0 = self_cpu_seconds();
         let dpu0 = process_cpu_seconds(dpu.pid())?;
         let result = workload::run(&dds, &spec, &|_| {});
         let host = self_cpu_seconds() - host0;
         let dpu_cpu = process_cpu_seconds(dpu.pid())? - dpu0;
+        let engine = engine0
+            .zip(engine_ns(&dds))
+            .map(|(a, b)| b.saturating_sub(a) as f64 / 1e9);
         let result = match result {
             Ok(r) => r,
             Err(e) => {
@@ -424,6 +435,7 @@ impl Bench<'_> {
             io_bytes,
             host_cpu_us_per_op: host * 1e6 / n,
             dpu_cpu_us_per_op: Some(dpu_cpu * 1e6 / n),
+            dpu_dma_execute_us_per_op: engine.map(|s| s * 1e6 / n),
             result,
         })
     }
@@ -468,6 +480,7 @@ impl Bench<'_> {
             io_bytes,
             host_cpu_us_per_op: host * 1e6 / result.ops.max(1) as f64,
             dpu_cpu_us_per_op: None,
+            dpu_dma_execute_us_per_op: None,
             result,
         })
     }

@@ -89,6 +89,12 @@ pub fn run(a: StatsArgs) -> Result<()> {
         s.dma.writes
     );
     println!("doorbells: {}", s.dma.doorbells);
+    if s.dma.execute_ns > 0 {
+        println!(
+            "engine time: {:.3} s (the emulated engine's copies, on the service thread)",
+            s.dma.execute_ns as f64 / 1e9
+        );
+    }
     println!("\n# groups ({})", s.groups.len());
     for g in &s.groups {
         println!(

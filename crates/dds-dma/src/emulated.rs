@@ -220,6 +220,9 @@ impl DmaEngine for EmulatedDma {
         } else {
             0
         };
+        // The time spent executing (copying) is counted when something completes: one clock
+        // read more per poll that completes anything.
+        let mut started: Option<u64> = None;
         let mut n = 0;
         while n < out.len() && self.submitted > 0 {
             let front = self.queue.front().expect("submitted ops are queued");
@@ -228,12 +231,22 @@ impl DmaEngine for EmulatedDma {
             }
             let p = self.queue.pop_front().expect("checked above");
             self.submitted -= 1;
+            if started.is_none() {
+                started = Some(if self.cost.is_some() {
+                    now
+                } else {
+                    self.now_ns()
+                });
+            }
             let result = self.execute(&p.op);
             out[n] = DmaCompletion {
                 user_data: p.op.user_data,
                 result,
             };
             n += 1;
+        }
+        if let Some(t0) = started {
+            self.stats.execute_ns += self.now_ns().saturating_sub(t0);
         }
         n
     }

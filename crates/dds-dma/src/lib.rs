@@ -43,6 +43,10 @@
 //!   everything ordered before an earlier DMA write, as PCIe ordering gives (the response ring
 //!   relies on this: write `Tail`, then read `Waiters`).
 //!
+//! The copies run on the thread that polls, so they are CPU time of the DPU process that a
+//! hardware engine would not take; the engine counts it ([`DmaStats::execute_ns`], the DPU's
+//! `dds stats` shows it) so that a measurement of the DPU's CPU can show that part.
+//!
 //! # Cost model
 //! Without a cost model, a copy between two mappings of the same shared memory costs a few
 //! nanoseconds, far less than a real PCIe DMA (about a microsecond of latency per operation on
@@ -128,6 +132,9 @@ pub struct DmaStats {
     pub bytes_written: u64,
     /// `submit` calls that started at least one operation.
     pub doorbells: u64,
+    /// Nanoseconds the polling thread spent executing completed operations: the emulated
+    /// engine's copies, CPU time a hardware engine takes off the DPU's cores (0 for one).
+    pub execute_ns: u64,
 }
 
 /// Direction of a DMA operation, seen from the DPU.

@@ -128,6 +128,48 @@ proptest! {
     }
 }
 
+/// The engine counts the time its copies take (`execute_ns`), with or without the cost model:
+/// nothing before an operation completes, more for 64 MiB moved than for 8 bytes.
+#[test]
+fn execution_time_is_counted() {
+    for cost in [None, Some(CostModel::bluefield2())] {
+        let (_region, mut dma, id) = setup(1 << 20, 8, cost);
+        let local = LocalBuf::new(1 << 20, 64);
+        // SAFETY: `local` outlives the operation, which completes only in `run_sync` below.
+        unsafe {
+            dma.post(DmaOp::read(id, 0, local.as_mut_ptr(), 8, 0))
+                .unwrap()
+        };
+        dma.submit();
+        if cost.is_some() {
+            // Not due yet: nothing executed, nothing counted.
+            let mut out = vec![DmaCompletion::default(); 4];
+            assert_eq!(dma.poll(&mut out), 0);
+            assert_eq!(dma.stats().execute_ns, 0);
+        }
+        while dma.outstanding() > 0 {
+            let mut out = vec![DmaCompletion::default(); 4];
+            dma.poll(&mut out);
+        }
+        let small = dma.stats().execute_ns;
+        let t = Instant::now();
+        for k in 0..64u64 {
+            let op = if k % 2 == 0 {
+                DmaOp::read(id, 0, local.as_mut_ptr(), 1 << 20, k)
+            } else {
+                DmaOp::write(id, 0, local.as_ptr(), 1 << 20, k)
+            };
+            // SAFETY: as above.
+            unsafe { run_sync(&mut dma, &[op]).unwrap() };
+        }
+        let elapsed = t.elapsed().as_nanos() as u64;
+        let big = dma.stats().execute_ns - small;
+        assert!(big > small, "64 MiB took {big} ns, 8 bytes {small} ns");
+        // Counted on this thread while it executed: never more than the time that passed.
+        assert!(big <= elapsed, "{big} ns counted in {elapsed} ns");
+    }
+}
+
 #[test]
 fn post_checks_queue_region_and_bounds() {
     let (_region, mut dma, id) = setup(4096, 2, None);

@@ -298,6 +298,90 @@ fn sleeping_poll_wait_uses_no_cpu_and_wakes_on_completion() {
     dpu.shutdown();
 }
 
+/// This thread's id (`/proc/thread-self` is `PID/task/TID`).
+fn gettid() -> i32 {
+    let link = std::fs::read_link("/proc/thread-self").unwrap();
+    link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+}
+
+/// Voluntary context switches of thread `tid` of this process so far.
+fn voluntary_switches(tid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc")
+}
+
+/// Four threads sleep in PollWait on one group: a completion wakes one of them, not all four
+/// (the others do not even run), and each later completion wakes another, so every sleeper
+/// gets one; the DPU's death wakes every sleeper.
+#[test]
+fn one_completion_wakes_one_sleeper() {
+    let dpu = start(ExecMode::ZeroCopy, false);
+    let dds = Dds::connect(dpu.socket()).unwrap();
+    let f = dds.create_file("/one").unwrap();
+    let g = dds.default_group().clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let sleepers: Vec<_> = (0..4)
+            .map(|_| {
+                let (g, tx) = (&g, tx.clone());
+                s.spawn(move || {
+                    tx.send((gettid(), None)).unwrap();
+                    let c = g
+                        .poll_wait(Duration::from_secs(20))
+                        .unwrap()
+                        .expect("woken");
+                    tx.send((gettid(), Some(c.io_ctx))).unwrap();
+                })
+            })
+            .collect();
+        let tids: Vec<i32> = (0..4).map(|_| rx.recv().unwrap().0).collect();
+        // All four asleep (a sleep lasts 500 ms at most; this window is shorter).
+        std::thread::sleep(Duration::from_millis(150));
+        let before: Vec<u64> = tids.iter().map(|&t| voluntary_switches(t)).collect();
+        dds.write(f.id, 0, b"one", 0).unwrap();
+        let (woken, ctx) = rx.recv_timeout(Duration::from_secs(2)).expect("one woken");
+        assert_eq!(ctx, Some(0));
+        std::thread::sleep(Duration::from_millis(100));
+        for (i, &t) in tids.iter().enumerate() {
+            if t != woken {
+                assert_eq!(
+                    voluntary_switches(t),
+                    before[i],
+                    "a sleeper ran although another took the completion"
+                );
+            }
+        }
+        assert!(rx.try_recv().is_err(), "a second sleeper returned");
+        // Each later completion wakes one of the others.
+        let mut got = vec![0u64];
+        for k in 1..4u64 {
+            dds.write(f.id, k * 512, b"next", k).unwrap();
+            let (_, ctx) = rx.recv_timeout(Duration::from_secs(2)).expect("woken");
+            got.push(ctx.unwrap());
+        }
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        for h in sleepers {
+            h.join().unwrap();
+        }
+        // Three sleepers again: the DPU's death reaches all of them.
+        let t = std::time::Instant::now();
+        let dead: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| g.poll_wait(Duration::MAX)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        dpu.shutdown();
+        for h in dead {
+            assert_eq!(h.join().unwrap().unwrap_err().status, Status::DpuDead);
+        }
+        assert!(t.elapsed() < Duration::from_secs(5));
+    });
+}
+
 #[test]
 fn dpu_shutdown_fails_pending_calls_of_a_polling_host() {
     let dpu = start(ExecMode::ZeroCopy, false);

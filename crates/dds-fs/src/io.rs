@@ -411,12 +411,14 @@ impl FileService {
         } else {
             return Ok(());
         };
-        let mut fds = vec![PollFd::new(&wake, PollFlags::IN)];
-        if let Some(dev) = &dev {
-            fds.push(PollFd::new(dev, PollFlags::IN));
-        }
+        // On the stack: the service thread waits here once per wake-up.
+        let mut fds = [
+            PollFd::new(&wake, PollFlags::IN),
+            PollFd::new(dev.as_ref().unwrap_or(&wake), PollFlags::IN),
+        ];
+        let n = if dev.is_some() { 2 } else { 1 };
         let timeout = Timespec::try_from(timeout).expect("a representable timeout");
-        match rustix::event::poll(&mut fds, Some(&timeout)) {
+        match rustix::event::poll(&mut fds[..n], Some(&timeout)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
             Err(e) => Err(FsError::io("wait for the device", e.into())),
         }

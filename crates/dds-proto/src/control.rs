@@ -217,6 +217,10 @@ pub struct DmaCounters {
     pub bytes_written: u64,
     /// Submissions to the DMA engine that started at least one operation.
     pub doorbells: u64,
+    /// Nanoseconds the service thread spent executing DMA operations: the emulated engine's
+    /// copies (its share of the DPU's CPU that a hardware engine would not take; 0 for one).
+    #[serde(default)]
+    pub execute_ns: u64,
 }
 
 /// Reply of `Stats`: what a running DPU is doing.

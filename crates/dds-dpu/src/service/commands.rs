@@ -306,6 +306,7 @@ impl Service {
                 bytes_read: d.bytes_read,
                 bytes_written: d.bytes_written,
                 doorbells: d.doorbells,
+                execute_ns: d.execute_ns,
             },
             space: SpaceInfo {
                 total_bytes: s.total_bytes,
