@@ -190,6 +190,47 @@ impl ZIndex {
         (order((s, m), (score, member)) == Ordering::Equal).then_some(r)
     }
 
+    /// Calls `f` with the members of ranks `from..to`, in order (or in reverse order with
+    /// `rev`), walking the tree without a heap allocation: O(log n + k) expected.
+    pub fn visit(&self, from: usize, to: usize, rev: bool, f: &mut dyn FnMut(f64, &[u8])) {
+        self.visit_node(self.root, 0, from, to, rev, f);
+    }
+
+    /// [`ZIndex::visit`] of the subtree `t`, whose lowest rank is `base`.
+    fn visit_node(
+        &self,
+        t: u32,
+        base: usize,
+        from: usize,
+        to: usize,
+        rev: bool,
+        f: &mut dyn FnMut(f64, &[u8]),
+    ) {
+        if t == NIL || base >= to {
+            return;
+        }
+        let node = &self.nodes[t as usize];
+        let rank = base + self.size(node.left) as usize;
+        if base + self.size(t) as usize <= from {
+            return;
+        }
+        let (lo, hi) = (node.left, node.right);
+        let here = (from..to).contains(&rank);
+        if rev {
+            self.visit_node(hi, rank + 1, from, to, rev, f);
+            if here {
+                f(node.score, &node.member);
+            }
+            self.visit_node(lo, base, from, to, rev, f);
+        } else {
+            self.visit_node(lo, base, from, to, rev, f);
+            if here {
+                f(node.score, &node.member);
+            }
+            self.visit_node(hi, rank + 1, from, to, rev, f);
+        }
+    }
+
     /// The members in order from rank `rank` on: the first in O(log n) expected, each next in
     /// O(1) amortized.
     pub fn iter_from(&self, mut rank: usize) -> Iter<'_> {

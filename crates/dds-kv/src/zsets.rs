@@ -11,36 +11,86 @@ use crate::engine::Engine;
 use crate::store::StoreResult;
 use crate::zindex::order;
 
-/// A score as Redis 7.0's `addReplyDouble` writes it: `%.17g`, `inf` and `-inf`.
-pub(crate) fn fmt_score(d: f64) -> String {
-    if d.is_infinite() {
-        return if d > 0.0 { "inf" } else { "-inf" }.into();
-    }
-    if d == 0.0 {
-        return if d.is_sign_negative() { "-0" } else { "0" }.into();
-    }
-    // The exponent of the e-style form rounded to 17 significant digits decides, as C's %g.
-    let e = format!("{d:.16e}");
-    let (mantissa, exp) = e.split_once('e').expect("e-style");
-    let x: i32 = exp.parse().expect("exponent");
-    let trim = |t: &str| -> String {
-        if t.contains('.') {
-            t.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            t.to_string()
+/// A score as Redis 7.0's `addReplyDouble` writes it (`%.17g`, `inf` and `-inf`), written
+/// into a buffer of its own: no allocation.
+pub(crate) struct ScoreText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl ScoreText {
+    pub(crate) fn new(d: f64) -> ScoreText {
+        use std::io::Write;
+        let mut t = ScoreText {
+            buf: [0; 48],
+            len: 0,
+        };
+        let put = |t: &mut ScoreText, args: std::fmt::Arguments<'_>| {
+            let mut w = &mut t.buf[t.len..];
+            let room = w.len();
+            w.write_fmt(args).expect("a score fits 48 bytes");
+            t.len += room - w.len();
+        };
+        if d.is_infinite() {
+            put(
+                &mut t,
+                format_args!("{}", if d > 0.0 { "inf" } else { "-inf" }),
+            );
+            return t;
         }
-    };
-    if !(-4..17).contains(&x) {
-        let sign = if x < 0 { '-' } else { '+' };
-        format!("{}e{sign}{:02}", trim(mantissa), x.abs())
-    } else {
-        trim(&format!("{d:.*}", (16 - x) as usize))
+        if d == 0.0 {
+            put(
+                &mut t,
+                format_args!("{}", if d.is_sign_negative() { "-0" } else { "0" }),
+            );
+            return t;
+        }
+        // The exponent of the e-style form rounded to 17 significant digits decides, as C's
+        // %g: e-style below 1e-4 and from 1e17, else fixed with 17 significant digits; the
+        // trailing zeros of the fraction (and a bare point) go.
+        put(&mut t, format_args!("{d:.16e}"));
+        let e = t.buf[..t.len]
+            .iter()
+            .position(|&c| c == b'e')
+            .expect("e-style");
+        let x: i32 = std::str::from_utf8(&t.buf[e + 1..t.len])
+            .ok()
+            .and_then(|x| x.parse().ok())
+            .expect("an exponent");
+        if !(-4..17).contains(&x) {
+            t.len = e;
+            t.trim();
+            let sign = if x < 0 { '-' } else { '+' };
+            put(&mut t, format_args!("e{sign}{:02}", x.abs()));
+        } else {
+            t.len = 0;
+            put(&mut t, format_args!("{d:.*}", (16 - x) as usize));
+            t.trim();
+        }
+        t
+    }
+
+    /// Drops the trailing zeros of a fraction, and its point when nothing is left after it.
+    fn trim(&mut self) {
+        if !self.buf[..self.len].contains(&b'.') {
+            return;
+        }
+        while self.buf[self.len - 1] == b'0' {
+            self.len -= 1;
+        }
+        if self.buf[self.len - 1] == b'.' {
+            self.len -= 1;
+        }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
 /// `score` as a reply: a bulk string in RESP2, a double in RESP3.
 fn reply_score(r: &mut Reply<'_>, resp3: bool, score: f64) {
-    let t = fmt_score(score);
+    let t = ScoreText::new(score);
     if resp3 {
         r.out_mut().push(b',');
         r.out_mut().extend_from_slice(t.as_bytes());
@@ -57,11 +107,20 @@ fn parse_score(a: &[u8]) -> Option<f64> {
     if t.is_empty() || t.starts_with(char::is_whitespace) || t.ends_with(char::is_whitespace) {
         return None;
     }
-    let v: f64 = match t.to_ascii_lowercase().as_str() {
-        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
-        "-inf" | "-infinity" => f64::NEG_INFINITY,
-        l if l.contains("inf") || l.contains("nan") => return None,
-        _ => t.parse().ok()?,
+    let is = |names: &[&str]| names.iter().any(|n| t.eq_ignore_ascii_case(n));
+    let v: f64 = if is(&["inf", "+inf", "infinity", "+infinity"]) {
+        f64::INFINITY
+    } else if is(&["-inf", "-infinity"]) {
+        f64::NEG_INFINITY
+    } else if t
+        .bytes()
+        .any(|c| c.is_ascii_alphabetic() && !matches!(c, b'e' | b'E'))
+    {
+        // Rust would read "NaN" and "infinity" spelled otherwise; strtod's other words are
+        // not numbers either.
+        return None;
+    } else {
+        t.parse().ok()?
     };
     (!v.is_nan()).then_some(v)
 }
@@ -228,15 +287,10 @@ pub(crate) fn zadd(
         r.error("ERR INCR option supports a single increment-element pair");
         return Ok(());
     }
-    let mut scores = Vec::with_capacity(pairs.len() / 2);
-    for p in pairs.chunks(2) {
-        match parse_score(p[0]) {
-            Some(v) => scores.push(v),
-            None => {
-                r.error("ERR value is not a valid float");
-                return Ok(());
-            }
-        }
+    // Every score is checked before anything is written (and read again below: no list).
+    if pairs.chunks(2).any(|p| parse_score(p[0]).is_none()) {
+        r.error("ERR value is not a valid float");
+        return Ok(());
     }
     let exists = s.coll_len(CollType::ZSet, argv[1])? > 0;
     if !exists && f.xx {
@@ -249,8 +303,8 @@ pub(crate) fn zadd(
     }
     let (mut added, mut updated) = (0, 0);
     let mut result = None;
-    for (p, &score) in pairs.chunks(2).zip(&scores) {
-        let member = p[1];
+    for p in pairs.chunks(2) {
+        let (score, member) = (parse_score(p[0]).expect("checked above"), p[1]);
         match s.zscore(argv[1], member)? {
             Some(cur) => {
                 if f.nx {
@@ -603,8 +657,8 @@ pub(crate) fn zremrange(
 }
 
 /// A ZSCAN step's score, as its reply writes it.
-pub(crate) fn scan_score(v: &[u8]) -> String {
-    crate::collection::decode_score(v).map_or_else(String::new, fmt_score)
+pub(crate) fn scan_score(v: &[u8]) -> ScoreText {
+    ScoreText::new(crate::collection::decode_score(v).unwrap_or(0.0))
 }
 
 #[cfg(test)]
@@ -630,7 +684,7 @@ mod tests {
             (2.5e-300, "2.5e-300"),
             (1.0 / 3.0, "0.33333333333333331"),
         ] {
-            assert_eq!(fmt_score(d), t, "{d}");
+            assert_eq!(ScoreText::new(d).as_bytes(), t.as_bytes(), "{d}");
         }
         assert_eq!(parse_score(b"+inf"), Some(f64::INFINITY));
         assert_eq!(parse_score(b"-INF"), Some(f64::NEG_INFINITY));

@@ -1,6 +1,7 @@
 //! The request path of `dds kv` allocates nothing in steady state: after a warm-up, GET, SET
 //! (with an expiry too), PEXPIRE, MGET, INCR, EXISTS, GETRANGE, SETRANGE, SETBIT, GETBIT,
-//! BITCOUNT, BITPOS, SCAN, KEYS, RANDOMKEY and pipelines of them over a real socket do not
+//! BITCOUNT, BITPOS, SCAN, KEYS, RANDOMKEY, HSET, HGET, HMGET, SADD, SISMEMBER, ZADD, ZSCORE,
+//! ZRANK, ZCOUNT, ZRANGE and ZRANGEBYSCORE and pipelines of them over a real socket do not
 //! touch the heap on the server's thread (a counting global allocator counts that thread's allocations only).
 
 use std::io::{Read, Write};
@@ -108,6 +109,27 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
         .collect();
     batch.extend(cmd(&refs));
     n += 10;
+    // Collections: fields, members and scores written over themselves, and read.
+    for c in [
+        &[&b"HSET"[..], b"h", b"f", b"value"][..],
+        &[b"HGET", b"h", b"f"],
+        &[b"HMGET", b"h", b"f", b"nope"],
+        &[b"HEXISTS", b"h", b"f"],
+        &[b"HLEN", b"h"],
+        &[b"SADD", b"s", b"m"],
+        &[b"SISMEMBER", b"s", b"m"],
+        &[b"SCARD", b"s"],
+        &[b"ZADD", b"z", b"1.5", b"m"],
+        &[b"ZADD", b"z", b"2", b"n"],
+        &[b"ZSCORE", b"z", b"m"],
+        &[b"ZRANK", b"z", b"n"],
+        &[b"ZCOUNT", b"z", b"(1", b"+inf"],
+        &[b"ZRANGE", b"z", b"0", b"-1", b"WITHSCORES"],
+        &[b"ZRANGEBYSCORE", b"z", b"-inf", b"2", b"LIMIT", b"0", b"1"],
+    ] {
+        batch.extend(cmd(c));
+        n += 1;
+    }
     // Warm-up: buffers, the index and the reply buffer reach their sizes. The first round
     // allocates (new keys): the counter does see the server's thread.
     assert!(

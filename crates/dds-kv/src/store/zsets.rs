@@ -91,20 +91,7 @@ impl Store {
         let Some(z) = self.zindex(key)? else {
             return Ok(());
         };
-        let to = to.min(z.len());
-        if from >= to {
-            return Ok(());
-        }
-        if rev {
-            let items: Vec<(f64, &[u8])> = z.iter_from(from).take(to - from).collect();
-            for (s, m) in items.into_iter().rev() {
-                f(m, s);
-            }
-        } else {
-            for (s, m) in z.iter_from(from).take(to - from) {
-                f(m, s);
-            }
-        }
+        z.visit(from, to.min(z.len()), rev, &mut |s, m| f(m, s));
         Ok(())
     }
 }
