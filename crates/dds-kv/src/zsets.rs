@@ -396,7 +396,11 @@ pub(crate) fn zrank(
     let m = argv[2];
     let rank = s.zcount_before(argv[1], &|k| order(k, (score, m)) == Ordering::Less)?;
     let len = s.coll_len(CollType::ZSet, argv[1])? as usize;
-    r.int(if rev { len - 1 - rank } else { rank } as i64);
+    r.int(if rev {
+        len.saturating_sub(rank + 1)
+    } else {
+        rank
+    } as i64);
     Ok(())
 }
 

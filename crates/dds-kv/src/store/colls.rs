@@ -339,7 +339,10 @@ impl Store {
         let Some(ty) = self.coll_type(src)? else {
             return Ok(false);
         };
-        let version = self.coll_of(src, ty)?.expect("a live collection");
+        // Gone in between (its expiry passed): nothing to copy.
+        let Some(version) = self.coll_of(src, ty)? else {
+            return Ok(false);
+        };
         self.check_sizes(dst, 0)?;
         let sh = record::key_hash(src);
         let subs: Vec<Hash> = self.colls.get(sh).map_or(Vec::new(), |c| {
