@@ -831,6 +831,25 @@ fn hostile_clients_get_clear_errors_and_bounded_memory() {
     assert_eq!(read_reply(&mut s, &mut b), b"+OK\r\n");
     s.write_all(&cmd(&[b"SET", b"k", &[b'v'; 66_000]])).unwrap();
     assert!(read_reply(&mut s, &mut b).starts_with(b"-ERR value too large"));
+    // A million draws of a 60 KB value would be 60 GB: refused once the reply passes its
+    // bound, and the server goes on.
+    s.write_all(&cmd(&[b"HSET", b"h", b"f", &[b'v'; 60_000]]))
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut b), b":1\r\n");
+    s.write_all(&cmd(&[b"HRANDFIELD", b"h", b"-1000000", b"WITHVALUES"]))
+        .unwrap();
+    assert!(read_reply(&mut s, &mut b).starts_with(b"-ERR reply too large"));
+    s.write_all(&cmd(&[b"HRANDFIELD", b"h", b"-2000000"]))
+        .unwrap();
+    assert_eq!(
+        read_reply(&mut s, &mut b),
+        b"-ERR value is out of range\r\n"
+    );
+    s.write_all(&cmd(&[b"HRANDFIELD", b"h", b"-3"])).unwrap();
+    assert_eq!(
+        read_reply(&mut s, &mut b),
+        b"*3\r\n$1\r\nf\r\n$1\r\nf\r\n$1\r\nf\r\n"
+    );
     // A bulk longer than any value: refused from its header, connection closed.
     let mut t = TcpStream::connect(addr).unwrap();
     t.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$999999999\r\n")

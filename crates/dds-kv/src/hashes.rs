@@ -14,7 +14,15 @@ const HASH: CollType = CollType::Hash;
 
 /// The most elements a command with repeats (`HRANDFIELD key -n`, `SRANDMEMBER key -n`)
 /// answers: a larger count is refused rather than tie up the server.
-pub(crate) const MAX_RANDOM_REPLY: u64 = 1 << 24;
+pub(crate) const MAX_RANDOM_REPLY: u64 = 1 << 20;
+
+/// The most bytes such a reply may take: draws of large values stop there, and the command
+/// answers [`TOO_LARGE`] instead (the buffer grows no further).
+pub(crate) const MAX_RANDOM_REPLY_BYTES: usize = 64 << 20;
+
+/// The error of a reply over [`MAX_RANDOM_REPLY_BYTES`].
+pub(crate) const TOO_LARGE: &str =
+    "ERR reply too large (limit 67108864 bytes): ask for fewer elements";
 
 /// `HSET key field value [field value ...]` (the number of new fields) and `HMSET` (OK).
 pub(crate) fn hset(
@@ -342,6 +350,9 @@ pub(crate) fn hrandfield(
     body.clear();
     let mut n = 0;
     s.coll_random(HASH, argv[1], count as usize, repeat, &mut |f, v| {
+        if body.len() > MAX_RANDOM_REPLY_BYTES {
+            return;
+        }
         let mut b = Reply::with_protocol(body, resp3);
         if with_values && resp3 {
             b.array(2);
@@ -352,6 +363,10 @@ pub(crate) fn hrandfield(
         }
         n += 1;
     })?;
+    if body.len() > MAX_RANDOM_REPLY_BYTES {
+        r.error(TOO_LARGE);
+        return Ok(());
+    }
     r.array(if with_values && !resp3 { 2 * n } else { n });
     r.out_mut().extend_from_slice(body);
     Ok(())
@@ -374,5 +389,9 @@ mod tests {
         assert!(random_count(b"x").is_err());
         assert!(random_count(b"-9223372036854775808").is_err());
         assert!(random_count(b"-99999999999").is_err());
+        assert_eq!(
+            TOO_LARGE,
+            format!("ERR reply too large (limit {MAX_RANDOM_REPLY_BYTES} bytes): ask for fewer elements")
+        );
     }
 }

@@ -6,7 +6,7 @@ use dds_resp::Reply;
 
 use crate::collection::CollType;
 use crate::engine::Engine;
-use crate::hashes::{random_count, random_one};
+use crate::hashes::{random_count, random_one, MAX_RANDOM_REPLY_BYTES, TOO_LARGE};
 use crate::store::StoreResult;
 
 const SET: CollType = CollType::Set;
@@ -308,9 +308,15 @@ pub(crate) fn srandmember(
     body.clear();
     let mut n = 0;
     s.coll_random(SET, argv[1], count as usize, repeat, &mut |m, _| {
-        Reply::new(body).bulk(m);
-        n += 1;
+        if body.len() <= MAX_RANDOM_REPLY_BYTES {
+            Reply::new(body).bulk(m);
+            n += 1;
+        }
     })?;
+    if body.len() > MAX_RANDOM_REPLY_BYTES {
+        r.error(TOO_LARGE);
+        return Ok(());
+    }
     r.array(n);
     r.out_mut().extend_from_slice(body);
     Ok(())
