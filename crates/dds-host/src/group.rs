@@ -794,48 +794,29 @@ impl GroupInner {
     /// One signal of the eventfd wakes one sleeping thread (`sleep_set`), not every thread
     /// asleep in the group: the woken thread takes the delivered completions one PollWait
     /// call after another, and the others sleep on until the next signal or their timeout.
-    /// `epoll_pwait` counts its timeout in whole milliseconds, so a sleep shorter than one
-    /// waits in `poll` on the eventfd itself instead (where a signal wakes every such sleeper).
+    /// `epoll_pwait` counts the timeout in milliseconds, rounded up: a sleep that times out
+    /// may last up to a millisecond longer than `max`, never shorter.
     fn sleep(&self, max: Duration) {
         let waiters = self.consumer.waiters();
         waiters.fetch_add(1, Ordering::SeqCst);
         if self.consumer.is_empty() && self.ready.is_empty() {
-            use rustix::event::{epoll, PollFd, PollFlags, Timespec};
+            use rustix::event::{epoll, Timespec};
             let max = max.min(Duration::from_millis(500));
             let timeout = Timespec {
                 tv_sec: max.as_secs() as i64,
                 tv_nsec: max.subsec_nanos() as i64,
             };
-            let (mut woken, mut hung_up) = (false, false);
-            if max >= Duration::from_millis(1) {
-                let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 2];
-                if let Ok((ready, _)) =
-                    epoll::wait(&self.sleep_set, &mut events[..], Some(&timeout))
-                {
-                    for ev in ready.iter() {
-                        let (flags, data) = (ev.flags, ev.data);
-                        woken |= data.u64() == SLEEP_WAKE;
-                        hung_up |= data.u64() == SLEEP_LIFELINE
-                            && flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::ERR);
+            let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 2];
+            if let Ok((ready, _)) = epoll::wait(&self.sleep_set, &mut events[..], Some(&timeout)) {
+                for ev in ready.iter() {
+                    let (flags, data) = (ev.flags, ev.data);
+                    if data.u64() == SLEEP_WAKE {
+                        let mut v = [0u8; 8];
+                        let _ = rustix::io::read(&self.eventfd, &mut v);
+                    } else if flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::ERR) {
+                        self.shared.mark_dead();
                     }
                 }
-            } else {
-                let lifeline = self.shared.lifeline_fd();
-                let mut fds = [
-                    PollFd::new(&self.eventfd, PollFlags::IN),
-                    PollFd::new(&lifeline, PollFlags::empty()),
-                ];
-                if rustix::event::poll(&mut fds, Some(&timeout)).is_ok() {
-                    woken = fds[0].revents().contains(PollFlags::IN);
-                    hung_up = fds[1].revents().intersects(PollFlags::HUP | PollFlags::ERR);
-                }
-            }
-            if woken {
-                let mut v = [0u8; 8];
-                let _ = rustix::io::read(&self.eventfd, &mut v);
-            }
-            if hung_up {
-                self.shared.mark_dead();
             }
         }
         waiters.fetch_sub(1, Ordering::SeqCst);
