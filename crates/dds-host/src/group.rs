@@ -794,8 +794,6 @@ impl GroupInner {
     /// One signal of the eventfd wakes one sleeping thread (`sleep_set`), not every thread
     /// asleep in the group: the woken thread takes the delivered completions one PollWait
     /// call after another, and the others sleep on until the next signal or their timeout.
-    /// `epoll_pwait` counts the timeout in milliseconds, rounded up: a sleep that times out
-    /// may last up to a millisecond longer than `max`, never shorter.
     fn sleep(&self, max: Duration) {
         let waiters = self.consumer.waiters();
         waiters.fetch_add(1, Ordering::SeqCst);
