@@ -19,34 +19,6 @@ use crate::buffer::BufInner;
 use crate::conn::Shared;
 use crate::error::{DdsError, Result};
 
-/// `sleep_set` user data: the group's eventfd (the DPU's signal) and the control connection.
-const SLEEP_WAKE: u64 = 0;
-const SLEEP_LIFELINE: u64 = 1;
-
-/// The epoll set PollWait callers sleep on: `eventfd` edge-triggered, so that one signal wakes
-/// one sleeper (epoll wakes its waiters one at a time), and the control connection
-/// level-triggered, so that its hang-up (the DPU's death) reaches every sleeper.
-fn sleep_set(
-    eventfd: &OwnedFd,
-    lifeline: std::os::fd::BorrowedFd<'_>,
-) -> rustix::io::Result<OwnedFd> {
-    use rustix::event::epoll;
-    let set = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-    epoll::add(
-        &set,
-        eventfd,
-        epoll::EventData::new_u64(SLEEP_WAKE),
-        epoll::EventFlags::IN | epoll::EventFlags::ET,
-    )?;
-    epoll::add(
-        &set,
-        lifeline,
-        epoll::EventData::new_u64(SLEEP_LIFELINE),
-        epoll::EventFlags::empty(),
-    )?;
-    Ok(set)
-}
-
 /// Most buffers one scatter read may name.
 pub const IOV_MAX: usize = 16;
 
@@ -180,9 +152,6 @@ pub(crate) struct GroupInner {
     producer: RequestProducer,
     consumer: ResponseConsumer,
     eventfd: OwnedFd,
-    /// Where PollWait callers sleep (`sleep`): an epoll set of `eventfd` (edge-triggered) and
-    /// the control connection (its hang-up).
-    sleep_set: OwnedFd,
     /// Host → DPU doorbell (eventfd) for a parked DPU.
     doorbell: OwnedFd,
     slots: Box<[Slot]>,
@@ -242,8 +211,6 @@ impl Group {
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )
         .map_err(|e| DdsError::new(Status::Io, format!("eventfd: {e}")))?;
-        let sleep_set = sleep_set(&eventfd, shared.lifeline_fd())
-            .map_err(|e| DdsError::new(Status::Io, format!("epoll: {e}")))?;
         // The DPU's doorbell: written when a request is published while the DPU is parked.
         let doorbell = rustix::event::eventfd(
             0,
@@ -293,7 +260,6 @@ impl Group {
                 producer,
                 consumer,
                 eventfd,
-                sleep_set,
                 doorbell,
                 slots,
                 free,
@@ -731,19 +697,9 @@ impl GroupInner {
         }
     }
 
-    /// A completion parked in `ready` by a blocking caller. One signal wakes one sleeper, so
-    /// the taker passes one on while more are parked.
-    fn take_ready(&self) -> Option<u16> {
-        let idx = self.ready.pop()?;
-        if !self.ready.is_empty() {
-            self.wake_sleepers();
-        }
-        Some(idx)
-    }
-
     fn poll_wait(&self, timeout: Duration) -> Result<Option<Completion>> {
         // A completion at hand needs no clock.
-        if let Some(idx) = self.take_ready().or_else(|| self.drive_one()) {
+        if let Some(idx) = self.ready.pop().or_else(|| self.drive_one()) {
             return Ok(Some(self.take_completion(idx)));
         }
         // A timeout too long to represent waits "forever" (a century).
@@ -752,7 +708,7 @@ impl GroupInner {
             .checked_add(timeout)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         loop {
-            if let Some(idx) = self.take_ready() {
+            if let Some(idx) = self.ready.pop() {
                 return Ok(Some(self.take_completion(idx)));
             }
             if let Some(idx) = self.drive_one() {
@@ -790,30 +746,28 @@ impl GroupInner {
     /// Sleeps until the DPU's interrupt, the DPU's death, or `max` passes. Announces itself
     /// in the ring's `Waiters` word first, then re-checks the ring, so a delivery between the
     /// check and the sleep is never missed (the DPU reads `Waiters` after writing `Tail`).
-    ///
-    /// One signal of the eventfd wakes one sleeping thread (`sleep_set`), not every thread
-    /// asleep in the group: the woken thread takes the delivered completions one PollWait
-    /// call after another, and the others sleep on until the next signal or their timeout.
     fn sleep(&self, max: Duration) {
         let waiters = self.consumer.waiters();
         waiters.fetch_add(1, Ordering::SeqCst);
         if self.consumer.is_empty() && self.ready.is_empty() {
-            use rustix::event::{epoll, Timespec};
+            use rustix::event::{poll, PollFd, PollFlags, Timespec};
             let max = max.min(Duration::from_millis(500));
             let timeout = Timespec {
                 tv_sec: max.as_secs() as i64,
                 tv_nsec: max.subsec_nanos() as i64,
             };
-            let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 2];
-            if let Ok((ready, _)) = epoll::wait(&self.sleep_set, &mut events[..], Some(&timeout)) {
-                for ev in ready.iter() {
-                    let (flags, data) = (ev.flags, ev.data);
-                    if data.u64() == SLEEP_WAKE {
-                        let mut v = [0u8; 8];
-                        let _ = rustix::io::read(&self.eventfd, &mut v);
-                    } else if flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::ERR) {
-                        self.shared.mark_dead();
-                    }
+            let lifeline = self.shared.lifeline_fd();
+            let mut fds = [
+                PollFd::new(&self.eventfd, PollFlags::IN),
+                PollFd::new(&lifeline, PollFlags::empty()),
+            ];
+            if poll(&mut fds, Some(&timeout)).is_ok() {
+                if fds[0].revents().contains(PollFlags::IN) {
+                    let mut v = [0u8; 8];
+                    let _ = rustix::io::read(&self.eventfd, &mut v);
+                }
+                if fds[1].revents().intersects(PollFlags::HUP | PollFlags::ERR) {
+                    self.shared.mark_dead();
                 }
             }
         }
