@@ -13,6 +13,29 @@ pub const ELEMENT_TOMB: u64 = 1 << 63;
 /// A 128-bit key hash (`h1`, `h2`).
 pub type Hash = (u64, u64);
 
+/// The element-map key of sub-key `sub` in a collection of type `ty`: the sub-key's 128-bit
+/// hash, except for a list, whose 8-byte position sub-key is its own key (`(position bytes
+/// as a big-endian u64, 0)`), so that the element map walks a list in position order.
+pub fn sub_hash(ty: CollType, sub: &[u8]) -> Hash {
+    match (ty, <[u8; 8]>::try_from(sub)) {
+        (CollType::List, Ok(b)) => (u64::from_be_bytes(b), 0),
+        _ => key_hash(sub),
+    }
+}
+
+/// The element-map key of list position `pos` ([`sub_hash`] of its sub-key).
+pub fn position_hash(pos: i64) -> Hash {
+    (
+        u64::from_be_bytes(crate::collection::encode_position(pos)),
+        0,
+    )
+}
+
+/// The position of a list's element-map key.
+pub fn hash_position(h: Hash) -> i64 {
+    crate::collection::decode_position(&h.0.to_be_bytes()).expect("8 bytes")
+}
+
 /// One live collection.
 #[derive(Debug)]
 pub struct Coll {
@@ -27,6 +50,12 @@ pub struct Coll {
     /// A sorted set's members in order, built when an ordered command first needs it (from
     /// the element records) and kept up to date by the store's writes after that.
     pub zindex: Option<Box<crate::zindex::ZIndex>>,
+    /// A list's first position and the one after its last: its live elements are at
+    /// positions `head..end`, `end - head == live` (every list write keeps them contiguous,
+    /// on every prefix of the log too).
+    pub head: i64,
+    /// See `head`.
+    pub end: i64,
 }
 
 impl Coll {
@@ -37,6 +66,8 @@ impl Coll {
             elems: BTreeMap::new(),
             live: 0,
             zindex: None,
+            head: 0,
+            end: 0,
         }
     }
 
@@ -54,7 +85,17 @@ impl Coll {
 pub struct Collections {
     live: HashMap<Hash, Coll>,
     /// Recovery only: element maps by (key hash, version), met before their metadata or not.
-    recovering: HashMap<(Hash, u64), BTreeMap<Hash, u64>>,
+    recovering: HashMap<(Hash, u64), Recovering>,
+}
+
+/// The elements recovery met of one (key, version), keyed as the collection's type wants
+/// them ([`sub_hash`]): the type is in the metadata record, which may come later on the log.
+#[derive(Debug, Default)]
+struct Recovering {
+    /// By the sub-key's 128-bit hash (hashes, sets, sorted sets).
+    by_hash: BTreeMap<Hash, u64>,
+    /// By position, for the elements whose sub-key has 8 bytes (lists).
+    by_position: BTreeMap<Hash, u64>,
 }
 
 impl Collections {
@@ -132,7 +173,7 @@ impl Collections {
         coll.version == c.version
             && coll
                 .elems
-                .get(&key_hash(c.sub))
+                .get(&sub_hash(coll.ty, c.sub))
                 .is_some_and(|&a| a & !ELEMENT_TOMB == addr)
     }
 
@@ -141,7 +182,7 @@ impl Collections {
     pub fn drop_tombstone(&mut self, c: &Composite<'_>, addr: u64) {
         if let Some(coll) = self.live.get_mut(&key_hash(c.key)) {
             if coll.version == c.version {
-                let sub = key_hash(c.sub);
+                let sub = sub_hash(coll.ty, c.sub);
                 if coll.elems.get(&sub) == Some(&(addr | ELEMENT_TOMB)) {
                     coll.elems.remove(&sub);
                 }
@@ -153,7 +194,7 @@ impl Collections {
     pub fn moved(&mut self, c: &Composite<'_>, from: u64, to: u64) {
         if let Some(coll) = self.live.get_mut(&key_hash(c.key)) {
             if coll.version == c.version {
-                if let Some(a) = coll.elems.get_mut(&key_hash(c.sub)) {
+                if let Some(a) = coll.elems.get_mut(&sub_hash(coll.ty, c.sub)) {
                     if *a & !ELEMENT_TOMB == from {
                         *a = to | (*a & ELEMENT_TOMB);
                     }
@@ -167,10 +208,14 @@ impl Collections {
     /// Records are met in sequence order, so a later one of the same element replaces it.
     pub fn replay_element(&mut self, c: &Composite<'_>, addr: u64, tomb: bool) {
         let entry = if tomb { addr | ELEMENT_TOMB } else { addr };
-        self.recovering
+        let r = self
+            .recovering
             .entry((key_hash(c.key), c.version))
-            .or_default()
-            .insert(key_hash(c.sub), entry);
+            .or_default();
+        r.by_hash.insert(key_hash(c.sub), entry);
+        if c.sub.len() == 8 {
+            r.by_position.insert(sub_hash(CollType::List, c.sub), entry);
+        }
     }
 
     /// The end of recovery: each live collection takes the elements of its version, the
@@ -180,9 +225,16 @@ impl Collections {
     pub fn finish_recovery(&mut self) -> Vec<Hash> {
         let mut empty = Vec::new();
         for (key, c) in self.live.iter_mut() {
-            if let Some(elems) = self.recovering.remove(&(*key, c.version)) {
+            if let Some(r) = self.recovering.remove(&(*key, c.version)) {
+                let elems = match c.ty {
+                    CollType::List => r.by_position,
+                    _ => r.by_hash,
+                };
                 c.live = elems.values().filter(|&&a| a & ELEMENT_TOMB == 0).count() as u64;
                 c.elems = elems;
+                if c.ty == CollType::List {
+                    (c.head, c.end) = list_ends(&c.elems, c.live);
+                }
             }
             if c.live == 0 {
                 empty.push(*key);
@@ -194,6 +246,29 @@ impl Collections {
         }
         empty
     }
+}
+
+/// A recovered list's ends: its first live position and the one after its last. Every list
+/// write keeps the live positions contiguous on every prefix of the log; a gap (never written
+/// so) is logged, and the list's reads then skip the missing positions (no write reuses one).
+fn list_ends(elems: &BTreeMap<Hash, u64>, live: u64) -> (i64, i64) {
+    let mut live_pos = elems
+        .iter()
+        .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
+        .map(|(&h, _)| hash_position(h));
+    let Some(head) = live_pos.next() else {
+        return (0, 0);
+    };
+    let end = live_pos.last().unwrap_or(head) + 1;
+    if (end - head) as u64 != live {
+        tracing::error!(
+            head,
+            end,
+            live,
+            "a recovered list has gaps between its positions"
+        );
+    }
+    (head, end)
 }
 
 #[cfg(test)]

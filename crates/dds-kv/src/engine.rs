@@ -224,6 +224,50 @@ pub trait Engine: Send {
     fn element_storage_addr(&self, _key: &[u8], _sub: &[u8]) -> Option<u64> {
         None
     }
+    /// Pushes elements at a list's head or end ([`Store::list_push`]): its new length.
+    fn list_push(
+        &mut self,
+        _key: &[u8],
+        _values: &[&[u8]],
+        _left: bool,
+        _create: bool,
+    ) -> StoreResult<u64> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Walks a list's elements by index ([`Store::list_visit`]).
+    fn list_visit(
+        &mut self,
+        _key: &[u8],
+        _from: u64,
+        _to: u64,
+        _rev: bool,
+        _f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> StoreResult<()> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Replaces a list's element ([`Store::list_set`]): false when out of range.
+    fn list_set(&mut self, _key: &[u8], _index: u64, _value: &[u8]) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Replaces the elements at one end of a list ([`Store::list_replace_end`]).
+    fn list_replace_end(
+        &mut self,
+        _key: &[u8],
+        _left: bool,
+        _k: u64,
+        _new: &[&[u8]],
+    ) -> StoreResult<()> {
+        Err(NO_COLLECTIONS)
+    }
+    /// Pops one element of a list ([`Store::list_pop_with`]).
+    fn list_pop_with(
+        &mut self,
+        _key: &[u8],
+        _left: bool,
+        _f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
     /// A sorted set member's score ([`Store::zscore`]).
     fn zscore(&mut self, _key: &[u8], _member: &[u8]) -> StoreResult<Option<f64>> {
         Err(NO_COLLECTIONS)
@@ -455,6 +499,45 @@ impl Engine for Store {
     }
     fn element_storage_addr(&self, key: &[u8], sub: &[u8]) -> Option<u64> {
         Store::element_storage_addr(self, key, sub)
+    }
+    fn list_push(
+        &mut self,
+        key: &[u8],
+        values: &[&[u8]],
+        left: bool,
+        create: bool,
+    ) -> StoreResult<u64> {
+        Store::list_push(self, key, values, left, create)
+    }
+    fn list_visit(
+        &mut self,
+        key: &[u8],
+        from: u64,
+        to: u64,
+        rev: bool,
+        f: &mut dyn FnMut(u64, &[u8]) -> bool,
+    ) -> StoreResult<()> {
+        Store::list_visit(self, key, from, to, rev, f)
+    }
+    fn list_set(&mut self, key: &[u8], index: u64, value: &[u8]) -> StoreResult<bool> {
+        Store::list_set(self, key, index, value)
+    }
+    fn list_replace_end(
+        &mut self,
+        key: &[u8],
+        left: bool,
+        k: u64,
+        new: &[&[u8]],
+    ) -> StoreResult<()> {
+        Store::list_replace_end(self, key, left, k, new)
+    }
+    fn list_pop_with(
+        &mut self,
+        key: &[u8],
+        left: bool,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> StoreResult<bool> {
+        Store::list_pop_with(self, key, left, f)
     }
     fn zscore(&mut self, key: &[u8], member: &[u8]) -> StoreResult<Option<f64>> {
         Store::zscore(self, key, member)

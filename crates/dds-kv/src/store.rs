@@ -1162,6 +1162,7 @@ impl std::fmt::Debug for Store {
 
 mod colls;
 mod keys;
+mod lists;
 mod zsets;
 pub use keys::SCAN_STORAGE_MAX;
 mod space;

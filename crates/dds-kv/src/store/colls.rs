@@ -5,7 +5,7 @@ use super::*;
 use crate::collection::{
     composite_fits, composite_len, decode_composite, encode_composite, encode_meta, CollType, Meta,
 };
-use crate::collmap::{Hash, ELEMENT_TOMB};
+use crate::collmap::{sub_hash, Hash, ELEMENT_TOMB};
 
 impl Store {
     /// The type of `key`'s collection; `None` when `key` is missing or a string.
@@ -25,7 +25,7 @@ impl Store {
     /// The live collection of type `ty` at `key`: its version, or `None` when `key` is
     /// missing; WRONGTYPE when it holds something else.
     /// It reads no record: the index entry, the expiry set and the collection map tell.
-    fn coll_of(&mut self, key: &[u8], ty: CollType) -> StoreResult<Option<u64>> {
+    pub(super) fn coll_of(&mut self, key: &[u8], ty: CollType) -> StoreResult<Option<u64>> {
         let h = record::key_hash(key);
         let Some(e) = self.live_entry(h) else {
             return Ok(None);
@@ -55,7 +55,7 @@ impl Store {
 
     /// Appends an element record (or tombstone) of `version` of `key` at the tail; the
     /// change of the collection's live count.
-    fn append_element(
+    pub(super) fn append_element(
         &mut self,
         key: &[u8],
         version: u64,
@@ -90,9 +90,12 @@ impl Store {
         self.dirty = true;
         self.undurable = true;
         let kh = record::key_hash(key);
+        let Some(ty) = self.colls.type_of(kh) else {
+            return Ok(0);
+        };
         Ok(self
             .colls
-            .element(kh, version, record::key_hash(sub), a, value.is_none())
+            .element(kh, version, sub_hash(ty, sub), a, value.is_none())
             .unwrap_or(0))
     }
 
@@ -137,7 +140,7 @@ impl Store {
         let Some(a) = self
             .colls
             .get(kh)
-            .and_then(|c| c.element(record::key_hash(field)))
+            .and_then(|c| c.element(sub_hash(ty, field)))
         else {
             return Ok(f(None));
         };
@@ -163,7 +166,7 @@ impl Store {
         let Some(c) = self.colls.get(kh) else {
             return Ok(false);
         };
-        if c.element(record::key_hash(field)).is_none() {
+        if c.element(sub_hash(ty, field)).is_none() {
             return Ok(false);
         }
         if c.live == 1 {
@@ -190,29 +193,32 @@ impl Store {
             && self
                 .colls
                 .get(record::key_hash(key))
-                .is_some_and(|c| c.element(record::key_hash(sub)).is_some()))
+                .is_some_and(|c| c.element(sub_hash(ty, sub)).is_some()))
     }
 
     /// Loads the live element `sub` (by its hash) of the collection `kh` (`key`, `version`)
     /// into `scratch`: its header, `None` when the element is gone or its record names
     /// another element (a 128-bit hash collision, logged).
-    fn load_element(
+    pub(super) fn load_element(
         &mut self,
         kh: Hash,
         key: &[u8],
         version: u64,
         sub: Hash,
     ) -> StoreResult<Option<Header>> {
-        let Some(a) = self.colls.get(kh).and_then(|c| c.element(sub)) else {
+        let Some((ty, a)) = self
+            .colls
+            .get(kh)
+            .and_then(|c| Some((c.ty, c.element(sub)?)))
+        else {
             return Ok(None);
         };
         if a >= self.durable_end {
             self.undurable = true;
         }
         let hdr = self.load(a)?;
-        let ok = decode_composite(&self.scratch[hdr.key_range()]).is_some_and(|c| {
-            c.key == key && c.version == version && record::key_hash(c.sub) == sub
-        });
+        let ok = decode_composite(&self.scratch[hdr.key_range()])
+            .is_some_and(|c| c.key == key && c.version == version && sub_hash(ty, c.sub) == sub);
         if !ok {
             tracing::error!("element record does not match its collection; skipped");
             return Ok(None);
@@ -377,16 +383,22 @@ impl Store {
             });
             self.append_element(dst, meta.version, &sub, Some(&value))?;
         }
+        // A list's copy has the source's positions, so its ends.
+        if let Some((head, end)) = self.colls.get(sh).map(|c| (c.head, c.end)) {
+            if let Some(d) = self.colls.get_mut(record::key_hash(dst)) {
+                if d.ty == CollType::List && d.version == meta.version {
+                    (d.head, d.end) = (head, end);
+                }
+            }
+        }
         Ok(true)
     }
 
     /// The log address of a hash field's record when it is on storage only (a command that
     /// reads it fetches it first); `None` when it is in memory or missing.
     pub fn element_storage_addr(&self, key: &[u8], field: &[u8]) -> Option<u64> {
-        let a = self
-            .colls
-            .get(record::key_hash(key))?
-            .element(record::key_hash(field))?;
+        let c = self.colls.get(record::key_hash(key))?;
+        let a = c.element(sub_hash(c.ty, field))?;
         (a < self.head && a >= self.begin).then_some(a)
     }
 }
