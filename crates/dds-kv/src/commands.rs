@@ -14,6 +14,7 @@ use crate::engine::Engine;
 use crate::hashes;
 use crate::introspect;
 use crate::keyspace;
+use crate::lists;
 use crate::offload::MAX_WRITE_KEYS;
 use crate::sets;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
@@ -53,6 +54,8 @@ pub struct ServerInfo {
     pub keys_walked: Option<usize>,
     /// Per-command and per-error counters (INFO's `Commandstats` and `Errorstats`).
     pub stats: CommandStats,
+    /// A blocking pop's wait (BLPOP and its kin), between the command and the server.
+    pub block: lists::Block,
 }
 
 /// What the connection does after a command.
@@ -200,6 +203,32 @@ const TABLE: &[(&str, i32)] = &[
     ("zremrangebyscore", 4),
     ("zremrangebylex", 4),
     ("zscan", -3),
+    ("zmpop", -4),
+    ("bzpopmin", -3),
+    ("bzpopmax", -3),
+    ("bzmpop", -5),
+    ("lpush", -3),
+    ("rpush", -3),
+    ("lpushx", -3),
+    ("rpushx", -3),
+    ("lpop", -2),
+    ("rpop", -2),
+    ("llen", 2),
+    ("lrange", 4),
+    ("lindex", 3),
+    ("lset", 4),
+    ("linsert", 5),
+    ("lrem", 4),
+    ("ltrim", 4),
+    ("lmove", 5),
+    ("rpoplpush", 3),
+    ("lpos", -3),
+    ("lmpop", -4),
+    ("blpop", -3),
+    ("brpop", -3),
+    ("blmove", 6),
+    ("brpoplpush", 4),
+    ("blmpop", -5),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
 ];
@@ -751,6 +780,47 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "zremrangebyrank" | "zremrangebyscore" | "zremrangebylex" => {
                 zsets::zremrange(store, &mut r, argv, &name["zremrangeby".len()..])?
             }
+            "zmpop" => lists::zmpop(store, &mut r, argv, ctx.session.resp3)?,
+            "bzpopmin" | "bzpopmax" => lists::bzpop(
+                store,
+                &mut r,
+                argv,
+                name == "bzpopmax",
+                ctx.session.resp3,
+                &mut ctx.info.block,
+            )?,
+            "bzmpop" => lists::bzmpop(store, &mut r, argv, ctx.session.resp3, &mut ctx.info.block)?,
+            "lpush" | "rpush" | "lpushx" | "rpushx" => lists::push(
+                store,
+                &mut r,
+                argv,
+                name.starts_with('l'),
+                !name.ends_with('x'),
+            )?,
+            "lpop" | "rpop" => {
+                lists::pop(store, &mut r, argv, name == "lpop", &mut ctx.info.list_buf)?
+            }
+            "llen" => lists::llen(store, &mut r, argv[1])?,
+            "lrange" => lists::lrange(store, &mut r, argv, &mut ctx.info.list_buf)?,
+            "lindex" => lists::lindex(store, &mut r, argv)?,
+            "lset" => lists::lset(store, &mut r, argv)?,
+            "linsert" => lists::linsert(store, &mut r, argv)?,
+            "lrem" => lists::lrem(store, &mut r, argv)?,
+            "ltrim" => lists::ltrim(store, &mut r, argv)?,
+            "lmove" | "rpoplpush" => lists::lmove(store, &mut r, argv)?,
+            "lpos" => lists::lpos(store, &mut r, argv)?,
+            "lmpop" => lists::lmpop(store, &mut r, argv, &mut ctx.info.list_buf)?,
+            "blpop" | "brpop" => {
+                lists::bpop(store, &mut r, argv, name == "blpop", &mut ctx.info.block)?
+            }
+            "blmove" | "brpoplpush" => lists::blmove(store, &mut r, argv, &mut ctx.info.block)?,
+            "blmpop" => lists::blmpop(
+                store,
+                &mut r,
+                argv,
+                &mut ctx.info.block,
+                &mut ctx.info.list_buf,
+            )?,
             "time" => introspect::time(&mut r),
             "memory" | "object" => {
                 introspect::memory_or_object(store, &mut r, argv, &ctx.info.config)?

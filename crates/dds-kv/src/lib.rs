@@ -17,6 +17,7 @@ pub mod glob;
 mod hashes;
 mod introspect;
 mod keyspace;
+pub mod lists;
 pub mod offload;
 pub mod record;
 pub mod server;

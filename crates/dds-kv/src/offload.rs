@@ -219,6 +219,16 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "ZREMRANGEBYRANK",
         "ZREMRANGEBYSCORE",
         "ZREMRANGEBYLEX",
+        "LPUSH",
+        "RPUSH",
+        "LPUSHX",
+        "RPUSHX",
+        "LPOP",
+        "RPOP",
+        "LSET",
+        "LINSERT",
+        "LREM",
+        "LTRIM",
     ];
     // SMOVE's member and the sources of a STORE are listed too (harmless: a member is not
     // a key, and the sources are read only).
@@ -231,6 +241,18 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "SINTERSTORE",
         "SUNIONSTORE",
         "SDIFFSTORE",
+        "LMOVE",
+        "RPOPLPUSH",
+        "BLMOVE",
+        "BRPOPLPUSH",
+        "BLPOP",
+        "BRPOP",
+        "BZPOPMIN",
+        "BZPOPMAX",
+        "LMPOP",
+        "BLMPOP",
+        "ZMPOP",
+        "BZMPOP",
     ];
     const PAIRS: &[&str] = &["MSET", "MSETNX"];
     // The key written is the second argument.

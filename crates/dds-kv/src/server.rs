@@ -98,7 +98,24 @@ pub struct KvSession {
     walk_keys: usize,
     walk_body: Vec<u8>,
     walk_undurable: bool,
+    /// Parked by a blocking pop (BLPOP and its kin) until a write gives one of its keys
+    /// elements or its deadline passes (`Some(None)`: no deadline); the command stays in
+    /// the input and runs again then.
+    parked: Option<Option<Instant>>,
+    /// The connection's place among the parked (first parked, first served), kept while it
+    /// parks again after a wake-up that found nothing left.
+    park_seq: u64,
 }
+
+/// A connection parked by a blocking pop.
+struct Parked {
+    conn: ConnId,
+    seq: u64,
+    wait: crate::lists::Wait,
+}
+
+/// How often parked connections are looked at for clients that left.
+const PARKED_SWEEP: Duration = Duration::from_millis(100);
 
 /// A reply held until the commit that covers its command is durable.
 #[derive(Clone, Copy)]
@@ -142,6 +159,13 @@ pub struct KvService {
     next_sync: Instant,
     /// Time the active expiry cycle may take per tick.
     expire_budget: Duration,
+    /// Connections parked by blocking pops, in the order they first parked.
+    parked: Vec<Parked>,
+    /// Last number handed to a parked connection.
+    park_seq: u64,
+    /// The log's tail when the parked connections' keys were last looked at (a push moves it).
+    parked_tail: u64,
+    next_parked_sweep: Instant,
 }
 
 impl KvService {
@@ -360,6 +384,63 @@ impl KvService {
         }
     }
 
+    /// Wakes the parked connections whose keys have elements now (first parked first) or
+    /// whose deadlines passed; every `PARKED_SWEEP`, closes those whose clients left (so that
+    /// no element is popped for a client that is gone).
+    fn wake_parked(&mut self, done: &mut Completions<'_, KvSession>) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let tail = self.store.tail();
+        let changed = tail != self.parked_tail;
+        let sweep = now >= self.next_parked_sweep;
+        let due = |p: &Parked| p.wait.deadline.is_some_and(|d| now >= d);
+        if !changed && !sweep && !self.parked.iter().any(due) {
+            return;
+        }
+        self.parked_tail = tail;
+        if sweep {
+            self.next_parked_sweep = now + PARKED_SWEEP;
+        }
+        let store = &mut self.store;
+        self.parked.retain(|p| {
+            if sweep && done.peer_closed(p.conn) {
+                done.close(p.conn);
+                return false;
+            }
+            let ready = due(p)
+                || (changed
+                    && p.wait
+                        .keys
+                        .iter()
+                        .any(|k| matches!(store.coll_len(p.wait.ty, k), Ok(n) if n > 0)));
+            if ready {
+                done.resume(p.conn);
+            }
+            !ready
+        });
+    }
+
+    /// Parks connection `id` for the wait its command asked for.
+    fn park(&mut self, id: ConnId, s: &mut KvSession, wait: crate::lists::Wait) {
+        if s.parked.is_none() {
+            self.park_seq += 1;
+            s.park_seq = self.park_seq;
+        }
+        s.parked = Some(wait.deadline);
+        let at = self.parked.partition_point(|p| p.seq < s.park_seq);
+        self.parked.insert(
+            at,
+            Parked {
+                conn: id,
+                seq: s.park_seq,
+                wait,
+            },
+        );
+        self.parked_tail = self.store.tail();
+    }
+
     /// Runs one command with the connection's records read ahead.
     fn run(&mut self, s: &mut KvSession, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
         if let Some(f) = self.store.fetched() {
@@ -372,6 +453,7 @@ impl KvService {
             std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
             self.info.keys_walked = Some(s.walk_keys);
         }
+        self.info.block.resumed = s.parked;
         let mut ctx = Ctx {
             store: self.store.as_mut(),
             session: &mut s.session,
@@ -379,6 +461,7 @@ impl KvService {
             password: self.password.as_deref(),
         };
         let after = execute(&mut ctx, argv, out);
+        self.info.block.resumed = None;
         if self.info.keys_walked.take().is_some() {
             std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
         }
@@ -416,6 +499,8 @@ impl Service for KvService {
             walk_keys: 0,
             walk_body: Vec::new(),
             walk_undurable: false,
+            parked: None,
+            park_seq: 0,
         }
     }
 
@@ -467,6 +552,14 @@ impl Service for KvService {
                     self.store.take_undurable();
                     let after = self.run(s, &args, out);
                     spare = reuse(args);
+                    if let Some(wait) = self.info.block.wait.take() {
+                        // A blocking pop found nothing: it stays in the input and runs again
+                        // when woken (it wrote no reply and changed nothing).
+                        debug_assert_eq!(out.len(), mark);
+                        self.park(id, s, wait);
+                        break Verdict::Pending;
+                    }
+                    s.parked = None;
                     at += used;
                     let walked = std::mem::take(&mut s.walk_undurable);
                     if self.fsync && (self.store.take_undurable() || walked) {
@@ -564,6 +657,7 @@ impl Service for KvService {
         completions.clear();
         self.completions = completions;
         self.complete_acks(done);
+        self.wake_parked(done);
     }
 
     fn end_round(&mut self) -> bool {
@@ -603,6 +697,9 @@ impl Service for KvService {
     }
 
     fn closed(&mut self, id: ConnId, mut s: KvSession) {
+        if s.parked.is_some() {
+            self.parked.retain(|p| p.conn != id);
+        }
         if s.acks > 0 {
             self.acks.retain(|a| a.conn != id);
         }
@@ -700,6 +797,7 @@ impl Server {
                 list_buf: Vec::new(),
                 keys_walked: None,
                 stats: crate::cmdstats::CommandStats::new(crate::commands::command_count()),
+                block: Default::default(),
             },
             store,
             limits,
@@ -715,6 +813,10 @@ impl Server {
             sync_interval: cfg.sync_interval,
             next_sync: Instant::now() + cfg.sync_interval,
             expire_budget: cfg.sync_interval.min(Duration::from_millis(100)) / 4,
+            parked: Vec::new(),
+            park_seq: 0,
+            parked_tail: 0,
+            next_parked_sweep: Instant::now(),
         };
         let tick = cfg.sync_interval.min(Duration::from_millis(100));
         let rt = Config {

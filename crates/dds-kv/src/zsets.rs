@@ -89,7 +89,7 @@ impl ScoreText {
 }
 
 /// `score` as a reply: a bulk string in RESP2, a double in RESP3.
-fn reply_score(r: &mut Reply<'_>, resp3: bool, score: f64) {
+pub(crate) fn reply_score(r: &mut Reply<'_>, resp3: bool, score: f64) {
     let t = ScoreText::new(score);
     if resp3 {
         r.out_mut().push(b',');
@@ -579,6 +579,27 @@ pub(crate) fn zrange(
     })
 }
 
+/// Removes up to `count` members with the lowest scores (the highest with `max`): the
+/// members and their scores, in the order popped.
+pub(crate) fn pop_members(
+    s: &mut dyn Engine,
+    key: &[u8],
+    max: bool,
+    count: usize,
+) -> StoreResult<Vec<(Vec<u8>, f64)>> {
+    let len = s.coll_len(CollType::ZSet, key)? as usize;
+    let take = count.min(len);
+    let mut popped: Vec<(Vec<u8>, f64)> = Vec::with_capacity(take);
+    let (from, to) = if max { (len - take, len) } else { (0, take) };
+    s.zrange(key, from, to, max, &mut |m, score| {
+        popped.push((m.to_vec(), score))
+    })?;
+    for (m, _) in &popped {
+        s.zrem(key, m)?;
+    }
+    Ok(popped)
+}
+
 /// `ZPOPMIN key [count]`, `ZPOPMAX key [count]`.
 pub(crate) fn zpop(
     s: &mut dyn Engine,
@@ -599,16 +620,7 @@ pub(crate) fn zpop(
             return Ok(());
         }
     };
-    let len = s.coll_len(CollType::ZSet, argv[1])? as usize;
-    let take = count.min(len);
-    let mut popped: Vec<(Vec<u8>, f64)> = Vec::with_capacity(take);
-    let (from, to) = if max { (len - take, len) } else { (0, take) };
-    s.zrange(argv[1], from, to, max, &mut |m, score| {
-        popped.push((m.to_vec(), score))
-    })?;
-    for (m, _) in &popped {
-        s.zrem(argv[1], m)?;
-    }
+    let popped = pop_members(s, argv[1], max, count)?;
     let nested = resp3 && argv.len() == 3;
     r.array(if nested {
         popped.len()

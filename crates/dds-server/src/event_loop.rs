@@ -142,6 +142,16 @@ impl<S> Completions<'_, S> {
         }
     }
 
+    /// Whether the client of a connection is gone: its side is closed (a zero-byte peek), or
+    /// the connection is. A pending connection is not read, so a service whose requests wait
+    /// long (a blocking pop) looks before it acts for a client that may have left.
+    pub fn peer_closed(&mut self, id: ConnId) -> bool {
+        match self.live(id) {
+            Some(c) => c.eof || matches!(c.stream.peek(&mut [0u8; 1]), Ok(0)),
+            None => true,
+        }
+    }
+
     /// Sends the connection's replies, then closes it (after an error of its operation).
     pub fn close(&mut self, id: ConnId) {
         let slot = id.slot;
