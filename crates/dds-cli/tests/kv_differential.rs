@@ -269,10 +269,10 @@ impl Gen {
         self.step += 1;
         let w = |s: &str| s.as_bytes().to_vec();
         if self.collections && self.rng.gen_bool(0.5) {
-            return if self.rng.gen_bool(0.4) {
-                self.zset_command()
-            } else {
-                self.collection_command()
+            return match self.rng.gen_range(0..10) {
+                0..=2 => self.zset_command(),
+                3..=5 => self.list_command(),
+                _ => self.collection_command(),
             };
         }
         let c: Vec<Vec<u8>> = match self.rng.gen_range(0..44) {
@@ -617,13 +617,14 @@ impl Gen {
         self.ckey_of(usize::from(set))
     }
 
-    /// One of the three keys of hashes (`kind` 0), sets (1) or sorted sets (2), or any key.
+    /// One of the three keys of hashes (`kind` 0), sets (1), sorted sets (2) or lists (3),
+    /// or any key.
     fn ckey_of(&mut self, kind: usize) -> Vec<u8> {
         if self.rng.gen_bool(0.15) {
             return self.key();
         }
         let i = self.rng.gen_range(0..3) + 3 * kind;
-        self.keys[self.keys.len() - 9 + i].clone()
+        self.keys[self.keys.len() - 12 + i].clone()
     }
 
     /// A score argument: numbers, infinities, and what is not a score.
@@ -918,6 +919,146 @@ impl Gen {
         // Not SPOP's arity: without a count it pops one random member.
         let spare = self.sub();
         let arity = !c[0].eq_ignore_ascii_case(b"spop");
+        self.vary(c, spare, arity)
+    }
+
+    /// An index or a range bound of a list command: in range, out of range, negative, not a
+    /// number.
+    fn list_index(&mut self) -> Vec<u8> {
+        self.pick(&[
+            "0",
+            "1",
+            "2",
+            "-1",
+            "-2",
+            "5",
+            "-7",
+            "100",
+            "-100",
+            "x",
+            "9223372036854775807",
+            "-9223372036854775808",
+        ])
+    }
+
+    /// A list element: few values, so that LREM, LPOS and LINSERT find them.
+    fn element(&mut self) -> Vec<u8> {
+        if self.rng.gen_bool(0.1) {
+            return self.value();
+        }
+        self.pick(&["a", "b", "c", "1", "", "x\x00y"])
+    }
+
+    /// The list family with its options, wrong arguments and edge values; the blocking pops
+    /// with short timeouts (a timeout answers a null on every server).
+    fn list_command(&mut self) -> Vec<Vec<u8>> {
+        let w = |s: &str| s.as_bytes().to_vec();
+        let key = self.ckey_of(3);
+        let c = match self.rng.gen_range(0..26) {
+            0..=4 => {
+                let names = ["LPUSH", "RPUSH", "LPUSH", "RPUSH", "LPUSHX", "RPUSHX"];
+                let mut c = vec![w(names[self.rng.gen_range(0..names.len())]), key];
+                c.extend((0..self.rng.gen_range(1..5)).map(|_| self.element()));
+                c
+            }
+            5 | 6 => {
+                let mut c = vec![w(["LPOP", "RPOP"][self.rng.gen_range(0..2)]), key];
+                if self.rng.gen_bool(0.4) {
+                    c.push(self.pick(&["0", "1", "2", "10", "-1", "x"]));
+                }
+                c
+            }
+            7 => vec![w("LLEN"), key],
+            8 | 9 => vec![w("LRANGE"), key, self.list_index(), self.list_index()],
+            10 => vec![w("LINDEX"), key, self.list_index()],
+            11 => vec![w("LSET"), key, self.list_index(), self.element()],
+            12 => vec![
+                w("LINSERT"),
+                key,
+                self.pick(&["BEFORE", "after", "middle"]),
+                self.element(),
+                self.element(),
+            ],
+            13 => vec![
+                w("LREM"),
+                key,
+                self.pick(&["0", "1", "-1", "2", "-2", "x"]),
+                self.element(),
+            ],
+            14 => vec![w("LTRIM"), key, self.list_index(), self.list_index()],
+            15 => {
+                let dst = self.ckey_of(3);
+                if self.rng.gen_bool(0.3) {
+                    vec![w("RPOPLPUSH"), key, dst]
+                } else {
+                    let sides = ["LEFT", "RIGHT", "left", "middle"];
+                    vec![w("LMOVE"), key, dst, self.pick(&sides), self.pick(&sides)]
+                }
+            }
+            16 => {
+                let mut c = vec![w("LPOS"), key, self.element()];
+                for _ in 0..self.rng.gen_range(0..3) {
+                    match self.rng.gen_range(0..4) {
+                        0 => c.extend([w("RANK"), self.pick(&["1", "2", "-1", "-2", "0", "x"])]),
+                        1 => c.extend([w("COUNT"), self.pick(&["0", "1", "2", "-1"])]),
+                        2 => c.extend([w("MAXLEN"), self.pick(&["0", "2", "-1"])]),
+                        _ => c.push(w("bogus")),
+                    }
+                }
+                c
+            }
+            17 | 18 => {
+                let mut c = vec![w("LMPOP"), self.pick(&["1", "2", "0", "x", "5"]), key];
+                c.push(self.ckey_of(3));
+                c.push(self.pick(&["LEFT", "RIGHT", "up"]));
+                match self.rng.gen_range(0..3) {
+                    0 => c.extend([w("COUNT"), self.pick(&["1", "3", "0", "-1", "x"])]),
+                    1 => c.push(w("COUNT")),
+                    _ => {}
+                }
+                c
+            }
+            19 | 20 => {
+                let mut c = vec![w(["BLPOP", "BRPOP"][self.rng.gen_range(0..2)]), key];
+                if self.rng.gen_bool(0.5) {
+                    c.push(self.ckey_of(3));
+                }
+                c.push(self.pick(&["0.01", "0.02", "-1", "x", "0x7FFFFFFFFFFFFF"]));
+                c
+            }
+            21 => {
+                let dst = self.ckey_of(3);
+                if self.rng.gen_bool(0.3) {
+                    vec![w("BRPOPLPUSH"), key, dst, self.pick(&["0.01", "-1"])]
+                } else {
+                    let sides = ["LEFT", "RIGHT", "up"];
+                    vec![
+                        w("BLMOVE"),
+                        key,
+                        dst,
+                        self.pick(&sides),
+                        self.pick(&sides),
+                        self.pick(&["0.01", "x"]),
+                    ]
+                }
+            }
+            22 => {
+                let mut c = vec![w("BLMPOP"), self.pick(&["0.01", "-1"]), w("2"), key];
+                c.push(self.ckey_of(3));
+                c.push(self.pick(&["LEFT", "RIGHT"]));
+                if self.rng.gen_bool(0.5) {
+                    c.extend([w("COUNT"), self.pick(&["2", "0"])]);
+                }
+                c
+            }
+            23 => vec![w("TYPE"), key],
+            24 => self.keyspace_command(),
+            _ => vec![w(["DEL", "EXISTS", "GET"][self.rng.gen_range(0..3)]), key],
+        };
+        let spare = self.element();
+        // Not the blocking pops' arity: their last argument is the timeout, and a key or an
+        // element in its place could wait seconds.
+        let arity = !c[0].starts_with(b"B");
         self.vary(c, spare, arity)
     }
 
@@ -1225,7 +1366,7 @@ fn run_sequence(targets: &mut [Target], seed: u64, steps: usize, collections: bo
     let mut answered = 0;
     if collections {
         g.collections = true;
-        g.keys.extend((0..9).map(|i| format!("c{i}").into_bytes()));
+        g.keys.extend((0..12).map(|i| format!("c{i}").into_bytes()));
     }
     let mut done = 0;
     while done < steps {
@@ -1326,8 +1467,35 @@ fn is_collection_command(name: &[u8]) -> bool {
         "SRANDMEMBER",
         "SSCAN",
     ];
+    const LISTS: &[&str] = &[
+        "LPUSH",
+        "RPUSH",
+        "LPUSHX",
+        "RPUSHX",
+        "LPOP",
+        "RPOP",
+        "LLEN",
+        "LRANGE",
+        "LINDEX",
+        "LSET",
+        "LINSERT",
+        "LREM",
+        "LTRIM",
+        "LMOVE",
+        "RPOPLPUSH",
+        "LPOS",
+        "LMPOP",
+        "BLPOP",
+        "BRPOP",
+        "BLMOVE",
+        "BRPOPLPUSH",
+        "BLMPOP",
+    ];
     matches!(name.first().map(u8::to_ascii_uppercase), Some(b'H' | b'Z'))
-        || SETS.iter().any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+        || SETS
+            .iter()
+            .chain(LISTS)
+            .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
 }
 
 /// Keys that expire while nobody looks: gone for every server once their time has passed.

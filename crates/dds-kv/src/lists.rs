@@ -84,7 +84,9 @@ pub(crate) fn timeout_arg(arg: &[u8]) -> Result<Duration, &'static str> {
     .filter(|v| v.is_finite())
     .ok_or("ERR timeout is not a float or out of range")?;
     let ms = (secs * 1000.0).trunc();
-    if ms < 0.0 {
+    // Past i64, C's conversion to `long long` gives LLONG_MIN on the machines Redis runs
+    // on: Redis then says "negative".
+    if ms < 0.0 || ms >= i64::MAX as f64 {
         return Err("ERR timeout is negative");
     }
     let now_ms = std::time::SystemTime::now()
@@ -96,10 +98,11 @@ pub(crate) fn timeout_arg(arg: &[u8]) -> Result<Duration, &'static str> {
     Ok(Duration::from_millis(ms as u64))
 }
 
-/// A non-negative count (Redis's `getPositiveLongFromObjectOrReply` with its message).
+/// A non-negative count (Redis's `getPositiveLongFromObjectOrReply` with its message, which
+/// a non-number gets too).
 fn positive(arg: &[u8], msg: &str) -> Result<i64, String> {
     match int_arg(arg) {
-        None => Err(NOT_INTEGER.to_string()),
+        None => Err(format!("ERR {msg}")),
         Some(n) if n < 0 => Err(format!("ERR {msg}")),
         Some(n) => Ok(n),
     }
@@ -234,11 +237,16 @@ fn index(i: i64, len: u64) -> Option<u64> {
 
 /// `LINDEX key index`.
 pub(crate) fn lindex(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> StoreResult<()> {
+    // The key first, then the index (as Redis: a missing key is a null whatever the index).
+    let len = s.coll_len(LIST, argv[1])?;
+    if len == 0 {
+        r.null();
+        return Ok(());
+    }
     let Some(i) = int_arg(argv[2]) else {
         r.error(NOT_INTEGER);
         return Ok(());
     };
-    let len = s.coll_len(LIST, argv[1])?;
     let mut found = false;
     if let Some(i) = index(i, len) {
         s.list_visit(argv[1], i, i + 1, false, &mut |_, v| {
@@ -255,15 +263,15 @@ pub(crate) fn lindex(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> S
 
 /// `LSET key index element`.
 pub(crate) fn lset(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> StoreResult<()> {
-    let Some(i) = int_arg(argv[2]) else {
-        r.error(NOT_INTEGER);
-        return Ok(());
-    };
     let len = s.coll_len(LIST, argv[1])?;
     if len == 0 {
         r.error("ERR no such key");
         return Ok(());
     }
+    let Some(i) = int_arg(argv[2]) else {
+        r.error(NOT_INTEGER);
+        return Ok(());
+    };
     match index(i, len) {
         Some(i) if s.list_set(argv[1], i, argv[3])? => r.ok(),
         _ => r.error("ERR index out of range"),
@@ -469,8 +477,9 @@ pub(crate) fn blmove(
     match move_one(s, argv[1], argv[2], from, to)? {
         Some(v) => r.bulk(&v),
         None => {
+            // A timed-out wait answers a null array, as every blocking pop's does in Redis.
             if block.wait_or_time_out(LIST, &argv[1..2], timeout) {
-                r.null();
+                r.null_array();
             }
         }
     }
@@ -854,6 +863,10 @@ mod tests {
         assert_eq!(timeout_arg(b"-1"), Err("ERR timeout is negative"));
         assert_eq!(
             timeout_arg(b"0x7FFFFFFFFFFFFF"),
+            Err("ERR timeout is negative")
+        );
+        assert_eq!(
+            timeout_arg(b"9223372036854775"),
             Err("ERR timeout is out of range")
         );
         assert_eq!(
