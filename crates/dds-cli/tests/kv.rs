@@ -549,6 +549,7 @@ struct Collections {
     hashes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     sets: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
     zsets: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
+    lists: std::collections::BTreeMap<String, std::collections::VecDeque<String>>,
 }
 
 impl Collections {
@@ -557,10 +558,12 @@ impl Collections {
         self.hashes.values().filter(|h| !h.is_empty()).count()
             + self.sets.values().filter(|m| !m.is_empty()).count()
             + self.zsets.values().filter(|m| !m.is_empty()).count()
+            + self.lists.values().filter(|l| !l.is_empty()).count()
     }
 
-    /// Pipelined element writes and removals on 6 hashes, 6 sets and 4 sorted sets, each
-    /// reply checked against the model before the model takes the change.
+    /// Pipelined element writes and removals on 6 hashes, 6 sets, 4 sorted sets and 4 lists
+    /// (pushes, pops, LSET, LINSERT and LREM in the middle, LTRIM, LMOVE), each reply checked
+    /// against the model before the model takes the change.
     fn write(&mut self, s: &mut TcpStream, b: &mut Vec<u8>, life: u32) {
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(life);
         let mut next = move |n: u64| {
@@ -575,7 +578,8 @@ impl Collections {
             let (h, f) = (format!("hash{}", next(6)), format!("f{}", next(150)));
             let (st, m) = (format!("set{}", next(6)), format!("{}", next(150)));
             let (z, zm) = (format!("zset{}", next(4)), format!("m{}", next(100)));
-            match next(13) {
+            let l = format!("list{}", next(4));
+            match next(17) {
                 0..=3 => {
                     let v = format!("{life}:{i}:{}", "h".repeat(next(400) as usize));
                     batch.extend(cmd(&[b"HSET", h.as_bytes(), f.as_bytes(), v.as_bytes()]));
@@ -608,6 +612,110 @@ impl Collections {
                     batch.extend(cmd(&[b"ZREM", z.as_bytes(), zm.as_bytes()]));
                     let gone = self.zsets.entry(z).or_default().remove(&zm).is_some();
                     want.push(format!(":{}\r\n", u8::from(gone)).into_bytes());
+                }
+                12 => {
+                    let v = format!("{life}:{i}:{}", "l".repeat(next(300) as usize));
+                    let left = next(2) == 0;
+                    let name: &[u8] = if left { b"LPUSH" } else { b"RPUSH" };
+                    batch.extend(cmd(&[name, l.as_bytes(), v.as_bytes()]));
+                    let list = self.lists.entry(l).or_default();
+                    if left {
+                        list.push_front(v);
+                    } else {
+                        list.push_back(v);
+                    }
+                    want.push(format!(":{}\r\n", list.len()).into_bytes());
+                }
+                13 => {
+                    let left = next(2) == 0;
+                    let name: &[u8] = if left { b"LPOP" } else { b"RPOP" };
+                    batch.extend(cmd(&[name, l.as_bytes()]));
+                    let list = self.lists.entry(l).or_default();
+                    let got = if left {
+                        list.pop_front()
+                    } else {
+                        list.pop_back()
+                    };
+                    want.push(match got {
+                        Some(v) => format!("${}\r\n{v}\r\n", v.len()).into_bytes(),
+                        None => b"$-1\r\n".to_vec(),
+                    });
+                }
+                14 => {
+                    // A change in the middle: LSET, LINSERT after an element, LREM of one.
+                    let list = self.lists.entry(l.clone()).or_default();
+                    let v = format!("{life}:{i}:mid");
+                    if list.is_empty() {
+                        batch.extend(cmd(&[b"LLEN", l.as_bytes()]));
+                        want.push(b":0\r\n".to_vec());
+                        continue;
+                    }
+                    let at = next(list.len() as u64) as usize;
+                    let pivot = list[at].clone();
+                    match next(3) {
+                        0 => {
+                            let idx = at.to_string();
+                            batch.extend(cmd(&[
+                                b"LSET",
+                                l.as_bytes(),
+                                idx.as_bytes(),
+                                v.as_bytes(),
+                            ]));
+                            list[at] = v;
+                            want.push(b"+OK\r\n".to_vec());
+                        }
+                        1 => {
+                            batch.extend(cmd(&[
+                                b"LINSERT",
+                                l.as_bytes(),
+                                b"AFTER",
+                                pivot.as_bytes(),
+                                v.as_bytes(),
+                            ]));
+                            let first = list.iter().position(|e| *e == pivot).unwrap();
+                            list.insert(first + 1, v);
+                            want.push(format!(":{}\r\n", list.len()).into_bytes());
+                        }
+                        _ => {
+                            batch.extend(cmd(&[b"LREM", l.as_bytes(), b"1", pivot.as_bytes()]));
+                            let first = list.iter().position(|e| *e == pivot).unwrap();
+                            list.remove(first);
+                            want.push(b":1\r\n".to_vec());
+                        }
+                    }
+                }
+                15 => {
+                    if next(8) == 0 {
+                        // Trimmed to its middle.
+                        batch.extend(cmd(&[b"LTRIM", l.as_bytes(), b"2", b"-3"]));
+                        let list = self.lists.entry(l).or_default();
+                        let n = list.len();
+                        if n <= 4 {
+                            list.clear();
+                        } else {
+                            list.truncate(n - 2);
+                            list.drain(..2);
+                        }
+                        want.push(b"+OK\r\n".to_vec());
+                    } else {
+                        // One element moves to the head of another list.
+                        let to = format!("list{}", next(4));
+                        batch.extend(cmd(&[
+                            b"LMOVE",
+                            l.as_bytes(),
+                            to.as_bytes(),
+                            b"RIGHT",
+                            b"LEFT",
+                        ]));
+                        let got = self.lists.entry(l).or_default().pop_back();
+                        match got {
+                            Some(v) => {
+                                want.push(format!("${}\r\n{v}\r\n", v.len()).into_bytes());
+                                self.lists.entry(to).or_default().push_front(v);
+                            }
+                            None => want.push(b"$-1\r\n".to_vec()),
+                        }
+                    }
                 }
                 _ if i % 500 == 9 => {
                     batch.extend(cmd(&[b"DEL", h.as_bytes()]));
@@ -642,6 +750,17 @@ impl Collections {
     /// Every hash, set and sorted set reads back whole as the model has it (a sorted set in
     /// its order: by score, then member).
     fn check(&self, s: &mut TcpStream, b: &mut Vec<u8>, what: &str) {
+        for (k, l) in &self.lists {
+            s.write_all(&cmd(&[b"LRANGE", k.as_bytes(), b"0", b"-1"]))
+                .unwrap();
+            let got: Vec<String> = bulks(&read_reply(s, b))
+                .expect("LRANGE's elements")
+                .into_iter()
+                .map(|e| String::from_utf8(e).unwrap())
+                .collect();
+            let want: Vec<String> = l.iter().cloned().collect();
+            assert_eq!(got, want, "{what}: list {k}");
+        }
         for (k, m) in &self.zsets {
             s.write_all(&cmd(&[b"ZRANGE", k.as_bytes(), b"0", b"-1", b"WITHSCORES"]))
                 .unwrap();
