@@ -1135,3 +1135,87 @@ fn an_expired_key_is_never_served_by_the_dpu() {
     d.write_all(&cmd(&[b"GET", b"key500"])).unwrap();
     assert_eq!(read_reply(&mut d, &mut db).len(), 300 + 8);
 }
+
+/// The blocking pops: parked clients are woken first parked, first served, by pushes from
+/// another client (BLPOP, BLMOVE, BZPOPMIN); a timeout answers a null after its time and not
+/// long after; a client that left while parked takes no element and its connection goes;
+/// other clients are served meanwhile.
+#[test]
+fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (_kv, addr) = start_kv(&["--storage", "file", "--dir", d]);
+    let connect = || {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        (s, Vec::new())
+    };
+    let ask = |c: &mut (TcpStream, Vec<u8>), words: &[&[u8]]| -> Vec<u8> {
+        c.0.write_all(&cmd(words)).unwrap();
+        read_reply(&mut c.0, &mut c.1)
+    };
+    let mut a = connect();
+    let mut b = connect();
+    let mut writer = connect();
+    a.0.write_all(&cmd(&[b"BLPOP", b"q", b"q2", b"0"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    b.0.write_all(&cmd(&[b"BLPOP", b"q", b"0"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // Served meanwhile.
+    assert_eq!(ask(&mut writer, &[b"PING"]), b"+PONG\r\n");
+    assert_eq!(ask(&mut writer, &[b"RPUSH", b"q", b"x", b"y"]), b":2\r\n");
+    assert_eq!(
+        read_reply(&mut a.0, &mut a.1),
+        b"*2\r\n$1\r\nq\r\n$1\r\nx\r\n",
+        "the first parked is served first"
+    );
+    assert_eq!(
+        read_reply(&mut b.0, &mut b.1),
+        b"*2\r\n$1\r\nq\r\n$1\r\ny\r\n"
+    );
+    assert_eq!(ask(&mut writer, &[b"EXISTS", b"q"]), b":0\r\n");
+    // A parked connection's later commands wait behind it, then run.
+    a.0.write_all(&cmd(&[b"BLMOVE", b"src", b"dst", b"LEFT", b"RIGHT", b"0"]))
+        .unwrap();
+    a.0.write_all(&cmd(&[b"LLEN", b"dst"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(ask(&mut writer, &[b"LPUSH", b"src", b"m"]), b":1\r\n");
+    assert_eq!(read_reply(&mut a.0, &mut a.1), b"$1\r\nm\r\n");
+    assert_eq!(read_reply(&mut a.0, &mut a.1), b":1\r\n");
+    // Sorted sets too.
+    b.0.write_all(&cmd(&[b"BZPOPMIN", b"z", b"0"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        ask(&mut writer, &[b"ZADD", b"z", b"2", b"two", b"1", b"one"]),
+        b":2\r\n"
+    );
+    assert_eq!(
+        read_reply(&mut b.0, &mut b.1),
+        b"*3\r\n$1\r\nz\r\n$3\r\none\r\n$1\r\n1\r\n"
+    );
+    // A timeout: a null array after its time, not long after.
+    let t = Instant::now();
+    assert_eq!(ask(&mut a, &[b"BLPOP", b"none", b"0.3"]), b"*-1\r\n");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    // A client that leaves while parked takes nothing.
+    let mut gone = connect();
+    gone.0.write_all(&cmd(&[b"BLPOP", b"w", b"0"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(gone);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(ask(&mut writer, &[b"RPUSH", b"w", b"kept"]), b":1\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        ask(&mut writer, &[b"LRANGE", b"w", b"0", b"-1"]),
+        b"*1\r\n$4\r\nkept\r\n"
+    );
+    let info = String::from_utf8(ask(&mut writer, &[b"INFO", b"clients"])).unwrap();
+    assert!(
+        info.lines().any(|l| l.trim() == "connected_clients:3"),
+        "the parked client that left is closed: {info}"
+    );
+}

@@ -2,7 +2,7 @@
 //! collection key's hash to its type, version and element map, what compaction asks of it
 //! (is this element record live?) and how recovery rebuilds it from records met in any order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::collection::{CollType, Composite, Meta};
 use crate::record::key_hash;
@@ -43,19 +43,22 @@ pub struct Coll {
     pub ty: CollType,
     /// Its version (the sequence number of the record that created it).
     pub version: u64,
-    /// Sub-key hash → address of the element's newest record (| [`ELEMENT_TOMB`]).
+    /// Sub-key hash → address of the element's newest record (| [`ELEMENT_TOMB`]); empty
+    /// for a list, whose elements are in `list`.
     pub elems: BTreeMap<Hash, u64>,
     /// Live elements (entries without [`ELEMENT_TOMB`]).
     pub live: u64,
     /// A sorted set's members in order, built when an ordered command first needs it (from
     /// the element records) and kept up to date by the store's writes after that.
     pub zindex: Option<Box<crate::zindex::ZIndex>>,
-    /// A list's first position and the one after its last: its live elements are at
-    /// positions `head..end`, `end - head == live` (every list write keeps them contiguous,
-    /// on every prefix of the log too).
+    /// A list's first position: its elements are at positions `head..head + list.len()`
+    /// (every list write keeps them contiguous, on every prefix of the log too).
     pub head: i64,
-    /// See `head`.
-    pub end: i64,
+    /// A list's element addresses in position order. A popped element leaves no entry: its
+    /// element tombstone is garbage from the start (compaction reaches the element's older
+    /// records first, the log being compacted in address order), so a queue's memory is its
+    /// length, and pushes and pops at the ends allocate nothing once it has grown.
+    pub list: VecDeque<u64>,
 }
 
 impl Coll {
@@ -67,16 +70,86 @@ impl Coll {
             live: 0,
             zindex: None,
             head: 0,
-            end: 0,
+            list: VecDeque::new(),
         }
     }
 
     /// The address of the live element with this sub-key hash.
     pub fn element(&self, sub: Hash) -> Option<u64> {
+        if self.ty == CollType::List {
+            return self.list_index(sub).map(|i| self.list[i]);
+        }
         self.elems
             .get(&sub)
             .filter(|&&a| a & ELEMENT_TOMB == 0)
             .copied()
+    }
+
+    /// The index in `list` of a list position's element-map key.
+    fn list_index(&self, sub: Hash) -> Option<usize> {
+        let i = hash_position(sub).checked_sub(self.head)?;
+        (i >= 0 && (i as u64) < self.list.len() as u64).then_some(i as usize)
+    }
+
+    /// The sub-key hashes of the live elements: in hash order, a list's in position order.
+    pub fn live_subs(&self) -> Box<dyn Iterator<Item = Hash> + '_> {
+        if self.ty == CollType::List {
+            return Box::new((0..self.list.len() as i64).map(|i| position_hash(self.head + i)));
+        }
+        Box::new(
+            self.elems
+                .iter()
+                .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
+                .map(|(&s, _)| s),
+        )
+    }
+
+    /// A list's record at `addr` for position `pos` (`tomb`: its tombstone): a value
+    /// replaces its position's address or extends an end; a tombstone shrinks an end. The
+    /// change of the live count; `None` for a record that would leave a gap (garbage, and
+    /// logged: list writes never make one).
+    fn list_write(&mut self, pos: i64, addr: u64, tomb: bool) -> Option<i64> {
+        let len = self.list.len() as i64;
+        let i = pos.checked_sub(self.head)?;
+        match (tomb, i) {
+            (false, _) if len == 0 => {
+                self.head = pos;
+                self.list.push_back(addr);
+                Some(1)
+            }
+            (false, -1) => {
+                self.head = pos;
+                self.list.push_front(addr);
+                Some(1)
+            }
+            (false, i) if i == len => {
+                self.list.push_back(addr);
+                Some(1)
+            }
+            (false, i) if (0..len).contains(&i) => {
+                self.list[i as usize] = addr;
+                Some(0)
+            }
+            (true, 0) if len > 0 => {
+                self.list.pop_front();
+                self.head += 1;
+                Some(-1)
+            }
+            (true, i) if len > 0 && i == len - 1 => {
+                self.list.pop_back();
+                Some(-1)
+            }
+            _ => {
+                tracing::error!(
+                    pos,
+                    head = self.head,
+                    len,
+                    tomb,
+                    "a list write off its ends: ignored"
+                );
+                None
+            }
+        }
     }
 }
 
@@ -154,6 +227,11 @@ impl Collections {
         tomb: bool,
     ) -> Option<i64> {
         let c = self.live.get_mut(&key).filter(|c| c.version == version)?;
+        if c.ty == CollType::List {
+            let d = c.list_write(hash_position(sub), addr, tomb)?;
+            c.live = c.list.len() as u64;
+            return Some(d);
+        }
         let entry = if tomb { addr | ELEMENT_TOMB } else { addr };
         let was_live = c
             .elems
@@ -170,6 +248,11 @@ impl Collections {
         let Some(coll) = self.live.get(&key_hash(c.key)) else {
             return false;
         };
+        if coll.ty == CollType::List {
+            // A list's tombstone is never live (see `Coll::list`).
+            return coll.version == c.version
+                && coll.element(sub_hash(coll.ty, c.sub)) == Some(addr);
+        }
         coll.version == c.version
             && coll
                 .elems
@@ -193,7 +276,13 @@ impl Collections {
     /// Compaction moved a live element record from `from` to `to`.
     pub fn moved(&mut self, c: &Composite<'_>, from: u64, to: u64) {
         if let Some(coll) = self.live.get_mut(&key_hash(c.key)) {
-            if coll.version == c.version {
+            if coll.version == c.version && coll.ty == CollType::List {
+                if let Some(i) = coll.list_index(sub_hash(coll.ty, c.sub)) {
+                    if coll.list[i] == from {
+                        coll.list[i] = to;
+                    }
+                }
+            } else if coll.version == c.version {
                 if let Some(a) = coll.elems.get_mut(&sub_hash(coll.ty, c.sub)) {
                     if *a & !ELEMENT_TOMB == from {
                         *a = to | (*a & ELEMENT_TOMB);
@@ -226,14 +315,16 @@ impl Collections {
         let mut empty = Vec::new();
         for (key, c) in self.live.iter_mut() {
             if let Some(r) = self.recovering.remove(&(*key, c.version)) {
-                let elems = match c.ty {
-                    CollType::List => r.by_position,
-                    _ => r.by_hash,
-                };
-                c.live = elems.values().filter(|&&a| a & ELEMENT_TOMB == 0).count() as u64;
-                c.elems = elems;
                 if c.ty == CollType::List {
-                    (c.head, c.end) = list_ends(&c.elems, c.live);
+                    (c.head, c.list) = recovered_list(&r.by_position);
+                    c.live = c.list.len() as u64;
+                } else {
+                    c.live = r
+                        .by_hash
+                        .values()
+                        .filter(|&&a| a & ELEMENT_TOMB == 0)
+                        .count() as u64;
+                    c.elems = r.by_hash;
                 }
             }
             if c.live == 0 {
@@ -248,27 +339,31 @@ impl Collections {
     }
 }
 
-/// A recovered list's ends: its first live position and the one after its last. Every list
-/// write keeps the live positions contiguous on every prefix of the log; a gap (never written
-/// so) is logged, and the list's reads then skip the missing positions (no write reuses one).
-fn list_ends(elems: &BTreeMap<Hash, u64>, live: u64) -> (i64, i64) {
-    let mut live_pos = elems
+/// A recovered list from its newest records by position: its head and its addresses. Every
+/// list write keeps the live positions contiguous on every prefix of the log, so the live
+/// positions are one run; were there a gap (never written so), the run from the first live
+/// position is the list and the rest is logged and left as garbage.
+fn recovered_list(by_position: &BTreeMap<Hash, u64>) -> (i64, VecDeque<u64>) {
+    let mut live = by_position
         .iter()
         .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
-        .map(|(&h, _)| hash_position(h));
-    let Some(head) = live_pos.next() else {
-        return (0, 0);
+        .map(|(&h, &a)| (hash_position(h), a));
+    let Some((head, first)) = live.next() else {
+        return (0, VecDeque::new());
     };
-    let end = live_pos.last().unwrap_or(head) + 1;
-    if (end - head) as u64 != live {
-        tracing::error!(
-            head,
-            end,
-            live,
-            "a recovered list has gaps between its positions"
-        );
+    let mut list = VecDeque::from([first]);
+    for (pos, a) in live {
+        if pos != head + list.len() as i64 {
+            tracing::error!(
+                head,
+                pos,
+                "a recovered list has a gap: the elements after it are left out"
+            );
+            break;
+        }
+        list.push_back(a);
     }
-    (head, end)
+    (head, list)
 }
 
 #[cfg(test)]

@@ -808,7 +808,7 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "lrem" => lists::lrem(store, &mut r, argv)?,
             "ltrim" => lists::ltrim(store, &mut r, argv)?,
             "lmove" | "rpoplpush" => lists::lmove(store, &mut r, argv)?,
-            "lpos" => lists::lpos(store, &mut r, argv)?,
+            "lpos" => lists::lpos(store, &mut r, argv, &mut ctx.info.list_buf)?,
             "lmpop" => lists::lmpop(store, &mut r, argv, &mut ctx.info.list_buf)?,
             "blpop" | "brpop" => {
                 lists::bpop(store, &mut r, argv, name == "blpop", &mut ctx.info.block)?

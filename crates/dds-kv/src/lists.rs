@@ -487,7 +487,12 @@ pub(crate) fn blmove(
 }
 
 /// `LPOS key element [RANK rank] [COUNT num-matches] [MAXLEN len]`.
-pub(crate) fn lpos(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> StoreResult<()> {
+pub(crate) fn lpos(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    argv: &[&[u8]],
+    body: &mut Vec<u8>,
+) -> StoreResult<()> {
     let (mut rank, mut count, mut maxlen) = (1i64, None, 0u64);
     let mut j = 3;
     while j < argv.len() {
@@ -540,8 +545,9 @@ pub(crate) fn lpos(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
     let rev = rank < 0;
     let skip = rank.unsigned_abs() - 1;
     let len = s.coll_len(LIST, argv[1])?;
-    let (mut matches, mut out) = (0u64, Vec::new());
-    let mut seen = 0u64;
+    // The matches' indexes go to `body` as the reply's integers.
+    body.clear();
+    let (mut matches, mut found, mut seen) = (0u64, 0u64, 0u64);
     s.list_visit(argv[1], 0, len, rev, &mut |i, v| {
         if maxlen != 0 && seen >= maxlen {
             return false;
@@ -550,28 +556,23 @@ pub(crate) fn lpos(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> Sto
         if v == argv[2] {
             matches += 1;
             if matches > skip {
-                out.push(i);
+                Reply::new(body).int(i as i64);
+                found += 1;
                 return match count {
                     None => false,
                     Some(0) => true,
-                    Some(c) => (out.len() as u64) < c,
+                    Some(c) => found < c,
                 };
             }
         }
         true
     })?;
     match count {
-        None => match out.first() {
-            Some(&i) => r.int(i as i64),
-            None => r.null(),
-        },
-        Some(_) => {
-            r.array(out.len());
-            for i in out {
-                r.int(i as i64);
-            }
-        }
+        None if found == 0 => r.null(),
+        None => {}
+        Some(_) => r.array(found as usize),
     }
+    r.out_mut().extend_from_slice(body);
     Ok(())
 }
 
@@ -866,7 +867,7 @@ mod tests {
             Err("ERR timeout is negative")
         );
         assert_eq!(
-            timeout_arg(b"9223372036854775"),
+            timeout_arg(b"9223371000000000"),
             Err("ERR timeout is out of range")
         );
         assert_eq!(

@@ -405,16 +405,17 @@ impl KvService {
         }
         let store = &mut self.store;
         self.parked.retain(|p| {
-            if sweep && done.peer_closed(p.conn) {
-                done.close(p.conn);
-                return false;
-            }
             let ready = due(p)
                 || (changed
                     && p.wait
                         .keys
                         .iter()
                         .any(|k| matches!(store.coll_len(p.wait.ty, k), Ok(n) if n > 0)));
+            // A client that left is never woken: its pop would take an element nobody gets.
+            if (sweep || ready) && done.peer_closed(p.conn) {
+                done.close(p.conn);
+                return false;
+            }
             if ready {
                 done.resume(p.conn);
             }

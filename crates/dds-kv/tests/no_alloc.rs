@@ -1,7 +1,9 @@
 //! The request path of `dds kv` allocates nothing in steady state: after a warm-up, GET, SET
 //! (with an expiry too), PEXPIRE, MGET, INCR, EXISTS, GETRANGE, SETRANGE, SETBIT, GETBIT,
 //! BITCOUNT, BITPOS, SCAN, KEYS, RANDOMKEY, HSET, HGET, HMGET, SADD, SISMEMBER, ZADD, ZSCORE,
-//! ZRANK, ZCOUNT, ZRANGE and ZRANGEBYSCORE and pipelines of them over a real socket do not
+//! ZRANK, ZCOUNT, ZRANGE, ZRANGEBYSCORE, the list commands of a queue (LPUSH, RPUSH, LPOP,
+//! RPOP with and without a count, LRANGE, LINDEX, LLEN, LSET, LPOS) and a BLPOP that finds
+//! an element, and pipelines of them over a real socket do not
 //! touch the heap on the server's thread (a counting global allocator counts that thread's allocations only).
 
 use std::io::{Read, Write};
@@ -126,10 +128,25 @@ fn steady_state_requests_allocate_nothing_on_the_server_thread() {
         &[b"ZCOUNT", b"z", b"(1", b"+inf"],
         &[b"ZRANGE", b"z", b"0", b"-1", b"WITHSCORES"],
         &[b"ZRANGEBYSCORE", b"z", b"-inf", b"2", b"LIMIT", b"0", b"1"],
+        // A queue whose elements move along its positions (it keeps one element between
+        // rounds): each round pushes four and pops four, at new positions every time.
+        &[b"LPUSH", b"q", b"a", b"b"],
+        &[b"RPUSH", b"q", b"c"],
+        &[b"LRANGE", b"q", b"0", b"-1"],
+        &[b"LINDEX", b"q", b"-1"],
+        &[b"LLEN", b"q"],
+        &[b"LSET", b"q", b"0", b"z"],
+        &[b"LPOS", b"q", b"c"],
+        &[b"RPOP", b"q"],
+        &[b"LPOP", b"q", b"1"],
+        &[b"BLPOP", b"q", b"1"],
+        &[b"RPUSH", b"q", b"d"],
+        &[b"RPOP", b"q", b"1"],
     ] {
         batch.extend(cmd(c));
         n += 1;
     }
+    round_trip(&mut s, &cmd(&[b"RPUSH", b"q", b"floor"]), 1);
     // Warm-up: buffers, the index and the reply buffer reach their sizes. The first round
     // allocates (new keys): the counter does see the server's thread.
     assert!(

@@ -298,12 +298,7 @@ impl Store {
         let mut subs = std::mem::take(&mut self.step);
         subs.clear();
         if let Some(c) = self.colls.get(kh) {
-            subs.extend(
-                c.elems
-                    .iter()
-                    .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
-                    .map(|(&s, _)| s),
-            );
+            subs.extend(c.live_subs());
         }
         let n = subs.len();
         let picks = if n == 0 {
@@ -351,13 +346,11 @@ impl Store {
         };
         self.check_sizes(dst, 0)?;
         let sh = record::key_hash(src);
-        let subs: Vec<Hash> = self.colls.get(sh).map_or(Vec::new(), |c| {
-            c.elems
-                .iter()
-                .filter(|(_, &a)| a & ELEMENT_TOMB == 0)
-                .map(|(&s, _)| s)
-                .collect()
-        });
+        // In order: a list's copy takes the source's positions from the head on.
+        let subs: Vec<Hash> = self
+            .colls
+            .get(sh)
+            .map_or(Vec::new(), |c| c.live_subs().collect());
         let meta = Meta {
             ty,
             version: self.seq + 1,
@@ -382,14 +375,6 @@ impl Store {
                 value.extend_from_slice(v);
             });
             self.append_element(dst, meta.version, &sub, Some(&value))?;
-        }
-        // A list's copy has the source's positions, so its ends.
-        if let Some((head, end)) = self.colls.get(sh).map(|c| (c.head, c.end)) {
-            if let Some(d) = self.colls.get_mut(record::key_hash(dst)) {
-                if d.ty == CollType::List && d.version == meta.version {
-                    (d.head, d.end) = (head, end);
-                }
-            }
         }
         Ok(true)
     }

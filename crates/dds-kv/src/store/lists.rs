@@ -34,12 +34,12 @@ impl Store {
         Ok(self.colls.get(record::key_hash(key)).map(|c| Ends {
             version,
             head: c.head,
-            end: c.end,
+            end: c.head + c.list.len() as i64,
         }))
     }
 
-    /// Writes the element at `pos` (or its tombstone) and moves the list's ends: a value
-    /// next to an end extends it, a tombstone at an end shrinks it.
+    /// Writes the element at `pos` (or its tombstone); the collection map moves the list's
+    /// ends (a value next to an end extends it, a tombstone at an end shrinks it).
     fn list_write(
         &mut self,
         key: &[u8],
@@ -48,21 +48,6 @@ impl Store {
         value: Option<&[u8]>,
     ) -> StoreResult<()> {
         self.append_element(key, version, &encode_position(pos), value)?;
-        let Some(c) = self
-            .colls
-            .get_mut(record::key_hash(key))
-            .filter(|c| c.version == version)
-        else {
-            return Ok(());
-        };
-        match value {
-            Some(_) if c.head == c.end => (c.head, c.end) = (pos, pos + 1),
-            Some(_) if pos == c.head - 1 => c.head = pos,
-            Some(_) if pos == c.end => c.end = pos + 1,
-            None if pos == c.head => c.head += 1,
-            None if pos + 1 == c.end => c.end -= 1,
-            _ => {}
-        }
         Ok(())
     }
 
@@ -97,10 +82,10 @@ impl Store {
             let Some(c) = self.colls.get(kh) else {
                 break;
             };
-            let pos = match (left, c.live) {
+            let pos = match (left, c.list.len()) {
                 (_, 0) => 0,
                 (true, _) => c.head - 1,
-                (false, _) => c.end,
+                (false, n) => c.head + n as i64,
             };
             self.list_write(key, version, pos, Some(v))?;
         }
@@ -257,8 +242,8 @@ mod tests {
 
     fn check_contiguous(s: &Store, key: &[u8]) {
         if let Some(c) = s.colls.get(record::key_hash(key)) {
-            assert_eq!((c.end - c.head) as u64, c.live, "contiguous positions");
-            for p in c.head..c.end {
+            assert_eq!(c.list.len() as u64, c.live, "one address per element");
+            for p in c.head..c.head + c.list.len() as i64 {
                 assert!(c.element(position_hash(p)).is_some(), "position {p} live");
             }
         }
