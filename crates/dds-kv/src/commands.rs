@@ -25,6 +25,8 @@ use crate::zsets;
 pub struct ServerInfo {
     /// Clients connected now.
     pub clients: usize,
+    /// Of those, parked by a blocking pop.
+    pub blocked_clients: usize,
     /// Commands processed.
     pub commands: u64,
     /// Connections accepted.
@@ -1251,7 +1253,7 @@ fn info_section(store: &dyn Engine, i: &ServerInfo, name: &str) -> Vec<(&'static
         "clients" => vec![
             ("connected_clients", i.clients.to_string()),
             ("maxclients", i.max_clients.to_string()),
-            ("blocked_clients", "0".into()),
+            ("blocked_clients", i.blocked_clients.to_string()),
         ],
         "memory" => {
             let rss = rss_bytes();

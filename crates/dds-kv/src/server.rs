@@ -455,6 +455,7 @@ impl KvService {
             self.info.keys_walked = Some(s.walk_keys);
         }
         self.info.block.resumed = s.parked;
+        self.info.blocked_clients = self.parked.len();
         let mut ctx = Ctx {
             store: self.store.as_mut(),
             session: &mut s.session,
@@ -710,6 +711,11 @@ impl Service for KvService {
         }
     }
 
+    fn wake_at(&self) -> Option<Instant> {
+        // The earliest deadline of a parked blocking pop.
+        self.parked.iter().filter_map(|p| p.wait.deadline).min()
+    }
+
     fn wake_fd(&self) -> Option<RawFd> {
         self.store.io_ref().and_then(|f| f.wake_fd())
     }
@@ -784,6 +790,7 @@ impl Server {
         let service = KvService {
             info: ServerInfo {
                 clients: 0,
+                blocked_clients: 0,
                 commands: 0,
                 connections: 0,
                 rejected: 0,

@@ -141,9 +141,13 @@ impl<'a> Reply<'a> {
         self.out.extend_from_slice(b"\r\n");
     }
 
-    /// `*-1`.
+    /// `*-1` (a missing array; `_` in RESP3).
     pub fn null_array(&mut self) {
-        self.out.extend_from_slice(b"*-1\r\n");
+        if self.resp3 {
+            self.out.extend_from_slice(b"_\r\n");
+        } else {
+            self.out.extend_from_slice(b"*-1\r\n");
+        }
     }
 }
 

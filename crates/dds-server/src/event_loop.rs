@@ -334,6 +334,9 @@ impl<S: Service> Server<S> {
             if core.cfg.frame_deadline.is_some() || core.cfg.idle_limit.is_some() || core.draining {
                 timeout = timeout.min(next_sweep.saturating_duration_since(now));
             }
+            if let Some(at) = core.service.wake_at() {
+                timeout = timeout.min(at.saturating_duration_since(now));
+            }
             if !core.ready.is_empty() {
                 timeout = Duration::ZERO;
             }

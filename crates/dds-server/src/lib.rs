@@ -201,6 +201,12 @@ pub trait Service {
     /// Called at least every [`Config::tick`].
     fn tick(&mut self) {}
 
+    /// The earliest time the service wants [`Service::complete`] called even if nothing
+    /// happens (a pending request's deadline); the loop sleeps no longer than that.
+    fn wake_at(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// A connection closed (its pending operations, if any, complete into nothing).
     fn closed(&mut self, _id: ConnId, _session: Self::Session) {}
 
