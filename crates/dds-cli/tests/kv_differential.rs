@@ -1391,6 +1391,42 @@ fn run_sequence(targets: &mut [Target], seed: u64, steps: usize, collections: bo
             }
             cmds.push(c);
         }
+        if g.collections && g.rng.gen_bool(0.05) {
+            // A transaction: commands whose replies compare byte for byte, queued and run
+            // at EXEC (or dropped at DISCARD); an arity error among them aborts it; GETs in
+            // it are never answered by the DPU.
+            let w = |s: &str| s.as_bytes().to_vec();
+            if g.rng.gen_bool(0.5) {
+                // Watched keys, written or not before the transaction (EXEC then answers a
+                // null array and runs nothing).
+                let k = g.key();
+                cmds.push(vec![w("WATCH"), k.clone(), g.ckey_of(3)]);
+                match g.rng.gen_range(0..3) {
+                    0 => cmds.push(vec![w("SET"), k, g.value()]),
+                    1 => cmds.push(vec![w("UNWATCH")]),
+                    _ => {}
+                }
+            }
+            cmds.push(vec![w("MULTI")]);
+            for _ in 0..g.rng.gen_range(0..8) {
+                let c = match g.rng.gen_range(0..4) {
+                    0 => vec![w("GET"), g.key()],
+                    1 => vec![w("SET"), g.key(), g.value()],
+                    _ => g.list_command(),
+                };
+                cmds.push(c);
+            }
+            if g.rng.gen_bool(0.1) {
+                cmds.push(vec![w("MULTI")]);
+            }
+            cmds.push(vec![w(
+                ["EXEC", "EXEC", "EXEC", "DISCARD"][g.rng.gen_range(0..4)]
+            )]);
+        }
+        if g.rng.gen_bool(0.01) {
+            let w = |s: &str| s.as_bytes().to_vec();
+            cmds.push(vec![w(["EXEC", "DISCARD"][g.rng.gen_range(0..2)])]);
+        }
         let mut bytes = Vec::new();
         for c in &cmds {
             let small = c.iter().map(Vec::len).sum::<usize>() < 2000;

@@ -231,6 +231,13 @@ const TABLE: &[(&str, i32)] = &[
     ("blmove", 6),
     ("brpoplpush", 4),
     ("blmpop", -5),
+    // Transactions: MULTI starts one in the server (`server.rs`); here EXEC and DISCARD
+    // outside one.
+    ("multi", 1),
+    ("exec", 1),
+    ("discard", 1),
+    ("watch", -2),
+    ("unwatch", 1),
     // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
     ("dds.mgetpart", -2),
 ];
@@ -415,6 +422,59 @@ pub fn execute(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
     after
 }
 
+/// Redis's reply to an unknown command: "'%.*s' " per argument while the list is under 128
+/// bytes, each argument and the name cut at 128 bytes and at their first NUL.
+fn unknown_command(r: &mut Reply<'_>, argv: &[&[u8]]) {
+    let c_str = |a: &[u8], max: usize| {
+        let a = a.split(|&b| b == 0).next().unwrap_or_default();
+        a[..a.len().min(max)].to_vec()
+    };
+    let mut args = Vec::new();
+    for a in &argv[1..] {
+        if args.len() >= 128 {
+            break;
+        }
+        args.push(b'\'');
+        args.extend(c_str(a, 128 - (args.len() - 1)));
+        args.extend_from_slice(b"' ");
+    }
+    r.error_bytes(&[
+        b"ERR unknown command '",
+        &c_str(argv[0], 128),
+        b"', with args beginning with: ",
+        &args,
+    ]);
+}
+
+/// Whether `n` words (the name included) fit a table arity.
+fn arity_ok(arity: i32, n: usize) -> bool {
+    let n = n as i32;
+    (arity > 0 && n == arity) || (arity < 0 && n >= -arity)
+}
+
+/// A command queued inside MULTI is checked as Redis checks it before queueing: an unknown
+/// name or a wrong number of arguments writes its error reply to `out` and answers false
+/// (the transaction is then refused at EXEC).
+pub fn queueable(argv: &[&[u8]], out: &mut Vec<u8>, resp3: bool) -> bool {
+    let mut r = Reply::with_protocol(out, resp3);
+    match TABLE
+        .iter()
+        .find(|(n, _)| argv[0].eq_ignore_ascii_case(n.as_bytes()))
+    {
+        None => {
+            unknown_command(&mut r, argv);
+            false
+        }
+        Some((name, arity)) if !arity_ok(*arity, argv.len()) => {
+            r.error(&format!(
+                "ERR wrong number of arguments for '{name}' command"
+            ));
+            false
+        }
+        Some(_) => true,
+    }
+}
+
 /// Whether a command ran: its place in the table, or `None` for an unknown one.
 enum Ran {
     Yes(usize),
@@ -436,32 +496,11 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             r.error("NOAUTH Authentication required.");
             return (After::Continue, Ran::Refused(None));
         }
-        // As Redis: "'%.*s' " per argument while the list is under 128 bytes, each argument
-        // and the name cut at 128 bytes and at their first NUL.
-        let c_str = |a: &[u8], max: usize| {
-            let a = a.split(|&b| b == 0).next().unwrap_or_default();
-            a[..a.len().min(max)].to_vec()
-        };
-        let mut args = Vec::new();
-        for a in &argv[1..] {
-            if args.len() >= 128 {
-                break;
-            }
-            args.push(b'\'');
-            args.extend(c_str(a, 128 - (args.len() - 1)));
-            args.extend_from_slice(b"' ");
-        }
-        r.error_bytes(&[
-            b"ERR unknown command '",
-            &c_str(first, 128),
-            b"', with args beginning with: ",
-            &args,
-        ]);
+        unknown_command(&mut r, argv);
         return (After::Continue, Ran::Refused(None));
     };
     let (name, arity) = TABLE[idx];
-    let n = argv.len() as i32;
-    if (arity > 0 && n != arity) || (arity < 0 && n < -arity) {
+    if !arity_ok(arity, argv.len()) {
         r.error(&format!(
             "ERR wrong number of arguments for '{name}' command"
         ));
@@ -823,6 +862,12 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 &mut ctx.info.block,
                 &mut ctx.info.list_buf,
             )?,
+            "exec" => r.error("ERR EXEC without MULTI"),
+            "discard" => r.error("ERR DISCARD without MULTI"),
+            "multi" => r.error("ERR MULTI calls can not be nested"),
+            // WATCH and UNWATCH run in the server; an UNWATCH queued in MULTI runs here, at
+            // EXEC, whose end forgets the watched keys anyway.
+            "watch" | "unwatch" => r.ok(),
             "time" => introspect::time(&mut r),
             "memory" | "object" => {
                 introspect::memory_or_object(store, &mut r, argv, &ctx.info.config)?

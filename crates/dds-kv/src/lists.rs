@@ -24,6 +24,9 @@ pub struct Block {
     pub resumed: Option<Option<Instant>>,
     /// Out: the command found no elements and waits, for these keys of this type.
     pub wait: Option<Wait>,
+    /// In: the command may not wait (it runs inside EXEC): it answers as if its timeout had
+    /// passed, as Redis does.
+    pub deny: bool,
 }
 
 /// What a parked connection waits for.
@@ -42,6 +45,9 @@ impl Block {
     /// timeout's reply); otherwise the wait is recorded for the server and the command
     /// answers nothing.
     fn wait_or_time_out(&mut self, ty: CollType, keys: &[&[u8]], timeout: Duration) -> bool {
+        if self.deny {
+            return true;
+        }
         let deadline = match self.resumed {
             Some(d) => d,
             None => (!timeout.is_zero()).then(|| Instant::now() + timeout),

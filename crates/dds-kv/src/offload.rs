@@ -9,8 +9,8 @@
 
 use dds_cache::CacheItem;
 use dds_offload_api::{
-    CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, ReadOp, ReadResult, ReqDesc,
-    ReqList, ResponseLayout, REQUEST_HEAD_BYTES, TOO_BIG,
+    CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, Phase, ReadOp, ReadResult,
+    ReqDesc, ReqList, ResponseLayout, Session, REQUEST_HEAD_BYTES, TOO_BIG,
 };
 use dds_resp::{args, frame_command, frame_reply, unquote_word, Limits};
 
@@ -152,9 +152,19 @@ fn cached(cache: &CacheView<'_>, key: &[u8]) -> Option<ReadOp> {
     })
 }
 
-/// Whether a command may modify keys, and where its keys are: (first key argument, step).
 /// Pushes the hashes of the keys a command's words (`words`: name first) may modify.
-fn push_write_keys<'a>(mut words: impl Iterator<Item = &'a [u8]>, keys: &mut KeyList) {
+fn push_write_keys<'a>(words: impl Iterator<Item = &'a [u8]>, keys: &mut KeyList) {
+    for_write_keys(words, |k| {
+        if keys.len() + 1 < keys.capacity() {
+            let _ = keys.push(record::key_hash(k).0);
+        }
+    });
+}
+
+/// Calls `f` with every key a command's words (`words`: name first) may modify, as the
+/// director's invalidations and the server's WATCH see them (a superset: a few words that
+/// are not keys, as SMOVE's member, may be among them).
+pub fn for_write_keys<'a>(mut words: impl Iterator<Item = &'a [u8]>, mut f: impl FnMut(&'a [u8])) {
     let Some(cmd) = words.next() else {
         return;
     };
@@ -168,8 +178,8 @@ fn push_write_keys<'a>(mut words: impl Iterator<Item = &'a [u8]>, keys: &mut Key
         } else {
             i >= first && (i - first) % step == 0
         };
-        if is_key && keys.len() + 1 < keys.capacity() {
-            let _ = keys.push(record::key_hash(arg).0);
+        if is_key {
+            f(arg);
         }
         if step == 0 && i >= first {
             break;
@@ -177,6 +187,7 @@ fn push_write_keys<'a>(mut words: impl Iterator<Item = &'a [u8]>, keys: &mut Key
     }
 }
 
+/// Whether a command may modify keys, and where its keys are: (first key argument, step).
 fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
     const ONE: &[&str] = &[
         "SET",
@@ -522,6 +533,13 @@ impl OffloadApp for RedisApp {
         Ok(at)
     }
 
+    fn session(&self) -> Option<Box<dyn Session>> {
+        Some(Box::new(RedisSession {
+            max_response: self.max_response,
+            in_multi: false,
+        }))
+    }
+
     fn invalidate_on_forward(&self, msg: &[u8], _req: ReqDesc, keys: &mut KeyList) {
         let a = args(msg);
         if !a.quoted() {
@@ -819,4 +837,83 @@ mod tests {
         app.invalidate_on_forward(&cmd(&[b"SMOVE", b"a", b"b", b"m"]), d, &mut keys);
         assert_eq!(&keys.as_slice()[..2], &[h(b"a"), h(b"b")]);
     }
+}
+
+/// A client connection's state that the DPU must know: whether it is inside a transaction.
+/// Between a MULTI and its EXEC or DISCARD the host queues commands (`+QUEUED`) and runs them
+/// at EXEC, so no GET of that stretch may be answered by the DPU: every message goes to the
+/// host whole (`Session::whole_to_host`). A MULTI the host refuses (nested, before AUTH)
+/// keeps the session in the transaction until the next EXEC or DISCARD: the safe side, as
+/// the host then answers everything.
+struct RedisSession {
+    max_response: usize,
+    in_multi: bool,
+}
+
+/// The command name of a message (its first word, quotes of an inline command taken off).
+fn command_name(msg: &[u8]) -> &[u8] {
+    let w = args(msg).next().unwrap_or_default();
+    match (w.first(), w.last()) {
+        (Some(b'"'), Some(b'"')) | (Some(b'\''), Some(b'\'')) if w.len() >= 2 => &w[1..w.len() - 1],
+        _ => w,
+    }
+}
+
+impl Session for RedisSession {
+    fn phase(&self) -> Phase {
+        Phase::Requests
+    }
+
+    // No opening exchange: a Redis client speaks first, in requests.
+    fn opening_message_len(&self, _buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn opening_message(&mut self, _msg: &[u8]) -> Result<(), Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn opening_response_len(&self, _buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn opening_response(&mut self, _resp: &[u8], _cache: &CacheView<'_>) -> Result<(), Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.why))
+    }
+
+    fn whole_to_host(&self, _msg: &[u8]) -> bool {
+        self.in_multi
+    }
+
+    fn offload_function(
+        &self,
+        app: &dyn OffloadApp,
+        msg: &[u8],
+        req: ReqDesc,
+        cache: &CacheView<'_>,
+    ) -> Offload {
+        if self.in_multi {
+            return Offload::Host;
+        }
+        app.offload_function(msg, req, cache)
+    }
+
+    fn forward(&mut self, msg: &[u8], req: ReqDesc) -> Result<bool, Malformed> {
+        // A message's first request carries its command (a split MGET's header is request 0).
+        if req.offset == 0 {
+            let name = command_name(msg);
+            if name.eq_ignore_ascii_case(b"MULTI") {
+                self.in_multi = true;
+            } else if name.eq_ignore_ascii_case(b"EXEC") || name.eq_ignore_ascii_case(b"DISCARD") {
+                self.in_multi = false;
+            }
+        }
+        Ok(true)
+    }
+
+    fn delivered(&mut self, _resp: &[u8]) {}
 }

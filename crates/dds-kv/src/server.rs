@@ -10,7 +10,7 @@
 //! record above the durable end) is held in its connection's order until the group commit
 //! that covers it completes; the loop serves other connections meanwhile.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -105,6 +105,13 @@ pub struct KvSession {
     /// The connection's place among the parked (first parked, first served), kept while it
     /// parks again after a wake-up that found nothing left.
     park_seq: u64,
+    /// Inside MULTI: the commands queued for EXEC, their bytes, and whether one was refused
+    /// (EXEC then answers EXECABORT).
+    multi: Option<Vec<Vec<Vec<u8>>>>,
+    multi_bytes: usize,
+    multi_failed: bool,
+    /// The keys WATCH named (by hash) until the next EXEC, DISCARD or UNWATCH.
+    watching: Vec<(u64, u64)>,
 }
 
 /// A connection parked by a blocking pop.
@@ -159,6 +166,13 @@ pub struct KvService {
     next_sync: Instant,
     /// Time the active expiry cycle may take per tick.
     expire_budget: Duration,
+    /// Most bytes of commands one transaction may queue.
+    multi_limit: usize,
+    /// Watched keys (by hash): the connections watching each.
+    watchers: HashMap<(u64, u64), Vec<ConnId>>,
+    /// Connections one of whose watched keys was written since their WATCH: their EXEC
+    /// answers a null array and runs nothing.
+    watch_dirty: HashSet<ConnId>,
     /// Connections parked by blocking pops, in the order they first parked.
     parked: Vec<Parked>,
     /// Last number handed to a parked connection.
@@ -442,6 +456,125 @@ impl KvService {
         self.parked_tail = self.store.tail();
     }
 
+    /// A command of a transaction (`docs/kv-service.md` §5, Transactions): MULTI starts one;
+    /// inside it, EXEC runs the queued commands one after the other (nothing else runs in
+    /// between: the loop is one thread), DISCARD drops them, QUIT runs, and every other
+    /// command is checked and queued (`+QUEUED`).
+    fn transaction(
+        &mut self,
+        id: ConnId,
+        s: &mut KvSession,
+        argv: &[&[u8]],
+        out: &mut Vec<u8>,
+    ) -> After {
+        let resp3 = s.session.resp3;
+        let is = |n: &str| argv[0].eq_ignore_ascii_case(n.as_bytes());
+        if s.multi.is_none() {
+            let arity_ok = if is("watch") {
+                argv.len() >= 2
+            } else {
+                argv.len() == 1
+            };
+            if !arity_ok {
+                // The arity error, from the command table.
+                return self.run(s, argv, out);
+            }
+            if is("watch") {
+                for k in &argv[1..] {
+                    let h = record::key_hash(k);
+                    if !s.watching.contains(&h) {
+                        s.watching.push(h);
+                        self.watchers.entry(h).or_default().push(id);
+                    }
+                }
+            } else if is("unwatch") {
+                self.unwatch(id, s);
+            } else {
+                s.multi = Some(Vec::new());
+                (s.multi_bytes, s.multi_failed) = (0, false);
+            }
+            Reply::new(out).ok();
+            return After::Continue;
+        }
+        if is("quit") {
+            return self.run(s, argv, out);
+        }
+        let mut r = Reply::with_protocol(out, resp3);
+        if is("multi") && argv.len() == 1 {
+            r.error("ERR MULTI calls can not be nested");
+        } else if is("watch") {
+            r.error("ERR WATCH inside MULTI is not allowed");
+        } else if (is("exec") || is("discard")) && argv.len() == 1 {
+            let queued = s.multi.take().unwrap_or_default();
+            let dirty = self.watch_dirty.contains(&id);
+            self.unwatch(id, s);
+            if is("discard") {
+                r.ok();
+            } else if s.multi_failed {
+                r.error("EXECABORT Transaction discarded because of previous errors.");
+            } else if dirty {
+                // A watched key was written since WATCH: nothing runs.
+                r.null_array();
+            } else {
+                r.array(queued.len());
+                self.info.block.deny = true;
+                let mut after = After::Continue;
+                for c in &queued {
+                    let args: Vec<&[u8]> = c.iter().map(|a| &a[..]).collect();
+                    if self.run(s, &args, out) == After::Close {
+                        after = After::Close;
+                    }
+                }
+                self.info.block.deny = false;
+                return after;
+            }
+        } else if !crate::commands::queueable(argv, out, resp3) {
+            s.multi_failed = true;
+        } else if s.multi_bytes + argv.iter().map(|a| a.len()).sum::<usize>() > self.multi_limit {
+            Reply::new(out).error("ERR transaction too large (limit: client-query-buffer-limit)");
+            s.multi_failed = true;
+        } else {
+            s.multi_bytes += argv.iter().map(|a| a.len()).sum::<usize>();
+            if let Some(q) = s.multi.as_mut() {
+                q.push(argv.iter().map(|a| a.to_vec()).collect());
+            }
+            Reply::with_protocol(out, resp3).simple("QUEUED");
+        }
+        After::Continue
+    }
+
+    /// Forgets the keys connection `id` watches.
+    fn unwatch(&mut self, id: ConnId, s: &mut KvSession) {
+        for h in s.watching.drain(..) {
+            if let Some(v) = self.watchers.get_mut(&h) {
+                v.retain(|&c| c != id);
+                if v.is_empty() {
+                    self.watchers.remove(&h);
+                }
+            }
+        }
+        self.watch_dirty.remove(&id);
+    }
+
+    /// A command ran to its end: the connections watching a key it may have written are
+    /// marked (a superset of the keys it changed: the director's list of written keys; FLUSHDB
+    /// and FLUSHALL every key).
+    fn note_writes(&mut self, argv: &[&[u8]]) {
+        if self.watchers.is_empty() {
+            return;
+        }
+        let (watchers, dirty) = (&self.watchers, &mut self.watch_dirty);
+        if argv[0].eq_ignore_ascii_case(b"flushall") || argv[0].eq_ignore_ascii_case(b"flushdb") {
+            dirty.extend(watchers.values().flatten().copied());
+            return;
+        }
+        crate::offload::for_write_keys(argv.iter().copied(), |k| {
+            if let Some(v) = watchers.get(&record::key_hash(k)) {
+                dirty.extend(v.iter().copied());
+            }
+        });
+    }
+
     /// Runs one command with the connection's records read ahead.
     fn run(&mut self, s: &mut KvSession, argv: &[&[u8]], out: &mut Vec<u8>) -> After {
         if let Some(f) = self.store.fetched() {
@@ -464,6 +597,9 @@ impl KvService {
         };
         let after = execute(&mut ctx, argv, out);
         self.info.block.resumed = None;
+        if self.info.block.wait.is_none() {
+            self.note_writes(argv);
+        }
         if self.info.keys_walked.take().is_some() {
             std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
         }
@@ -503,6 +639,10 @@ impl Service for KvService {
             walk_undurable: false,
             parked: None,
             park_seq: 0,
+            multi: None,
+            multi_bytes: 0,
+            multi_failed: false,
+            watching: Vec::new(),
         }
     }
 
@@ -531,7 +671,15 @@ impl Service for KvService {
                         at += used;
                         continue;
                     }
+                    // Inside MULTI (or at it), commands are queued or run by `transaction`,
+                    // with no reads ahead.
+                    let tx = s.session.authed
+                        && (s.multi.is_some()
+                            || [&b"multi"[..], b"watch", b"unwatch"]
+                                .iter()
+                                .any(|n| args[0].eq_ignore_ascii_case(n)));
                     if self.reads_ahead
+                        && !tx
                         && s.session.authed
                         && args.len() == 2
                         && args[0].eq_ignore_ascii_case(b"keys")
@@ -543,7 +691,7 @@ impl Service for KvService {
                             break Verdict::Pending;
                         }
                     }
-                    let issued = self.fetch_for(id, s, &args);
+                    let issued = if tx { 0 } else { self.fetch_for(id, s, &args) };
                     if issued > 0 {
                         // The command stays in the input; it runs once its reads are done.
                         s.outstanding = issued;
@@ -552,7 +700,11 @@ impl Service for KvService {
                     }
                     let mark = out.len();
                     self.store.take_undurable();
-                    let after = self.run(s, &args, out);
+                    let after = if tx {
+                        self.transaction(id, s, &args, out)
+                    } else {
+                        self.run(s, &args, out)
+                    };
                     spare = reuse(args);
                     if let Some(wait) = self.info.block.wait.take() {
                         // A blocking pop found nothing: it stays in the input and runs again
@@ -699,6 +851,9 @@ impl Service for KvService {
     }
 
     fn closed(&mut self, id: ConnId, mut s: KvSession) {
+        if !s.watching.is_empty() {
+            self.unwatch(id, &mut s);
+        }
         if s.parked.is_some() {
             self.parked.retain(|p| p.conn != id);
         }
@@ -821,6 +976,9 @@ impl Server {
             sync_interval: cfg.sync_interval,
             next_sync: Instant::now() + cfg.sync_interval,
             expire_budget: cfg.sync_interval.min(Duration::from_millis(100)) / 4,
+            multi_limit: cfg.query_buffer_limit,
+            watchers: HashMap::new(),
+            watch_dirty: HashSet::new(),
             parked: Vec::new(),
             park_seq: 0,
             parked_tail: 0,

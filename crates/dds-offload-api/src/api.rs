@@ -384,6 +384,14 @@ pub trait Session: Send {
         true
     }
 
+    /// Requests: whether the message `msg` goes to the host whole, as one request, without
+    /// the app's offload predicate (a request whose meaning depends on the connection's
+    /// state, as a command queued inside a Redis transaction). Default: never.
+    fn whole_to_host(&self, msg: &[u8]) -> bool {
+        let _ = msg;
+        false
+    }
+
     /// Requests: the offload function with the connection's state (replaces
     /// [`OffloadApp::offload_function`]).
     fn offload_function(

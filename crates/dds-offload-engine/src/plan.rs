@@ -121,6 +121,27 @@ impl Planner {
             exposed,
             session,
         } = *src;
+        if session.is_some_and(|s| s.whole_to_host(msg)) {
+            // The session sends this message to the host as it is, one request.
+            let whole = ReqDesc {
+                offset: 0,
+                len: msg.len() as u32,
+                pos: 0,
+            };
+            self.host
+                .push(whole)
+                .map_err(|_| Malformed("too many requests"))?;
+            self.mask_forwarded(app, msg, whole)?;
+            self.steps[0] = Planned {
+                req: whole,
+                read: None,
+            };
+            self.requests = 1;
+            return Ok(PlanSummary {
+                requests: 1,
+                ..PlanSummary::default()
+            });
+        }
         let view = CacheView::restricted(cache, false, pending, &self.masked_map, 0);
         app.offload_predicate(msg, &view, &mut self.host, &mut self.dpu)?;
         // The descriptors: inside the message, positions a permutation.

@@ -146,10 +146,21 @@ impl<S> Completions<'_, S> {
     /// the connection is. A pending connection is not read, so a service whose requests wait
     /// long (a blocking pop) looks before it acts for a client that may have left.
     pub fn peer_closed(&mut self, id: ConnId) -> bool {
-        match self.live(id) {
-            Some(c) => c.eof || matches!(c.stream.peek(&mut [0u8; 1]), Ok(0)),
-            None => true,
+        let Some(c) = self.live(id) else {
+            return true;
+        };
+        if c.eof {
+            return true;
         }
+        // POLLRDHUP: the peer shut its side down, even with bytes of it not yet read.
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&c.stream),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: `p` is one valid pollfd for the duration of the call; timeout 0.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Sends the connection's replies, then closes it (after an error of its operation).
