@@ -19,6 +19,7 @@ use crate::offload::MAX_WRITE_KEYS;
 use crate::sets;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
 use crate::strings;
+use crate::zsetops;
 use crate::zsets;
 
 /// Server-wide state the commands read.
@@ -206,6 +207,15 @@ const TABLE: &[(&str, i32)] = &[
     ("zremrangebylex", 4),
     ("zscan", -3),
     ("zmpop", -4),
+    ("zrangestore", -5),
+    ("zunion", -3),
+    ("zinter", -3),
+    ("zdiff", -3),
+    ("zunionstore", -4),
+    ("zinterstore", -4),
+    ("zdiffstore", -4),
+    ("zintercard", -3),
+    ("zrandmember", -2),
     ("bzpopmin", -3),
     ("bzpopmax", -3),
     ("bzmpop", -5),
@@ -813,8 +823,34 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                     "zrangebylex" => zsets::RangeCmd::ByLex,
                     _ => zsets::RangeCmd::RevByLex,
                 };
-                zsets::zrange(store, &mut r, argv, cmd, ctx.session.resp3)?
+                zsets::zrange(store, &mut r, argv, cmd, ctx.session.resp3, false)?
             }
+            "zrangestore" => zsets::zrange(
+                store,
+                &mut r,
+                argv,
+                zsets::RangeCmd::Zrange,
+                ctx.session.resp3,
+                true,
+            )?,
+            "zunion" | "zinter" | "zdiff" | "zunionstore" | "zinterstore" | "zdiffstore"
+            | "zintercard" => {
+                let op = match &name[..5] {
+                    "zunio" => zsetops::Op::Union,
+                    "zinte" => zsetops::Op::Inter,
+                    _ => zsetops::Op::Diff,
+                };
+                let store_form = name.ends_with("store");
+                let card = name == "zintercard";
+                zsetops::zsetop(store, &mut r, argv, op, store_form, card, ctx.session.resp3)?
+            }
+            "zrandmember" => zsetops::zrandmember(
+                store,
+                &mut r,
+                argv,
+                ctx.session.resp3,
+                &mut ctx.info.list_buf,
+            )?,
             "zpopmin" | "zpopmax" => {
                 zsets::zpop(store, &mut r, argv, name == "zpopmax", ctx.session.resp3)?
             }

@@ -25,6 +25,7 @@ mod sets;
 pub mod store;
 mod strings;
 pub mod zindex;
+mod zsetops;
 mod zsets;
 
 pub use engine::{Engine, MemEngine};

@@ -262,6 +262,10 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "BZPOPMAX",
         "LMPOP",
         "BLMPOP",
+        "ZRANGESTORE",
+        "ZUNIONSTORE",
+        "ZINTERSTORE",
+        "ZDIFFSTORE",
         "ZMPOP",
         "BZMPOP",
     ];

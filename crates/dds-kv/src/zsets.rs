@@ -102,7 +102,7 @@ pub(crate) fn reply_score(r: &mut Reply<'_>, resp3: bool, score: f64) {
 
 /// A score argument as Redis's `strtod` reads it (`inf`, `+inf`, `-inf` too); `None` for NaN
 /// or not a number.
-fn parse_score(a: &[u8]) -> Option<f64> {
+pub(crate) fn parse_score(a: &[u8]) -> Option<f64> {
     let t = std::str::from_utf8(a).ok()?;
     if t.is_empty() || t.starts_with(char::is_whitespace) || t.ends_with(char::is_whitespace) {
         return None;
@@ -462,14 +462,23 @@ pub(crate) enum RangeCmd {
     RevByLex,
 }
 
-/// The ZRANGE family, as Redis's `zrangeGenericCommand` reads and answers it.
+/// The ZRANGE family, as Redis's `zrangeGenericCommand` reads and answers it; with `store`,
+/// `ZRANGESTORE destination key min max [BYSCORE|BYLEX] [REV] [LIMIT offset count]` (the
+/// range is written as a new sorted set, its size answered).
 pub(crate) fn zrange(
     s: &mut dyn Engine,
     r: &mut Reply<'_>,
     argv: &[&[u8]],
     cmd: RangeCmd,
     resp3: bool,
+    store: bool,
 ) -> StoreResult<()> {
+    // ZRANGESTORE's arguments are ZRANGE's one place further.
+    let (dst, argv) = if store {
+        (Some(argv[1]), &argv[1..])
+    } else {
+        (None, argv)
+    };
     // As Redis's `zrangeGenericCommand`: REV and BYSCORE/BYLEX only where the command
     // leaves them open, each once; a LIMIT with a count of -1 (its default) is no LIMIT.
     let (mut by_score, mut by_lex, mut rev) = match cmd {
@@ -488,7 +497,7 @@ pub(crate) fn zrange(
         let o =
             crate::commands::option(argv[j], &["withscores", "limit", "byscore", "bylex", "rev"]);
         match o {
-            "withscores" => with_scores = true,
+            "withscores" if !store => with_scores = true,
             "limit" if left >= 2 => {
                 let (Some(off), Some(cnt)) = (int_arg(argv[j + 1]), int_arg(argv[j + 2])) else {
                     r.error("ERR value is not an integer or out of range");
@@ -561,6 +570,15 @@ pub(crate) fn zrange(
         }
     }
     let n = to - from;
+    if let Some(dst) = dst {
+        let mut members = Vec::with_capacity(n);
+        s.zrange(argv[1], from, to, rev, &mut |m, score| {
+            members.push((m.to_vec(), score))
+        })?;
+        crate::zsetops::store_zset(s, dst, &members)?;
+        r.int(members.len() as i64);
+        return Ok(());
+    }
     if with_scores && !resp3 {
         r.array(2 * n);
     } else {
