@@ -653,7 +653,66 @@ impl Gen {
         let w = |s: &str| s.as_bytes().to_vec();
         let key = self.ckey_of(2);
         let lexz = w("lexz");
-        let c = match self.rng.gen_range(0..22) {
+        let c = match self.rng.gen_range(0..25) {
+            22 | 23 => {
+                // The algebra over sorted sets and sets (a set's members score 1).
+                let names = [
+                    "ZUNION",
+                    "ZINTER",
+                    "ZDIFF",
+                    "ZUNIONSTORE",
+                    "ZINTERSTORE",
+                    "ZDIFFSTORE",
+                    "ZINTERCARD",
+                ];
+                let name = names[self.rng.gen_range(0..names.len())];
+                let mut c = vec![w(name)];
+                if name.ends_with("STORE") {
+                    c.push(self.ckey_of(2));
+                }
+                let n = self.rng.gen_range(1..4);
+                c.push(self.pick(&[&n.to_string(), &n.to_string(), "0", "x", "9"]));
+                c.push(key);
+                for _ in 1..n {
+                    c.push(if self.rng.gen_bool(0.2) {
+                        self.ckey_of(1)
+                    } else {
+                        self.ckey_of(2)
+                    });
+                }
+                for _ in 0..self.rng.gen_range(0..3) {
+                    match self.rng.gen_range(0..5) {
+                        0 => {
+                            c.push(w("WEIGHTS"));
+                            for _ in 0..n {
+                                c.push(self.pick(&["1", "2", "-1.5", "0", "inf", "x"]));
+                            }
+                        }
+                        1 => c.extend([w("AGGREGATE"), self.pick(&["SUM", "min", "MAX", "avg"])]),
+                        2 => c.push(w("WITHSCORES")),
+                        3 => c.extend([w("LIMIT"), self.pick(&["0", "1", "-1"])]),
+                        _ => c.push(w("bogus")),
+                    }
+                }
+                c
+            }
+            24 => {
+                if self.rng.gen() {
+                    let mut c = vec![w("ZRANGESTORE"), self.ckey_of(2), key];
+                    c.extend([self.int_arg(), self.int_arg()]);
+                    if self.rng.gen() {
+                        c.push(w("REV"));
+                    }
+                    c
+                } else {
+                    // Random picks of the whole set only (the servers would pick others).
+                    let mut c = vec![w("ZRANDMEMBER"), key, w("100")];
+                    if self.rng.gen() {
+                        c.push(self.pick(&["WITHSCORES", "bogus"]));
+                    }
+                    c
+                }
+            }
             0..=3 => {
                 let mut c = vec![w("ZADD"), key];
                 for _ in 0..self.rng.gen_range(0..3) {
@@ -1242,7 +1301,16 @@ fn same(cmd: &[Vec<u8>], want: &[u8], got: &[u8]) -> bool {
             return got.starts_with(b"*2\r\n")
         }
         // Other random elements: as many, or a null on both.
-        b"HRANDFIELD" | b"SRANDMEMBER" => {
+        // Every member (the count exceeds any set here) in another order.
+        b"ZRANDMEMBER" if cmd.len() >= 3 && want.starts_with(b"*") => {
+            let with_scores = cmd.len() == 4 && cmd[3].eq_ignore_ascii_case(b"withscores");
+            return if with_scores {
+                sorted_pairs(want) == sorted_pairs(got)
+            } else {
+                sorted_bulks(want) == sorted_bulks(got)
+            };
+        }
+        b"HRANDFIELD" | b"SRANDMEMBER" | b"ZRANDMEMBER" => {
             return match (want.first(), got.first()) {
                 (Some(b'*'), Some(b'*')) => {
                     bulks(want).map(|v| v.len()) == bulks(got).map(|v| v.len())
