@@ -11,10 +11,19 @@ use serde::Serialize;
 use super::load::push_cmd;
 use super::{snap, Mode, Plan, Side};
 
-/// redis-benchmark's collection tests that `dds kv` serves.
-pub(super) const SERVED: &[&str] = &["hset", "sadd", "spop", "zadd", "zpopmin"];
-/// ... and those of the issue's list it does not serve yet (lists).
-pub(super) const NOT_SERVED: &[&str] = &["lpush", "rpush", "lpop", "rpop", "lrange_100"];
+/// redis-benchmark's collection tests, run in this order (the pops after the pushes).
+pub(super) const SERVED: &[&str] = &[
+    "hset",
+    "sadd",
+    "spop",
+    "zadd",
+    "zpopmin",
+    "lpush",
+    "rpush",
+    "lpop",
+    "rpop",
+    "lrange_100",
+];
 
 /// One redis-benchmark collection test on one side.
 #[derive(Clone, Debug, Serialize)]
@@ -41,10 +50,14 @@ pub(super) fn run(side: &Side, mode: Mode, p: &Plan) -> Result<Vec<CollPoint>> {
             .context("run redis-benchmark (package redis-tools)")?;
         let after = snap(side);
         let text = String::from_utf8_lossy(&o.stdout);
-        let name = format!("\"{}\"", test.to_ascii_uppercase());
+        // The test's CSV line: `"LPUSH","…` or `"LRANGE_100 (first 100 elements)","…`.
+        let name = format!("\"{}", test.to_ascii_uppercase());
         let rps: f64 = text
             .lines()
-            .find(|l| l.starts_with(&name))
+            .find(|l| {
+                l.strip_prefix(&name)
+                    .is_some_and(|rest| rest.starts_with('"') || rest.starts_with(" ("))
+            })
             .and_then(|l| l.split(',').nth(1))
             .and_then(|v| v.trim_matches('"').parse().ok())
             .with_context(|| format!("redis-benchmark {test} output: {text}"))?;
