@@ -1013,7 +1013,35 @@ impl Gen {
     fn list_command(&mut self) -> Vec<Vec<u8>> {
         let w = |s: &str| s.as_bytes().to_vec();
         let key = self.ckey_of(3);
-        let c = match self.rng.gen_range(0..26) {
+        let c = match self.rng.gen_range(0..28) {
+            26 | 27 => {
+                // SORT over a list (or whatever the key holds), weights and GETs from the
+                // string keys `k*` and the hashes `c*` (`c0`..`c2`), as numbers or bytes.
+                let mut c = vec![self.pick(&["SORT", "SORT", "SORT_RO"]), key];
+                let store = c[0] == b"SORT" && self.rng.gen_bool(0.3);
+                for _ in 0..self.rng.gen_range(0..4) {
+                    match self.rng.gen_range(0..6) {
+                        0 => c.extend([w("BY"), self.pick(&["k*", "c*->f1", "nosuch*"])]),
+                        1 => c.extend([
+                            w("LIMIT"),
+                            self.pick(&["0", "1", "-1"]),
+                            self.pick(&["2", "-1", "0"]),
+                        ]),
+                        2 => c.extend([w("GET"), self.pick(&["#", "k*", "c*->f2"])]),
+                        3 => c.push(self.pick(&["ASC", "desc"])),
+                        4 => c.push(w("ALPHA")),
+                        _ => c.push(w("bogus")),
+                    }
+                }
+                if store {
+                    // BY nosort only with STORE: a set's own order is each server's.
+                    if self.rng.gen_bool(0.3) {
+                        c.extend([w("BY"), w("nosort")]);
+                    }
+                    c.extend([w("STORE"), self.ckey_of(3)]);
+                }
+                c
+            }
             0..=4 => {
                 let names = ["LPUSH", "RPUSH", "LPUSH", "RPUSH", "LPUSHX", "RPUSHX"];
                 let mut c = vec![w(names[self.rng.gen_range(0..names.len())]), key];

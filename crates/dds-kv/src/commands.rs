@@ -17,6 +17,7 @@ use crate::keyspace;
 use crate::lists;
 use crate::offload::MAX_WRITE_KEYS;
 use crate::sets;
+use crate::sort;
 use crate::store::{Durability, Expiry, SetCond, StoreError};
 use crate::strings;
 use crate::zsetops;
@@ -216,6 +217,8 @@ const TABLE: &[(&str, i32)] = &[
     ("zdiffstore", -4),
     ("zintercard", -3),
     ("zrandmember", -2),
+    ("sort", -2),
+    ("sort_ro", -2),
     ("bzpopmin", -3),
     ("bzpopmax", -3),
     ("bzmpop", -5),
@@ -586,7 +589,7 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 r.int(i64::from(had));
             }
             "del" | "unlink" => {
-                if argv.len() - 1 > MAX_WRITE_KEYS {
+                if too_many_keys(argv[1..].iter().copied()) {
                     r.error(&format!(
                         "ERR too many keys in one command (limit {MAX_WRITE_KEYS})"
                     ));
@@ -628,7 +631,7 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                     ));
                     return Ok(());
                 }
-                if (argv.len() - 1) / 2 > MAX_WRITE_KEYS {
+                if too_many_keys(argv[1..].iter().step_by(2).copied()) {
                     r.error(&format!(
                         "ERR too many keys in one command (limit {MAX_WRITE_KEYS})"
                     ));
@@ -844,6 +847,7 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 let card = name == "zintercard";
                 zsetops::zsetop(store, &mut r, argv, op, store_form, card, ctx.session.resp3)?
             }
+            "sort" | "sort_ro" => sort::sort(store, &mut r, argv, name == "sort_ro")?,
             "zrandmember" => zsetops::zrandmember(
                 store,
                 &mut r,
@@ -921,6 +925,17 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
         After::Continue
     };
     (after, Ran::Yes(idx))
+}
+
+/// Whether a write names more than [`MAX_WRITE_KEYS`] distinct keys (the director's
+/// invalidation list of one command holds that many; a key named again counts once).
+fn too_many_keys<'a>(keys: impl ExactSizeIterator<Item = &'a [u8]>) -> bool {
+    if keys.len() <= MAX_WRITE_KEYS {
+        return false;
+    }
+    let distinct: std::collections::HashSet<(u64, u64)> =
+        keys.map(crate::record::key_hash).collect();
+    distinct.len() > MAX_WRITE_KEYS
 }
 
 /// The set operation a command's name starts with.

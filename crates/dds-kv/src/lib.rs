@@ -22,6 +22,7 @@ pub mod offload;
 pub mod record;
 pub mod server;
 mod sets;
+mod sort;
 pub mod store;
 mod strings;
 pub mod zindex;

@@ -482,6 +482,8 @@ pub(crate) fn blmove(
     };
     match move_one(s, argv[1], argv[2], from, to)? {
         Some(v) => r.bulk(&v),
+        // Inside EXEC, Redis answers an empty source with a null (`$-1`).
+        None if block.deny => r.null(),
         None => {
             // A timed-out wait answers a null array, as every blocking pop's does in Redis.
             if block.wait_or_time_out(LIST, &argv[1..2], timeout) {

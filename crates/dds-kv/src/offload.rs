@@ -152,9 +152,24 @@ fn cached(cache: &CacheView<'_>, key: &[u8]) -> Option<ReadOp> {
     })
 }
 
-/// Pushes the hashes of the keys a command's words (`words`: name first) may modify.
+/// Pushes the hashes of the keys a command's words (`words`: name first) may modify, each
+/// once when the list would fill (a command may name one key many times: the host counts
+/// distinct keys against [`MAX_WRITE_KEYS`], and refuses a write of more).
 fn push_write_keys<'a>(words: impl Iterator<Item = &'a [u8]>, keys: &mut KeyList) {
     for_write_keys(words, |k| {
+        if keys.len() + 1 >= keys.capacity() {
+            // Sorted and deduplicated in place: no allocation.
+            let s = keys.as_mut_slice();
+            s.sort_unstable();
+            let mut n = 0;
+            for i in 0..s.len() {
+                if i == 0 || s[i] != s[n - 1] {
+                    s[n] = s[i];
+                    n += 1;
+                }
+            }
+            keys.truncate(n);
+        }
         if keys.len() + 1 < keys.capacity() {
             let _ = keys.push(record::key_hash(k).0);
         }
@@ -263,6 +278,8 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
         "LMPOP",
         "BLMPOP",
         "ZRANGESTORE",
+        // SORT's STORE destination is somewhere among its arguments.
+        "SORT",
         "ZUNIONSTORE",
         "ZINTERSTORE",
         "ZDIFFSTORE",

@@ -173,6 +173,10 @@ pub struct KvService {
     /// Connections one of whose watched keys was written since their WATCH: their EXEC
     /// answers a null array and runs nothing.
     watch_dirty: HashSet<ConnId>,
+    /// Parked connections CLIENT UNBLOCK released: to resume (true: with the error reply,
+    /// false: as timed out), then how their command answers when it runs again.
+    unblocks: Vec<(ConnId, bool)>,
+    unblocked: HashMap<ConnId, bool>,
     /// Connections parked by blocking pops, in the order they first parked.
     parked: Vec<Parked>,
     /// Last number handed to a parked connection.
@@ -402,6 +406,10 @@ impl KvService {
     /// whose deadlines passed; every `PARKED_SWEEP`, closes those whose clients left (so that
     /// no element is popped for a client that is gone).
     fn wake_parked(&mut self, done: &mut Completions<'_, KvSession>) {
+        for (conn, error) in self.unblocks.drain(..) {
+            self.unblocked.insert(conn, error);
+            done.resume(conn);
+        }
         if self.parked.is_empty() {
             return;
         }
@@ -435,6 +443,38 @@ impl KvService {
             }
             !ready
         });
+    }
+
+    /// `CLIENT UNBLOCK id [TIMEOUT|ERROR]` (Redis 7.0's): releases a connection parked by a
+    /// blocking pop, which then answers as timed out or with `-UNBLOCKED ...`; 1 when it was
+    /// parked, else 0.
+    fn client_unblock(&mut self, argv: &[&[u8]], out: &mut Vec<u8>, resp3: bool) {
+        let mut r = Reply::with_protocol(out, resp3);
+        let error = match argv.get(3) {
+            None => false,
+            Some(a) if a.eq_ignore_ascii_case(b"timeout") => false,
+            Some(a) if a.eq_ignore_ascii_case(b"error") => true,
+            Some(_) => {
+                r.error("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR");
+                return;
+            }
+        };
+        let Some(id) = dds_resp::session::int_arg(argv[2]) else {
+            r.error("ERR value is not an integer or out of range");
+            return;
+        };
+        match self
+            .parked
+            .iter()
+            .position(|p| p.conn.to_u64() == id as u64)
+        {
+            Some(i) => {
+                let p = self.parked.remove(i);
+                self.unblocks.push((p.conn, error));
+                r.int(1);
+            }
+            None => r.int(0),
+        }
     }
 
     /// Parks connection `id` for the wait its command asked for.
@@ -691,6 +731,33 @@ impl Service for KvService {
                             break Verdict::Pending;
                         }
                     }
+                    if s.parked.is_some() {
+                        if let Some(error) = self.unblocked.remove(&id) {
+                            if error {
+                                // CLIENT UNBLOCK ... ERROR: the command answers this instead.
+                                Reply::new(out)
+                                    .error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
+                                s.parked = None;
+                                spare = reuse(args);
+                                at += used;
+                                continue;
+                            }
+                            // ... TIMEOUT: it runs as if its deadline had passed.
+                            s.parked = Some(Some(Instant::now()));
+                        }
+                    }
+                    if !tx
+                        && s.session.authed
+                        && (args.len() == 3 || args.len() == 4)
+                        && args[0].eq_ignore_ascii_case(b"client")
+                        && args[1].eq_ignore_ascii_case(b"unblock")
+                    {
+                        let resp3 = s.session.resp3;
+                        self.client_unblock(&args, out, resp3);
+                        spare = reuse(args);
+                        at += used;
+                        continue;
+                    }
                     let issued = if tx { 0 } else { self.fetch_for(id, s, &args) };
                     if issued > 0 {
                         // The command stays in the input; it runs once its reads are done.
@@ -851,6 +918,7 @@ impl Service for KvService {
     }
 
     fn closed(&mut self, id: ConnId, mut s: KvSession) {
+        self.unblocked.remove(&id);
         if !s.watching.is_empty() {
             self.unwatch(id, &mut s);
         }
@@ -867,6 +935,9 @@ impl Service for KvService {
     }
 
     fn wake_at(&self) -> Option<Instant> {
+        if !self.unblocks.is_empty() {
+            return Some(Instant::now());
+        }
         // The earliest deadline of a parked blocking pop.
         self.parked.iter().filter_map(|p| p.wait.deadline).min()
     }
@@ -979,6 +1050,8 @@ impl Server {
             multi_limit: cfg.query_buffer_limit,
             watchers: HashMap::new(),
             watch_dirty: HashSet::new(),
+            unblocks: Vec::new(),
+            unblocked: HashMap::new(),
             parked: Vec::new(),
             park_seq: 0,
             parked_tail: 0,

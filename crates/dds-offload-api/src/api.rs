@@ -100,6 +100,12 @@ impl<T: Copy + Default> FixedList<T> {
         self.len = 0;
     }
 
+    /// Keeps the first `n` items (no change when there are fewer).
+    #[inline]
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+    }
+
     /// Items pushed.
     #[inline]
     pub fn len(&self) -> usize {
