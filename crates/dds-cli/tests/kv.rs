@@ -1137,9 +1137,10 @@ fn an_expired_key_is_never_served_by_the_dpu() {
 }
 
 /// The blocking pops: parked clients are woken first parked, first served, by pushes from
-/// another client (BLPOP, BLMOVE, BZPOPMIN); a timeout answers a null after its time and not
-/// long after; a client that left while parked takes no element and its connection goes;
-/// other clients are served meanwhile.
+/// another client (BLPOP, BLMOVE, BZPOPMIN), and chains of moves run before the pusher's next
+/// command; CLIENT UNBLOCK releases one; a timeout answers a null after its time and not long
+/// after; a client that left while parked takes no element and its connection goes; other
+/// clients are served meanwhile.
 #[test]
 fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
     let dir = tempfile::tempdir().unwrap();
@@ -1192,6 +1193,49 @@ fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
     assert_eq!(
         read_reply(&mut b.0, &mut b.1),
         b"*3\r\n$1\r\nz\r\n$3\r\none\r\n$1\r\n1\r\n"
+    );
+    // Linked moves run to their end before the pushing connection's next command, as Redis
+    // serves its blocked clients right after the command that fed them.
+    a.0.write_all(&cmd(&[b"BLMOVE", b"l1", b"l2", b"RIGHT", b"LEFT", b"0"]))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    b.0.write_all(&cmd(&[b"BLMOVE", b"l2", b"l3", b"LEFT", b"RIGHT", b"0"]))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut pipeline = cmd(&[b"RPUSH", b"l1", b"foo"]);
+    pipeline.extend(cmd(&[b"LRANGE", b"l1", b"0", b"-1"]));
+    pipeline.extend(cmd(&[b"LRANGE", b"l2", b"0", b"-1"]));
+    pipeline.extend(cmd(&[b"LRANGE", b"l3", b"0", b"-1"]));
+    writer.0.write_all(&pipeline).unwrap();
+    assert_eq!(read_reply(&mut writer.0, &mut writer.1), b":1\r\n");
+    assert_eq!(read_reply(&mut writer.0, &mut writer.1), b"*0\r\n");
+    assert_eq!(read_reply(&mut writer.0, &mut writer.1), b"*0\r\n");
+    assert_eq!(
+        read_reply(&mut writer.0, &mut writer.1),
+        b"*1\r\n$3\r\nfoo\r\n"
+    );
+    assert_eq!(read_reply(&mut a.0, &mut a.1), b"$3\r\nfoo\r\n");
+    assert_eq!(read_reply(&mut b.0, &mut b.1), b"$3\r\nfoo\r\n");
+    // CLIENT UNBLOCK: as timed out, or with an error.
+    let id_of = |c: &mut (TcpStream, Vec<u8>)| -> Vec<u8> {
+        c.0.write_all(&cmd(&[b"CLIENT", b"ID"])).unwrap();
+        let r = read_reply(&mut c.0, &mut c.1);
+        r[1..r.len() - 2].to_vec()
+    };
+    let (ida, idb) = (id_of(&mut a), id_of(&mut b));
+    a.0.write_all(&cmd(&[b"BLPOP", b"never", b"0"])).unwrap();
+    b.0.write_all(&cmd(&[b"BRPOP", b"never", b"0"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(ask(&mut writer, &[b"CLIENT", b"UNBLOCK", &ida]), b":1\r\n");
+    assert_eq!(
+        ask(&mut writer, &[b"CLIENT", b"UNBLOCK", &idb, b"ERROR"]),
+        b":1\r\n"
+    );
+    assert_eq!(ask(&mut writer, &[b"CLIENT", b"UNBLOCK", &idb]), b":0\r\n");
+    assert_eq!(read_reply(&mut a.0, &mut a.1), b"*-1\r\n");
+    assert_eq!(
+        read_reply(&mut b.0, &mut b.1),
+        b"-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n"
     );
     // A timeout: a null array after its time, not long after.
     let t = Instant::now();

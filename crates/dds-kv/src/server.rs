@@ -177,6 +177,8 @@ pub struct KvService {
     /// false: as timed out), then how their command answers when it runs again.
     unblocks: Vec<(ConnId, bool)>,
     unblocked: HashMap<ConnId, bool>,
+    /// Connections that stopped after a command that fed a parked one (resumed after it).
+    yielded: Vec<ConnId>,
     /// Connections parked by blocking pops, in the order they first parked.
     parked: Vec<Parked>,
     /// Last number handed to a parked connection.
@@ -410,8 +412,19 @@ impl KvService {
             self.unblocked.insert(conn, error);
             done.resume(conn);
         }
+        // The connections that stepped aside for parked ones go on once no parked one is
+        // ready any more (a woken pop may feed another: BLMOVE chains run to their end).
+        if self.wake_ready_parked(done) == 0 {
+            for conn in self.yielded.drain(..) {
+                done.resume(conn);
+            }
+        }
+    }
+
+    /// Resumes the parked connections that are ready or due: how many.
+    fn wake_ready_parked(&mut self, done: &mut Completions<'_, KvSession>) -> usize {
         if self.parked.is_empty() {
-            return;
+            return 0;
         }
         let now = Instant::now();
         let tail = self.store.tail();
@@ -419,13 +432,14 @@ impl KvService {
         let sweep = now >= self.next_parked_sweep;
         let due = |p: &Parked| p.wait.deadline.is_some_and(|d| now >= d);
         if !changed && !sweep && !self.parked.iter().any(due) {
-            return;
+            return 0;
         }
         self.parked_tail = tail;
         if sweep {
             self.next_parked_sweep = now + PARKED_SWEEP;
         }
         let store = &mut self.store;
+        let mut woken = 0;
         self.parked.retain(|p| {
             let ready = due(p)
                 || (changed
@@ -440,9 +454,11 @@ impl KvService {
             }
             if ready {
                 done.resume(p.conn);
+                woken += 1;
             }
             !ready
         });
+        woken
     }
 
     /// `CLIENT UNBLOCK id [TIMEOUT|ERROR]` (Redis 7.0's): releases a connection parked by a
@@ -475,6 +491,21 @@ impl KvService {
             }
             None => r.int(0),
         }
+    }
+
+    /// Whether the last command gave a parked connection's key elements (the log's tail moved
+    /// and a parked key has some).
+    fn parked_ready(&mut self) -> bool {
+        if self.parked.is_empty() || self.store.tail() == self.parked_tail {
+            return false;
+        }
+        let store = &mut self.store;
+        self.parked.iter().any(|p| {
+            p.wait
+                .keys
+                .iter()
+                .any(|k| matches!(store.coll_len(p.wait.ty, k), Ok(n) if n > 0))
+        })
     }
 
     /// Parks connection `id` for the wait its command asked for.
@@ -801,6 +832,13 @@ impl Service for KvService {
                     if after == After::Close {
                         break Verdict::Close;
                     }
+                    if self.parked_ready() {
+                        // The command gave a parked connection's key elements: that
+                        // connection runs before this one's next command, as Redis serves
+                        // its blocked clients right after the command that fed them.
+                        self.yielded.push(id);
+                        break Verdict::Pending;
+                    }
                 }
                 Ok(None) => break Verdict::Continue,
                 Err(e) => {
@@ -919,6 +957,7 @@ impl Service for KvService {
 
     fn closed(&mut self, id: ConnId, mut s: KvSession) {
         self.unblocked.remove(&id);
+        self.yielded.retain(|&c| c != id);
         if !s.watching.is_empty() {
             self.unwatch(id, &mut s);
         }
@@ -935,7 +974,7 @@ impl Service for KvService {
     }
 
     fn wake_at(&self) -> Option<Instant> {
-        if !self.unblocks.is_empty() {
+        if !self.unblocks.is_empty() || !self.yielded.is_empty() {
             return Some(Instant::now());
         }
         // The earliest deadline of a parked blocking pop.
@@ -1052,6 +1091,7 @@ impl Server {
             watch_dirty: HashSet::new(),
             unblocks: Vec::new(),
             unblocked: HashMap::new(),
+            yielded: Vec::new(),
             parked: Vec::new(),
             park_seq: 0,
             parked_tail: 0,
