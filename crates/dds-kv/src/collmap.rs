@@ -51,6 +51,10 @@ pub struct Coll {
     /// A sorted set's members in order, built when an ordered command first needs it (from
     /// the element records) and kept up to date by the store's writes after that.
     pub zindex: Option<Box<crate::zindex::ZIndex>>,
+    /// The live elements' sub-key hashes in an array, for uniform random picks in O(1)
+    /// (SPOP, SRANDMEMBER, HRANDFIELD, ZRANDMEMBER), built when a pick first meets the
+    /// collection and kept up to date by every element write after that.
+    pub picks: Option<Box<Picks>>,
     /// A list's first position: its elements are at positions `head..head + list.len()`
     /// (every list write keeps them contiguous, on every prefix of the log too).
     pub head: i64,
@@ -69,6 +73,7 @@ impl Coll {
             elems: BTreeMap::new(),
             live: 0,
             zindex: None,
+            picks: None,
             head: 0,
             list: VecDeque::new(),
         }
@@ -148,6 +153,59 @@ impl Coll {
                     "a list write off its ends: ignored"
                 );
                 None
+            }
+        }
+    }
+}
+
+/// An array of a collection's live elements with each one's place in it: an element joins at
+/// the end and leaves by a swap with the last (O(1) both), so a uniform index is a uniform
+/// element. About 40 bytes per element, outside `--memory`, as the index.
+#[derive(Debug, Default)]
+pub struct Picks {
+    subs: Vec<Hash>,
+    at: HashMap<Hash, u32>,
+}
+
+impl Picks {
+    /// The array of `coll`'s live elements.
+    pub fn of(coll: &Coll) -> Picks {
+        let subs: Vec<Hash> = coll.live_subs().collect();
+        let at = subs
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| (h, i as u32))
+            .collect();
+        Picks { subs, at }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    /// No elements.
+    pub fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+
+    /// The element at `i` (< `len`).
+    pub fn get(&self, i: usize) -> Hash {
+        self.subs[i]
+    }
+
+    fn insert(&mut self, h: Hash) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.at.entry(h) {
+            e.insert(self.subs.len() as u32);
+            self.subs.push(h);
+        }
+    }
+
+    fn remove(&mut self, h: Hash) {
+        if let Some(i) = self.at.remove(&h) {
+            self.subs.swap_remove(i as usize);
+            if let Some(&moved) = self.subs.get(i as usize) {
+                self.at.insert(moved, i);
             }
         }
     }
@@ -238,6 +296,13 @@ impl Collections {
             .insert(sub, entry)
             .is_some_and(|old| old & ELEMENT_TOMB == 0);
         let d = i64::from(!tomb) - i64::from(was_live);
+        if let Some(p) = c.picks.as_deref_mut() {
+            match d {
+                1 => p.insert(sub),
+                -1 => p.remove(sub),
+                _ => {}
+            }
+        }
         c.live = c.live.wrapping_add_signed(d);
         Some(d)
     }
@@ -419,6 +484,33 @@ mod tests {
         assert!(cs.remove(h).is_some());
         assert!(cs.is_empty());
         assert_eq!(cs.type_of(h), None);
+    }
+
+    /// The pick array holds exactly the live elements through adds, overwrites and removals.
+    #[test]
+    fn picks_follow_the_live_elements() {
+        let mut cs = Collections::default();
+        let h = key_hash(b"s");
+        cs.meta(h, meta(CollType::Set, 1));
+        for i in 0..50u64 {
+            cs.element(h, 1, key_hash(&i.to_le_bytes()), 8 * i, false);
+        }
+        let c = cs.get_mut(h).unwrap();
+        c.picks = Some(Box::new(Picks::of(c)));
+        let mut x = 5u64;
+        for step in 0..2000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let sub = key_hash(&((x >> 40) % 80).to_le_bytes());
+            cs.element(h, 1, sub, 1000 + step, (x >> 20).is_multiple_of(3));
+            let c = cs.get(h).unwrap();
+            let p = c.picks.as_deref().unwrap();
+            let mut got: Vec<Hash> = (0..p.len()).map(|i| p.get(i)).collect();
+            let mut want: Vec<Hash> = c.live_subs().collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(got, want, "step {step}");
+            assert_eq!(p.len() as u64, c.live);
+        }
     }
 
     #[test]

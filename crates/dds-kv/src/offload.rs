@@ -605,6 +605,85 @@ impl OffloadApp for RedisApp {
     }
 }
 
+/// A client connection's state that the DPU must know: whether it is inside a transaction.
+/// Between a MULTI and its EXEC or DISCARD the host queues commands (`+QUEUED`) and runs them
+/// at EXEC, so no GET of that stretch may be answered by the DPU: every message goes to the
+/// host whole (`Session::whole_to_host`). A MULTI the host refuses (nested, before AUTH)
+/// keeps the session in the transaction until the next EXEC or DISCARD: the safe side, as
+/// the host then answers everything.
+struct RedisSession {
+    max_response: usize,
+    in_multi: bool,
+}
+
+/// The command name of a message (its first word, quotes of an inline command taken off).
+fn command_name(msg: &[u8]) -> &[u8] {
+    let w = args(msg).next().unwrap_or_default();
+    match (w.first(), w.last()) {
+        (Some(b'"'), Some(b'"')) | (Some(b'\''), Some(b'\'')) if w.len() >= 2 => &w[1..w.len() - 1],
+        _ => w,
+    }
+}
+
+impl Session for RedisSession {
+    fn phase(&self) -> Phase {
+        Phase::Requests
+    }
+
+    // No opening exchange: a Redis client speaks first, in requests.
+    fn opening_message_len(&self, _buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn opening_message(&mut self, _msg: &[u8]) -> Result<(), Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn opening_response_len(&self, _buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn opening_response(&mut self, _resp: &[u8], _cache: &CacheView<'_>) -> Result<(), Malformed> {
+        Err(Malformed("no opening exchange"))
+    }
+
+    fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
+        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.why))
+    }
+
+    fn whole_to_host(&self, _msg: &[u8]) -> bool {
+        self.in_multi
+    }
+
+    fn offload_function(
+        &self,
+        app: &dyn OffloadApp,
+        msg: &[u8],
+        req: ReqDesc,
+        cache: &CacheView<'_>,
+    ) -> Offload {
+        if self.in_multi {
+            return Offload::Host;
+        }
+        app.offload_function(msg, req, cache)
+    }
+
+    fn forward(&mut self, msg: &[u8], req: ReqDesc) -> Result<bool, Malformed> {
+        // A message's first request carries its command (a split MGET's header is request 0).
+        if req.offset == 0 {
+            let name = command_name(msg);
+            if name.eq_ignore_ascii_case(b"MULTI") {
+                self.in_multi = true;
+            } else if name.eq_ignore_ascii_case(b"EXEC") || name.eq_ignore_ascii_case(b"DISCARD") {
+                self.in_multi = false;
+            }
+        }
+        Ok(true)
+    }
+
+    fn delivered(&mut self, _resp: &[u8]) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -858,83 +937,4 @@ mod tests {
         app.invalidate_on_forward(&cmd(&[b"SMOVE", b"a", b"b", b"m"]), d, &mut keys);
         assert_eq!(&keys.as_slice()[..2], &[h(b"a"), h(b"b")]);
     }
-}
-
-/// A client connection's state that the DPU must know: whether it is inside a transaction.
-/// Between a MULTI and its EXEC or DISCARD the host queues commands (`+QUEUED`) and runs them
-/// at EXEC, so no GET of that stretch may be answered by the DPU: every message goes to the
-/// host whole (`Session::whole_to_host`). A MULTI the host refuses (nested, before AUTH)
-/// keeps the session in the transaction until the next EXEC or DISCARD: the safe side, as
-/// the host then answers everything.
-struct RedisSession {
-    max_response: usize,
-    in_multi: bool,
-}
-
-/// The command name of a message (its first word, quotes of an inline command taken off).
-fn command_name(msg: &[u8]) -> &[u8] {
-    let w = args(msg).next().unwrap_or_default();
-    match (w.first(), w.last()) {
-        (Some(b'"'), Some(b'"')) | (Some(b'\''), Some(b'\'')) if w.len() >= 2 => &w[1..w.len() - 1],
-        _ => w,
-    }
-}
-
-impl Session for RedisSession {
-    fn phase(&self) -> Phase {
-        Phase::Requests
-    }
-
-    // No opening exchange: a Redis client speaks first, in requests.
-    fn opening_message_len(&self, _buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        Err(Malformed("no opening exchange"))
-    }
-
-    fn opening_message(&mut self, _msg: &[u8]) -> Result<(), Malformed> {
-        Err(Malformed("no opening exchange"))
-    }
-
-    fn opening_response_len(&self, _buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        Err(Malformed("no opening exchange"))
-    }
-
-    fn opening_response(&mut self, _resp: &[u8], _cache: &CacheView<'_>) -> Result<(), Malformed> {
-        Err(Malformed("no opening exchange"))
-    }
-
-    fn response_len(&self, buf: &[u8]) -> Result<Option<usize>, Malformed> {
-        frame_reply(buf, 64 << 10, self.max_response).map_err(|e| Malformed(e.why))
-    }
-
-    fn whole_to_host(&self, _msg: &[u8]) -> bool {
-        self.in_multi
-    }
-
-    fn offload_function(
-        &self,
-        app: &dyn OffloadApp,
-        msg: &[u8],
-        req: ReqDesc,
-        cache: &CacheView<'_>,
-    ) -> Offload {
-        if self.in_multi {
-            return Offload::Host;
-        }
-        app.offload_function(msg, req, cache)
-    }
-
-    fn forward(&mut self, msg: &[u8], req: ReqDesc) -> Result<bool, Malformed> {
-        // A message's first request carries its command (a split MGET's header is request 0).
-        if req.offset == 0 {
-            let name = command_name(msg);
-            if name.eq_ignore_ascii_case(b"MULTI") {
-                self.in_multi = true;
-            } else if name.eq_ignore_ascii_case(b"EXEC") || name.eq_ignore_ascii_case(b"DISCARD") {
-                self.in_multi = false;
-            }
-        }
-        Ok(true)
-    }
-
-    fn delivered(&mut self, _resp: &[u8]) {}
 }

@@ -116,8 +116,9 @@ pub(crate) fn sort(
     read_only: bool,
 ) -> StoreResult<()> {
     let (mut desc, mut alpha, mut limit) = (false, false, None);
-    let (mut by, mut store, mut gets): (Option<&[u8]>, Option<&[u8]>, Vec<&[u8]>) =
-        (None, None, Vec::new());
+    let mut by: Option<&[u8]> = None;
+    let mut store: Option<&[u8]> = None;
+    let mut gets: Vec<&[u8]> = Vec::new();
     let mut dontsort = false;
     let mut j = 2;
     while j < argv.len() {

@@ -295,6 +295,32 @@ impl Store {
             return Ok(());
         };
         let kh = record::key_hash(key);
+        if repeat || count == 1 {
+            // Independent draws (or one): uniform indexes into the array of elements, built
+            // once and kept by the writes (no walk of the collection per draw).
+            if let Some(c) = self.colls.get_mut(kh) {
+                if c.picks.is_none() {
+                    c.picks = Some(Box::new(crate::collmap::Picks::of(c)));
+                }
+            }
+            let draws = if repeat { count } else { 1 };
+            for _ in 0..draws {
+                let r = self.random();
+                let Some(sub) = self
+                    .colls
+                    .get(kh)
+                    .and_then(|c| c.picks.as_deref())
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.get((r % p.len() as u64) as usize))
+                else {
+                    break;
+                };
+                if let Some(hdr) = self.load_element(kh, key, version, sub)? {
+                    self.with_element(&hdr, f);
+                }
+            }
+            return Ok(());
+        }
         let mut subs = std::mem::take(&mut self.step);
         subs.clear();
         if let Some(c) = self.colls.get(kh) {
