@@ -183,8 +183,11 @@ pub struct KvService {
     parked: Vec<Parked>,
     /// Last number handed to a parked connection.
     park_seq: u64,
-    /// The log's tail when the parked connections' keys were last looked at (a push moves it).
-    parked_tail: u64,
+    /// Parked connections per key they wait for (by hash).
+    parked_keys: HashMap<(u64, u64), u32>,
+    /// Keys with parked connections that commands wrote since the last wake-up (Redis's
+    /// ready keys): only their waiters are looked at.
+    ready_keys: Vec<Vec<u8>>,
     next_parked_sweep: Instant,
 }
 
@@ -427,37 +430,41 @@ impl KvService {
             return 0;
         }
         let now = Instant::now();
-        let tail = self.store.tail();
-        let changed = tail != self.parked_tail;
         let sweep = now >= self.next_parked_sweep;
         let due = |p: &Parked| p.wait.deadline.is_some_and(|d| now >= d);
-        if !changed && !sweep && !self.parked.iter().any(due) {
+        // The written keys that have elements now.
+        let mut ready = std::mem::take(&mut self.ready_keys);
+        ready.retain(|k| has_elements(self.store.as_mut(), k));
+        if ready.is_empty() && !sweep && !self.parked.iter().any(due) {
+            self.ready_keys = ready;
             return 0;
         }
-        self.parked_tail = tail;
         if sweep {
             self.next_parked_sweep = now + PARKED_SWEEP;
         }
         let store = &mut self.store;
+        let parked_keys = &mut self.parked_keys;
         let mut woken = 0;
         self.parked.retain(|p| {
-            let ready = due(p)
-                || (changed
-                    && p.wait
-                        .keys
-                        .iter()
-                        .any(|k| matches!(store.coll_len(p.wait.ty, k), Ok(n) if n > 0)));
+            let fed = p.wait.keys.iter().any(|k| {
+                ready.contains(k) && matches!(store.coll_len(p.wait.ty, k), Ok(n) if n > 0)
+            });
+            let wake = fed || due(p);
             // A client that left is never woken: its pop would take an element nobody gets.
-            if (sweep || ready) && done.peer_closed(p.conn) {
+            if (sweep || wake) && done.peer_closed(p.conn) {
                 done.close(p.conn);
+                unpark_keys(parked_keys, &p.wait);
                 return false;
             }
-            if ready {
+            if wake {
                 done.resume(p.conn);
+                unpark_keys(parked_keys, &p.wait);
                 woken += 1;
             }
-            !ready
+            !wake
         });
+        ready.clear();
+        self.ready_keys = ready;
         woken
     }
 
@@ -486,6 +493,7 @@ impl KvService {
         {
             Some(i) => {
                 let p = self.parked.remove(i);
+                unpark_keys(&mut self.parked_keys, &p.wait);
                 self.unblocks.push((p.conn, error));
                 r.int(1);
             }
@@ -493,19 +501,25 @@ impl KvService {
         }
     }
 
-    /// Whether the last command gave a parked connection's key elements (the log's tail moved
-    /// and a parked key has some).
+    /// Whether the last command gave a parked connection's key elements (it wrote a key that
+    /// has waiters, and the key has elements).
     fn parked_ready(&mut self) -> bool {
-        if self.parked.is_empty() || self.store.tail() == self.parked_tail {
-            return false;
+        let store = self.store.as_mut();
+        self.ready_keys.iter().any(|k| has_elements(store, k))
+    }
+
+    /// A command ran to its end: the keys it may have written that have parked connections
+    /// are ready keys (looked at before the loop's next turn).
+    fn note_ready_keys(&mut self, argv: &[&[u8]]) {
+        if self.parked_keys.is_empty() {
+            return;
         }
-        let store = &mut self.store;
-        self.parked.iter().any(|p| {
-            p.wait
-                .keys
-                .iter()
-                .any(|k| matches!(store.coll_len(p.wait.ty, k), Ok(n) if n > 0))
-        })
+        let (parked_keys, ready) = (&self.parked_keys, &mut self.ready_keys);
+        crate::offload::for_write_keys(argv.iter().copied(), |k| {
+            if parked_keys.contains_key(&record::key_hash(k)) && !ready.iter().any(|r| r == k) {
+                ready.push(k.to_vec());
+            }
+        });
     }
 
     /// Parks connection `id` for the wait its command asked for.
@@ -515,6 +529,9 @@ impl KvService {
             s.park_seq = self.park_seq;
         }
         s.parked = Some(wait.deadline);
+        for k in &wait.keys {
+            *self.parked_keys.entry(record::key_hash(k)).or_insert(0) += 1;
+        }
         let at = self.parked.partition_point(|p| p.seq < s.park_seq);
         self.parked.insert(
             at,
@@ -524,7 +541,6 @@ impl KvService {
                 wait,
             },
         );
-        self.parked_tail = self.store.tail();
     }
 
     /// A command of a transaction (`docs/kv-service.md` §5, Transactions): MULTI starts one;
@@ -670,6 +686,7 @@ impl KvService {
         self.info.block.resumed = None;
         if self.info.block.wait.is_none() {
             self.note_writes(argv);
+            self.note_ready_keys(argv);
         }
         if self.info.keys_walked.take().is_some() {
             std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
@@ -962,7 +979,13 @@ impl Service for KvService {
             self.unwatch(id, &mut s);
         }
         if s.parked.is_some() {
-            self.parked.retain(|p| p.conn != id);
+            let parked_keys = &mut self.parked_keys;
+            self.parked.retain(|p| {
+                if p.conn == id {
+                    unpark_keys(parked_keys, &p.wait);
+                }
+                p.conn != id
+            });
         }
         if s.acks > 0 {
             self.acks.retain(|a| a.conn != id);
@@ -1094,7 +1117,8 @@ impl Server {
             yielded: Vec::new(),
             parked: Vec::new(),
             park_seq: 0,
-            parked_tail: 0,
+            parked_keys: HashMap::new(),
+            ready_keys: Vec::new(),
             next_parked_sweep: Instant::now(),
         };
         let tick = cfg.sync_interval.min(Duration::from_millis(100));
@@ -1124,6 +1148,27 @@ impl Server {
     pub fn run(self, stop: &AtomicBool) -> Result<()> {
         let service = self.inner.run(stop);
         service.store.close()
+    }
+}
+
+/// Whether the list or sorted set at `key` has elements (no record read).
+fn has_elements(store: &mut dyn Engine, key: &[u8]) -> bool {
+    use crate::collection::CollType;
+    [CollType::List, CollType::ZSet]
+        .into_iter()
+        .any(|ty| matches!(store.coll_len(ty, key), Ok(n) if n > 0))
+}
+
+/// A parked connection's keys no longer wait.
+fn unpark_keys(parked_keys: &mut HashMap<(u64, u64), u32>, wait: &crate::lists::Wait) {
+    for k in &wait.keys {
+        let h = record::key_hash(k);
+        if let Some(n) = parked_keys.get_mut(&h) {
+            *n -= 1;
+            if *n == 0 {
+                parked_keys.remove(&h);
+            }
+        }
     }
 }
 
