@@ -427,6 +427,7 @@ impl KvService {
     /// Resumes the parked connections that are ready or due: how many.
     fn wake_ready_parked(&mut self, done: &mut Completions<'_, KvSession>) -> usize {
         if self.parked.is_empty() {
+            self.ready_keys.clear();
             return 0;
         }
         let now = Instant::now();
@@ -504,6 +505,9 @@ impl KvService {
     /// Whether the last command gave a parked connection's key elements (it wrote a key that
     /// has waiters, and the key has elements).
     fn parked_ready(&mut self) -> bool {
+        if self.parked.is_empty() {
+            return false;
+        }
         let store = self.store.as_mut();
         self.ready_keys.iter().any(|k| has_elements(store, k))
     }
