@@ -1263,3 +1263,68 @@ fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
         "the parked client that left is closed: {info}"
     );
 }
+
+/// The element a list pop or LINDEX reads is fetched before the command runs when it is on
+/// storage (a pending read: the loop does not wait for it), and the replies are right.
+#[test]
+fn list_elements_on_storage_are_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (_kv, addr) = start_kv(&[
+        "--storage",
+        "file",
+        "--dir",
+        d,
+        "--memory",
+        "256K",
+        "--page-size",
+        "64K",
+    ]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut b = Vec::new();
+    // 20,000 elements of 100 bytes: the head's records leave memory.
+    let value = |i: u32| format!("{i:06}{}", "e".repeat(94));
+    let mut batch = Vec::new();
+    for i in 0..20_000u32 {
+        batch.extend(cmd(&[b"RPUSH", b"q", value(i).as_bytes()]));
+    }
+    s.write_all(&batch).unwrap();
+    for i in 0..20_000u32 {
+        let want = format!(":{}\r\n", i + 1);
+        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes());
+    }
+    let info = |s: &mut TcpStream, b: &mut Vec<u8>, field: &str| -> u64 {
+        s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
+        let text = String::from_utf8(read_reply(s, b)).unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("INFO has {field}: {text}"))
+    };
+    let blocking = info(&mut s, &mut b, "storage_reads_blocking");
+    let ahead = info(&mut s, &mut b, "storage_reads_fetched_ahead");
+    for i in 0..50u32 {
+        s.write_all(&cmd(&[b"LINDEX", b"q", b"0"])).unwrap();
+        let v = value(i);
+        let want = format!("${}\r\n{v}\r\n", v.len());
+        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LINDEX {i}");
+        s.write_all(&cmd(&[b"LPOP", b"q"])).unwrap();
+        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LPOP {i}");
+    }
+    let ahead_now = info(&mut s, &mut b, "storage_reads_fetched_ahead");
+    assert!(
+        ahead_now >= ahead + 50,
+        "the head's records were read ahead: {ahead} -> {ahead_now}"
+    );
+    assert_eq!(
+        info(&mut s, &mut b, "storage_reads_blocking"),
+        blocking,
+        "no list read waited for storage inside the loop"
+    );
+}

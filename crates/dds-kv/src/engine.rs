@@ -224,6 +224,11 @@ pub trait Engine: Send {
     fn element_storage_addr(&self, _key: &[u8], _sub: &[u8]) -> Option<u64> {
         None
     }
+    /// The log address of a list element's record when it must be read from storage
+    /// ([`Store::list_storage_addr`]).
+    fn list_storage_addr(&self, _key: &[u8], _index: i64) -> Option<u64> {
+        None
+    }
     /// Pushes elements at a list's head or end ([`Store::list_push`]): its new length.
     fn list_push(
         &mut self,
@@ -499,6 +504,9 @@ impl Engine for Store {
     }
     fn element_storage_addr(&self, key: &[u8], sub: &[u8]) -> Option<u64> {
         Store::element_storage_addr(self, key, sub)
+    }
+    fn list_storage_addr(&self, key: &[u8], index: i64) -> Option<u64> {
+        Store::list_storage_addr(self, key, index)
     }
     fn list_push(
         &mut self,

@@ -23,7 +23,9 @@ use dds_server::{Budget, Completions, Config, ConnId, Out, Service, Ticket, Verd
 use dds_storage::fileio::IoDone;
 use dds_storage::inflight::InFlightReads;
 
-use crate::commands::{execute, read_elements, read_keys, After, Ctx, ServerInfo, Session};
+use crate::commands::{
+    execute, read_elements, read_keys, read_list_elements, After, Ctx, ServerInfo, Session,
+};
 use crate::engine::Engine;
 use crate::keyspace::{passes, scan_args};
 use crate::record;
@@ -286,6 +288,12 @@ impl KvService {
         read_elements(argv, |k, sub| {
             store
                 .element_storage_addr(k, sub)
+                .into_iter()
+                .for_each(&mut push)
+        });
+        read_list_elements(argv, |k, i| {
+            store
+                .list_storage_addr(k, i)
                 .into_iter()
                 .for_each(&mut push)
         });

@@ -412,6 +412,19 @@ impl Store {
         let a = c.element(sub_hash(c.ty, field))?;
         (a < self.head && a >= self.begin).then_some(a)
     }
+
+    /// The log address of a list element's record (`index`: from the head, negative from
+    /// the end) when it is on storage only; `None` when it is in memory or missing.
+    pub fn list_storage_addr(&self, key: &[u8], index: i64) -> Option<u64> {
+        let c = self
+            .colls
+            .get(record::key_hash(key))
+            .filter(|c| c.ty == CollType::List)?;
+        let len = c.list.len() as i64;
+        let i = if index < 0 { len + index } else { index };
+        let a = *c.list.get(usize::try_from(i).ok()?)?;
+        (a < self.head && a >= self.begin).then_some(a)
+    }
 }
 
 #[cfg(test)]
