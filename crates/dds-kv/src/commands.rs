@@ -914,7 +914,17 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "zremrangebyrank" | "zremrangebyscore" | "zremrangebylex" => {
                 zsets::zremrange(store, &mut r, argv, &name["zremrangeby".len()..])?
             }
-            "zmpop" => lists::zmpop(store, &mut r, argv, ctx.session.resp3)?,
+            "zmpop" | "bzmpop" | "lmpop" | "blmpop" => {
+                let kind = if name.ends_with("zmpop") {
+                    lists::PopKind::ZSet {
+                        resp3: ctx.session.resp3,
+                    }
+                } else {
+                    lists::PopKind::List
+                };
+                let block = name.starts_with('b').then_some(&mut ctx.info.block);
+                lists::mpop(store, &mut r, argv, kind, block, &mut ctx.info.list_buf)?
+            }
             "bzpopmin" | "bzpopmax" => lists::bzpop(
                 store,
                 &mut r,
@@ -923,7 +933,6 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
                 ctx.session.resp3,
                 &mut ctx.info.block,
             )?,
-            "bzmpop" => lists::bzmpop(store, &mut r, argv, ctx.session.resp3, &mut ctx.info.block)?,
             "lpush" | "rpush" | "lpushx" | "rpushx" => lists::push(
                 store,
                 &mut r,
@@ -943,18 +952,10 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "ltrim" => lists::ltrim(store, &mut r, argv)?,
             "lmove" | "rpoplpush" => lists::lmove(store, &mut r, argv)?,
             "lpos" => lists::lpos(store, &mut r, argv, &mut ctx.info.list_buf)?,
-            "lmpop" => lists::lmpop(store, &mut r, argv, &mut ctx.info.list_buf)?,
             "blpop" | "brpop" => {
                 lists::bpop(store, &mut r, argv, name == "blpop", &mut ctx.info.block)?
             }
             "blmove" | "brpoplpush" => lists::blmove(store, &mut r, argv, &mut ctx.info.block)?,
-            "blmpop" => lists::blmpop(
-                store,
-                &mut r,
-                argv,
-                &mut ctx.info.block,
-                &mut ctx.info.list_buf,
-            )?,
             "exec" => r.error("ERR EXEC without MULTI"),
             "discard" => r.error("ERR DISCARD without MULTI"),
             "multi" => r.error("ERR MULTI calls can not be nested"),

@@ -324,10 +324,24 @@ pub(crate) fn hrandfield(
     resp3: bool,
     body: &mut Vec<u8>,
 ) -> StoreResult<()> {
+    random_elements(s, r, argv, HASH, resp3, body, &|b, v| b.bulk(v))
+}
+
+/// HRANDFIELD and ZRANDMEMBER (`key [count [WITHVALUES|WITHSCORES]]`), as Redis's
+/// `hrandfieldCommand` and `zrandmemberCommand` read them: the count, the option, then its
+/// range. `value` writes an element's value (a hash field's, a member's score).
+pub(crate) fn random_elements(
+    s: &mut dyn Engine,
+    r: &mut Reply<'_>,
+    argv: &[&[u8]],
+    ty: CollType,
+    resp3: bool,
+    body: &mut Vec<u8>,
+    value: &dyn Fn(&mut Reply<'_>, &[u8]),
+) -> StoreResult<()> {
     if argv.len() == 2 {
-        return random_one(s, r, HASH, argv[1]);
+        return random_one(s, r, ty, argv[1]);
     }
-    // As Redis's `hrandfieldCommand`: the count, the syntax, then WITHVALUES's range.
     let (count, repeat) = match random_count(argv[2]) {
         Ok(c) => c,
         Err(e) => {
@@ -335,9 +349,14 @@ pub(crate) fn hrandfield(
             return Ok(());
         }
     };
+    let option: &[u8] = if ty == HASH {
+        b"withvalues"
+    } else {
+        b"withscores"
+    };
     let with_values = match argv.get(3) {
         None => false,
-        Some(a) if argv.len() == 4 && a.eq_ignore_ascii_case(b"withvalues") => true,
+        Some(a) if argv.len() == 4 && a.eq_ignore_ascii_case(option) => true,
         Some(_) => {
             r.error("ERR syntax error");
             return Ok(());
@@ -349,7 +368,7 @@ pub(crate) fn hrandfield(
     }
     body.clear();
     let mut n = 0;
-    s.coll_random(HASH, argv[1], count as usize, repeat, &mut |f, v| {
+    s.coll_random(ty, argv[1], count as usize, repeat, &mut |f, v| {
         if body.len() > MAX_RANDOM_REPLY_BYTES {
             return;
         }
@@ -359,7 +378,7 @@ pub(crate) fn hrandfield(
         }
         b.bulk(f);
         if with_values {
-            b.bulk(v);
+            value(&mut b, v);
         }
         n += 1;
     })?;

@@ -104,6 +104,11 @@ pub(crate) fn timeout_arg(arg: &[u8]) -> Result<Duration, &'static str> {
     Ok(Duration::from_millis(ms as u64))
 }
 
+/// The value of a parse, or `None` after its error text went out as the reply.
+fn or_reply<T>(r: &mut Reply<'_>, parsed: Result<T, &str>) -> Option<T> {
+    parsed.map_err(|e| r.error(e)).ok()
+}
+
 /// A non-negative count (Redis's `getPositiveLongFromObjectOrReply` with its message, which
 /// a non-number gets too).
 fn positive(arg: &[u8], msg: &str) -> Result<i64, String> {
@@ -473,12 +478,8 @@ pub(crate) fn blmove(
             }
         }
     };
-    let timeout = match timeout_arg(argv[argv.len() - 1]) {
-        Ok(t) => t,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
+    let Some(timeout) = or_reply(r, timeout_arg(argv[argv.len() - 1])) else {
+        return Ok(());
     };
     match move_one(s, argv[1], argv[2], from, to)? {
         Some(v) => r.bulk(&v),
@@ -659,20 +660,45 @@ fn mpop_lists(
     Ok(false)
 }
 
-/// `LMPOP numkeys key [key ...] LEFT|RIGHT [COUNT count]`.
-pub(crate) fn lmpop(
+/// What an MPOP pops: list elements, or sorted-set members (with their scores' protocol).
+#[derive(Clone, Copy)]
+pub(crate) enum PopKind {
+    List,
+    ZSet { resp3: bool },
+}
+
+/// `LMPOP numkeys key [key ...] LEFT|RIGHT [COUNT count]`, `ZMPOP ... MIN|MAX ...`, and with
+/// `block` their blocking forms `BLMPOP`/`BZMPOP timeout numkeys ...` (the timeout is read
+/// after the rest, as Redis reads it).
+pub(crate) fn mpop(
     s: &mut dyn Engine,
     r: &mut Reply<'_>,
     argv: &[&[u8]],
+    kind: PopKind,
+    block: Option<&mut Block>,
     body: &mut Vec<u8>,
 ) -> StoreResult<()> {
-    match mpop_args(argv, 1, (b"left", b"right")) {
-        Err(e) => r.error(e),
-        Ok((keys, left, count)) => {
-            if !mpop_lists(s, r, &keys, left, count, body)? {
-                r.null_array();
-            }
-        }
+    let (ty, sides): (CollType, (&[u8], &[u8])) = match kind {
+        PopKind::List => (LIST, (b"left", b"right")),
+        PopKind::ZSet { .. } => (CollType::ZSet, (b"min", b"max")),
+    };
+    let numkeys_at = if block.is_some() { 2 } else { 1 };
+    let Some((keys, first, count)) = or_reply(r, mpop_args(argv, numkeys_at, sides)) else {
+        return Ok(());
+    };
+    let mut timeout = Duration::ZERO;
+    if block.is_some() {
+        let Some(t) = or_reply(r, timeout_arg(argv[1])) else {
+            return Ok(());
+        };
+        timeout = t;
+    }
+    let popped = match kind {
+        PopKind::List => mpop_lists(s, r, &keys, first, count, body)?,
+        PopKind::ZSet { resp3 } => mpop_zsets(s, r, &keys, first, count, resp3)?,
+    };
+    if !popped && block.is_none_or(|b| b.wait_or_time_out(ty, &keys, timeout)) {
+        r.null_array();
     }
     Ok(())
 }
@@ -685,12 +711,8 @@ pub(crate) fn bpop(
     left: bool,
     block: &mut Block,
 ) -> StoreResult<()> {
-    let timeout = match timeout_arg(argv[argv.len() - 1]) {
-        Ok(t) => t,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
+    let Some(timeout) = or_reply(r, timeout_arg(argv[argv.len() - 1])) else {
+        return Ok(());
     };
     let keys = &argv[1..argv.len() - 1];
     for k in keys {
@@ -702,35 +724,6 @@ pub(crate) fn bpop(
         }
     }
     if block.wait_or_time_out(LIST, keys, timeout) {
-        r.null_array();
-    }
-    Ok(())
-}
-
-/// `BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT count]`.
-pub(crate) fn blmpop(
-    s: &mut dyn Engine,
-    r: &mut Reply<'_>,
-    argv: &[&[u8]],
-    block: &mut Block,
-    body: &mut Vec<u8>,
-) -> StoreResult<()> {
-    let (keys, left, count) = match mpop_args(argv, 2, (b"left", b"right")) {
-        Ok(a) => a,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
-    };
-    let timeout = match timeout_arg(argv[1]) {
-        Ok(t) => t,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
-    };
-    if !mpop_lists(s, r, &keys, left, count, body)? && block.wait_or_time_out(LIST, &keys, timeout)
-    {
         r.null_array();
     }
     Ok(())
@@ -764,54 +757,6 @@ fn mpop_zsets(
     Ok(false)
 }
 
-/// `ZMPOP numkeys key [key ...] MIN|MAX [COUNT count]`.
-pub(crate) fn zmpop(
-    s: &mut dyn Engine,
-    r: &mut Reply<'_>,
-    argv: &[&[u8]],
-    resp3: bool,
-) -> StoreResult<()> {
-    match mpop_args(argv, 1, (b"min", b"max")) {
-        Err(e) => r.error(e),
-        Ok((keys, min, count)) => {
-            if !mpop_zsets(s, r, &keys, min, count, resp3)? {
-                r.null_array();
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `BZMPOP timeout numkeys key [key ...] MIN|MAX [COUNT count]`.
-pub(crate) fn bzmpop(
-    s: &mut dyn Engine,
-    r: &mut Reply<'_>,
-    argv: &[&[u8]],
-    resp3: bool,
-    block: &mut Block,
-) -> StoreResult<()> {
-    let (keys, min, count) = match mpop_args(argv, 2, (b"min", b"max")) {
-        Ok(a) => a,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
-    };
-    let timeout = match timeout_arg(argv[1]) {
-        Ok(t) => t,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
-    };
-    if !mpop_zsets(s, r, &keys, min, count, resp3)?
-        && block.wait_or_time_out(CollType::ZSet, &keys, timeout)
-    {
-        r.null_array();
-    }
-    Ok(())
-}
-
 /// `BZPOPMIN`, `BZPOPMAX key [key ...] timeout`: `[key, member, score]`.
 pub(crate) fn bzpop(
     s: &mut dyn Engine,
@@ -821,12 +766,8 @@ pub(crate) fn bzpop(
     resp3: bool,
     block: &mut Block,
 ) -> StoreResult<()> {
-    let timeout = match timeout_arg(argv[argv.len() - 1]) {
-        Ok(t) => t,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
+    let Some(timeout) = or_reply(r, timeout_arg(argv[argv.len() - 1])) else {
+        return Ok(());
     };
     let keys = &argv[1..argv.len() - 1];
     for k in keys {

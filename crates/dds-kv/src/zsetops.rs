@@ -11,7 +11,7 @@ use dds_resp::Reply;
 
 use crate::collection::{decode_score, CollType};
 use crate::engine::Engine;
-use crate::hashes::{random_count, random_one, MAX_RANDOM_REPLY_BYTES, TOO_LARGE};
+use crate::hashes::random_elements;
 use crate::store::{StoreError, StoreResult};
 use crate::zsets::{parse_score, reply_score};
 
@@ -302,57 +302,9 @@ pub(crate) fn zrandmember(
     resp3: bool,
     body: &mut Vec<u8>,
 ) -> StoreResult<()> {
-    if argv.len() == 2 {
-        return random_one(s, r, CollType::ZSet, argv[1]);
-    }
-    let (count, repeat) = match random_count(argv[2]) {
-        Ok(c) => c,
-        Err(e) => {
-            r.error(e);
-            return Ok(());
-        }
-    };
-    let with_scores = match argv.get(3) {
-        None => false,
-        Some(a) if argv.len() == 4 && a.eq_ignore_ascii_case(b"withscores") => true,
-        Some(_) => {
-            r.error("ERR syntax error");
-            return Ok(());
-        }
-    };
-    if with_scores && count > i64::MAX as u64 / 2 {
-        r.error("ERR value is out of range");
-        return Ok(());
-    }
-    body.clear();
-    let mut n = 0;
-    s.coll_random(
-        CollType::ZSet,
-        argv[1],
-        count as usize,
-        repeat,
-        &mut |m, v| {
-            if body.len() > MAX_RANDOM_REPLY_BYTES {
-                return;
-            }
-            let mut b = Reply::with_protocol(body, resp3);
-            if with_scores && resp3 {
-                b.array(2);
-            }
-            b.bulk(m);
-            if with_scores {
-                reply_score(&mut b, resp3, decode_score(v).unwrap_or(0.0));
-            }
-            n += 1;
-        },
-    )?;
-    if body.len() > MAX_RANDOM_REPLY_BYTES {
-        r.error(TOO_LARGE);
-        return Ok(());
-    }
-    r.array(if with_scores && !resp3 { 2 * n } else { n });
-    r.out_mut().extend_from_slice(body);
-    Ok(())
+    random_elements(s, r, argv, CollType::ZSet, resp3, body, &|b, v| {
+        reply_score(b, resp3, decode_score(v).unwrap_or(0.0))
+    })
 }
 
 #[cfg(test)]
