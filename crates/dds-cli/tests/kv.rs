@@ -1145,7 +1145,7 @@ fn an_expired_key_is_never_served_by_the_dpu() {
 fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let (_kv, addr) = start_kv(&["--storage", "file", "--dir", d]);
+    let (mut kv, addr) = start_kv(&["--storage", "file", "--dir", d]);
     let connect = || {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -1262,6 +1262,21 @@ fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
         info.lines().any(|l| l.trim() == "connected_clients:3"),
         "the parked client that left is closed: {info}"
     );
+    // A stop does not wait for a parked client: it is disconnected, as Redis does.
+    a.0.write_all(&cmd(&[b"BLPOP", b"never", b"0"])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    signal(kv.0.id(), "TERM");
+    let status = kv.0.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the stop waited {:?} for a parked client",
+        t.elapsed()
+    );
+    let mut rest = Vec::new();
+    let _ = a.0.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "no reply to the parked BLPOP: {rest:?}");
 }
 
 /// The element a list pop or LINDEX reads is fetched before the command runs when it is on

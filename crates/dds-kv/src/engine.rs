@@ -285,6 +285,10 @@ pub trait Engine: Send {
     fn zrem(&mut self, _key: &[u8], _member: &[u8]) -> StoreResult<bool> {
         Err(NO_COLLECTIONS)
     }
+    /// Removes a member of known score ([`Store::zrem_scored`]).
+    fn zrem_scored(&mut self, _key: &[u8], _member: &[u8], _score: f64) -> StoreResult<bool> {
+        Err(NO_COLLECTIONS)
+    }
     /// Members for which `before` holds, a prefix of the order ([`Store::zcount_before`]).
     fn zcount_before(
         &mut self,
@@ -555,6 +559,9 @@ impl Engine for Store {
     }
     fn zrem(&mut self, key: &[u8], member: &[u8]) -> StoreResult<bool> {
         Store::zrem(self, key, member)
+    }
+    fn zrem_scored(&mut self, key: &[u8], member: &[u8], score: f64) -> StoreResult<bool> {
+        Store::zrem_scored(self, key, member, score)
     }
     fn zcount_before(
         &mut self,

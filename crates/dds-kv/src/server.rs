@@ -191,6 +191,8 @@ pub struct KvService {
     /// ready keys): only their waiters are looked at.
     ready_keys: Vec<Vec<u8>>,
     next_parked_sweep: Instant,
+    /// The server stops: parked connections are closed, not woken.
+    stopping: bool,
 }
 
 impl KvService {
@@ -419,6 +421,13 @@ impl KvService {
     /// whose deadlines passed; every `PARKED_SWEEP`, closes those whose clients left (so that
     /// no element is popped for a client that is gone).
     fn wake_parked(&mut self, done: &mut Completions<'_, KvSession>) {
+        if self.stopping && !self.parked.is_empty() {
+            // As Redis at shutdown: a client still blocked is disconnected unanswered.
+            for p in self.parked.drain(..) {
+                done.close(p.conn);
+            }
+            self.parked_keys.clear();
+        }
         for (conn, error) in self.unblocks.drain(..) {
             self.unblocked.insert(conn, error);
             done.resume(conn);
@@ -1008,6 +1017,10 @@ impl Service for KvService {
         }
     }
 
+    fn draining(&mut self) {
+        self.stopping = true;
+    }
+
     fn wake_at(&self) -> Option<Instant> {
         if !self.unblocks.is_empty() || !self.yielded.is_empty() {
             return Some(Instant::now());
@@ -1132,6 +1145,7 @@ impl Server {
             parked_keys: HashMap::new(),
             ready_keys: Vec::new(),
             next_parked_sweep: Instant::now(),
+            stopping: false,
         };
         let tick = cfg.sync_interval.min(Duration::from_millis(100));
         let rt = Config {

@@ -612,8 +612,9 @@ pub(crate) fn pop_members(
     s.zrange(key, from, to, max, &mut |m, score| {
         popped.push((m.to_vec(), score))
     })?;
-    for (m, _) in &popped {
-        s.zrem(key, m)?;
+    // The scores are the order's: no record is read to remove them.
+    for (m, score) in &popped {
+        s.zrem_scored(key, m, *score)?;
     }
     Ok(popped)
 }

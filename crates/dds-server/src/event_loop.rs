@@ -401,6 +401,7 @@ impl<S: Service> Core<S> {
     fn begin_drain(&mut self, io: &mut Io) {
         self.draining = true;
         io.stop_accepting();
+        self.service.draining();
         // Connections waiting for nothing are done; the others finish what they started.
         for slot in 0..self.conns.len() {
             if let Some(c) = self.conns[slot].as_mut() {

@@ -231,6 +231,11 @@ pub trait Service {
         0
     }
 
+    /// The loop begins its drain (a stop): requests that wait for an event of their own
+    /// rather than an operation in flight (a blocking pop) may give up here; they are closed
+    /// through [`Completions`] at the next [`Service::complete`].
+    fn draining(&mut self) {}
+
     /// The loop stopped: last work (a final commit).
     fn shutdown(&mut self) {}
 }

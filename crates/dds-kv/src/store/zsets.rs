@@ -41,6 +41,18 @@ impl Store {
         Ok(true)
     }
 
+    /// Removes a member whose score the caller has from the order (ZPOPMIN, ZPOPMAX): no
+    /// record is read. Whether it was there.
+    pub fn zrem_scored(&mut self, key: &[u8], member: &[u8], score: f64) -> StoreResult<bool> {
+        if !self.element_del(ZSET, key, member)? {
+            return Ok(false);
+        }
+        if let Some(z) = self.zindex_mut(key) {
+            z.remove(score, member);
+        }
+        Ok(true)
+    }
+
     fn zindex_mut(&mut self, key: &[u8]) -> Option<&mut ZIndex> {
         self.colls
             .get_mut(record::key_hash(key))
