@@ -1279,8 +1279,9 @@ fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
     assert!(rest.is_empty(), "no reply to the parked BLPOP: {rest:?}");
 }
 
-/// The element a list pop or LINDEX reads is fetched before the command runs when it is on
-/// storage (a pending read: the loop does not wait for it), and the replies are right.
+/// The element LINDEX reads, and the first of an LRANGE, are fetched before the command runs
+/// when they are on storage (a pending read: the loop does not wait for it); pops of those
+/// elements answer them right.
 #[test]
 fn list_elements_on_storage_are_read_ahead() {
     let dir = tempfile::tempdir().unwrap();
@@ -1325,21 +1326,36 @@ fn list_elements_on_storage_are_read_ahead() {
     let blocking = info(&mut s, &mut b, "storage_reads_blocking");
     let ahead = info(&mut s, &mut b, "storage_reads_fetched_ahead");
     for i in 0..50u32 {
-        s.write_all(&cmd(&[b"LINDEX", b"q", b"0"])).unwrap();
-        let v = value(i);
+        let at = (i * 7).to_string();
+        s.write_all(&cmd(&[b"LINDEX", b"q", at.as_bytes()]))
+            .unwrap();
+        let v = value(i * 7);
         let want = format!("${}\r\n{v}\r\n", v.len());
-        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LINDEX {i}");
-        s.write_all(&cmd(&[b"LPOP", b"q"])).unwrap();
-        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LPOP {i}");
+        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LINDEX {at}");
     }
+    s.write_all(&cmd(&[b"LRANGE", b"q", b"400", b"402"]))
+        .unwrap();
+    let want: Vec<u8> = (400..403u32).fold(b"*3\r\n".to_vec(), |mut w, i| {
+        let v = value(i);
+        w.extend(format!("${}\r\n{v}\r\n", v.len()).bytes());
+        w
+    });
+    assert_eq!(read_reply(&mut s, &mut b), want, "LRANGE 400 402");
     let ahead_now = info(&mut s, &mut b, "storage_reads_fetched_ahead");
     assert!(
-        ahead_now >= ahead + 50,
-        "the head's records were read ahead: {ahead} -> {ahead_now}"
+        ahead_now >= ahead + 53,
+        "the elements' records were read ahead: {ahead} -> {ahead_now}"
     );
     assert_eq!(
         info(&mut s, &mut b, "storage_reads_blocking"),
         blocking,
         "no list read waited for storage inside the loop"
     );
+    // Pops read their element while they run, and answer it.
+    for i in 0..3u32 {
+        s.write_all(&cmd(&[b"LPOP", b"q"])).unwrap();
+        let v = value(i);
+        let want = format!("${}\r\n{v}\r\n", v.len());
+        assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LPOP {i}");
+    }
 }
