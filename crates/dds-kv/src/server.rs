@@ -529,20 +529,6 @@ impl KvService {
         self.ready_keys.iter().any(|k| has_elements(store, k))
     }
 
-    /// A command ran to its end: the keys it may have written that have parked connections
-    /// are ready keys (looked at before the loop's next turn).
-    fn note_ready_keys(&mut self, argv: &[&[u8]]) {
-        if self.parked_keys.is_empty() {
-            return;
-        }
-        let (parked_keys, ready) = (&self.parked_keys, &mut self.ready_keys);
-        crate::offload::for_write_keys(argv.iter().copied(), |k| {
-            if parked_keys.contains_key(&record::key_hash(k)) && !ready.iter().any(|r| r == k) {
-                ready.push(k.to_vec());
-            }
-        });
-    }
-
     /// Parks connection `id` for the wait its command asked for.
     fn park(&mut self, id: ConnId, s: &mut KvSession, wait: crate::lists::Wait) {
         if s.parked.is_none() {
@@ -664,21 +650,27 @@ impl KvService {
         self.watch_dirty.remove(&id);
     }
 
-    /// A command ran to its end: the connections watching a key it may have written are
-    /// marked (a superset of the keys it changed: the director's list of written keys; FLUSHDB
-    /// and FLUSHALL every key).
+    /// A command ran to its end; in one walk of the keys it may have written (the director's
+    /// list of written keys: a superset of the keys it changed):
+    /// - the connections watching one are marked (FLUSHDB and FLUSHALL mark every watcher);
+    /// - one that parked connections wait for becomes a ready key (looked at before the
+    ///   loop's next turn).
     fn note_writes(&mut self, argv: &[&[u8]]) {
-        if self.watchers.is_empty() {
+        if self.watchers.is_empty() && self.parked_keys.is_empty() {
             return;
         }
         let (watchers, dirty) = (&self.watchers, &mut self.watch_dirty);
+        let (parked_keys, ready) = (&self.parked_keys, &mut self.ready_keys);
         if argv[0].eq_ignore_ascii_case(b"flushall") || argv[0].eq_ignore_ascii_case(b"flushdb") {
             dirty.extend(watchers.values().flatten().copied());
-            return;
         }
         crate::offload::for_write_keys(argv.iter().copied(), |k| {
-            if let Some(v) = watchers.get(&record::key_hash(k)) {
+            let h = record::key_hash(k);
+            if let Some(v) = watchers.get(&h) {
                 dirty.extend(v.iter().copied());
+            }
+            if parked_keys.contains_key(&h) && !ready.iter().any(|r| r == k) {
+                ready.push(k.to_vec());
             }
         });
     }
@@ -707,7 +699,6 @@ impl KvService {
         self.info.block.resumed = None;
         if self.info.block.wait.is_none() {
             self.note_writes(argv);
-            self.note_ready_keys(argv);
         }
         if self.info.keys_walked.take().is_some() {
             std::mem::swap(&mut self.info.list_buf, &mut s.walk_body);
