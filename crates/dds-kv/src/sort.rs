@@ -10,14 +10,18 @@ use crate::collection::CollType;
 use crate::engine::Engine;
 use crate::store::{StoreError, StoreResult};
 
-/// A number as C's `strtod` reads a whole string, as SORT does: leading spaces skipped, the
-/// empty string 0, `inf` and hexadecimal read; trailing bytes or NaN are not a number.
+/// A number as SORT reads a weight with C's `strtod` (Redis's `sortCommandGeneric`): the
+/// value is a C string (it ends at its first NUL); the empty string is 0; otherwise leading
+/// spaces are skipped and the rest must be one number (`inf` and hexadecimal too). No
+/// number at all (only spaces), trailing bytes, NaN, and a result out of range (an overflow
+/// to infinity, an underflow to zero or a subnormal: `ERANGE`) are errors.
 fn sort_score(b: &[u8]) -> Option<f64> {
-    let t = std::str::from_utf8(b).ok()?.trim_start();
-    if t.is_empty() {
+    let b = &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())];
+    if b.is_empty() {
         return Some(0.0);
     }
-    let (neg, body) = match t.as_bytes()[0] {
+    let t = std::str::from_utf8(b).ok()?.trim_start();
+    let (neg, body) = match t.as_bytes().first()? {
         b'-' => (true, &t[1..]),
         b'+' => (false, &t[1..]),
         _ => (false, t),
@@ -35,7 +39,16 @@ fn sort_score(b: &[u8]) -> Option<f64> {
     {
         return None;
     } else {
-        body.parse::<f64>().ok()?
+        let v = body.parse::<f64>().ok()?;
+        let nonzero_digit = body
+            .split(['e', 'E'])
+            .next()
+            .is_some_and(|m| m.bytes().any(|c| matches!(c, b'1'..=b'9')));
+        if v.is_infinite() || (v.abs() < f64::MIN_POSITIVE && nonzero_digit) {
+            // ERANGE: overflow, or underflow to zero or a subnormal.
+            return None;
+        }
+        v
     };
     let v = if neg { -v } else { v };
     (!v.is_nan()).then_some(v)
@@ -270,5 +283,13 @@ mod tests {
         assert_eq!(sort_score(b"3 "), None);
         assert_eq!(sort_score(b"nan"), None);
         assert_eq!(sort_score(b"abc"), None);
+        // Only spaces: no number (strtod converts nothing); a NUL ends the string.
+        assert_eq!(sort_score(b"  "), None);
+        assert_eq!(sort_score(b"5\0junk"), Some(5.0));
+        assert_eq!(sort_score(b"\0junk"), Some(0.0));
+        // Out of range.
+        assert_eq!(sort_score(b"1e400"), None);
+        assert_eq!(sort_score(b"1e-400"), None);
+        assert_eq!(sort_score(b"0e5"), Some(0.0));
     }
 }
