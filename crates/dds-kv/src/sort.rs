@@ -3,6 +3,8 @@
 //! `BY hash_*->field`), numerically or by bytes (ALPHA), cut by LIMIT, each replaced by the
 //! values GET patterns name (`#`: the element), answered or stored as a list (STORE).
 
+use std::cmp::Ordering;
+
 use dds_resp::session::int_arg;
 use dds_resp::Reply;
 
@@ -120,6 +122,146 @@ fn elements(s: &mut dyn Engine, key: &[u8]) -> StoreResult<(Option<CollType>, Ve
     Ok((ty, out))
 }
 
+/// A byte string as a C function reads it: up to its first NUL.
+fn c_string(b: &[u8]) -> &[u8] {
+    &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]
+}
+
+/// Redis's partial quicksort (`pqsort.c`: Bentley and McIlroy's quicksort, "Engineering a
+/// Sort Function", that leaves unsorted the parts outside positions `lo..=hi`). SORT with BY
+/// and LIMIT orders with it, so elements whose weights compare equal come out in the order it
+/// leaves them; the same steps give the same order.
+fn pqsort<T>(v: &mut [T], lo: i64, hi: i64, cmp: &mut impl FnMut(&T, &T) -> Ordering) {
+    pq_part(v, 0, v.len(), lo, hi, cmp);
+}
+
+/// Whether `v[at..at + n]` holds none of positions `lo..=hi`.
+fn outside(at: usize, n: usize, lo: i64, hi: i64) -> bool {
+    let (s, e) = (at as i64, (at + n) as i64);
+    (lo < s && hi < s) || (lo >= e && hi >= e)
+}
+
+/// Of three positions, the one holding the median.
+fn med3<T>(
+    v: &[T],
+    a: usize,
+    b: usize,
+    c: usize,
+    cmp: &mut impl FnMut(&T, &T) -> Ordering,
+) -> usize {
+    if cmp(&v[a], &v[b]) == Ordering::Less {
+        if cmp(&v[b], &v[c]) == Ordering::Less {
+            b
+        } else if cmp(&v[a], &v[c]) == Ordering::Less {
+            c
+        } else {
+            a
+        }
+    } else if cmp(&v[b], &v[c]) == Ordering::Greater {
+        b
+    } else if cmp(&v[a], &v[c]) == Ordering::Less {
+        a
+    } else {
+        c
+    }
+}
+
+/// Sorts `v[at..at + n]` as far as positions `lo..=hi` need.
+fn pq_part<T>(
+    v: &mut [T],
+    mut at: usize,
+    mut n: usize,
+    lo: i64,
+    hi: i64,
+    cmp: &mut impl FnMut(&T, &T) -> Ordering,
+) {
+    loop {
+        if n < 7 {
+            // Insertion sort.
+            for m in at + 1..at + n {
+                let mut l = m;
+                while l > at && cmp(&v[l - 1], &v[l]) == Ordering::Greater {
+                    v.swap(l, l - 1);
+                    l -= 1;
+                }
+            }
+            return;
+        }
+        // The pivot: the middle, the median of three, or of three medians of three.
+        let mut pm = at + n / 2;
+        if n > 7 {
+            let (mut pl, mut pn) = (at, at + n - 1);
+            if n > 40 {
+                let d = n / 8;
+                pl = med3(v, pl, pl + d, pl + 2 * d, cmp);
+                pm = med3(v, pm - d, pm, pm + d, cmp);
+                pn = med3(v, pn - 2 * d, pn - d, pn, cmp);
+            }
+            pm = med3(v, pl, pm, pn, cmp);
+        }
+        v.swap(at, pm);
+        // Split into: equal to the pivot | less | greater | equal, the equal ones gathered
+        // at both ends.
+        let (mut pa, mut pb) = (at + 1, at + 1);
+        let (mut pc, mut pd) = (at + n - 1, at + n - 1);
+        loop {
+            while pb <= pc {
+                let c = cmp(&v[pb], &v[at]);
+                if c == Ordering::Greater {
+                    break;
+                }
+                if c == Ordering::Equal {
+                    v.swap(pa, pb);
+                    pa += 1;
+                }
+                pb += 1;
+            }
+            while pb <= pc {
+                let c = cmp(&v[pc], &v[at]);
+                if c == Ordering::Less {
+                    break;
+                }
+                if c == Ordering::Equal {
+                    v.swap(pc, pd);
+                    pd -= 1;
+                }
+                pc -= 1;
+            }
+            if pb > pc {
+                break;
+            }
+            v.swap(pb, pc);
+            pb += 1;
+            pc -= 1;
+        }
+        // The equal ones to the middle.
+        let pn = at + n;
+        let r = (pa - at).min(pb - pa);
+        for k in 0..r {
+            v.swap(at + k, pb - r + k);
+        }
+        let r = (pd - pc).min(pn - pd - 1);
+        for k in 0..r {
+            v.swap(pb + k, pn - r + k);
+        }
+        // The less part (recursively), then the greater part (in this loop), each only when
+        // it holds a wanted position.
+        let r = pb - pa;
+        if r > 1 && !outside(at, r, lo, hi) {
+            pq_part(v, at, r, lo, hi, cmp);
+        }
+        let r = pd - pc;
+        if r <= 1 {
+            return;
+        }
+        at = pn - r;
+        n = r;
+        if outside(at, n, lo, hi) {
+            return;
+        }
+    }
+}
+
 /// `SORT key [BY pattern] [LIMIT offset count] [GET pattern ...] [ASC|DESC] [ALPHA]
 /// [STORE destination]`, and `SORT_RO` (no STORE).
 pub(crate) fn sort(
@@ -213,12 +355,19 @@ pub(crate) fn sort(
             };
             keyed.push((e, score, bytes));
         }
-        keyed.sort_by(|a, b| {
+        let store_cmp = store.is_some();
+        let mut cmp = |a: &(Vec<u8>, f64, Option<Vec<u8>>), b: &(Vec<u8>, f64, Option<Vec<u8>>)| {
             let c = if alpha {
-                // By bytes; a missing weight first.
-                a.2.cmp(&b.2)
+                // By bytes, a missing weight first. Without STORE Redis compares the weights
+                // with strcoll (C strings: up to a NUL), with STORE as binary strings.
+                match (&a.2, &b.2) {
+                    (Some(x), Some(y)) if by.is_some() && !store_cmp => {
+                        c_string(x).cmp(c_string(y))
+                    }
+                    (x, y) => x.cmp(y),
+                }
             } else {
-                // By number, equal numbers by the elements' bytes (a stable order).
+                // By number, equal numbers by the elements' bytes (a total order).
                 a.1.partial_cmp(&b.1)
                     .unwrap_or(std::cmp::Ordering::Equal)
                     .then_with(|| a.0.cmp(&b.0))
@@ -228,7 +377,15 @@ pub(crate) fn sort(
             } else {
                 c
             }
-        });
+        };
+        if by.is_some() && (start != 0 || end != len - 1) {
+            // Only a part is wanted: Redis's partial quicksort, whose order of equal ALPHA
+            // weights is its own (not stable), so it is the one to follow.
+            pqsort(&mut keyed, start, end, &mut cmp);
+        } else {
+            // The C library's qsort is a stable merge sort.
+            keyed.sort_by(cmp);
+        }
         elems = keyed.into_iter().map(|k| k.0).collect();
     }
     let picked: &[Vec<u8>] = if start <= end && end >= 0 {
@@ -291,5 +448,59 @@ mod tests {
         assert_eq!(sort_score(b"1e400"), None);
         assert_eq!(sort_score(b"1e-400"), None);
         assert_eq!(sort_score(b"0e5"), Some(0.0));
+    }
+    #[test]
+    fn the_partial_sort_orders_the_wanted_part() {
+        // Against a full sort on many inputs and ranges: the wanted positions agree.
+        let mut seed = 7u64;
+        for n in 0..120usize {
+            for _ in 0..8 {
+                let v: Vec<u32> = (0..n)
+                    .map(|_| {
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        ((seed >> 33) % 50) as u32
+                    })
+                    .collect();
+                let mut full = v.clone();
+                full.sort();
+                let lo = (seed >> 20) as usize % (n + 1);
+                let hi = (lo + (seed >> 40) as usize % 5).min(n.saturating_sub(1));
+                let mut part = v.clone();
+                pqsort(&mut part, lo as i64, hi as i64, &mut |a: &u32, b: &u32| {
+                    a.cmp(b)
+                });
+                if lo <= hi && hi < n {
+                    assert_eq!(part[lo..=hi], full[lo..=hi], "n {n} lo {lo} hi {hi}");
+                }
+                part.sort();
+                assert_eq!(part, full, "a permutation");
+            }
+        }
+    }
+
+    #[test]
+    fn the_partial_sort_leaves_ties_where_redis_leaves_them() {
+        // Elements 0..=11 weighted b a b a c a b a a c b a: what redis-server 7.0 answers to
+        // SORT BY ALPHA LIMIT 0 4 (a stable sort would answer 1 3 5 7), and to LIMIT 2 3 DESC.
+        let w = b"babacabaacba";
+        let v: Vec<(u8, u8)> = (0..12u8).map(|i| (i, w[i as usize])).collect();
+        let mut part = v.clone();
+        pqsort(&mut part, 0, 3, &mut |a: &(u8, u8), b: &(u8, u8)| {
+            a.1.cmp(&b.1)
+        });
+        assert_eq!(
+            part[..4].iter().map(|e| e.0).collect::<Vec<_>>(),
+            [1, 7, 8, 3]
+        );
+        let mut part = v.clone();
+        pqsort(&mut part, 2, 4, &mut |a: &(u8, u8), b: &(u8, u8)| {
+            b.1.cmp(&a.1)
+        });
+        assert_eq!(
+            part[2..5].iter().map(|e| e.0).collect::<Vec<_>>(),
+            [0, 2, 6]
+        );
     }
 }
