@@ -144,6 +144,45 @@ pub fn decode_composite(c: &[u8]) -> Option<Composite<'_>> {
     })
 }
 
+/// Longest element cache key (collection key and sub-key, with their 2-byte length): an
+/// element whose key is longer is never cached on the DPU (the director's request head
+/// could not hold a command naming it anyway).
+pub const MAX_CACHED_ELEMENT_KEY: usize = 128;
+
+/// Seed of the element cache hash: element entries and string keys hash apart.
+const ELEMENT_SEED: u64 = 0x4444_534B_5645_4C54;
+
+/// The DPU cache key of element `sub` of collection `key` (`docs/kv-service.md` §4.1): the
+/// 128-bit seeded XXH3 of `k` (2 bytes, little-endian) ‖ key ‖ sub, without the version, so
+/// that the director can name it from a command alone. `None` when longer than
+/// [`MAX_CACHED_ELEMENT_KEY`] (never cached, so never invalidated).
+pub fn element_cache_hash(key: &[u8], sub: &[u8]) -> Option<(u64, u64)> {
+    let n = 2 + key.len() + sub.len();
+    if n > MAX_CACHED_ELEMENT_KEY {
+        return None;
+    }
+    let mut b = [0u8; MAX_CACHED_ELEMENT_KEY];
+    b[..2].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    b[2..2 + key.len()].copy_from_slice(key);
+    b[2 + key.len()..n].copy_from_slice(sub);
+    let h = xxhash_rust::xxh3::xxh3_128_with_seed(&b[..n], ELEMENT_SEED);
+    Some((h as u64, (h >> 64) as u64))
+}
+
+/// Versions below this fit a DPU cache tag beside the type (8 bits above 56 of version).
+pub const TAG_VERSION_LIMIT: u64 = 1 << 56;
+
+/// The cache tag of a collection's metadata entry: its type in the top byte, its version
+/// below; `None` for a version too large to fit (never met: 2^56 records).
+pub fn meta_tag(meta: Meta) -> Option<u64> {
+    (meta.version < TAG_VERSION_LIMIT).then(|| (meta.ty.code() as u64) << 56 | meta.version)
+}
+
+/// The version a metadata entry's tag holds for a collection of type `ty`.
+pub fn tag_version(tag: u64, ty: CollType) -> Option<u64> {
+    (tag >> 56 == ty.code() as u64).then_some(tag & (TAG_VERSION_LIMIT - 1))
+}
+
 /// A list position as its 8-byte sub-key: big-endian, biased by 2^63, so that byte order
 /// is position order.
 pub fn encode_position(pos: i64) -> [u8; 8] {

@@ -4,8 +4,11 @@
 //! request head and whose key the cache table holds (tag = the key's second hash word) is read
 //! on the DPU: the whole log record, checked against the requested key by the response
 //! builder, which moves the value to the front and writes `$<len>\r\n` in front of it.
-//! Every write command invalidates its keys before the host sees it; cache-on-write learns
-//! the value records of every log write.
+//! `HGET`, `SISMEMBER` and `ZSCORE` of an element are served the same way when the cache
+//! table knows the collection's live version (its metadata entry) and the element (an entry
+//! tagged with that version: `docs/kv-service.md` §4.1). Every write command invalidates its
+//! keys, or the elements it names, before the host sees it; cache-on-write learns the value,
+//! metadata and element records of every log write.
 
 use dds_cache::CacheItem;
 use dds_offload_api::{
@@ -14,6 +17,7 @@ use dds_offload_api::{
 };
 use dds_resp::{args, frame_command, frame_reply, unquote_word, Limits};
 
+use crate::collection::{self, CollType};
 use crate::record::{self, FLAG_SUPERSEDED, KIND_VALUE};
 
 /// Most keys one forwarded write may name (the server refuses larger multi-key writes when
@@ -86,6 +90,75 @@ fn get_key(msg: &[u8]) -> Option<&[u8]> {
     Some(key)
 }
 
+/// A read of one element of a collection that the DPU serves (§4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ElementRead {
+    /// `HGET key field`: the field's value.
+    HGet,
+    /// `SISMEMBER key member`: `:1` (a miss goes to the host, which answers `:0`).
+    SIsMember,
+    /// `ZSCORE key member`: the member's score as a bulk string (RESP2).
+    ZScore,
+}
+
+impl ElementRead {
+    fn coll_type(self) -> CollType {
+        match self {
+            ElementRead::HGet => CollType::Hash,
+            ElementRead::SIsMember => CollType::Set,
+            ElementRead::ZScore => CollType::ZSet,
+        }
+    }
+}
+
+/// The element read of `msg`, if it is exactly `HGET key field`, `SISMEMBER key member` or
+/// `ZSCORE key member` (not an inline command with quotes, which goes to the host).
+fn element_read(msg: &[u8]) -> Option<(ElementRead, &[u8], &[u8])> {
+    let mut a = args(msg);
+    if a.quoted() {
+        return None;
+    }
+    let cmd = a.next()?;
+    let what = if cmd.eq_ignore_ascii_case(b"HGET") {
+        ElementRead::HGet
+    } else if cmd.eq_ignore_ascii_case(b"SISMEMBER") {
+        ElementRead::SIsMember
+    } else if cmd.eq_ignore_ascii_case(b"ZSCORE") {
+        ElementRead::ZScore
+    } else {
+        return None;
+    };
+    let (key, sub) = (a.next()?, a.next()?);
+    if a.next().is_some() {
+        return None;
+    }
+    Some((what, key, sub))
+}
+
+/// Where the cache table has element `sub` of `key`'s collection of type `ty` (§4.1): the
+/// key's metadata entry gives the live version (and the type), the element's entry must
+/// carry that version in its tag. A set member's read is 0 bytes: its entry is the answer.
+fn cached_element(
+    cache: &CacheView<'_>,
+    what: ElementRead,
+    key: &[u8],
+    sub: &[u8],
+) -> Option<ReadOp> {
+    let meta = cache.get(record::key_hash(key).0)?;
+    let version = collection::tag_version(meta.tag, what.coll_type())?;
+    let (e1, e2) = collection::element_cache_hash(key, sub)?;
+    let it = cache.get(e1).filter(|it| it.tag == e2 ^ version)?;
+    Some(ReadOp {
+        file_id: it.file_id,
+        size: if what == ElementRead::SIsMember {
+            0
+        } else {
+            it.size
+        },
+        offset: it.offset,
+    })
+}
+
 /// Most keys of an MGET split between the DPU and the host (larger MGETs go to the host).
 pub const MAX_MGET_SPLIT: usize = 64;
 
@@ -155,7 +228,10 @@ fn cached(cache: &CacheView<'_>, key: &[u8]) -> Option<ReadOp> {
 /// Pushes the hashes of the keys a command's words (`words`: name first) may modify, each
 /// once when the list would fill (a command may name one key many times: the host counts
 /// distinct keys against [`MAX_WRITE_KEYS`], and refuses a write of more).
-fn push_write_keys<'a>(words: impl Iterator<Item = &'a [u8]>, keys: &mut KeyList) {
+fn push_write_keys<'a>(words: impl Iterator<Item = &'a [u8]> + Clone, keys: &mut KeyList) {
+    if push_element_writes(words.clone(), keys) {
+        return;
+    }
     for_write_keys(words, |k| {
         if keys.len() + 1 >= keys.capacity() {
             // Sorted and deduplicated in place: no allocation.
@@ -174,6 +250,83 @@ fn push_write_keys<'a>(words: impl Iterator<Item = &'a [u8]>, keys: &mut KeyList
             let _ = keys.push(record::key_hash(k).0);
         }
     });
+}
+
+/// A command that writes elements it names of one collection (HSET, SADD, ZADD, ...: §4.1):
+/// pushes their element cache keys, and not the collection's key, whose metadata entry stays
+/// (every other element stays served on the DPU). `false` when `words` are no such command,
+/// or name more elements than the list has room for (the caller then names the collection
+/// key, which stops the DPU serving any element of it until its metadata is cached again).
+fn push_element_writes<'a>(
+    mut words: impl Iterator<Item = &'a [u8]> + Clone,
+    keys: &mut KeyList,
+) -> bool {
+    let Some(cmd) = words.next() else {
+        return false;
+    };
+    let is = |l: &[&str]| l.iter().any(|c| cmd.eq_ignore_ascii_case(c.as_bytes()));
+    // The arguments after the name: the sub-keys from `first` on, every `step`-th (0: one).
+    let (first, step) = if is(&["HSET", "HMSET"]) {
+        (1, 2)
+    } else if is(&["HSETNX", "HINCRBY", "HINCRBYFLOAT"]) {
+        (1, 0)
+    } else if is(&["HDEL", "SADD", "SREM", "ZREM"]) {
+        (1, 1)
+    } else if is(&["ZINCRBY"]) {
+        (2, 0)
+    } else if is(&["ZADD"]) {
+        // Options first (as Redis reads them), then score-member pairs.
+        let opts = words
+            .clone()
+            .skip(1)
+            .take_while(|w| {
+                ["NX", "XX", "GT", "LT", "CH", "INCR"]
+                    .iter()
+                    .any(|o| w.eq_ignore_ascii_case(o.as_bytes()))
+            })
+            .count();
+        (2 + opts, 2)
+    } else if is(&["SMOVE"]) {
+        // The member leaves the source and joins the destination.
+        let mut a = words;
+        let (Some(src), Some(dst), Some(m)) = (a.next(), a.next(), a.next()) else {
+            return false;
+        };
+        if keys.len() + 3 >= keys.capacity() {
+            return false;
+        }
+        for k in [src, dst] {
+            if let Some(h) = collection::element_cache_hash(k, m) {
+                let _ = keys.push(h.0);
+            }
+        }
+        return true;
+    } else {
+        return false;
+    };
+    let Some(key) = words.next() else {
+        return false;
+    };
+    let subs = words
+        .enumerate()
+        .map(|(i, w)| (i + 1, w))
+        .filter(move |&(i, _)| {
+            if step == 0 {
+                i == first
+            } else {
+                i >= first && (i - first) % step == 0
+            }
+        })
+        .map(|(_, w)| w);
+    if keys.len() + subs.clone().count() + 1 >= keys.capacity() {
+        return false;
+    }
+    for sub in subs {
+        if let Some(h) = collection::element_cache_hash(key, sub) {
+            let _ = keys.push(h.0);
+        }
+    }
+    true
 }
 
 /// Calls `f` with every key a command's words (`words`: name first) may modify, as the
@@ -303,6 +456,85 @@ fn write_keys(cmd: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
+/// Writes `text` at the end of the header room as the whole response.
+fn header_only(room: &mut [u8], text: &[u8]) -> ResponseLayout {
+    let at = room.len() - text.len();
+    room[at..].copy_from_slice(text);
+    ResponseLayout {
+        header_len: text.len() as u32,
+        total_len: text.len() as u32,
+    }
+}
+
+/// The DPU's reply to an element read (§4.1): the element record read is checked (an element
+/// record, not superseded, of this key and sub-key) and its value answered.
+fn element_response(
+    what: ElementRead,
+    key: &[u8],
+    sub: &[u8],
+    op: &ReadOp,
+    result: ReadResult,
+    room: &mut [u8],
+    data: &mut [u8],
+) -> Result<ResponseLayout, Malformed> {
+    if what == ElementRead::SIsMember {
+        // The member's cache entry is the answer; nothing was read.
+        return Ok(header_only(room, b":1\r\n"));
+    }
+    let n = match result {
+        Ok(n) if n == op.size => n as usize,
+        _ => {
+            return Ok(header_only(
+                room,
+                b"-ERR DPU read of the record failed, retry\r\n",
+            ))
+        }
+    };
+    let ok = record::decode_header(&data[..n]).filter(|h| {
+        h.kind == collection::KIND_ELEMENT
+            && h.len() == n
+            && h.flags & FLAG_SUPERSEDED == 0
+            && collection::decode_composite(&data[h.key_range()])
+                .is_some_and(|c| c.key == key && c.sub == sub)
+    });
+    let Some(h) = ok else {
+        // The record's space was reused while the read was in flight.
+        return Ok(header_only(room, b"-TRYAGAIN record moved, retry\r\n"));
+    };
+    let v = h.value_range();
+    if what == ElementRead::ZScore {
+        let Some(score) = collection::decode_score(&data[v]) else {
+            return Ok(header_only(room, b"-TRYAGAIN record moved, retry\r\n"));
+        };
+        let t = crate::zsets::ScoreText::new(score);
+        let t = t.as_bytes();
+        let mut hdr = [0u8; 24];
+        let hl = dds_resp::bulk_header_into(t.len(), &mut hdr);
+        let mut text = [0u8; 64];
+        text[..hl].copy_from_slice(&hdr[..hl]);
+        text[hl..hl + t.len()].copy_from_slice(t);
+        text[hl + t.len()..hl + t.len() + 2].copy_from_slice(b"\r\n");
+        return Ok(header_only(room, &text[..hl + t.len() + 2]));
+    }
+    Ok(bulk_in_place(v, room, data))
+}
+
+/// Moves the value at `v` of the data buffer to its front as a bulk string reply, its
+/// header at the end of the room.
+fn bulk_in_place(v: std::ops::Range<usize>, room: &mut [u8], data: &mut [u8]) -> ResponseLayout {
+    let vlen = v.len();
+    data.copy_within(v, 0);
+    data[vlen..vlen + 2].copy_from_slice(b"\r\n");
+    let mut hdr = [0u8; 24];
+    let hl = dds_resp::bulk_header_into(vlen, &mut hdr);
+    let at = room.len() - hl;
+    room[at..].copy_from_slice(&hdr[..hl]);
+    ResponseLayout {
+        header_len: hl as u32,
+        total_len: (hl + vlen + 2) as u32,
+    }
+}
+
 impl OffloadApp for RedisApp {
     fn name(&self) -> &str {
         "redis"
@@ -392,6 +624,14 @@ impl OffloadApp for RedisApp {
                 };
                 return list.push(whole).map_err(|_| full);
             }
+            if let Some((what, k, sub)) = element_read(msg) {
+                let list = if cached_element(cache, what, k, sub).is_some() {
+                    dpu
+                } else {
+                    host
+                };
+                return list.push(whole).map_err(|_| full);
+            }
         }
         // An MGET is split when some of its keys are cached: request 0 is the array header
         // (built on the DPU), requests 1.. the keys, each to the DPU or the host.
@@ -444,6 +684,12 @@ impl OffloadApp for RedisApp {
             // The array header of a split MGET: no read.
             return Offload::Read(ReadOp::default());
         }
+        if let Some((what, k, sub)) = element_read(part) {
+            return match cached_element(cache, what, k, sub) {
+                Some(op) => Offload::Read(op),
+                None => Offload::Host,
+            };
+        }
         match head_key(part).and_then(|k| cached(cache, k)) {
             Some(op) => Offload::Read(op),
             None => Offload::Host,
@@ -466,6 +712,9 @@ impl OffloadApp for RedisApp {
                 total_len: text.len() as u32,
             })
         };
+        if let Some((what, key, sub)) = element_read(req_head) {
+            return element_response(what, key, sub, op, result, room, data);
+        }
         if op.size == 0 {
             // The array header of a split MGET: `*<keys>`.
             let nl = req_head
@@ -501,18 +750,7 @@ impl OffloadApp for RedisApp {
             // The record's space was reused while the read was in flight.
             _ => return fail(room, b"-TRYAGAIN record moved, retry\r\n"),
         };
-        let v = h.value_range();
-        let vlen = v.len();
-        data.copy_within(v, 0);
-        data[vlen..vlen + 2].copy_from_slice(b"\r\n");
-        let mut hdr = [0u8; 24];
-        let hl = dds_resp::bulk_header_into(vlen, &mut hdr);
-        let at = room.len() - hl;
-        room[at..].copy_from_slice(&hdr[..hl]);
-        Ok(ResponseLayout {
-            header_len: hl as u32,
-            total_len: (hl + vlen + 2) as u32,
-        })
+        Ok(bulk_in_place(h.value_range(), room, data))
     }
 
     fn build_host_message(
@@ -558,6 +796,7 @@ impl OffloadApp for RedisApp {
         Some(Box::new(RedisSession {
             max_response: self.max_response,
             in_multi: false,
+            hello: false,
         }))
     }
 
@@ -587,13 +826,33 @@ impl OffloadApp for RedisApp {
 
     fn cache_on_write(&self, file_id: u32, offset: u64, data: &[u8], items: &mut ItemList) {
         for (at, h) in record::scan(data) {
-            if h.kind != KIND_VALUE || h.flags & FLAG_SUPERSEDED != 0 || h.expire_ms != 0 {
+            if h.flags & FLAG_SUPERSEDED != 0 || h.expire_ms != 0 {
                 continue;
             }
-            let (h1, h2) =
-                record::key_hash(&data[at + h.key_range().start..at + h.key_range().end]);
-            let mut it = CacheItem::new(h1, 0, file_id, offset + at as u64, h.len() as u32);
-            it.tag = h2;
+            let key = &data[at + h.key_range().start..at + h.key_range().end];
+            // What the entry is keyed by, and its tag (§4, §4.1).
+            let (k, tag) = match h.kind {
+                KIND_VALUE => record::key_hash(key),
+                collection::KIND_META => {
+                    let v = &data[at + h.value_range().start..at + h.value_range().end];
+                    match collection::decode_meta(v).and_then(collection::meta_tag) {
+                        Some(tag) => (record::key_hash(key).0, tag),
+                        None => continue,
+                    }
+                }
+                collection::KIND_ELEMENT => {
+                    let Some(c) = collection::decode_composite(key) else {
+                        continue;
+                    };
+                    match collection::element_cache_hash(c.key, c.sub) {
+                        Some((e1, e2)) => (e1, e2 ^ c.version),
+                        None => continue,
+                    }
+                }
+                _ => continue,
+            };
+            let mut it = CacheItem::new(k, 0, file_id, offset + at as u64, h.len() as u32);
+            it.tag = tag;
             if items.push(it).is_err() {
                 return;
             }
@@ -614,6 +873,9 @@ impl OffloadApp for RedisApp {
 struct RedisSession {
     max_response: usize,
     in_multi: bool,
+    /// The client sent HELLO (it may speak RESP3, where a score is a double, not the bulk
+    /// string the DPU answers): its ZSCOREs go to the host.
+    hello: bool,
 }
 
 /// The command name of a message (its first word, quotes of an inline command taken off).
@@ -665,6 +927,9 @@ impl Session for RedisSession {
         if self.in_multi {
             return Offload::Host;
         }
+        if self.hello && command_name(msg).eq_ignore_ascii_case(b"ZSCORE") {
+            return Offload::Host;
+        }
         app.offload_function(msg, req, cache)
     }
 
@@ -676,6 +941,8 @@ impl Session for RedisSession {
                 self.in_multi = true;
             } else if name.eq_ignore_ascii_case(b"EXEC") || name.eq_ignore_ascii_case(b"DISCARD") {
                 self.in_multi = false;
+            } else if name.eq_ignore_ascii_case(b"HELLO") {
+                self.hello = true;
             }
         }
         Ok(true)
@@ -746,6 +1013,203 @@ mod tests {
                 .unwrap();
             assert_eq!((host.len(), dpu.len()), (1, 0));
         }
+    }
+
+    /// A log write of a collection's metadata record (version `version`) and its elements.
+    fn collection_page(
+        ty: CollType,
+        key: &[u8],
+        version: u64,
+        elems: &[(&[u8], &[u8])],
+    ) -> Vec<u8> {
+        use crate::collection::{composite_len, encode_composite, encode_meta, Meta};
+        let mut page = vec![0u8; 1024];
+        let meta = encode_meta(Meta { ty, version });
+        let mut at = record::record_len(key.len(), meta.len());
+        record::encode(
+            &mut page[..at],
+            collection::KIND_META,
+            key,
+            &meta,
+            version,
+            0,
+        );
+        for (i, (sub, v)) in elems.iter().enumerate() {
+            let mut ck = vec![0u8; composite_len(key.len(), sub.len())];
+            encode_composite(&mut ck, key, version, sub);
+            let l = record::record_len(ck.len(), v.len());
+            record::encode(
+                &mut page[at..at + l],
+                collection::KIND_ELEMENT,
+                &ck,
+                v,
+                version + 1 + i as u64,
+                0,
+            );
+            at += l;
+        }
+        page
+    }
+
+    /// The DPU's whole answer to `m`, with the element records of `page` at `base`.
+    fn dpu_answer(app: &RedisApp, view: &CacheView<'_>, m: &[u8], page: &[u8]) -> Option<Vec<u8>> {
+        let (mut host, mut dpu) = (ReqList::with_capacity(1), ReqList::with_capacity(1));
+        app.offload_predicate(m, view, &mut host, &mut dpu).unwrap();
+        if dpu.is_empty() {
+            return None;
+        }
+        let Offload::Read(op) = app.offload_function(m, dpu.as_slice()[0], view) else {
+            return None;
+        };
+        let mut room = [0u8; ROOM];
+        let mut data = vec![0u8; 256];
+        let n = op.size as usize;
+        data[..n].copy_from_slice(&page[op.offset as usize..op.offset as usize + n]);
+        let l = app
+            .build_response(m, &op, Ok(op.size), &mut room, &mut data)
+            .unwrap();
+        let mut out = room[ROOM - l.header_len as usize..].to_vec();
+        out.extend_from_slice(&data[..(l.total_len - l.header_len) as usize]);
+        Some(out)
+    }
+
+    #[test]
+    fn element_reads_of_cached_collections_are_answered_on_the_dpu() {
+        let app = RedisApp::default();
+        let h = collection_page(
+            CollType::Hash,
+            b"h",
+            10,
+            &[(b"f1", b"v1"), (b"f2", b"value2")],
+        );
+        let s = collection_page(CollType::Set, b"s", 20, &[(b"m", b"")]);
+        let z = collection_page(
+            CollType::ZSet,
+            b"z",
+            30,
+            &[
+                (b"a", &1.5f64.to_le_bytes()),
+                (b"b", &f64::INFINITY.to_le_bytes()),
+            ],
+        );
+        let mut w = CacheWriter::new(Config::for_items(100)).unwrap();
+        let mut page = vec![0u8; 3072];
+        for (i, p) in [&h, &s, &z].into_iter().enumerate() {
+            page[i * 1024..(i + 1) * 1024].copy_from_slice(p);
+            let mut items = ItemList::with_capacity(app.max_write_items());
+            app.cache_on_write(7, (i * 1024) as u64, p, &mut items);
+            for it in items.as_slice() {
+                w.insert(*it).unwrap();
+            }
+        }
+        let reader = w.reader();
+        let view = CacheView::new(&reader);
+        let ask = |m: &[&[u8]]| dpu_answer(&app, &view, &cmd(m), &page);
+        assert_eq!(ask(&[b"HGET", b"h", b"f2"]).unwrap(), b"$6\r\nvalue2\r\n");
+        assert_eq!(ask(&[b"hget", b"h", b"f1"]).unwrap(), b"$2\r\nv1\r\n");
+        assert_eq!(ask(&[b"SISMEMBER", b"s", b"m"]).unwrap(), b":1\r\n");
+        assert_eq!(ask(&[b"ZSCORE", b"z", b"a"]).unwrap(), b"$3\r\n1.5\r\n");
+        assert_eq!(ask(&[b"ZSCORE", b"z", b"b"]).unwrap(), b"$3\r\ninf\r\n");
+        // Misses, another type's command, another collection's elements: the host's.
+        for m in [
+            &[&b"HGET"[..], b"h", b"f3"][..],
+            &[b"SISMEMBER", b"s", b"x"],
+            &[b"SISMEMBER", b"h", b"f1"],
+            &[b"ZSCORE", b"h", b"f1"],
+            &[b"HGET", b"s", b"m"],
+            &[b"HGET", b"h"],
+            &[b"HGET", b"h", b"f1", b"f2"],
+        ] {
+            assert_eq!(ask(m), None, "{m:?}");
+        }
+        // A new version of the hash (DEL and HSET again, its metadata cached): the old
+        // version's elements are not served.
+        let h2 = collection_page(CollType::Hash, b"h", 50, &[]);
+        let mut items = ItemList::with_capacity(app.max_write_items());
+        app.cache_on_write(7, 2048 + 1024, &h2[..64], &mut items);
+        let mut it = items.as_slice()[0];
+        it.version = 1;
+        w.insert(it).unwrap();
+        assert_eq!(ask(&[b"HGET", b"h", b"f1"]), None);
+        // A superseded element record is not cached; an element record read back that is
+        // not the element's (space reused) is answered TRYAGAIN.
+        let mut sup = collection_page(CollType::Set, b"t", 60, &[(b"m", b"")]);
+        let ml = record::record_len(1, 16);
+        sup[ml + 5] |= FLAG_SUPERSEDED;
+        let mut items = ItemList::with_capacity(app.max_write_items());
+        app.cache_on_write(7, 0, &sup, &mut items);
+        assert_eq!(items.len(), 1, "the metadata record only");
+        let m = cmd(&[b"HGET", b"x", b"f1"]);
+        let op = ReadOp {
+            file_id: 7,
+            size: 48,
+            offset: 0,
+        };
+        let (mut room, mut data) = ([0u8; ROOM], h.clone());
+        let f1_at = record::record_len(1, 16);
+        data.copy_within(f1_at..f1_at + 48, 0);
+        let l = app
+            .build_response(&m, &op, Ok(48), &mut room, &mut data)
+            .unwrap();
+        assert_eq!(
+            &room[ROOM - l.header_len as usize..],
+            b"-TRYAGAIN record moved, retry\r\n"
+        );
+    }
+
+    #[test]
+    fn element_writes_invalidate_their_elements_and_other_writes_the_key() {
+        let app = RedisApp::default();
+        let e = |k: &[u8], f: &[u8]| collection::element_cache_hash(k, f).unwrap().0;
+        let k = |k: &[u8]| record::key_hash(k).0;
+        let keys_of = |m: &[&[u8]]| {
+            let mut keys = KeyList::with_capacity(app.max_forward_keys());
+            let msg = cmd(m);
+            app.invalidate_on_forward(&msg, ReqDesc::default(), &mut keys);
+            let mut v = keys.as_slice().to_vec();
+            v.sort();
+            v
+        };
+        let sorted = |mut v: Vec<u64>| {
+            v.sort();
+            v
+        };
+        assert_eq!(
+            keys_of(&[b"HSET", b"h", b"f1", b"1", b"f2", b"2"]),
+            sorted(vec![e(b"h", b"f1"), e(b"h", b"f2")])
+        );
+        assert_eq!(
+            keys_of(&[b"HINCRBY", b"h", b"f", b"1"]),
+            vec![e(b"h", b"f")]
+        );
+        assert_eq!(
+            keys_of(&[b"SREM", b"s", b"a", b"b"]),
+            sorted(vec![e(b"s", b"a"), e(b"s", b"b")])
+        );
+        assert_eq!(
+            keys_of(&[b"ZADD", b"z", b"XX", b"ch", b"1", b"a", b"2", b"b"]),
+            sorted(vec![e(b"z", b"a"), e(b"z", b"b")])
+        );
+        assert_eq!(
+            keys_of(&[b"ZINCRBY", b"z", b"2", b"m"]),
+            vec![e(b"z", b"m")]
+        );
+        assert_eq!(
+            keys_of(&[b"SMOVE", b"s", b"t", b"m"]),
+            sorted(vec![e(b"s", b"m"), e(b"t", b"m")])
+        );
+        // Writes of elements the command does not name: the collection's key.
+        assert_eq!(keys_of(&[b"SPOP", b"s"]), vec![k(b"s")]);
+        assert_eq!(
+            keys_of(&[b"ZREMRANGEBYSCORE", b"z", b"0", b"1"]),
+            vec![k(b"z")]
+        );
+        assert_eq!(keys_of(&[b"DEL", b"h"]), vec![k(b"h")]);
+        // More fields than the list holds: the collection's key.
+        let mut big: Vec<Vec<u8>> = vec![b"HDEL".to_vec(), b"h".to_vec()];
+        big.extend((0..app.max_forward_keys() + 5).map(|i| format!("f{i}").into_bytes()));
+        let big: Vec<&[u8]> = big.iter().map(|w| &w[..]).collect();
+        assert_eq!(keys_of(&big), vec![k(b"h")]);
     }
 
     #[test]
@@ -931,10 +1395,12 @@ mod tests {
         app.invalidate_on_forward(&cmd(&[b"SUNIONSTORE", b"dst", b"s1"]), d, &mut keys);
         assert_eq!(keys.as_slice(), &[h(b"dst"), h(b"s1")]);
         keys.clear();
+        // Element writes name their elements (§4.1).
+        let e = |k: &[u8], f: &[u8]| collection::element_cache_hash(k, f).unwrap().0;
         app.invalidate_on_forward(&cmd(&[b"hset", b"h", b"f", b"v"]), d, &mut keys);
-        assert_eq!(keys.as_slice(), &[h(b"h")]);
+        assert_eq!(keys.as_slice(), &[e(b"h", b"f")]);
         keys.clear();
         app.invalidate_on_forward(&cmd(&[b"SMOVE", b"a", b"b", b"m"]), d, &mut keys);
-        assert_eq!(&keys.as_slice()[..2], &[h(b"a"), h(b"b")]);
+        assert_eq!(keys.as_slice(), &[e(b"a", b"m"), e(b"b", b"m")]);
     }
 }

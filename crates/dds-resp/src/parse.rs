@@ -636,6 +636,7 @@ pub fn args(cmd: &[u8]) -> Args<'_> {
 }
 
 /// Iterator over a command's arguments; see [`args`].
+#[derive(Clone)]
 pub struct Args<'a> {
     cmd: &'a [u8],
     at: usize,

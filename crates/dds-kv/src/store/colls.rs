@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::collection::{
-    composite_fits, composite_len, decode_composite, encode_composite, encode_meta, CollType, Meta,
+    composite_fits, composite_len, decode_composite, element_cache_hash, encode_composite,
+    encode_meta, CollType, Meta,
 };
 use crate::collmap::{sub_hash, Hash, ELEMENT_TOMB};
 
@@ -93,9 +94,21 @@ impl Store {
         let Some(ty) = self.colls.type_of(kh) else {
             return Ok(0);
         };
+        let sh = sub_hash(ty, sub);
+        if self.cfg.offload && ty != CollType::List {
+            // The DPU may hold the element's old record in its cache (§4.1): drop it before
+            // the reply, as a string's.
+            let old = self.colls.get(kh).filter(|c| c.version == version);
+            let old = old.and_then(|c| c.elems.get(&sh).copied());
+            if old.is_some_and(|o| o & ELEMENT_TOMB == 0 && o < self.marked) {
+                if let Some(eh) = element_cache_hash(key, sub) {
+                    self.invalidate.push(eh.0);
+                }
+            }
+        }
         Ok(self
             .colls
-            .element(kh, version, sub_hash(ty, sub), a, value.is_none())
+            .element(kh, version, sh, a, value.is_none())
             .unwrap_or(0))
     }
 

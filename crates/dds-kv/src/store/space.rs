@@ -301,6 +301,13 @@ impl Store {
             if h.kind == KIND_ELEMENT {
                 if let Some(c) = collection::decode_composite(key) {
                     self.colls.moved(&c, start + o as u64, a);
+                    let ty = self.colls.type_of(record::key_hash(c.key));
+                    if self.cfg.offload && ty.is_some_and(|t| t != collection::CollType::List) {
+                        // As a string's below: the old copy's space is about to be reused.
+                        if let Some(eh) = collection::element_cache_hash(c.key, c.sub) {
+                            self.invalidate.push(eh.0);
+                        }
+                    }
                 }
                 continue;
             }
@@ -339,9 +346,21 @@ impl Store {
                 break;
             };
             let key = &self.frames[f][at + HEADER..at + HEADER + h.klen as usize];
-            let kh = record::key_hash(key);
             let ra = p * self.ps + at as u64;
-            if self.index.get(&kh).is_none_or(|&e| e & ADDR != ra) {
+            let newest = if h.kind == KIND_ELEMENT {
+                // An element is the newest when its element map points here; a list's
+                // elements are never served on the DPU, so they are all marked.
+                collection::decode_composite(key).is_some_and(|c| {
+                    self.colls
+                        .type_of(record::key_hash(c.key))
+                        .is_some_and(|t| t != collection::CollType::List)
+                        && self.colls.element_is_live(&c, ra)
+                })
+            } else {
+                let kh = record::key_hash(key);
+                self.index.get(&kh).is_some_and(|&e| e & ADDR == ra)
+            };
+            if !newest {
                 self.frames[f][at + 5] |= FLAG_SUPERSEDED;
             }
             at += h.len();
