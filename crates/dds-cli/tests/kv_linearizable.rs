@@ -1,5 +1,6 @@
-//! Linearizability of `dds kv` with the DPU serving GETs: several clients (most through the
-//! DPU's traffic director, one straight to the host) run SET/GET/INCRBY/DEL on a few keys;
+//! Linearizability of `dds kv` with the DPU serving GETs (and HGETs): several clients (most
+//! through the DPU's traffic director, one straight to the host) run SET/GET/INCRBY/DEL on a
+//! few keys, or HSET/HGET/HINCRBY/HDEL on a few fields of one hash (each field a register);
 //! their histories are recorded with send and reply times and checked by a
 //! Wing–Gong–Lowe search (`lincheck`). Runs with offload on, and without the DPU in the path.
 
@@ -56,7 +57,36 @@ fn reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Ret {
     }
 }
 
+/// How a register operation goes on the wire: on a string key, or on a field of the hash `H`
+/// (`hash`; HSET's count reply stands for SET's `+OK`).
+fn wire(op: &Op, key: &[u8], hash: bool) -> Vec<u8> {
+    match (op, hash) {
+        (Op::Get, false) => cmd(&[b"GET", key]),
+        (Op::Set(v), false) => cmd(&[b"SET", key, v]),
+        (Op::Incr(by), false) => cmd(&[b"INCRBY", key, by.to_string().as_bytes()]),
+        (Op::Del, false) => cmd(&[b"DEL", key]),
+        (Op::Get, true) => cmd(&[b"HGET", b"H", key]),
+        (Op::Set(v), true) => cmd(&[b"HSET", b"H", key, v]),
+        (Op::Incr(by), true) => cmd(&[b"HINCRBY", b"H", key, by.to_string().as_bytes()]),
+        (Op::Del, true) => cmd(&[b"HDEL", b"H", key]),
+    }
+}
+
+/// The register's view of a reply to `op` (HSET answers how many fields it added).
+fn as_register(op: &Op, r: Ret, hash: bool) -> Ret {
+    match (op, r) {
+        (Op::Set(_), Ret::Int(_)) if hash => Ret::Ok,
+        (_, r) => r,
+    }
+}
+
 fn run_clients(addrs: &[SocketAddr], ops: usize) -> Vec<Event> {
+    run_clients_on(addrs, ops, false)
+}
+
+/// The clients' history; `hash`: the registers are the fields of one hash (the read-mostly
+/// fields are never deleted, so the hash stays and its version with it).
+fn run_clients_on(addrs: &[SocketAddr], ops: usize, hash: bool) -> Vec<Event> {
     let t0 = Instant::now();
     // The read-mostly keys exist from the start (their SETs are part of the history).
     let mut setup = Vec::new();
@@ -65,8 +95,9 @@ fn run_clients(addrs: &[SocketAddr], ops: usize) -> Vec<Event> {
         let mut buf = Vec::new();
         for k in [b"r0", b"r1", b"r2", b"r3"] {
             let call = t0.elapsed().as_nanos() as u64;
-            s.write_all(&cmd(&[b"SET", k, b"initial"])).unwrap();
-            let r = reply(&mut s, &mut buf);
+            let op = Op::Set(b"initial".to_vec());
+            s.write_all(&wire(&op, k, hash)).unwrap();
+            let r = as_register(&op, reply(&mut s, &mut buf), hash);
             setup.push(Event {
                 client: addrs.len(),
                 key: k.to_vec(),
@@ -115,15 +146,9 @@ fn run_clients(addrs: &[SocketAddr], ops: usize) -> Vec<Event> {
                             }
                             _ => Op::Del,
                         };
-                        let wire = match &op {
-                            Op::Get => cmd(&[b"GET", key]),
-                            Op::Set(v) => cmd(&[b"SET", key, v]),
-                            Op::Incr(by) => cmd(&[b"INCRBY", key, by.to_string().as_bytes()]),
-                            Op::Del => cmd(&[b"DEL", key]),
-                        };
                         let call = t0.elapsed().as_nanos() as u64;
-                        s.write_all(&wire).unwrap();
-                        let r = reply(&mut s, &mut buf);
+                        s.write_all(&wire(&op, key, hash)).unwrap();
+                        let r = as_register(&op, reply(&mut s, &mut buf), hash);
                         let ret_at = t0.elapsed().as_nanos() as u64;
                         out.push(Event {
                             client: c,
@@ -182,6 +207,21 @@ fn histories_with_dpu_served_gets_are_linearizable() {
     let served = common::offloaded(&socket);
     eprintln!("the DPU served {served} GETs");
     assert!(served > 300, "the DPU served {served} GETs");
+}
+
+#[test]
+fn histories_with_dpu_served_hgets_are_linearizable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dpu, socket, via_dpu) = common::start_offload_dpu(dir.path(), "256M", "redis");
+    let (_kv, direct) = start_kv("127.0.0.1:0", &socket);
+    let history = run_clients_on(&[via_dpu, via_dpu, via_dpu, direct], 400, true);
+    assert_eq!(history.len(), 1604);
+    if let Err(v) = check(&history) {
+        panic!("not linearizable: {v}");
+    }
+    let served = common::offloaded(&socket);
+    eprintln!("the DPU served {served} HGETs");
+    assert!(served > 300, "the DPU served {served} HGETs");
 }
 
 #[test]
