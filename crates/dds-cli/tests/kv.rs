@@ -408,6 +408,62 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
     eprintln!("DPU CPU per offloaded GET: {us:.1} µs");
 }
 
+/// An MGET pipelined behind more GETs than the connection's share of DPU contexts (so its
+/// keys cannot all be read on the DPU when it is planned) is answered whole and in order.
+#[test]
+fn an_mget_behind_a_full_share_of_dpu_reads_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dpu, socket, via_dpu) = common::start_offload_dpu_with(
+        dir.path(),
+        "512M",
+        "redis",
+        &["--offload-contexts-per-conn", "2"],
+    );
+    let (_kv, _) = start_kv_on(
+        "127.0.0.1:0",
+        &[
+            "--socket",
+            socket.to_str().unwrap(),
+            "--memory",
+            "256K",
+            "--page-size",
+            "64K",
+            "--log-size",
+            "64M",
+            "--durability",
+            "fsync",
+        ],
+    );
+    let mut d = TcpStream::connect(via_dpu).unwrap();
+    let mut db = Vec::new();
+    for i in 0..64 {
+        d.write_all(&cmd(&[b"SET", format!("key{i}").as_bytes(), b"v"]))
+            .unwrap();
+        assert_eq!(read_reply(&mut d, &mut db), b"+OK\r\n");
+    }
+    d.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for round in 0..20 {
+        let mut batch = Vec::new();
+        for i in 0..20 {
+            batch.extend(cmd(&[b"GET", format!("key{}", i % 64).as_bytes()]));
+        }
+        let keys: Vec<Vec<u8>> = (0..8).map(|i| format!("key{i}").into_bytes()).collect();
+        let mut words: Vec<&[u8]> = vec![b"MGET"];
+        words.extend(keys.iter().map(|k| &k[..]));
+        batch.extend(cmd(&words));
+        d.write_all(&batch).unwrap();
+        for _ in 0..20 {
+            assert_eq!(read_reply(&mut d, &mut db), b"$1\r\nv\r\n", "round {round}");
+        }
+        let want = format!("*8\r\n{}", "$1\r\nv\r\n".repeat(8));
+        assert_eq!(
+            read_reply(&mut d, &mut db),
+            want.as_bytes(),
+            "round {round}"
+        );
+    }
+}
+
 /// HGET, SISMEMBER and ZSCORE of elements on storage are served by the DPU, and never an
 /// element's previous value, a removed member, or an element of a deleted collection:
 /// writes through the director and straight to the host, each read back at once through

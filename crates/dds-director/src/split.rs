@@ -4,7 +4,9 @@
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 
-use dds_offload_api::{CacheView, Malformed, OffloadApp, Phase, REQUEST_HEAD_BYTES, TOO_BIG};
+use dds_offload_api::{
+    CacheView, Malformed, OffloadApp, Phase, HOST_MESSAGE_SLACK, REQUEST_HEAD_BYTES, TOO_BIG,
+};
 use dds_offload_engine::{CtxState, Sources};
 use dds_proto::Status;
 
@@ -224,7 +226,11 @@ impl Worker {
             if self.max_pending - c.order.len() < self.max_req {
                 return Ok(progress);
             }
-            if !c.hout.room(n).map_err(|_| Close::OutOfMemory)? {
+            if !c
+                .hout
+                .room(n + HOST_MESSAGE_SLACK)
+                .map_err(|_| Close::OutOfMemory)?
+            {
                 return Ok(progress);
             }
             let msg = &c.cin.data()[..n];
@@ -300,12 +306,16 @@ impl Worker {
             let hout_before = c.hout.len();
             if nhost > 0 {
                 let out = c.hout.tail();
-                let len = if summary.offloaded == 0 {
+                let room = n + HOST_MESSAGE_SLACK;
+                let len = if nhost == 1 && host[0].offset == 0 && host[0].len as usize == n {
+                    // One request, the whole message: it goes as it came. (A message split
+                    // into several requests is rebuilt even when none was read on the DPU:
+                    // the host answers the requests of a host message one by one.)
                     out[..n].copy_from_slice(msg);
                     n
                 } else {
-                    match app.build_host_message(msg, host, &mut out[..n]) {
-                        Ok(len) if len > 0 && len <= n => len,
+                    match app.build_host_message(msg, host, &mut out[..room]) {
+                        Ok(len) if len > 0 && len <= room => len,
                         Ok(_) => {
                             return Err(Close::Malformed(
                                 "host-message builder returned a bad length",

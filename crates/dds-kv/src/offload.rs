@@ -13,7 +13,7 @@
 use dds_cache::CacheItem;
 use dds_offload_api::{
     CacheView, ItemList, KeyList, Malformed, Offload, OffloadApp, Phase, ReadOp, ReadResult,
-    ReqDesc, ReqList, ResponseLayout, Session, REQUEST_HEAD_BYTES, TOO_BIG,
+    ReqDesc, ReqList, ResponseLayout, Session, HOST_MESSAGE_SLACK, REQUEST_HEAD_BYTES, TOO_BIG,
 };
 use dds_resp::{args, frame_command, frame_reply, unquote_word, Limits};
 
@@ -563,6 +563,10 @@ impl OffloadApp for RedisApp {
     fn max_read_keys(&self) -> usize {
         1
     }
+    fn host_answers_whole_messages(&self) -> bool {
+        // One RESP command, one reply.
+        true
+    }
     fn header_room(&self) -> usize {
         ROOM
     }
@@ -643,19 +647,17 @@ impl OffloadApp for RedisApp {
             };
             // Each key's place is decided once (the cache changes under the planner).
             let mut hits = [false; MAX_MGET_SPLIT];
-            let (mut nhost, mut host_bytes) = (0usize, 0usize);
+            let mut nhost = 0;
             for (i, k) in keys[..n].iter().enumerate() {
                 hits[i] = hit(k);
-                if !hits[i] {
-                    nhost += 1;
-                    host_bytes += k.1 as usize;
-                }
+                nhost += usize::from(!hits[i]);
             }
-            // The host part (`DDS.MGETPART` is longer than `MGET`) must fit where the whole
-            // message was: when the keys the DPU takes are too short to pay for the longer
-            // name, the MGET goes to the host whole.
-            let host_len = 1 + decimal_digits(nhost + 1) + 2 + 1 + 2 + 2 + MGET_PART.len() + 2;
-            let fits = nhost == 0 || host_len + host_bytes <= msg.len();
+            // The host part (`DDS.MGETPART` is longer than `MGET`) must fit the host
+            // message's room, whichever keys end up there (all of them, if none can be read
+            // on the DPU after all).
+            let host_len = 1 + decimal_digits(n + 1) + 2 + 1 + 2 + 2 + MGET_PART.len() + 2;
+            let all_keys: usize = keys[..n].iter().map(|k| k.1 as usize).sum();
+            let fits = host_len + all_keys <= msg.len() + HOST_MESSAGE_SLACK;
             if nhost < n && fits {
                 dpu.push(ReqDesc {
                     offset: 0,

@@ -14,6 +14,11 @@ use crate::keys::KeyMap;
 /// bytes: enough for any protocol header).
 pub const REQUEST_HEAD_BYTES: usize = 64;
 
+/// Bytes a host message may have beyond the message it is built from
+/// ([`OffloadApp::build_host_message`]: a split message's host part may name a longer
+/// command, as Redis's `DDS.MGETPART` for `MGET`).
+pub const HOST_MESSAGE_SLACK: usize = 64;
+
 /// Largest header room an application may reserve in front of DPU-read data.
 pub const MAX_HEADER_ROOM: usize = 256;
 
@@ -316,13 +321,27 @@ pub trait OffloadApp: Send + Sync {
     ) -> Result<ResponseLayout, Malformed>;
 
     /// Host-message builder: writes into `out` the message carrying only the `host` requests
-    /// (in the order given) and returns its length. `out` has at least `msg.len()` bytes.
+    /// (in the order given) and returns its length. `out` has at least `msg.len()` +
+    /// [`HOST_MESSAGE_SLACK`] bytes. The host answers each request of it with one response
+    /// (a message split into several requests is answered per request, even when none of
+    /// them is read on the DPU: the builder is called for every message the host gets, but
+    /// one that is a single request covering the whole message).
     fn build_host_message(
         &self,
         msg: &[u8],
         host: &[ReqDesc],
         out: &mut [u8],
     ) -> Result<usize, Malformed>;
+
+    /// Whether the host answers every client message with one response, whatever requests
+    /// it was split into (a RESP command: an `MGET` is one array). Then a split message one
+    /// of whose DPU-bound requests cannot be read on the DPU after all (no read context
+    /// left, a read too large, a miss in the offload function) goes to the host whole, as
+    /// one request. Default: no (the host answers a host message request by request, and
+    /// such a request goes in the host message with the others).
+    fn host_answers_whole_messages(&self) -> bool {
+        false
+    }
 
     /// Keys a host-bound request may modify. The director invalidates them before it
     /// forwards the request (the consistency contract, `docs/consistency.md`).

@@ -20,8 +20,8 @@ mod registry;
 
 pub use api::{
     CacheView, FixedList, Full, ItemList, KeyList, Malformed, Offload, OffloadApp, Phase, ReadOp,
-    ReadResult, ReqDesc, ReqList, ResponseLayout, Session, ERROR_REPLY_MAX, MAX_HEADER_ROOM,
-    REQUEST_HEAD_BYTES, TOO_BIG,
+    ReadResult, ReqDesc, ReqList, ResponseLayout, Session, ERROR_REPLY_MAX, HOST_MESSAGE_SLACK,
+    MAX_HEADER_ROOM, REQUEST_HEAD_BYTES, TOO_BIG,
 };
 pub use keys::{KeyMap, MapFull};
 pub use registry::{AppOptions, Registry, RegistryError};

@@ -123,24 +123,7 @@ impl Planner {
         } = *src;
         if session.is_some_and(|s| s.whole_to_host(msg)) {
             // The session sends this message to the host as it is, one request.
-            let whole = ReqDesc {
-                offset: 0,
-                len: msg.len() as u32,
-                pos: 0,
-            };
-            self.host
-                .push(whole)
-                .map_err(|_| Malformed("too many requests"))?;
-            self.mask_forwarded(app, msg, whole)?;
-            self.steps[0] = Planned {
-                req: whole,
-                read: None,
-            };
-            self.requests = 1;
-            return Ok(PlanSummary {
-                requests: 1,
-                ..PlanSummary::default()
-            });
+            return self.plan_whole(app, msg, PlanSummary::default());
         }
         let view = CacheView::restricted(cache, false, pending, &self.masked_map, 0);
         app.offload_predicate(msg, &view, &mut self.host, &mut self.dpu)?;
@@ -204,6 +187,10 @@ impl Planner {
                 }
                 Offload::Host => None,
             };
+            if read.is_none() && total > 1 && app.host_answers_whole_messages() {
+                // The split cannot be kept: the message goes to the host as it came.
+                return self.plan_whole(app, msg, summary);
+            }
             if read.is_none() {
                 self.mask_forwarded(app, msg, d)?;
                 self.host
@@ -215,6 +202,39 @@ impl Planner {
         self.host.as_mut_slice().sort_unstable_by_key(|d| d.pos);
         self.requests = total;
         Ok(summary)
+    }
+
+    /// The plan of `msg` sent to the host whole, as one request (`summary`: the fallback
+    /// counts so far).
+    fn plan_whole(
+        &mut self,
+        app: &dyn OffloadApp,
+        msg: &[u8],
+        summary: PlanSummary,
+    ) -> Result<PlanSummary, Malformed> {
+        self.host.clear();
+        self.dpu.clear();
+        self.masked.clear();
+        self.masked_map.clear();
+        let whole = ReqDesc {
+            offset: 0,
+            len: msg.len() as u32,
+            pos: 0,
+        };
+        self.host
+            .push(whole)
+            .map_err(|_| Malformed("too many requests"))?;
+        self.mask_forwarded(app, msg, whole)?;
+        self.steps[0] = Planned {
+            req: whole,
+            read: None,
+        };
+        self.requests = 1;
+        Ok(PlanSummary {
+            requests: 1,
+            offloaded: 0,
+            ..summary
+        })
     }
 
     fn mask_forwarded(
