@@ -553,6 +553,35 @@ fn the_dpu_serves_element_reads_and_never_a_stale_one() {
                 }
             }
         }
+        // HMGETs split between the DPU (cached fields) and the host (a missing one), in order.
+        let fields: Vec<Vec<u8>> = (0..12)
+            .map(|i| {
+                if i == 5 {
+                    b"nope".to_vec()
+                } else {
+                    format!("f{i}").into_bytes()
+                }
+            })
+            .collect();
+        let mut words: Vec<&[u8]> = vec![b"HMGET", b"h"];
+        words.extend(fields.iter().map(|f| &f[..]));
+        let mut want_h = b"*12\r\n".to_vec();
+        for i in 0..12 {
+            if i == 5 {
+                want_h.extend_from_slice(b"$-1\r\n");
+            } else {
+                want_h.extend_from_slice(&want(round, i)[0]);
+            }
+        }
+        for _ in 0..10 {
+            d.write_all(&cmd(&words)).unwrap();
+            let got = read_reply(&mut d, &mut db);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want_h),
+                "round {round}"
+            );
+        }
         served += offloaded(&socket) - before;
     }
     eprintln!("the DPU served {served} element reads");

@@ -351,7 +351,7 @@ impl Worker {
                         let req = &msg[d.offset as usize..d.offset as usize + d.len as usize];
                         let mut head = [0u8; REQUEST_HEAD_BYTES];
                         let hl = match c.session.as_ref() {
-                            Some(s) => s.request_head(req, &mut head).min(REQUEST_HEAD_BYTES),
+                            Some(s) => s.request_head(msg, d, &mut head).min(REQUEST_HEAD_BYTES),
                             None => {
                                 let n = req.len().min(REQUEST_HEAD_BYTES);
                                 head[..n].copy_from_slice(&req[..n]);

@@ -251,8 +251,10 @@ const TABLE: &[(&str, i32)] = &[
     ("discard", 1),
     ("watch", -2),
     ("unwatch", 1),
-    // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key.
+    // The host part of an MGET the DPU split (docs/kv-service.md §4): one reply per key;
+    // of an HMGET (§4.1): one reply per field.
     ("dds.mgetpart", -2),
+    ("dds.hmgetpart", -3),
 ];
 
 /// Commands with subcommands, which INFO's `Commandstats` counts per subcommand
@@ -358,7 +360,7 @@ pub fn read_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], &'a [u8]
         if let Some(field) = argv.get(2) {
             f(key, field);
         }
-    } else if is(&["hmget", "zmscore"]) {
+    } else if is(&["hmget", "zmscore", "dds.hmgetpart"]) {
         argv[2..].iter().for_each(|field| f(key, field));
     } else if is(&["zincrby"]) {
         if let Some(member) = argv.get(3) {
@@ -785,6 +787,7 @@ fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]], out: &mut Vec<u8>) -> (After, Ran
             "hsetnx" => hashes::hsetnx(store, &mut r, argv)?,
             "hget" => hashes::hget(store, &mut r, argv)?,
             "hmget" => hashes::hmget(store, &mut r, argv)?,
+            "dds.hmgetpart" => hashes::hmget_part(store, &mut r, argv)?,
             "hdel" => hashes::hdel(store, &mut r, argv)?,
             "hlen" => hashes::hlen(store, &mut r, argv[1])?,
             "hexists" => hashes::hexists(store, &mut r, argv)?,

@@ -8,7 +8,7 @@ use crate::collection::CollType;
 use crate::engine::Engine;
 use crate::float::LongDouble;
 use crate::keyspace::{passes, scan_args, scan_reply};
-use crate::store::{unsigned_decimal, StoreResult};
+use crate::store::{unsigned_decimal, StoreError, StoreResult};
 
 const HASH: CollType = CollType::Hash;
 
@@ -75,6 +75,28 @@ pub(crate) fn hmget(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> St
     s.coll_len(HASH, argv[1])?;
     r.array(argv.len() - 2);
     for f in &argv[2..] {
+        s.element_get_with(HASH, argv[1], f, &mut |v| match v {
+            Some(v) => r.bulk(v),
+            None => r.null(),
+        })?;
+    }
+    Ok(())
+}
+
+/// `DDS.HMGETPART key field [field ...]`: the host part of an HMGET the DPU split
+/// (`docs/kv-service.md` §4.1): a reply per field and no array header; a key that is no
+/// longer a hash answers nulls (the parts read on the DPU saw a hash).
+pub(crate) fn hmget_part(s: &mut dyn Engine, r: &mut Reply<'_>, argv: &[&[u8]]) -> StoreResult<()> {
+    let hash = match s.coll_len(HASH, argv[1]) {
+        Ok(_) => true,
+        Err(StoreError::WrongType) => false,
+        Err(e) => return Err(e),
+    };
+    for f in &argv[2..] {
+        if !hash {
+            r.null();
+            continue;
+        }
         s.element_get_with(HASH, argv[1], f, &mut |v| match v {
             Some(v) => r.bulk(v),
             None => r.null(),

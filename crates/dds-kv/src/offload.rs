@@ -166,22 +166,28 @@ pub const MAX_MGET_SPLIT: usize = 64;
 /// key, no array header (`docs/kv-service.md` §4).
 pub const MGET_PART: &[u8] = b"DDS.MGETPART";
 
-/// The key arguments of an `MGET` command: (offset of the `$` of each key's bulk string, its
-/// bulk string's length with CRLFs, the key); `None` if `msg` is not an MGET of 1..=`max`
-/// keys.
-fn mget_keys(msg: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_MGET_SPLIT])> {
+/// The host-side command that answers the host part of a split HMGET: the key, then the
+/// fields, answered one reply frame per field, no array header (`docs/kv-service.md` §4.1).
+pub const HMGET_PART: &[u8] = b"DDS.HMGETPART";
+
+/// Most arguments of a split command: an HMGET's key and [`MAX_MGET_SPLIT`] fields.
+const MAX_SPLIT_ARGS: usize = MAX_MGET_SPLIT + 1;
+
+/// The arguments of a RESP array command `name`: (offset of the `$` of each argument's bulk
+/// string, that bulk string's length with CRLFs); `None` if `msg` is not such a command of
+/// 1..=`max` arguments (an inline command has no bulk strings to split along).
+fn bulk_args(msg: &[u8], name: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_SPLIT_ARGS])> {
     if msg.first() != Some(&b'*') {
-        // An inline MGET has no bulk strings to split along: it goes to the host whole.
         return None;
     }
     let mut a = args(msg);
-    if !a.next()?.eq_ignore_ascii_case(b"MGET") {
+    if !a.next()?.eq_ignore_ascii_case(name) {
         return None;
     }
-    let mut out = [(0u32, 0u32); MAX_MGET_SPLIT];
+    let mut out = [(0u32, 0u32); MAX_SPLIT_ARGS];
     let mut n = 0;
     for k in a {
-        if n == max.min(MAX_MGET_SPLIT) {
+        if n == max.min(MAX_SPLIT_ARGS) {
             return None;
         }
         let at = k.as_ptr() as usize - msg.as_ptr() as usize;
@@ -191,6 +197,39 @@ fn mget_keys(msg: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_MGET_SPL
         n += 1;
     }
     (n > 0).then_some((n, out))
+}
+
+/// The key arguments of an `MGET` command (see [`bulk_args`]), at most `max` of them.
+fn mget_keys(msg: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_SPLIT_ARGS])> {
+    bulk_args(msg, b"MGET", max.min(MAX_MGET_SPLIT))
+}
+
+/// The key of an `HMGET` in RESP array form.
+fn hmget_key(msg: &[u8]) -> Option<&[u8]> {
+    if msg.first() != Some(&b'*') {
+        return None;
+    }
+    let mut a = args(msg);
+    a.next()?
+        .eq_ignore_ascii_case(b"HMGET")
+        .then(|| a.next())
+        .flatten()
+}
+
+/// The request head of one field of a split HMGET: the command `HGET key field`, which the
+/// response builder answers as an HGET; `None` when it does not fit.
+fn hget_head(key: &[u8], field: &[u8], head: &mut [u8; REQUEST_HEAD_BYTES]) -> Option<usize> {
+    let mut w = &mut head[..];
+    std::io::Write::write_fmt(
+        &mut w,
+        format_args!("*3\r\n$4\r\nHGET\r\n${}\r\n", key.len()),
+    )
+    .ok()?;
+    std::io::Write::write_all(&mut w, key).ok()?;
+    std::io::Write::write_fmt(&mut w, format_args!("\r\n${}\r\n", field.len())).ok()?;
+    std::io::Write::write_all(&mut w, field).ok()?;
+    std::io::Write::write_all(&mut w, b"\r\n").ok()?;
+    Some(REQUEST_HEAD_BYTES - w.len())
 }
 
 fn decimal_digits(mut n: usize) -> usize {
@@ -677,14 +716,59 @@ impl OffloadApp for RedisApp {
                 return Ok(());
             }
         }
+        // An HMGET of a cached hash is split the same way: request 0 is the header with the
+        // key, requests 1.. the fields, each read on the DPU as an HGET when cached.
+        if let Some((n, a)) = bulk_args(msg, b"HMGET", dpu.capacity()) {
+            let bulk = |i: usize| &msg[a[i].0 as usize..(a[i].0 + a[i].1) as usize];
+            let key = head_key(bulk(0)).unwrap_or_default();
+            let mut hits = [false; MAX_MGET_SPLIT];
+            let mut head = [0u8; REQUEST_HEAD_BYTES];
+            let mut nhit = 0;
+            for i in 1..n {
+                let f = head_key(bulk(i)).unwrap_or_default();
+                hits[i - 1] = hget_head(key, f, &mut head).is_some()
+                    && cached_element(cache, ElementRead::HGet, key, f).is_some();
+                nhit += usize::from(hits[i - 1]);
+            }
+            // The host part with every field must fit the host message's room.
+            let all: usize = a[..n].iter().map(|k| k.1 as usize).sum();
+            let host_len = 1 + decimal_digits(n + 1) + 2 + 1 + 2 + 2 + HMGET_PART.len() + 2;
+            if nhit > 0 && host_len + all <= msg.len() + HOST_MESSAGE_SLACK {
+                dpu.push(ReqDesc {
+                    offset: 0,
+                    len: a[1].0,
+                    pos: 0,
+                })
+                .map_err(|_| full)?;
+                for i in 1..n {
+                    let d = ReqDesc {
+                        offset: a[i].0,
+                        len: a[i].1,
+                        pos: i as u32,
+                    };
+                    let list = if hits[i - 1] { &mut *dpu } else { &mut *host };
+                    list.push(d).map_err(|_| full)?;
+                }
+                return Ok(());
+            }
+        }
         host.push(whole).map_err(|_| full)
     }
 
     fn offload_function(&self, msg: &[u8], req: ReqDesc, cache: &CacheView<'_>) -> Offload {
         let part = &msg[req.offset as usize..(req.offset + req.len) as usize];
         if req.pos == 0 && part.first() == Some(&b'*') && req.len < msg.len() as u32 {
-            // The array header of a split MGET: no read.
+            // The array header of a split MGET or HMGET: no read.
             return Offload::Read(ReadOp::default());
+        }
+        if let Some(key) = hmget_key(msg) {
+            // A field of a split HMGET.
+            let mut head = [0u8; REQUEST_HEAD_BYTES];
+            let field = head_key(part).filter(|f| hget_head(key, f, &mut head).is_some());
+            return match field.and_then(|f| cached_element(cache, ElementRead::HGet, key, f)) {
+                Some(op) => Offload::Read(op),
+                None => Offload::Host,
+            };
         }
         if let Some((what, k, sub)) = element_read(part) {
             return match cached_element(cache, what, k, sub) {
@@ -728,9 +812,16 @@ impl OffloadApp for RedisApp {
                 .and_then(|t| t.parse().ok())
                 .filter(|&a| a >= 2)
                 .ok_or(Malformed("MGET header without a count"))?;
+            // MGET's reply has an element per argument, HMGET's one per argument but the key.
+            let name = req_head.get(nl + 2..nl + 13).unwrap_or_default();
+            let skip = if name.eq_ignore_ascii_case(b"$5\r\nHMGET\r\n") {
+                2
+            } else {
+                1
+            };
             let mut text = [0u8; 24];
             let mut w = &mut text[..];
-            std::io::Write::write_fmt(&mut w, format_args!("*{}\r\n", argc - 1))
+            std::io::Write::write_fmt(&mut w, format_args!("*{}\r\n", argc.saturating_sub(skip)))
                 .map_err(|_| Malformed("MGET count too long"))?;
             let len = 24 - w.len();
             return fail(room, &text[..len]);
@@ -765,7 +856,13 @@ impl OffloadApp for RedisApp {
             out[..msg.len()].copy_from_slice(msg);
             return Ok(msg.len());
         }
-        // The host part of a split MGET: `DDS.MGETPART key...`, answered one frame per key.
+        // The host part of a split MGET: `DDS.MGETPART key...`, answered one frame per key;
+        // of a split HMGET: `DDS.HMGETPART key field...`, one frame per field.
+        let hmget = hmget_key(msg);
+        let (part, extra) = match hmget {
+            Some(_) => (HMGET_PART, 1),
+            None => (MGET_PART, 0),
+        };
         let mut at = 0;
         let mut put = |b: &[u8]| -> Result<(), Malformed> {
             out.get_mut(at..at + b.len())
@@ -778,13 +875,20 @@ impl OffloadApp for RedisApp {
         let mut w = &mut head[..];
         std::io::Write::write_fmt(
             &mut w,
-            format_args!("*{}\r\n${}\r\n", host.len() + 1, MGET_PART.len()),
+            format_args!("*{}\r\n${}\r\n", host.len() + 1 + extra, part.len()),
         )
         .map_err(|_| Malformed("host message header"))?;
         let hl = 48 - w.len();
         put(&head[..hl])?;
-        put(MGET_PART)?;
+        put(part)?;
         put(b"\r\n")?;
+        if let Some(key) = hmget {
+            let mut kh = [0u8; 24];
+            let kl = dds_resp::bulk_header_into(key.len(), &mut kh);
+            put(&kh[..kl])?;
+            put(key)?;
+            put(b"\r\n")?;
+        }
         for d in host {
             if d.pos == 0 {
                 return Err(Malformed("an MGET header sent to the host"));
@@ -933,6 +1037,22 @@ impl Session for RedisSession {
             return Offload::Host;
         }
         app.offload_function(msg, req, cache)
+    }
+
+    /// A field of a split HMGET gets the head `HGET key field` (the builder answers it as an
+    /// HGET); every other request its first bytes.
+    fn request_head(&self, msg: &[u8], req: ReqDesc, head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+        let part = &msg[req.offset as usize..(req.offset + req.len) as usize];
+        if req.pos > 0 {
+            if let Some(key) = hmget_key(msg) {
+                if let Some(n) = head_key(part).and_then(|f| hget_head(key, f, head)) {
+                    return n;
+                }
+            }
+        }
+        let n = part.len().min(REQUEST_HEAD_BYTES);
+        head[..n].copy_from_slice(&part[..n]);
+        n
     }
 
     fn forward(&mut self, msg: &[u8], req: ReqDesc) -> Result<bool, Malformed> {
@@ -1124,6 +1244,49 @@ mod tests {
         ] {
             assert_eq!(ask(m), None, "{m:?}");
         }
+        // An HMGET is split: the header (`*<fields>`, no read) and the cached fields on the
+        // DPU, each answered as an HGET (the session gives it that head), the rest in a
+        // `DDS.HMGETPART key field..` for the host.
+        let m = cmd(&[b"HMGET", b"h", b"f1", b"nope", b"f2"]);
+        let n = app.max_requests();
+        let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+        app.offload_predicate(&m, &view, &mut host, &mut dpu)
+            .unwrap();
+        let pos = |l: &ReqList| l.as_slice().iter().map(|d| d.pos).collect::<Vec<_>>();
+        assert_eq!((pos(&dpu), pos(&host)), (vec![0, 1, 3], vec![2]));
+        let session = app.session().unwrap();
+        let mut answers = Vec::new();
+        for &d in dpu.as_slice() {
+            let Offload::Read(op) = session.offload_function(&app, &m, d, &view) else {
+                panic!("not on the DPU: {d:?}");
+            };
+            let mut head = [0u8; REQUEST_HEAD_BYTES];
+            let hl = session.request_head(&m, d, &mut head);
+            let (mut room, mut data) = ([0u8; ROOM], vec![0u8; 256]);
+            let at = op.offset as usize;
+            data[..op.size as usize].copy_from_slice(&page[at..at + op.size as usize]);
+            let l = app
+                .build_response(&head[..hl], &op, Ok(op.size), &mut room, &mut data)
+                .unwrap();
+            let mut out = room[ROOM - l.header_len as usize..].to_vec();
+            out.extend_from_slice(&data[..(l.total_len - l.header_len) as usize]);
+            answers.push(String::from_utf8(out).unwrap());
+        }
+        assert_eq!(answers, ["*3\r\n", "$2\r\nv1\r\n", "$6\r\nvalue2\r\n"]);
+        let mut out = vec![0u8; m.len() + HOST_MESSAGE_SLACK];
+        let len = app
+            .build_host_message(&m, host.as_slice(), &mut out)
+            .unwrap();
+        assert_eq!(&out[..len], cmd(&[b"DDS.HMGETPART", b"h", b"nope"]));
+        // No field cached: the HMGET goes to the host whole.
+        let m = cmd(&[b"HMGET", b"h", b"x", b"y"]);
+        let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
+        app.offload_predicate(&m, &view, &mut host, &mut dpu)
+            .unwrap();
+        assert_eq!(
+            (pos(&dpu), host.as_slice()[0].len as usize),
+            (vec![], m.len())
+        );
         // A new version of the hash (DEL and HSET again, its metadata cached): the old
         // version's elements are not served.
         let h2 = collection_page(CollType::Hash, b"h", 50, &[]);
@@ -1278,8 +1441,8 @@ mod tests {
             .unwrap();
         assert_eq!((host.len(), dpu.len()), (1, 0));
         assert_eq!(host.as_slice()[0].len as usize, m.len());
-        // The DPU's keys too short to pay for the longer `DDS.MGETPART`: whole to the host,
-        // and every split's host part fits where the message was.
+        // Every split's host part, with all its keys, fits the host message's room (the
+        // message and HOST_MESSAGE_SLACK).
         let mut w = CacheWriter::new(Config::for_items(100)).unwrap();
         let mut page = vec![0u8; 256];
         let l0 = record::record_len(1, 1);
@@ -1300,13 +1463,12 @@ mod tests {
             let (mut host, mut dpu) = (ReqList::with_capacity(n), ReqList::with_capacity(n));
             app.offload_predicate(&m, &view, &mut host, &mut dpu)
                 .unwrap();
-            if !dpu.is_empty() && !host.is_empty() {
-                let mut hm = vec![0u8; m.len()];
-                app.build_host_message(&m, host.as_slice(), &mut hm)
-                    .unwrap();
-            } else {
-                assert_eq!((host.len(), dpu.len()), (1, 0));
-            }
+            assert!(!dpu.is_empty());
+            let mut all: Vec<ReqDesc> = host.as_slice().to_vec();
+            all.extend(dpu.as_slice().iter().filter(|d| d.pos > 0));
+            all.sort_by_key(|d| d.pos);
+            let mut hm = vec![0u8; m.len() + HOST_MESSAGE_SLACK];
+            app.build_host_message(&m, &all, &mut hm).unwrap();
         }
         // Inline MGETs and quoted GETs go to the host whole.
         for m in [&b"MGET a b\r\n"[..], b"GET \"a\"\r\n"] {

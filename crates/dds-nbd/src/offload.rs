@@ -594,7 +594,8 @@ impl Session for NbdConn {
         })
     }
 
-    fn request_head(&self, req: &[u8], head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+    fn request_head(&self, msg: &[u8], req: ReqDesc, head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+        let req = &msg[req.offset as usize..(req.offset + req.len) as usize];
         let n = req.len().min(proto::REQUEST);
         head[..n].copy_from_slice(&req[..n]);
         head[n] = u8::from(self.structured);

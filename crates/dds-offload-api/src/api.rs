@@ -427,9 +427,11 @@ pub trait Session: Send {
         cache: &CacheView<'_>,
     ) -> Offload;
 
-    /// Requests: what the response builder gets as `req_head` for the request `req` (its
-    /// bytes): written into `head`, returning the length. Default: the request's first bytes.
-    fn request_head(&self, req: &[u8], head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+    /// Requests: what the response builder gets as `req_head` for the DPU-bound request
+    /// `req` of `msg`: written into `head`, returning the length. Default: the request's
+    /// first bytes.
+    fn request_head(&self, msg: &[u8], req: ReqDesc, head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+        let req = &msg[req.offset as usize..(req.offset + req.len) as usize];
         let n = req.len().min(REQUEST_HEAD_BYTES);
         head[..n].copy_from_slice(&req[..n]);
         n
