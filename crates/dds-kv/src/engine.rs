@@ -430,6 +430,10 @@ impl Engine for Store {
             ("page_writes", st.page_writes.to_string()),
             ("compactions", st.compactions.to_string()),
             ("compaction_moves", st.compaction_moves.to_string()),
+            (
+                "compaction_moved_bytes",
+                st.compaction_moved_bytes.to_string(),
+            ),
             ("dpu_invalidations", st.invalidations.to_string()),
             ("checkpoints", st.checkpoints.to_string()),
             ("commits", st.commits.to_string()),

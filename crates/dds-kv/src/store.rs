@@ -158,6 +158,8 @@ pub struct StoreStats {
     pub compactions: u64,
     /// Live records moved by compaction.
     pub compaction_moves: u64,
+    /// Their bytes (appended at the tail, as the commands' own records are).
+    pub compaction_moved_bytes: u64,
     /// Keys invalidated in the DPU's cache table by the host.
     pub invalidations: u64,
     /// Checkpoints written.
@@ -992,10 +994,13 @@ impl Store {
         if self.invalidate.is_empty() {
             return Ok(());
         }
-        let keys = std::mem::take(&mut self.invalidate);
-        self.storage.invalidate(&keys)?;
+        let mut keys = std::mem::take(&mut self.invalidate);
+        let r = self.storage.invalidate(&keys);
         self.stats.invalidations += keys.len() as u64;
-        Ok(())
+        // The list's memory stays for the next round's invalidations.
+        keys.clear();
+        self.invalidate = keys;
+        r.map_err(Into::into)
     }
 
     /// Whether a commit has something to write.

@@ -1,5 +1,6 @@
 //! The collection workloads of `dds bench kv`: redis-benchmark's collection tests against
-//! every side, and the log bytes one HSET appends to a large hash.
+//! every side, the log bytes one HSET appends to a large hash, and HGETs of random fields of
+//! a hash larger than the server's memory (with and without the DPU serving them).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -79,20 +80,27 @@ pub(super) fn run(side: &Side, mode: Mode, p: &Plan) -> Result<Vec<CollPoint>> {
 }
 
 /// Log bytes per HSET of a new field on a large hash, against the bytes of the field, its
-/// value and one record header (32).
+/// value and one record header (32). The log's growth counts the HSETs' own records (and
+/// the ends of pages they leave unused); what compaction moved to the tail meanwhile is the
+/// log's garbage collection, reported beside.
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct HsetBytes {
     pub hash_fields: u64,
     pub hsets_measured: u64,
     pub log_bytes_per_hset: f64,
+    pub compaction_bytes_per_hset: f64,
     pub element_bytes: u64,
     pub ratio: f64,
 }
 
 const VALUE: &[u8] = b"vvvvvvvv";
 
+/// The large hash's key.
+pub(super) const BIG_HASH: &str = "bench:bighash";
+
+/// Field `i` of the large hash: redis-benchmark's `__rand_int__` (12 digits) after `field:`.
 fn field(i: u64) -> String {
-    format!("field:{i:010}")
+    format!("field:{i:012}")
 }
 
 /// Pipelined `HSET key field value` for fields `from..to`, each reply checked.
@@ -127,8 +135,8 @@ fn hsets(s: &mut TcpStream, key: &str, from: u64, to: u64) -> Result<()> {
     Ok(())
 }
 
-/// `log_tail` from `INFO engine`.
-fn log_tail(s: &mut TcpStream) -> Result<u64> {
+/// `log_tail` and `compaction_moved_bytes` from `INFO engine`.
+fn log_tail(s: &mut TcpStream) -> Result<(u64, u64)> {
     let mut cmd = Vec::new();
     push_cmd(&mut cmd, &[b"INFO", b"engine"]);
     s.write_all(&cmd)?;
@@ -149,37 +157,96 @@ fn log_tail(s: &mut TcpStream) -> Result<u64> {
         }
     }
     let t = String::from_utf8_lossy(&text);
-    t.lines()
-        .find_map(|l| l.strip_prefix("log_tail:"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("INFO engine has no log_tail")
+    let field = |name: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("INFO engine has no {name}"))
+    };
+    Ok((field("log_tail:")?, field("compaction_moved_bytes:")?))
 }
 
-/// Builds a hash of `fields` fields at `addr`, then measures the log bytes of 1,000 HSETs of
-/// new fields.
-pub(super) fn hset_log_bytes(addr: SocketAddr, fields: u64) -> Result<HsetBytes> {
+/// Builds the large hash of `fields` fields at `addr` (HSETs pipelined).
+pub(super) fn build_hash(addr: SocketAddr, fields: u64) -> Result<()> {
     let mut s = TcpStream::connect(addr)?;
-    let key = "bench:bighash";
     let bar = crate::progress::bar(fields, false);
     bar.set_message(format!("HSET: a hash of {fields} fields"));
     let mut at = 0;
     while at < fields {
         let end = (at + 100_000).min(fields);
-        hsets(&mut s, key, at, end)?;
+        hsets(&mut s, BIG_HASH, at, end)?;
         at = end;
         bar.set_position(at);
     }
     bar.finish_and_clear();
+    Ok(())
+}
+
+/// HGETs of random fields of the large hash on one side.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct HgetPoint {
+    pub mode: &'static str,
+    pub hash_fields: u64,
+    pub clients: usize,
+    pub requests_per_sec: f64,
+    pub host_cpu_us_per_op: f64,
+    pub dpu_cpu_us_per_op: f64,
+    /// HGETs the DPU answered, over all.
+    pub dpu_fraction: f64,
+}
+
+/// redis-benchmark `HGET bench:bighash field:__rand_int__` (50 clients, no pipelining) over
+/// the hash's `fields` fields, with the server's CPU per request.
+pub(super) fn hgets(side: &Side, mode: Mode, p: &Plan, fields: u64) -> Result<HgetPoint> {
+    let before = snap(side);
+    let o = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &side.addr.port().to_string()])
+        .args(["-c", "50", "-n", &p.requests.to_string()])
+        .args(["-r", &fields.to_string(), "--csv"])
+        .args(["HGET", BIG_HASH, "field:__rand_int__"])
+        .output()
+        .context("run redis-benchmark (package redis-tools)")?;
+    let after = snap(side);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let rps: f64 = text
+        .lines()
+        .find(|l| l.starts_with("\"HGET"))
+        .and_then(|l| l.split("\",\"").nth(1))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .with_context(|| format!("redis-benchmark HGET output: {text}"))?;
+    let n = p.requests as f64;
+    let pt = HgetPoint {
+        mode: mode.name(),
+        hash_fields: fields,
+        clients: 50,
+        requests_per_sec: rps,
+        host_cpu_us_per_op: (after.host - before.host) * 1e6 / n,
+        dpu_cpu_us_per_op: (after.dpu - before.dpu) * 1e6 / n,
+        dpu_fraction: (after.dpu_gets - before.dpu_gets) as f64 / n,
+    };
+    eprintln!(
+        "  HGET of {fields} fields {:>9.0} req/s  host {:>6.2} µs/op  dpu {:>6.2} µs/op  DPU HGETs {:.2}",
+        pt.requests_per_sec, pt.host_cpu_us_per_op, pt.dpu_cpu_us_per_op, pt.dpu_fraction
+    );
+    Ok(pt)
+}
+
+/// On the large hash of `fields` fields at `addr` (built already), measures the log bytes
+/// of 1,000 HSETs of new fields.
+pub(super) fn hset_log_bytes(addr: SocketAddr, fields: u64) -> Result<HsetBytes> {
+    let mut s = TcpStream::connect(addr)?;
     let n = 1000;
-    let before = log_tail(&mut s)?;
-    hsets(&mut s, key, fields, fields + n)?;
-    let after = log_tail(&mut s)?;
-    let per = (after - before) as f64 / n as f64;
+    let (t0, m0) = log_tail(&mut s)?;
+    hsets(&mut s, BIG_HASH, fields, fields + n)?;
+    let (t1, m1) = log_tail(&mut s)?;
+    let moved = m1 - m0;
+    let per = (t1 - t0).saturating_sub(moved) as f64 / n as f64;
     let element = (field(0).len() + VALUE.len() + 32) as u64;
     Ok(HsetBytes {
         hash_fields: fields,
         hsets_measured: n,
         log_bytes_per_hset: per,
+        compaction_bytes_per_hset: moved as f64 / n as f64,
         element_bytes: element,
         ratio: per / element as f64,
     })

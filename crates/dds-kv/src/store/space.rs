@@ -297,6 +297,7 @@ impl Store {
                 h.expire_ms,
             );
             self.stats.compaction_moves += 1;
+            self.stats.compaction_moved_bytes += len;
             self.dirty = true;
             if h.kind == KIND_ELEMENT {
                 if let Some(c) = collection::decode_composite(key) {
