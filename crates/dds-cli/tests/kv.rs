@@ -1570,11 +1570,55 @@ fn list_elements_on_storage_are_read_ahead() {
         blocking,
         "no list read waited for storage inside the loop"
     );
-    // Pops read their element while they run, and answer it.
+    // Pops read their elements ahead too, each beyond those that the pops pending before it
+    // on that end will take: four connections popping one list, pipelined, get every
+    // element once, with few reads inside the loop.
     for i in 0..3u32 {
         s.write_all(&cmd(&[b"LPOP", b"q"])).unwrap();
         let v = value(i);
         let want = format!("${}\r\n{v}\r\n", v.len());
         assert_eq!(read_reply(&mut s, &mut b), want.as_bytes(), "LPOP {i}");
     }
+    let blocking = info(&mut s, &mut b, "storage_reads_blocking");
+    let ahead = info(&mut s, &mut b, "storage_reads_fetched_ahead");
+    let mut popped: Vec<Vec<u8>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                sc.spawn(move || {
+                    let mut c = TcpStream::connect(addr).unwrap();
+                    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut cb = Vec::new();
+                    let mut out = Vec::new();
+                    for _ in 0..5 {
+                        c.write_all(&cmd(&[b"LPOP", b"q"]).repeat(10)).unwrap();
+                        for _ in 0..10 {
+                            // `$<len>\r\n<element>\r\n`
+                            let r = read_reply(&mut c, &mut cb);
+                            let nl = r.iter().position(|&x| x == b'\n').unwrap();
+                            out.push(r[nl + 1..r.len() - 2].to_vec());
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    popped.sort();
+    let want: Vec<Vec<u8>> = (3..203u32).map(|i| value(i).into_bytes()).collect();
+    assert!(popped == want, "every element popped once");
+    s.write_all(&cmd(&[b"RPOP", b"q", b"3"])).unwrap();
+    let tail: Vec<Vec<u8>> = (19_997..20_000u32)
+        .rev()
+        .map(|i| value(i).into_bytes())
+        .collect();
+    assert_eq!(bulks(&read_reply(&mut s, &mut b)), Some(tail), "RPOP 3");
+    let ahead_now = info(&mut s, &mut b, "storage_reads_fetched_ahead");
+    let blocking_now = info(&mut s, &mut b, "storage_reads_blocking");
+    assert!(
+        ahead_now - ahead >= 150 && blocking_now - blocking <= 40,
+        "pops read ahead: {} fetched ahead, {} waited",
+        ahead_now - ahead,
+        blocking_now - blocking
+    );
 }

@@ -371,10 +371,8 @@ pub fn read_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], &'a [u8]
 
 /// Calls `f` with every (list key, element index) whose record the command reads and leaves
 /// in place: LINDEX's element, the first 16 of an LRANGE (an element on storage is fetched
-/// before the command runs, as [`read_elements`] does). A pop's element is not read ahead:
-/// poppers of one list contend for its end, and each would fetch the same element, which
-/// only the first gets (measured: 50 redis-benchmark clients popping one list ran at 4.6k
-/// pops/s reading ahead against 7.0k reading while they wait; docs/kv-service.md §7.5).
+/// before the command runs, as [`read_elements`] does). A pop's elements are read ahead
+/// through [`popped_end`].
 pub fn read_list_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], i64)) {
     const MAX: i64 = 16;
     let (Some(name), Some(&key)) = (argv.first(), argv.get(1)) else {
@@ -388,6 +386,35 @@ pub fn read_list_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], i64
         if let Some(start) = argv.get(2).and_then(|a| int_arg(a)).filter(|&s| s >= 0) {
             (start..start.saturating_add(MAX)).for_each(|i| f(key, i));
         }
+    }
+}
+
+/// The list end a pop takes its elements from, and how many: (key, left end, count) of
+/// LPOP and RPOP (with their count), RPOPLPUSH and LMOVE. The server reads them ahead, each
+/// pop beyond the elements that the pops pending before it on that end will take
+/// (`docs/kv-service.md` §7.5).
+pub fn popped_end<'a>(argv: &[&'a [u8]]) -> Option<(&'a [u8], bool, u32)> {
+    let (name, key) = (argv.first()?, *argv.get(1)?);
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    if is("lpop") || is("rpop") {
+        let count = match argv.get(2) {
+            Some(c) => int_arg(c).filter(|&c| c > 0)?.min(16) as u32,
+            None => 1,
+        };
+        Some((key, is("lpop"), count))
+    } else if is("rpoplpush") && argv.len() == 3 {
+        Some((key, false, 1))
+    } else if is("lmove") && argv.len() == 5 {
+        let from = argv[3];
+        if from.eq_ignore_ascii_case(b"left") {
+            Some((key, true, 1))
+        } else if from.eq_ignore_ascii_case(b"right") {
+            Some((key, false, 1))
+        } else {
+            None
+        }
+    } else {
+        None
     }
 }
 

@@ -24,7 +24,8 @@ use dds_storage::fileio::IoDone;
 use dds_storage::inflight::InFlightReads;
 
 use crate::commands::{
-    execute, read_elements, read_keys, read_list_elements, After, Ctx, ServerInfo, Session,
+    execute, popped_end, read_elements, read_keys, read_list_elements, After, Ctx, ServerInfo,
+    Session,
 };
 use crate::engine::Engine;
 use crate::keyspace::{passes, scan_args};
@@ -87,6 +88,8 @@ pub struct KvSession {
     fetched: Vec<Fetched>,
     /// Reads of the pending command still in flight.
     outstanding: u32,
+    /// The pending pop's place in its list end's `pops_ahead` (key hash, left end, count).
+    pop_claim: Option<(u64, bool, u32)>,
     /// Rounds of reads ahead the pending command took.
     rounds: u8,
     /// Replies waiting for a commit.
@@ -193,6 +196,9 @@ pub struct KvService {
     next_parked_sweep: Instant,
     /// The server stops: parked connections are closed, not woken.
     stopping: bool,
+    /// Elements of a list end (key hash, left end) that pending pops have read ahead and
+    /// will take: the next pop of that end reads the elements beyond them.
+    pops_ahead: HashMap<(u64, bool), u32>,
 }
 
 impl KvService {
@@ -299,12 +305,50 @@ impl KvService {
                 .into_iter()
                 .for_each(&mut push)
         });
+        // A pop: the elements it will take if the pops pending before it on that end take
+        // theirs first (they run in the order their reads complete: about the order issued).
+        // Read again at the end when that guess was wrong (another round).
+        let mut claim = None;
+        if let Some((key, left, count)) = popped_end(argv) {
+            let kh = crate::record::key_hash(key).0;
+            let ahead = match s.pop_claim {
+                Some(_) => 0,
+                None => self.pops_ahead.get(&(kh, left)).copied().unwrap_or(0),
+            };
+            for j in ahead..ahead + count {
+                let i = if left { j as i64 } else { -1 - j as i64 };
+                store
+                    .list_storage_addr(key, i)
+                    .into_iter()
+                    .for_each(&mut push);
+            }
+            if s.pop_claim.is_none() {
+                claim = Some((kh, left, count));
+            }
+        }
         let _ = more; // Records past the first 16 are read while the command runs.
         let issued = self.fetch_records(id, &want[..n]);
         if issued > 0 {
             s.rounds += 1;
+            if let Some(c @ (kh, left, count)) = claim {
+                *self.pops_ahead.entry((kh, left)).or_insert(0) += count;
+                s.pop_claim = Some(c);
+            }
         }
         issued
+    }
+
+    /// The pending pop of `s` runs (or its connection closed): its elements leave the
+    /// count of those read ahead.
+    fn release_pop(&mut self, s: &mut KvSession) {
+        if let Some((kh, left, count)) = s.pop_claim.take() {
+            if let Some(n) = self.pops_ahead.get_mut(&(kh, left)) {
+                *n = n.saturating_sub(count);
+                if *n == 0 {
+                    self.pops_ahead.remove(&(kh, left));
+                }
+            }
+        }
     }
 
     /// Issues the reads of the records at `addrs` for `id`; returns how many were issued.
@@ -729,6 +773,7 @@ impl Service for KvService {
             },
             fetched: Vec::new(),
             outstanding: 0,
+            pop_claim: None,
             rounds: 0,
             acks: 0,
             commit_blocked: false,
@@ -825,6 +870,7 @@ impl Service for KvService {
                         spare = reuse(args);
                         break Verdict::Pending;
                     }
+                    self.release_pop(s);
                     let mark = out.len();
                     self.store.take_undurable();
                     let after = if tx {
@@ -985,6 +1031,7 @@ impl Service for KvService {
     }
 
     fn closed(&mut self, id: ConnId, mut s: KvSession) {
+        self.release_pop(&mut s);
         self.unblocked.remove(&id);
         self.yielded.retain(|&c| c != id);
         if !s.watching.is_empty() {
@@ -1137,6 +1184,7 @@ impl Server {
             ready_keys: Vec::new(),
             next_parked_sweep: Instant::now(),
             stopping: false,
+            pops_ahead: HashMap::new(),
         };
         let tick = cfg.sync_interval.min(Duration::from_millis(100));
         let rt = Config {
