@@ -1501,6 +1501,110 @@ fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
 /// The element LINDEX reads, and the first of an LRANGE, are fetched before the command runs
 /// when they are on storage (a pending read: the loop does not wait for it); pops of those
 /// elements answer them right.
+/// A field of `INFO engine` on `s`.
+fn engine_info(s: &mut TcpStream, b: &mut Vec<u8>, field: &str) -> u64 {
+    s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
+    let text = String::from_utf8(read_reply(s, b)).unwrap();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .strip_prefix(':')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("INFO has {field}: {text}"))
+}
+
+/// SPOP, ZADD and ZREM of members on storage read their records ahead: SPOP's pick is drawn
+/// when its read is issued. Four connections popping one set, pipelined, get distinct
+/// members of it, with few reads inside the loop.
+#[test]
+fn random_picks_and_sorted_set_writes_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (_kv, addr) = start_kv(&[
+        "--storage",
+        "file",
+        "--dir",
+        d,
+        "--memory",
+        "256K",
+        "--page-size",
+        "64K",
+    ]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut b = Vec::new();
+    let member = |i: u32| format!("{i:06}{}", "m".repeat(94));
+    let mut batch = Vec::new();
+    for i in 0..20_000u32 {
+        batch.extend(cmd(&[b"SADD", b"s", member(i).as_bytes()]));
+        batch.extend(cmd(&[
+            b"ZADD",
+            b"z",
+            i.to_string().as_bytes(),
+            member(i).as_bytes(),
+        ]));
+    }
+    s.write_all(&batch).unwrap();
+    for _ in 0..40_000 {
+        assert_eq!(read_reply(&mut s, &mut b), b":1\r\n");
+    }
+    let blocking = engine_info(&mut s, &mut b, "storage_reads_blocking");
+    let ahead = engine_info(&mut s, &mut b, "storage_reads_fetched_ahead");
+    let mut popped: Vec<Vec<u8>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                sc.spawn(move || {
+                    let mut c = TcpStream::connect(addr).unwrap();
+                    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut cb = Vec::new();
+                    let mut out = Vec::new();
+                    for _ in 0..5 {
+                        c.write_all(&cmd(&[b"SPOP", b"s"]).repeat(10)).unwrap();
+                        for _ in 0..10 {
+                            let r = read_reply(&mut c, &mut cb);
+                            let nl = r.iter().position(|&x| x == b'\n').unwrap();
+                            out.push(r[nl + 1..r.len() - 2].to_vec());
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    popped.sort();
+    popped.dedup();
+    assert_eq!(popped.len(), 200, "200 distinct members popped");
+    assert!(popped
+        .iter()
+        .all(|m| m.len() == 100 && m.ends_with(&[b'm'; 94])));
+    s.write_all(&cmd(&[b"SCARD", b"s"])).unwrap();
+    assert_eq!(read_reply(&mut s, &mut b), b":19800\r\n");
+    // ZADD of existing members (their old scores are read) and ZREM.
+    let mut batch = Vec::new();
+    for i in 0..100u32 {
+        batch.extend(cmd(&[b"ZADD", b"z", b"-1", member(i * 97).as_bytes()]));
+        batch.extend(cmd(&[b"ZREM", b"z", member(i * 97 + 1).as_bytes()]));
+    }
+    s.write_all(&batch).unwrap();
+    for _ in 0..100 {
+        assert_eq!(read_reply(&mut s, &mut b), b":0\r\n", "ZADD of a member");
+        assert_eq!(read_reply(&mut s, &mut b), b":1\r\n", "ZREM");
+    }
+    let ahead = engine_info(&mut s, &mut b, "storage_reads_fetched_ahead") - ahead;
+    let waited = engine_info(&mut s, &mut b, "storage_reads_blocking") - blocking;
+    assert!(
+        ahead >= 300 && waited <= 60,
+        "reads ahead: {ahead} fetched ahead, {waited} waited"
+    );
+    // (The order, built now from every record, has the new scores.)
+    s.write_all(&cmd(&[b"ZCOUNT", b"z", b"-1", b"-1"])).unwrap();
+    assert_eq!(read_reply(&mut s, &mut b), b":100\r\n");
+}
+
 #[test]
 fn list_elements_on_storage_are_read_ahead() {
     let dir = tempfile::tempdir().unwrap();

@@ -360,8 +360,23 @@ pub fn read_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], &'a [u8]
         if let Some(field) = argv.get(2) {
             f(key, field);
         }
-    } else if is(&["hmget", "zmscore", "dds.hmgetpart"]) {
+    } else if is(&["hmget", "zmscore", "dds.hmgetpart", "zrem"]) {
         argv[2..].iter().for_each(|field| f(key, field));
+    } else if is(&["zadd"]) {
+        // A member's old score (its record): after the options, score-member pairs.
+        let opts = argv[2..]
+            .iter()
+            .take_while(|w| {
+                ["nx", "xx", "gt", "lt", "ch", "incr"]
+                    .iter()
+                    .any(|o| w.eq_ignore_ascii_case(o.as_bytes()))
+            })
+            .count();
+        argv[2 + opts..]
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .for_each(|m| f(key, m));
     } else if is(&["zincrby"]) {
         if let Some(member) = argv.get(3) {
             f(key, member);

@@ -9,6 +9,7 @@ use dds_kvmem::KvError;
 use dds_storage::fileio::{FileIo, IoDone};
 
 use crate::collection::CollType;
+use crate::collmap::Hash;
 use crate::store::{
     Durability, Expiry, Fetched, Modifier, Modify, OldValue, SetCond, Store, StoreError,
     StoreResult,
@@ -111,6 +112,12 @@ pub trait Engine: Send {
     fn fetched(&mut self) -> Option<&mut Vec<Fetched>> {
         None
     }
+    /// Draws the element of the next single random pick of `key` ([`Store::draw_element`]).
+    fn draw_element(&mut self, _key: &[u8]) -> Option<(Hash, Hash, Option<u64>)> {
+        None
+    }
+    /// Hands the element drawn ahead to the command about to run ([`Store::set_drawn`]).
+    fn set_drawn(&mut self, _d: Option<(Hash, Hash)>) {}
     /// The asynchronous I/O of the engine's storage, for reads ahead (tags with the top four
     /// bits zero); engines without storage: none.
     fn io(&mut self) -> Option<&mut dyn FileIo> {
@@ -589,6 +596,12 @@ impl Engine for Store {
     }
     fn fetched(&mut self) -> Option<&mut Vec<Fetched>> {
         Some(Store::fetched(self))
+    }
+    fn draw_element(&mut self, key: &[u8]) -> Option<(Hash, Hash, Option<u64>)> {
+        Store::draw_element(self, key)
+    }
+    fn set_drawn(&mut self, d: Option<(Hash, Hash)>) {
+        Store::set_drawn(self, d)
     }
     fn io(&mut self) -> Option<&mut dyn FileIo> {
         Some(Store::io(self))

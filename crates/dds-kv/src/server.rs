@@ -90,6 +90,9 @@ pub struct KvSession {
     outstanding: u32,
     /// The pending pop's place in its list end's `pops_ahead` (key hash, left end, count).
     pop_claim: Option<(u64, bool, u32)>,
+    /// The element the pending random pick (SPOP key, SRANDMEMBER key, ...) drew when its
+    /// read ahead was issued: (key hash, sub-key hash).
+    drawn: Option<((u64, u64), (u64, u64))>,
     /// Rounds of reads ahead the pending command took.
     rounds: u8,
     /// Replies waiting for a commit.
@@ -326,8 +329,28 @@ impl KvService {
                 claim = Some((kh, left, count));
             }
         }
+        // A single random pick: drawn now, its record read ahead; the command takes it when
+        // it runs, while it is still an element.
+        let mut drawn = None;
+        if argv.len() == 2 && s.drawn.is_none() {
+            let is = |n: &str| argv[0].eq_ignore_ascii_case(n.as_bytes());
+            if is("spop") || is("srandmember") || is("hrandfield") || is("zrandmember") {
+                if let Some((kh, sub, addr)) = self.store.draw_element(argv[1]) {
+                    drawn = Some((kh, sub));
+                    if let Some(a) = addr.filter(|a| !s.fetched.iter().any(|f| f.addr == *a)) {
+                        if n < want.len() && !want[..n].contains(&a) {
+                            want[n] = a;
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
         let _ = more; // Records past the first 16 are read while the command runs.
         let issued = self.fetch_records(id, &want[..n]);
+        if issued > 0 {
+            s.drawn = drawn;
+        }
         if issued > 0 {
             s.rounds += 1;
             if let Some(c @ (kh, left, count)) = claim {
@@ -774,6 +797,7 @@ impl Service for KvService {
             fetched: Vec::new(),
             outstanding: 0,
             pop_claim: None,
+            drawn: None,
             rounds: 0,
             acks: 0,
             commit_blocked: false,
@@ -873,11 +897,13 @@ impl Service for KvService {
                     self.release_pop(s);
                     let mark = out.len();
                     self.store.take_undurable();
+                    self.store.set_drawn(s.drawn.take());
                     let after = if tx {
                         self.transaction(id, s, &args, out)
                     } else {
                         self.run(s, &args, out)
                     };
+                    self.store.set_drawn(None);
                     spare = reuse(args);
                     if let Some(wait) = self.info.block.wait.take() {
                         // A blocking pop found nothing: it stays in the input and runs again

@@ -279,6 +279,10 @@ pub struct Store {
     rng: u64,
     /// The key the next RANDOMKEY answers, chosen when its record was read ahead.
     picked: Option<(u64, u64)>,
+    /// The element the next single random pick (SPOP, SRANDMEMBER, HRANDFIELD, ZRANDMEMBER
+    /// without a count) takes while it is live: (collection key hash, sub-key hash), drawn
+    /// when its command's read ahead was issued ([`Store::draw_element`]).
+    drawn: Option<((u64, u64), (u64, u64))>,
     live: u64,
     /// Live keys with an expiry.
     expiring: u64,
@@ -426,6 +430,7 @@ impl Store {
             step: Vec::new(),
             rng: now_ms() | 1,
             picked: None,
+            drawn: None,
             live: 0,
             expiring: 0,
             dirty: false,

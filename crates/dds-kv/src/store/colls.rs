@@ -317,15 +317,25 @@ impl Store {
                 }
             }
             let draws = if repeat { count } else { 1 };
+            // A single pick drawn ahead, while it is still an element.
+            let mut drawn = self
+                .drawn
+                .take()
+                .filter(|&(k, sub)| {
+                    !repeat
+                        && k == kh
+                        && self.colls.get(kh).is_some_and(|c| c.element(sub).is_some())
+                })
+                .map(|(_, sub)| sub);
             for _ in 0..draws {
                 let r = self.random();
-                let Some(sub) = self
-                    .colls
-                    .get(kh)
-                    .and_then(|c| c.picks.as_deref())
-                    .filter(|p| !p.is_empty())
-                    .map(|p| p.get((r % p.len() as u64) as usize))
-                else {
+                let Some(sub) = drawn.take().or_else(|| {
+                    self.colls
+                        .get(kh)
+                        .and_then(|c| c.picks.as_deref())
+                        .filter(|p| !p.is_empty())
+                        .map(|p| p.get((r % p.len() as u64) as usize))
+                }) else {
                     break;
                 };
                 if let Some(hdr) = self.load_element(kh, key, version, sub)? {
@@ -424,6 +434,29 @@ impl Store {
         let c = self.colls.get(record::key_hash(key))?;
         let a = c.element(sub_hash(c.ty, field))?;
         (a < self.head && a >= self.begin).then_some(a)
+    }
+
+    /// Draws now the element that the next single random pick of `key`'s collection takes
+    /// (uniformly, as the pick would; [`Store::set_drawn`] hands it back when that command
+    /// runs): (key hash, sub-key hash), and its record's address when it is on storage (to
+    /// read ahead).
+    pub fn draw_element(&mut self, key: &[u8]) -> Option<(Hash, Hash, Option<u64>)> {
+        let kh = record::key_hash(key);
+        let c = self.colls.get_mut(kh).filter(|c| c.ty != CollType::List)?;
+        if c.picks.is_none() {
+            c.picks = Some(Box::new(crate::collmap::Picks::of(c)));
+        }
+        let r = self.random();
+        let c = self.colls.get(kh)?;
+        let p = c.picks.as_deref().filter(|p| !p.is_empty())?;
+        let sub = p.get((r % p.len() as u64) as usize);
+        let a = c.element(sub)?;
+        Some((kh, sub, (a < self.head && a >= self.begin).then_some(a)))
+    }
+
+    /// The element drawn ahead for the command about to run (or none).
+    pub fn set_drawn(&mut self, d: Option<(Hash, Hash)>) {
+        self.drawn = d;
     }
 
     /// The log address of a list element's record (`index`: from the head, negative from
