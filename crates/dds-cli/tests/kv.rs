@@ -297,7 +297,15 @@ fn redis_benchmark_and_the_python_client_over_dds() {
 /// the processes, the DPU's socket, and a connection through the director and one straight
 /// to the host.
 fn offloaded_kv(dir: &Path) -> (Guard, Guard, std::path::PathBuf, TcpStream, TcpStream) {
-    let (dpu, socket, via_dpu) = common::start_offload_dpu(dir, "512M", "redis");
+    offloaded_kv_with(dir, &[])
+}
+
+/// [`offloaded_kv`] with `extra` flags of `dds dpu`.
+fn offloaded_kv_with(
+    dir: &Path,
+    extra: &[&str],
+) -> (Guard, Guard, std::path::PathBuf, TcpStream, TcpStream) {
+    let (dpu, socket, via_dpu) = common::start_offload_dpu_with(dir, "512M", "redis", extra);
     let (kv, direct) = start_kv_on(
         "127.0.0.1:0",
         &[
@@ -413,28 +421,8 @@ fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
 #[test]
 fn an_mget_behind_a_full_share_of_dpu_reads_is_answered() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, socket, via_dpu) = common::start_offload_dpu_with(
-        dir.path(),
-        "512M",
-        "redis",
-        &["--offload-contexts-per-conn", "2"],
-    );
-    let (_kv, _) = start_kv_on(
-        "127.0.0.1:0",
-        &[
-            "--socket",
-            socket.to_str().unwrap(),
-            "--memory",
-            "256K",
-            "--page-size",
-            "64K",
-            "--log-size",
-            "64M",
-            "--durability",
-            "fsync",
-        ],
-    );
-    let mut d = TcpStream::connect(via_dpu).unwrap();
+    let (_dpu, _kv, _socket, mut d, _h) =
+        offloaded_kv_with(dir.path(), &["--offload-contexts-per-conn", "2"]);
     let mut db = Vec::new();
     for i in 0..64 {
         d.write_all(&cmd(&[b"SET", format!("key{i}").as_bytes(), b"v"]))
@@ -1501,6 +1489,36 @@ fn blocking_pops_wake_in_order_time_out_and_skip_clients_that_left() {
 /// The element LINDEX reads, and the first of an LRANGE, are fetched before the command runs
 /// when they are on storage (a pending read: the loop does not wait for it); pops of those
 /// elements answer them right.
+/// `conns` connections each send `cmd` 50 times to `addr` (pipelined, 10 at a time): the
+/// bulk strings answered.
+fn pop_concurrently(addr: SocketAddr, cmd_words: &[&[u8]], conns: usize) -> Vec<Vec<u8>> {
+    let c = cmd(cmd_words);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..conns)
+            .map(|_| {
+                let c = &c;
+                sc.spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let mut b = Vec::new();
+                    let mut out = Vec::new();
+                    for _ in 0..5 {
+                        s.write_all(&c.repeat(10)).unwrap();
+                        for _ in 0..10 {
+                            // `$<len>\r\n<element>\r\n`
+                            let r = read_reply(&mut s, &mut b);
+                            let nl = r.iter().position(|&x| x == b'\n').unwrap();
+                            out.push(r[nl + 1..r.len() - 2].to_vec());
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// A field of `INFO engine` on `s`.
 fn engine_info(s: &mut TcpStream, b: &mut Vec<u8>, field: &str) -> u64 {
     s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
@@ -1553,28 +1571,7 @@ fn random_picks_and_sorted_set_writes_read_ahead() {
     }
     let blocking = engine_info(&mut s, &mut b, "storage_reads_blocking");
     let ahead = engine_info(&mut s, &mut b, "storage_reads_fetched_ahead");
-    let mut popped: Vec<Vec<u8>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..4)
-            .map(|_| {
-                sc.spawn(move || {
-                    let mut c = TcpStream::connect(addr).unwrap();
-                    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                    let mut cb = Vec::new();
-                    let mut out = Vec::new();
-                    for _ in 0..5 {
-                        c.write_all(&cmd(&[b"SPOP", b"s"]).repeat(10)).unwrap();
-                        for _ in 0..10 {
-                            let r = read_reply(&mut c, &mut cb);
-                            let nl = r.iter().position(|&x| x == b'\n').unwrap();
-                            out.push(r[nl + 1..r.len() - 2].to_vec());
-                        }
-                    }
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let mut popped = pop_concurrently(addr, &[b"SPOP", b"s"], 4);
     popped.sort();
     popped.dedup();
     assert_eq!(popped.len(), 200, "200 distinct members popped");
@@ -1633,19 +1630,7 @@ fn list_elements_on_storage_are_read_ahead() {
         let want = format!(":{}\r\n", i + 1);
         assert_eq!(read_reply(&mut s, &mut b), want.as_bytes());
     }
-    let info = |s: &mut TcpStream, b: &mut Vec<u8>, field: &str| -> u64 {
-        s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
-        let text = String::from_utf8(read_reply(s, b)).unwrap();
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(field)?
-                    .strip_prefix(':')?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("INFO has {field}: {text}"))
-    };
+    let info = engine_info;
     let blocking = info(&mut s, &mut b, "storage_reads_blocking");
     let ahead = info(&mut s, &mut b, "storage_reads_fetched_ahead");
     for i in 0..50u32 {
@@ -1685,29 +1670,7 @@ fn list_elements_on_storage_are_read_ahead() {
     }
     let blocking = info(&mut s, &mut b, "storage_reads_blocking");
     let ahead = info(&mut s, &mut b, "storage_reads_fetched_ahead");
-    let mut popped: Vec<Vec<u8>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..4)
-            .map(|_| {
-                sc.spawn(move || {
-                    let mut c = TcpStream::connect(addr).unwrap();
-                    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                    let mut cb = Vec::new();
-                    let mut out = Vec::new();
-                    for _ in 0..5 {
-                        c.write_all(&cmd(&[b"LPOP", b"q"]).repeat(10)).unwrap();
-                        for _ in 0..10 {
-                            // `$<len>\r\n<element>\r\n`
-                            let r = read_reply(&mut c, &mut cb);
-                            let nl = r.iter().position(|&x| x == b'\n').unwrap();
-                            out.push(r[nl + 1..r.len() - 2].to_vec());
-                        }
-                    }
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let mut popped = pop_concurrently(addr, &[b"LPOP", b"q"], 4);
     popped.sort();
     let want: Vec<Vec<u8>> = (3..203u32).map(|i| value(i).into_bytes()).collect();
     assert!(popped == want, "every element popped once");

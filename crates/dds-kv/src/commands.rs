@@ -405,9 +405,10 @@ pub fn read_list_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], i64
 }
 
 /// The list end a pop takes its elements from, and how many: (key, left end, count) of
-/// LPOP and RPOP (with their count), RPOPLPUSH and LMOVE. The server reads them ahead, each
-/// pop beyond the elements that the pops pending before it on that end will take
-/// (`docs/kv-service.md` §7.5).
+/// LPOP and RPOP (with their count), RPOPLPUSH and LMOVE, and of their blocking forms on one
+/// key (BLPOP, BRPOP, BRPOPLPUSH, BLMOVE). The server reads them ahead, each pop beyond the
+/// elements that the pops pending before it on that end will take (`docs/kv-service.md`
+/// §7.5).
 pub fn popped_end<'a>(argv: &[&'a [u8]]) -> Option<(&'a [u8], bool, u32)> {
     let (name, key) = (argv.first()?, *argv.get(1)?);
     let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
@@ -417,9 +418,11 @@ pub fn popped_end<'a>(argv: &[&'a [u8]]) -> Option<(&'a [u8], bool, u32)> {
             None => 1,
         };
         Some((key, is("lpop"), count))
-    } else if is("rpoplpush") && argv.len() == 3 {
+    } else if (is("blpop") || is("brpop")) && argv.len() == 3 {
+        Some((key, is("blpop"), 1))
+    } else if (is("rpoplpush") && argv.len() == 3) || (is("brpoplpush") && argv.len() == 4) {
         Some((key, false, 1))
-    } else if is("lmove") && argv.len() == 5 {
+    } else if (is("lmove") && argv.len() == 5) || (is("blmove") && argv.len() == 6) {
         let from = argv[3];
         if from.eq_ignore_ascii_case(b"left") {
             Some((key, true, 1))

@@ -1339,30 +1339,29 @@ mod tests {
             v.sort();
             v
         };
-        assert_eq!(
-            keys_of(&[b"HSET", b"h", b"f1", b"1", b"f2", b"2"]),
-            sorted(vec![e(b"h", b"f1"), e(b"h", b"f2")])
-        );
-        assert_eq!(
-            keys_of(&[b"HINCRBY", b"h", b"f", b"1"]),
-            vec![e(b"h", b"f")]
-        );
-        assert_eq!(
-            keys_of(&[b"SREM", b"s", b"a", b"b"]),
-            sorted(vec![e(b"s", b"a"), e(b"s", b"b")])
-        );
-        assert_eq!(
-            keys_of(&[b"ZADD", b"z", b"XX", b"ch", b"1", b"a", b"2", b"b"]),
-            sorted(vec![e(b"z", b"a"), e(b"z", b"b")])
-        );
-        assert_eq!(
-            keys_of(&[b"ZINCRBY", b"z", b"2", b"m"]),
-            vec![e(b"z", b"m")]
-        );
-        assert_eq!(
-            keys_of(&[b"SMOVE", b"s", b"t", b"m"]),
-            sorted(vec![e(b"s", b"m"), e(b"t", b"m")])
-        );
+        let named: [(&[&[u8]], Vec<u64>); 6] = [
+            (
+                &[b"HSET", b"h", b"f1", b"1", b"f2", b"2"],
+                vec![e(b"h", b"f1"), e(b"h", b"f2")],
+            ),
+            (&[b"HINCRBY", b"h", b"f", b"1"], vec![e(b"h", b"f")]),
+            (
+                &[b"SREM", b"s", b"a", b"b"],
+                vec![e(b"s", b"a"), e(b"s", b"b")],
+            ),
+            (
+                &[b"ZADD", b"z", b"XX", b"ch", b"1", b"a", b"2", b"b"],
+                vec![e(b"z", b"a"), e(b"z", b"b")],
+            ),
+            (&[b"ZINCRBY", b"z", b"2", b"m"], vec![e(b"z", b"m")]),
+            (
+                &[b"SMOVE", b"s", b"t", b"m"],
+                vec![e(b"s", b"m"), e(b"t", b"m")],
+            ),
+        ];
+        for (m, want) in named {
+            assert_eq!(keys_of(m), sorted(want), "{m:?}");
+        }
         // Writes of elements the command does not name: the collection's key.
         assert_eq!(keys_of(&[b"SPOP", b"s"]), vec![k(b"s")]);
         assert_eq!(
