@@ -350,8 +350,6 @@ impl KvService {
         let issued = self.fetch_records(id, &want[..n]);
         if issued > 0 {
             s.drawn = drawn;
-        }
-        if issued > 0 {
             s.rounds += 1;
             if let Some(c @ (kh, left, count)) = claim {
                 *self.pops_ahead.entry((kh, left)).or_insert(0) += count;
