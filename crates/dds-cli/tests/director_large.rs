@@ -474,7 +474,15 @@ fn hostile(rng: &mut impl RngCore) -> Vec<u8> {
         rng.fill_bytes(&mut w);
         w
     };
-    let names: [&[u8]; 16] = [
+    let names: [&[u8]; 24] = [
+        b"HGET",
+        b"HMGET",
+        b"HSET",
+        b"SISMEMBER",
+        b"SADD",
+        b"ZSCORE",
+        b"ZADD",
+        b"DDS.HMGETPART",
         b"GET",
         b"SET",
         b"MGET",
@@ -514,6 +522,23 @@ fn hostile(rng: &mut impl RngCore) -> Vec<u8> {
                     b"\r\n\r\n*0\r\n",
                 ];
                 out.extend_from_slice(forms[rng.gen_range(0..forms.len())]);
+            }
+            3 => {
+                // A collection command on a few keys and fields (so that some are cached
+                // and served on the DPU), with random extra arguments.
+                let small = |rng: &mut dyn RngCore, what: &str| {
+                    format!("{what}{}", rng.gen_range(0..4)).into_bytes()
+                };
+                let mut words = vec![names[rng.gen_range(0..8)].to_vec(), small(rng, "c")];
+                for _ in 0..rng.gen_range(0..5) {
+                    words.push(if rng.gen_bool(0.7) {
+                        small(rng, "f")
+                    } else {
+                        word(rng)
+                    });
+                }
+                let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+                out.extend(cmd(&refs));
             }
             2 => {
                 // An inline command.
