@@ -1519,6 +1519,25 @@ fn pop_concurrently(addr: SocketAddr, cmd_words: &[&[u8]], conns: usize) -> Vec<
     })
 }
 
+/// `dds kv` on OS files in `dir` with 256 KiB of memory in 64 KiB pages (records leave
+/// memory soon), and a connection to it.
+fn small_memory_kv(dir: &Path) -> (Guard, SocketAddr, TcpStream) {
+    let d = dir.to_str().unwrap();
+    let (kv, addr) = start_kv(&[
+        "--storage",
+        "file",
+        "--dir",
+        d,
+        "--memory",
+        "256K",
+        "--page-size",
+        "64K",
+    ]);
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    (kv, addr, s)
+}
+
 /// A field of `INFO engine` on `s`.
 fn engine_info(s: &mut TcpStream, b: &mut Vec<u8>, field: &str) -> u64 {
     s.write_all(&cmd(&[b"INFO", b"engine"])).unwrap();
@@ -1540,19 +1559,7 @@ fn engine_info(s: &mut TcpStream, b: &mut Vec<u8>, field: &str) -> u64 {
 #[test]
 fn random_picks_and_sorted_set_writes_read_ahead() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
-    let (_kv, addr) = start_kv(&[
-        "--storage",
-        "file",
-        "--dir",
-        d,
-        "--memory",
-        "256K",
-        "--page-size",
-        "64K",
-    ]);
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (_kv, addr, mut s) = small_memory_kv(dir.path());
     let mut b = Vec::new();
     let member = |i: u32| format!("{i:06}{}", "m".repeat(94));
     let mut batch = Vec::new();
@@ -1605,19 +1612,7 @@ fn random_picks_and_sorted_set_writes_read_ahead() {
 #[test]
 fn list_elements_on_storage_are_read_ahead() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
-    let (_kv, addr) = start_kv(&[
-        "--storage",
-        "file",
-        "--dir",
-        d,
-        "--memory",
-        "256K",
-        "--page-size",
-        "64K",
-    ]);
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (_kv, addr, mut s) = small_memory_kv(dir.path());
     let mut b = Vec::new();
     // 20,000 elements of 100 bytes: the head's records leave memory.
     let value = |i: u32| format!("{i:06}{}", "e".repeat(94));
