@@ -348,15 +348,10 @@ impl Worker {
                     }
                     Some(op) => {
                         let ctx = pool.alloc().expect("budgeted");
-                        let req = &msg[d.offset as usize..d.offset as usize + d.len as usize];
                         let mut head = [0u8; REQUEST_HEAD_BYTES];
                         let hl = match c.session.as_ref() {
                             Some(s) => s.request_head(msg, d, &mut head).min(REQUEST_HEAD_BYTES),
-                            None => {
-                                let n = req.len().min(REQUEST_HEAD_BYTES);
-                                head[..n].copy_from_slice(&req[..n]);
-                                n
-                            }
+                            None => dds_offload_api::request_prefix(msg, d, &mut head),
                         };
                         let head = &head[..hl];
                         let cx = &mut pool.ctxs[ctx as usize];

@@ -364,14 +364,7 @@ pub fn read_elements<'a>(argv: &[&'a [u8]], mut f: impl FnMut(&'a [u8], &'a [u8]
         argv[2..].iter().for_each(|field| f(key, field));
     } else if is(&["zadd"]) {
         // A member's old score (its record): after the options, score-member pairs.
-        let opts = argv[2..]
-            .iter()
-            .take_while(|w| {
-                ["nx", "xx", "gt", "lt", "ch", "incr"]
-                    .iter()
-                    .any(|o| w.eq_ignore_ascii_case(o.as_bytes()))
-            })
-            .count();
+        let opts = crate::zsets::zadd_options(argv[2..].iter().copied());
         argv[2 + opts..]
             .iter()
             .skip(1)

@@ -204,6 +204,52 @@ fn mget_keys(msg: &[u8], max: usize) -> Option<(usize, [(u32, u32); MAX_SPLIT_AR
     bulk_args(msg, b"MGET", max.min(MAX_MGET_SPLIT))
 }
 
+/// Splits a command whose arguments are the bulk strings `args` (offsets and lengths in
+/// `msg`): request 0 is the array header with the first `kept` arguments (answered on the
+/// DPU without a read), each later argument a request of its own, to the DPU when `hit`
+/// (given its bulk string, each once: the cache changes under the planner) says it is
+/// cached, else to the host's `part` command. `false`, with nothing pushed, when no argument
+/// is cached or the host part with every argument would not fit the host message's room
+/// (all of them go there if none can be read on the DPU after all).
+fn split_args(
+    msg: &[u8],
+    args: &[(u32, u32)],
+    kept: usize,
+    part: &[u8],
+    mut hit: impl FnMut(&[u8]) -> bool,
+    host: &mut ReqList,
+    dpu: &mut ReqList,
+) -> Result<bool, Malformed> {
+    let full = |_| Malformed("request list full");
+    let mut hits = [false; MAX_SPLIT_ARGS];
+    let mut any = false;
+    for (i, &(off, len)) in args.iter().enumerate().skip(kept) {
+        hits[i] = hit(&msg[off as usize..(off + len) as usize]);
+        any |= hits[i];
+    }
+    let host_len = 1 + decimal_digits(args.len() + 1) + 2 + 1 + 2 + 2 + part.len() + 2;
+    let all: usize = args.iter().map(|a| a.1 as usize).sum();
+    if !any || host_len + all > msg.len() + HOST_MESSAGE_SLACK {
+        return Ok(false);
+    }
+    dpu.push(ReqDesc {
+        offset: 0,
+        len: args[kept].0,
+        pos: 0,
+    })
+    .map_err(full)?;
+    for (i, &(offset, len)) in args.iter().enumerate().skip(kept) {
+        let d = ReqDesc {
+            offset,
+            len,
+            pos: (i - kept + 1) as u32,
+        };
+        let list = if hits[i] { &mut *dpu } else { &mut *host };
+        list.push(d).map_err(full)?;
+    }
+    Ok(true)
+}
+
 /// The key of an `HMGET` in RESP array form.
 fn hmget_key(msg: &[u8]) -> Option<&[u8]> {
     if msg.first() != Some(&b'*') {
@@ -315,15 +361,7 @@ fn push_element_writes<'a>(
         (2, 0)
     } else if is(&["ZADD"]) {
         // Options first (as Redis reads them), then score-member pairs.
-        let opts = words
-            .clone()
-            .skip(1)
-            .take_while(|w| {
-                ["NX", "XX", "GT", "LT", "CH", "INCR"]
-                    .iter()
-                    .any(|o| w.eq_ignore_ascii_case(o.as_bytes()))
-            })
-            .count();
+        let opts = crate::zsets::zadd_options(words.clone().skip(1));
         (2 + opts, 2)
     } else if is(&["SMOVE"]) {
         // The member leaves the source and joins the destination.
@@ -505,6 +543,35 @@ fn header_only(room: &mut [u8], text: &[u8]) -> ResponseLayout {
     }
 }
 
+/// The reply to a DPU read that failed.
+const READ_FAILED: &[u8] = b"-ERR DPU read of the record failed, retry\r\n";
+/// The reply to a DPU read that found another record (its space was reused while the read
+/// was in flight).
+const MOVED: &[u8] = b"-TRYAGAIN record moved, retry\r\n";
+
+/// The header of the record a DPU read brought (`data`), if the whole record was read, it is
+/// of `kind`, not superseded, and `key_is` accepts its key; else the error reply.
+fn record_read(
+    op: &ReadOp,
+    result: ReadResult,
+    data: &[u8],
+    kind: u8,
+    key_is: impl FnOnce(&[u8]) -> bool,
+) -> Result<record::Header, &'static [u8]> {
+    let n = match result {
+        Ok(n) if n == op.size => n as usize,
+        _ => return Err(READ_FAILED),
+    };
+    record::decode_header(&data[..n])
+        .filter(|h| {
+            h.kind == kind
+                && h.len() == n
+                && h.flags & FLAG_SUPERSEDED == 0
+                && key_is(&data[h.key_range()])
+        })
+        .ok_or(MOVED)
+}
+
 /// The DPU's reply to an element read (§4.1): the element record read is checked (an element
 /// record, not superseded, of this key and sub-key) and its value answered.
 fn element_response(
@@ -520,30 +587,16 @@ fn element_response(
         // The member's cache entry is the answer; nothing was read.
         return Ok(header_only(room, b":1\r\n"));
     }
-    let n = match result {
-        Ok(n) if n == op.size => n as usize,
-        _ => {
-            return Ok(header_only(
-                room,
-                b"-ERR DPU read of the record failed, retry\r\n",
-            ))
-        }
-    };
-    let ok = record::decode_header(&data[..n]).filter(|h| {
-        h.kind == collection::KIND_ELEMENT
-            && h.len() == n
-            && h.flags & FLAG_SUPERSEDED == 0
-            && collection::decode_composite(&data[h.key_range()])
-                .is_some_and(|c| c.key == key && c.sub == sub)
-    });
-    let Some(h) = ok else {
-        // The record's space was reused while the read was in flight.
-        return Ok(header_only(room, b"-TRYAGAIN record moved, retry\r\n"));
+    let h = match record_read(op, result, data, collection::KIND_ELEMENT, |ck| {
+        collection::decode_composite(ck).is_some_and(|c| c.key == key && c.sub == sub)
+    }) {
+        Ok(h) => h,
+        Err(text) => return Ok(header_only(room, text)),
     };
     let v = h.value_range();
     if what == ElementRead::ZScore {
         let Some(score) = collection::decode_score(&data[v]) else {
-            return Ok(header_only(room, b"-TRYAGAIN record moved, retry\r\n"));
+            return Ok(header_only(room, MOVED));
         };
         let t = crate::zsets::ScoreText::new(score);
         let t = t.as_bytes();
@@ -679,76 +732,26 @@ impl OffloadApp for RedisApp {
         // An MGET is split when some of its keys are cached: request 0 is the array header
         // (built on the DPU), requests 1.. the keys, each to the DPU or the host.
         if let Some((n, keys)) = mget_keys(msg, dpu.capacity() - 1) {
-            let hit = |&(off, len): &(u32, u32)| {
-                len as usize <= REQUEST_HEAD_BYTES
-                    && head_key(&msg[off as usize..(off + len) as usize])
-                        .is_some_and(|k| cached(cache, k).is_some())
+            let hit = |b: &[u8]| {
+                b.len() <= REQUEST_HEAD_BYTES
+                    && head_key(b).is_some_and(|k| cached(cache, k).is_some())
             };
-            // Each key's place is decided once (the cache changes under the planner).
-            let mut hits = [false; MAX_MGET_SPLIT];
-            let mut nhost = 0;
-            for (i, k) in keys[..n].iter().enumerate() {
-                hits[i] = hit(k);
-                nhost += usize::from(!hits[i]);
-            }
-            // The host part (`DDS.MGETPART` is longer than `MGET`) must fit the host
-            // message's room, whichever keys end up there (all of them, if none can be read
-            // on the DPU after all).
-            let host_len = 1 + decimal_digits(n + 1) + 2 + 1 + 2 + 2 + MGET_PART.len() + 2;
-            let all_keys: usize = keys[..n].iter().map(|k| k.1 as usize).sum();
-            let fits = host_len + all_keys <= msg.len() + HOST_MESSAGE_SLACK;
-            if nhost < n && fits {
-                dpu.push(ReqDesc {
-                    offset: 0,
-                    len: keys[0].0,
-                    pos: 0,
-                })
-                .map_err(|_| full)?;
-                for (i, k) in keys[..n].iter().enumerate() {
-                    let d = ReqDesc {
-                        offset: k.0,
-                        len: k.1,
-                        pos: i as u32 + 1,
-                    };
-                    let list = if hits[i] { &mut *dpu } else { &mut *host };
-                    list.push(d).map_err(|_| full)?;
-                }
+            if split_args(msg, &keys[..n], 0, MGET_PART, hit, host, dpu)? {
                 return Ok(());
             }
         }
         // An HMGET of a cached hash is split the same way: request 0 is the header with the
         // key, requests 1.. the fields, each read on the DPU as an HGET when cached.
         if let Some((n, a)) = bulk_args(msg, b"HMGET", dpu.capacity()) {
-            let bulk = |i: usize| &msg[a[i].0 as usize..(a[i].0 + a[i].1) as usize];
-            let key = head_key(bulk(0)).unwrap_or_default();
-            let mut hits = [false; MAX_MGET_SPLIT];
+            let key =
+                head_key(&msg[a[0].0 as usize..(a[0].0 + a[0].1) as usize]).unwrap_or_default();
             let mut head = [0u8; REQUEST_HEAD_BYTES];
-            let mut nhit = 0;
-            for i in 1..n {
-                let f = head_key(bulk(i)).unwrap_or_default();
-                hits[i - 1] = hget_head(key, f, &mut head).is_some()
-                    && cached_element(cache, ElementRead::HGet, key, f).is_some();
-                nhit += usize::from(hits[i - 1]);
-            }
-            // The host part with every field must fit the host message's room.
-            let all: usize = a[..n].iter().map(|k| k.1 as usize).sum();
-            let host_len = 1 + decimal_digits(n + 1) + 2 + 1 + 2 + 2 + HMGET_PART.len() + 2;
-            if nhit > 0 && host_len + all <= msg.len() + HOST_MESSAGE_SLACK {
-                dpu.push(ReqDesc {
-                    offset: 0,
-                    len: a[1].0,
-                    pos: 0,
-                })
-                .map_err(|_| full)?;
-                for i in 1..n {
-                    let d = ReqDesc {
-                        offset: a[i].0,
-                        len: a[i].1,
-                        pos: i as u32,
-                    };
-                    let list = if hits[i - 1] { &mut *dpu } else { &mut *host };
-                    list.push(d).map_err(|_| full)?;
-                }
+            let hit = |b: &[u8]| {
+                let f = head_key(b).unwrap_or_default();
+                hget_head(key, f, &mut head).is_some()
+                    && cached_element(cache, ElementRead::HGet, key, f).is_some()
+            };
+            if split_args(msg, &a[..n], 1, HMGET_PART, hit, host, dpu)? {
                 return Ok(());
             }
         }
@@ -790,14 +793,6 @@ impl OffloadApp for RedisApp {
         room: &mut [u8],
         data: &mut [u8],
     ) -> Result<ResponseLayout, Malformed> {
-        let fail = |room: &mut [u8], text: &[u8]| {
-            let at = room.len() - text.len();
-            room[at..].copy_from_slice(text);
-            Ok(ResponseLayout {
-                header_len: text.len() as u32,
-                total_len: text.len() as u32,
-            })
-        };
         if let Some((what, key, sub)) = element_read(req_head) {
             return element_response(what, key, sub, op, result, room, data);
         }
@@ -824,26 +819,13 @@ impl OffloadApp for RedisApp {
             std::io::Write::write_fmt(&mut w, format_args!("*{}\r\n", argc.saturating_sub(skip)))
                 .map_err(|_| Malformed("MGET count too long"))?;
             let len = 24 - w.len();
-            return fail(room, &text[..len]);
+            return Ok(header_only(room, &text[..len]));
         }
         let key = head_key(req_head).ok_or(Malformed("offloaded request is not a GET"))?;
-        let n = match result {
-            Ok(n) if n == op.size => n as usize,
-            _ => return fail(room, b"-ERR DPU read of the record failed, retry\r\n"),
-        };
-        let h = match record::decode_header(&data[..n]) {
-            Some(h)
-                if h.kind == KIND_VALUE
-                    && h.len() == n
-                    && h.flags & FLAG_SUPERSEDED == 0
-                    && &data[h.key_range()] == key =>
-            {
-                h
-            }
-            // The record's space was reused while the read was in flight.
-            _ => return fail(room, b"-TRYAGAIN record moved, retry\r\n"),
-        };
-        Ok(bulk_in_place(h.value_range(), room, data))
+        match record_read(op, result, data, KIND_VALUE, |k| k == key) {
+            Ok(h) => Ok(bulk_in_place(h.value_range(), room, data)),
+            Err(text) => Ok(header_only(room, text)),
+        }
     }
 
     fn build_host_message(
@@ -1050,9 +1032,7 @@ impl Session for RedisSession {
                 }
             }
         }
-        let n = part.len().min(REQUEST_HEAD_BYTES);
-        head[..n].copy_from_slice(&part[..n]);
-        n
+        dds_offload_api::request_prefix(msg, req, head)
     }
 
     fn forward(&mut self, msg: &[u8], req: ReqDesc) -> Result<bool, Malformed> {

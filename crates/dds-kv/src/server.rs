@@ -270,6 +270,19 @@ impl KvService {
                 n = 1;
             }
         }
+        // A single random pick: drawn now, its record read ahead; the command takes it when
+        // it runs, while it is still an element.
+        let mut drawn = None;
+        let mut drawn_addr = None;
+        if argv.len() == 2 && s.drawn.is_none() {
+            let is = |n: &str| argv[0].eq_ignore_ascii_case(n.as_bytes());
+            if is("spop") || is("srandmember") || is("hrandfield") || is("zrandmember") {
+                if let Some((kh, sub, addr)) = self.store.draw_element(argv[1]) {
+                    drawn = Some((kh, sub));
+                    drawn_addr = addr;
+                }
+            }
+        }
         let store = &self.store;
         if argv[0].eq_ignore_ascii_case(b"scan") && argv.len() >= 2 {
             // The records on storage of the step, whose keys the reply names.
@@ -329,23 +342,7 @@ impl KvService {
                 claim = Some((kh, left, count));
             }
         }
-        // A single random pick: drawn now, its record read ahead; the command takes it when
-        // it runs, while it is still an element.
-        let mut drawn = None;
-        if argv.len() == 2 && s.drawn.is_none() {
-            let is = |n: &str| argv[0].eq_ignore_ascii_case(n.as_bytes());
-            if is("spop") || is("srandmember") || is("hrandfield") || is("zrandmember") {
-                if let Some((kh, sub, addr)) = self.store.draw_element(argv[1]) {
-                    drawn = Some((kh, sub));
-                    if let Some(a) = addr.filter(|a| !s.fetched.iter().any(|f| f.addr == *a)) {
-                        if n < want.len() && !want[..n].contains(&a) {
-                            want[n] = a;
-                            n += 1;
-                        }
-                    }
-                }
-            }
-        }
+        drawn_addr.into_iter().for_each(&mut push);
         let _ = more; // Records past the first 16 are read while the command runs.
         let issued = self.fetch_records(id, &want[..n]);
         if issued > 0 {

@@ -245,6 +245,16 @@ struct ZaddFlags {
 
 /// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]`, and `ZINCRBY key
 /// increment member` (`incrby`).
+/// ZADD's options, which come before its score-member pairs.
+const ZADD_OPTIONS: &[&str] = &["nx", "xx", "gt", "lt", "ch", "incr"];
+
+/// How many of ZADD's arguments after the key (`args`) are options, as ZADD reads them:
+/// its members are every second argument after them.
+pub(crate) fn zadd_options<'a>(args: impl Iterator<Item = &'a [u8]>) -> usize {
+    args.take_while(|w| !crate::commands::option(w, ZADD_OPTIONS).is_empty())
+        .count()
+}
+
 pub(crate) fn zadd(
     s: &mut dyn Engine,
     r: &mut Reply<'_>,
@@ -258,7 +268,7 @@ pub(crate) fn zadd(
         f.incr = true;
     } else {
         while j < argv.len() {
-            match crate::commands::option(argv[j], &["nx", "xx", "gt", "lt", "ch", "incr"]) {
+            match crate::commands::option(argv[j], ZADD_OPTIONS) {
                 "nx" => f.nx = true,
                 "xx" => f.xx = true,
                 "gt" => f.gt = true,

@@ -224,6 +224,15 @@ impl<'a> CacheView<'a> {
     }
 }
 
+/// The request head of a request with no session to say otherwise: the first
+/// [`REQUEST_HEAD_BYTES`] bytes of request `req` of `msg`, written into `head`; their count.
+pub fn request_prefix(msg: &[u8], req: ReqDesc, head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
+    let req = &msg[req.offset as usize..(req.offset + req.len) as usize];
+    let n = req.len().min(REQUEST_HEAD_BYTES);
+    head[..n].copy_from_slice(&req[..n]);
+    n
+}
+
 /// Where the response builder put a DPU response: the last `header_len` bytes of the header
 /// room, then the first `total_len - header_len` bytes of the data buffer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -431,10 +440,7 @@ pub trait Session: Send {
     /// `req` of `msg`: written into `head`, returning the length. Default: the request's
     /// first bytes.
     fn request_head(&self, msg: &[u8], req: ReqDesc, head: &mut [u8; REQUEST_HEAD_BYTES]) -> usize {
-        let req = &msg[req.offset as usize..(req.offset + req.len) as usize];
-        let n = req.len().min(REQUEST_HEAD_BYTES);
-        head[..n].copy_from_slice(&req[..n]);
-        n
+        request_prefix(msg, req, head)
     }
 
     /// Requests: the host-bound request `req` of `msg` is forwarded (called before its bytes

@@ -18,6 +18,7 @@ mod keys;
 pub mod plugin;
 mod registry;
 
+pub use api::request_prefix;
 pub use api::{
     CacheView, FixedList, Full, ItemList, KeyList, Malformed, Offload, OffloadApp, Phase, ReadOp,
     ReadResult, ReqDesc, ReqList, ResponseLayout, Session, ERROR_REPLY_MAX, HOST_MESSAGE_SLACK,
