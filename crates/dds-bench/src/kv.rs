@@ -423,31 +423,72 @@ struct RbPoint {
 }
 
 fn redis_benchmark(side: &Side, mode: Mode, p: &Plan, pipeline: usize) -> Result<RbPoint> {
+    let pl = pipeline.to_string();
+    let r = measure_redis_benchmark(
+        side,
+        &[
+            "-t",
+            "get",
+            "-c",
+            "50",
+            "-P",
+            &pl,
+            "-r",
+            &p.rb_keys.to_string(),
+        ],
+        p.requests,
+        |l| l.starts_with("\"GET\""),
+    )?;
+    Ok(RbPoint {
+        mode: mode.name(),
+        pipeline,
+        clients: 50,
+        requests_per_sec: r.requests_per_sec,
+        host_cpu_us_per_op: r.host_cpu_us_per_op,
+        dpu_cpu_us_per_op: r.dpu_cpu_us_per_op,
+        dpu_get_fraction: r.dpu_fraction,
+    })
+}
+
+/// What one redis-benchmark run measured: its requests per second (from its CSV output), and
+/// the server's and the DPU's CPU per request and the DPU's share of the requests (from the
+/// processes and the DPU's counters around the run).
+struct RbMeasure {
+    requests_per_sec: f64,
+    host_cpu_us_per_op: f64,
+    dpu_cpu_us_per_op: f64,
+    dpu_fraction: f64,
+}
+
+/// Runs redis-benchmark against `side` with `args` and `-n requests --csv`; `is_line`
+/// finds the test's line of the CSV output.
+fn measure_redis_benchmark(
+    side: &Side,
+    args: &[&str],
+    requests: u64,
+    is_line: impl Fn(&str) -> bool,
+) -> Result<RbMeasure> {
     let before = snap(side);
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &side.addr.port().to_string()])
-        .args(["-t", "get", "-c", "50", "-P", &pipeline.to_string()])
-        .args(["-n", &p.requests.to_string(), "-r", &p.rb_keys.to_string()])
-        .arg("--csv")
+        .args(["-n", &requests.to_string(), "--csv"])
+        .args(args)
         .output()
         .context("run redis-benchmark (package redis-tools)")?;
     let after = snap(side);
     let text = String::from_utf8_lossy(&out.stdout);
     let rps: f64 = text
         .lines()
-        .find(|l| l.starts_with("\"GET\""))
+        .find(|l| is_line(l))
         .and_then(|l| l.split(',').nth(1))
         .and_then(|v| v.trim_matches('"').parse().ok())
-        .with_context(|| format!("redis-benchmark output: {text}"))?;
-    let n = p.requests as f64;
-    Ok(RbPoint {
-        mode: mode.name(),
-        pipeline,
-        clients: 50,
+        .with_context(|| format!("redis-benchmark {args:?} output: {text}"))?;
+    let n = requests as f64;
+    Ok(RbMeasure {
         requests_per_sec: rps,
         host_cpu_us_per_op: (after.host - before.host) * 1e6 / n,
         dpu_cpu_us_per_op: (after.dpu - before.dpu) * 1e6 / n,
-        dpu_get_fraction: (after.dpu_gets - before.dpu_gets) as f64 / n,
+        dpu_fraction: (after.dpu_gets - before.dpu_gets) as f64 / n,
     })
 }
 

@@ -4,13 +4,12 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::load::push_cmd;
-use super::{snap, Mode, Plan, Side};
+use super::{measure_redis_benchmark, Mode, Plan, Side};
 
 /// redis-benchmark's collection tests, run in this order (the pops after the pushes).
 pub(super) const SERVED: &[&str] = &[
@@ -41,34 +40,23 @@ pub(super) struct CollPoint {
 pub(super) fn run(side: &Side, mode: Mode, p: &Plan) -> Result<Vec<CollPoint>> {
     let mut out = Vec::new();
     for &test in SERVED {
-        let before = snap(side);
-        let o = Command::new("redis-benchmark")
-            .args(["-h", "127.0.0.1", "-p", &side.addr.port().to_string()])
-            .args(["-t", test, "-c", "50"])
-            .args(["-n", &p.requests.to_string(), "-r", &p.rb_keys.to_string()])
-            .arg("--csv")
-            .output()
-            .context("run redis-benchmark (package redis-tools)")?;
-        let after = snap(side);
-        let text = String::from_utf8_lossy(&o.stdout);
         // The test's CSV line: `"LPUSH","…` or `"LRANGE_100 (first 100 elements)","…`.
         let name = format!("\"{}", test.to_ascii_uppercase());
-        let rps: f64 = text
-            .lines()
-            .find(|l| {
+        let r = measure_redis_benchmark(
+            side,
+            &["-t", test, "-c", "50", "-r", &p.rb_keys.to_string()],
+            p.requests,
+            |l| {
                 l.strip_prefix(&name)
                     .is_some_and(|rest| rest.starts_with('"') || rest.starts_with(" ("))
-            })
-            .and_then(|l| l.split(',').nth(1))
-            .and_then(|v| v.trim_matches('"').parse().ok())
-            .with_context(|| format!("redis-benchmark {test} output: {text}"))?;
-        let n = p.requests as f64;
+            },
+        )?;
         let pt = CollPoint {
             mode: mode.name(),
             test,
-            requests_per_sec: rps,
-            host_cpu_us_per_op: (after.host - before.host) * 1e6 / n,
-            dpu_cpu_us_per_op: (after.dpu - before.dpu) * 1e6 / n,
+            requests_per_sec: r.requests_per_sec,
+            host_cpu_us_per_op: r.host_cpu_us_per_op,
+            dpu_cpu_us_per_op: r.dpu_cpu_us_per_op,
         };
         eprintln!(
             "  redis-benchmark {test:<5} {:>9.0} req/s  host {:>6.2} µs/op",
@@ -198,31 +186,28 @@ pub(super) struct HgetPoint {
 /// redis-benchmark `HGET bench:bighash field:__rand_int__` (50 clients, no pipelining) over
 /// the hash's `fields` fields, with the server's CPU per request.
 pub(super) fn hgets(side: &Side, mode: Mode, p: &Plan, fields: u64) -> Result<HgetPoint> {
-    let before = snap(side);
-    let o = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &side.addr.port().to_string()])
-        .args(["-c", "50", "-n", &p.requests.to_string()])
-        .args(["-r", &fields.to_string(), "--csv"])
-        .args(["HGET", BIG_HASH, "field:__rand_int__"])
-        .output()
-        .context("run redis-benchmark (package redis-tools)")?;
-    let after = snap(side);
-    let text = String::from_utf8_lossy(&o.stdout);
-    let rps: f64 = text
-        .lines()
-        .find(|l| l.starts_with("\"HGET"))
-        .and_then(|l| l.split("\",\"").nth(1))
-        .and_then(|v| v.trim_matches('"').parse().ok())
-        .with_context(|| format!("redis-benchmark HGET output: {text}"))?;
-    let n = p.requests as f64;
+    let r = measure_redis_benchmark(
+        side,
+        &[
+            "-c",
+            "50",
+            "-r",
+            &fields.to_string(),
+            "HGET",
+            BIG_HASH,
+            "field:__rand_int__",
+        ],
+        p.requests,
+        |l| l.starts_with("\"HGET"),
+    )?;
     let pt = HgetPoint {
         mode: mode.name(),
         hash_fields: fields,
         clients: 50,
-        requests_per_sec: rps,
-        host_cpu_us_per_op: (after.host - before.host) * 1e6 / n,
-        dpu_cpu_us_per_op: (after.dpu - before.dpu) * 1e6 / n,
-        dpu_fraction: (after.dpu_gets - before.dpu_gets) as f64 / n,
+        requests_per_sec: r.requests_per_sec,
+        host_cpu_us_per_op: r.host_cpu_us_per_op,
+        dpu_cpu_us_per_op: r.dpu_cpu_us_per_op,
+        dpu_fraction: r.dpu_fraction,
     };
     eprintln!(
         "  HGET of {fields} fields {:>9.0} req/s  host {:>6.2} µs/op  dpu {:>6.2} µs/op  DPU HGETs {:.2}",
