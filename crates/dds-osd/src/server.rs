@@ -899,6 +899,19 @@ impl Inner {
         Ok((pg, version, tx))
     }
 
+    /// Refuses a replica write to a PG that a new map took away (its lock held): the PG that
+    /// replaces it read its head from the store when it was made, so a version applied here
+    /// afterwards would leave that head behind the store. The primary recovers the replica.
+    fn check_not_retired(pg: &Pg) -> Result<(), OpError> {
+        if pg.retired.load(Ordering::Acquire) {
+            return Err(op_err(
+                Status::NeedRecovery,
+                format!("pg {}: the map changed; recover", pg.id),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn peer_op(&self, h: &Header, buf: &[u8]) -> Result<Vec<u8>, OpError> {
         let mut d = Dec::new(buf);
         match h.op {
@@ -909,6 +922,7 @@ impl Inner {
             op::REPL_TX => {
                 let (pg, version, tx) = self.replica_tx(&mut d, true)?;
                 let mut st = pg.lock();
+                Self::check_not_retired(&pg)?;
                 if version <= st.head {
                     return Ok(Vec::new());
                 }
@@ -926,6 +940,7 @@ impl Inner {
             op::PG_PUSH => {
                 let (pg, _, tx) = self.replica_tx(&mut d, false)?;
                 let mut st = pg.lock();
+                Self::check_not_retired(&pg)?;
                 self.store.submit(&tx)?;
                 st.head = pglog::read_head(&self.store, pg.id)?;
                 pg.publish(&st);

@@ -27,12 +27,35 @@ fn start(dir: &std::path::Path, map: &ClusterMap, id: u32, format: bool) -> Osd 
     start_with_store(dir, map, id, format).0
 }
 
+/// [`start`] with a log of `max_log` entries: a retried write is recognised as long as its
+/// version is still in the log.
+fn start_logging(
+    dir: &std::path::Path,
+    map: &ClusterMap,
+    id: u32,
+    format: bool,
+    max_log: u64,
+) -> Osd {
+    start_full(dir, map, id, format, max_log).0
+}
+
 /// [`start`], also returning the OSD's store.
 fn start_with_store(
     dir: &std::path::Path,
     map: &ClusterMap,
     id: u32,
     format: bool,
+) -> (Osd, Arc<dyn ObjectStore>) {
+    // A short log: trimming runs, and an OSD that lost its store needs a backfill.
+    start_full(dir, map, id, format, 4)
+}
+
+fn start_full(
+    dir: &std::path::Path,
+    map: &ClusterMap,
+    id: u32,
+    format: bool,
+    max_log: u64,
 ) -> (Osd, Arc<dyn ObjectStore>) {
     let spec = StoreSpec::Local {
         device: dir.join(format!("osd{id}.img")),
@@ -49,8 +72,7 @@ fn start_with_store(
     };
     let mut cfg = OsdConfig::new(id, map.clone());
     cfg.peering_interval = Duration::from_millis(50);
-    // A short log: trimming runs, and an OSD that lost its store needs a backfill.
-    cfg.max_log = 4;
+    cfg.max_log = max_log;
     // Small frames: an object bigger than a frame is read and recovered in pieces.
     cfg.max_payload = 1 << 20;
     (Osd::start(cfg, store.clone()).unwrap(), store)
@@ -281,4 +303,57 @@ fn a_down_primary_fails_over_and_its_unreplicated_version_loses_to_the_new_map()
         assert_eq!(c.on(o).read_full(&div).unwrap(), b"acknowledged", "osd {o}");
     }
     assert_eq!(c.read_full(&div).unwrap(), b"acknowledged");
+}
+
+/// Maps that move PGs between members while writes go on: a replica that applies a version
+/// of a PG while it changes hands must not leave its new PG state behind its store. Once the
+/// maps stop, every member of every PG is at the same head, and that head counts the writes.
+#[test]
+fn map_changes_during_writes_leave_every_member_at_the_primarys_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = ClusterMap::parse(&map_text(3)).unwrap();
+    let osds: Vec<Option<Osd>> = (0..3)
+        .map(|i| Some(start_logging(dir.path(), &map, i, true, 4096)))
+        .collect();
+    addressed(&mut map, &osds);
+    let opts = ClientOptions {
+        retry_for: Duration::from_secs(20),
+        ..ClientOptions::default()
+    };
+    let c = Arc::new(Client::with_map(map.clone(), opts));
+    wait_clean(&c);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let oid = ObjectId::new(1, format!("w{w}-{n}"));
+                    c.write_full(&oid, b"x").unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    // OSD 2 goes down and up again, each map given to the OSDs in a different order, so
+    // that replication crosses members that have and have not taken it yet.
+    for round in 0..16u32 {
+        std::thread::sleep(Duration::from_millis(150));
+        map.epoch += 1;
+        map.osd_mut(2).unwrap().up = round % 2 == 1;
+        for k in 0..3 {
+            let o = (k + round as usize) % 3;
+            osds[o].as_ref().unwrap().set_map(map.clone()).unwrap();
+        }
+    }
+    assert!(map.osd(2).unwrap().up);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(written > 100, "only {written} writes");
+    let applied = common::wait_heads_agree(&c, &[0, 1, 2]);
+    assert_eq!(applied, written, "versions applied vs writes acknowledged");
 }
