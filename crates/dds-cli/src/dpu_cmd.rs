@@ -101,8 +101,10 @@ pub struct DpuArgs {
     /// connections that do not match are spliced to the host uninspected.
     #[arg(long, default_value = "0.0.0.0/0:0 0.0.0.0/0:0 tcp")]
     pub signature: String,
-    /// Director threads.
-    #[arg(long, default_value_t = 1)]
+    /// Director threads; 0 runs the director on the file-service thread (one event loop for
+    /// the client sockets, the offloaded reads and the device: no wake-up or context switch
+    /// between two threads per batch, for a DPU of one core).
+    #[arg(long, default_value_t = 0)]
     pub director_threads: usize,
     /// Steer the signature's flows to the director with flow rules in this network
     /// namespace (nftables TPROXY; the director listens transparently), so that clients
@@ -174,6 +176,7 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
     let contexts = a.offload_contexts.max(1);
     Ok(Some(dds_dpu::OffloadConfig {
         cache_items: a.cache_items,
+        director_inline: a.director_threads == 0,
         ..dds_dpu::OffloadConfig::new(
             app,
             Some(dds_director::DirectorConfig {

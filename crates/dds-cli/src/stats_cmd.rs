@@ -127,11 +127,18 @@ pub fn run(a: StatsArgs) -> Result<()> {
                 c[k].as_f64()
                     .map_or("-".to_string(), |v| format!("{v:.1} µs"))
             };
+            let director = if c["director_inline"] == true {
+                "the director on the file-service thread".to_string()
+            } else {
+                format!(
+                    "{} in the directors' threads",
+                    us("director_cpu_us_per_request")
+                )
+            };
             println!(
-                "cpu: {} per {} served on the DPU ({} in the directors' threads); {} requests, {:.3} s of DPU CPU in the {:.1} s since the last stats",
+                "cpu: {} per {} served on the DPU ({director}); {} requests, {:.3} s of DPU CPU in the {:.1} s since the last stats",
                 us("dpu_cpu_us_per_request"),
                 c["request"].as_str().unwrap_or("request"),
-                us("director_cpu_us_per_request"),
                 c["offloaded"].as_u64().unwrap_or(0),
                 c["process_cpu_seconds"].as_f64().unwrap_or(0.0),
                 c["window_seconds"].as_f64().unwrap_or(0.0),

@@ -15,6 +15,7 @@ use mio::{Interest, Poll, Waker};
 
 use crate::buffer::Budget;
 use crate::config::DirectorConfig;
+use crate::inline::InlineDirector;
 use crate::stats::{DirectorStats, Stats};
 use crate::uring::SplitRing;
 use crate::worker::{Worker, LISTENER, WAKER};
@@ -137,6 +138,16 @@ pub(crate) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
+/// What [`Director::start`] and [`Director::start_inline`] build before any thread runs.
+struct Built {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+    budget: Arc<Budget>,
+    /// Each worker with its `mio` waker.
+    workers: Vec<(Worker, Arc<Waker>)>,
+}
+
 impl Director {
     /// Starts the director threads. `cache` is a reader of the table whose writer the file
     /// service thread owns; `port` has at least `threads` free lanes.
@@ -148,6 +159,77 @@ impl Director {
         port: Arc<FileReadPort>,
     ) -> io::Result<DirectorHandle> {
         let threads = cfg.threads.max(1);
+        let b = Director::build(&cfg, threads, app.clone(), cache, exposed, &port, true)?;
+        let mut wakers = Vec::new();
+        let mut handles = Vec::new();
+        for (i, (worker, waker)) in b.workers.into_iter().enumerate() {
+            wakers.push(waker);
+            let hook = cfg.on_thread_start.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("dds-director-{i}"))
+                    .spawn(move || {
+                        if let Some(h) = hook {
+                            h(i);
+                        }
+                        let r =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run()));
+                        if r.is_err() {
+                            tracing::error!(thread = i, "director thread panicked");
+                        }
+                    })?,
+            );
+        }
+        tracing::info!(local = %b.local, host = ?cfg.host.get(), signature = %cfg.signature, threads, app = app.name(), "traffic director started");
+        Ok(DirectorHandle {
+            local: b.local,
+            stop: b.stop,
+            wakers,
+            threads: handles,
+            stats: b.stats,
+            budget: b.budget,
+        })
+    }
+
+    /// A director of one event loop that the caller's thread drives ([`InlineDirector`]):
+    /// the thread that serves `port` (the file service's), so that offloaded reads and their
+    /// completions need no wake-up of another thread. `cfg.threads` is ignored. The handle
+    /// stops it (the caller's next [`InlineDirector::poll`] closes its connections) and reads
+    /// its counters.
+    pub fn start_inline(
+        cfg: DirectorConfig,
+        app: Arc<dyn OffloadApp>,
+        cache: CacheReader,
+        exposed: Arc<ExposedFiles>,
+        port: Arc<FileReadPort>,
+    ) -> io::Result<(DirectorHandle, InlineDirector)> {
+        let b = Director::build(&cfg, 1, app.clone(), cache, exposed, &port, false)?;
+        let (worker, waker) = b.workers.into_iter().next().expect("one worker");
+        tracing::info!(local = %b.local, host = ?cfg.host.get(), signature = %cfg.signature, app = app.name(), "traffic director started on the service thread");
+        Ok((
+            DirectorHandle {
+                local: b.local,
+                stop: b.stop,
+                wakers: vec![waker],
+                threads: Vec::new(),
+                stats: b.stats,
+                budget: b.budget,
+            },
+            InlineDirector::new(worker),
+        ))
+    }
+
+    /// The listener, counters and `threads` workers (each on its own lane of `port`; with
+    /// `wake`, the service thread wakes a worker sleeping for its lane's completions).
+    fn build(
+        cfg: &DirectorConfig,
+        threads: usize,
+        app: Arc<dyn OffloadApp>,
+        cache: CacheReader,
+        exposed: Arc<ExposedFiles>,
+        port: &Arc<FileReadPort>,
+        wake: bool,
+    ) -> io::Result<Built> {
         if app.header_room() > MAX_HEADER_ROOM {
             return Err(invalid(format!(
                 "app header room {} above {MAX_HEADER_ROOM}",
@@ -185,19 +267,20 @@ impl Director {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
         let budget = Budget::new(cfg.memory_bytes);
-        let mut wakers = Vec::new();
-        let mut handles = Vec::new();
+        let mut workers = Vec::with_capacity(threads);
         for (i, lane) in lanes.into_iter().enumerate() {
             let poll = Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-            let uring = split_ring(&cfg, &poll)?;
-            match &uring {
-                Some(u) => lane.set_waker(u.waker()),
-                None => {
-                    let w2 = waker.clone();
-                    lane.set_waker(move || {
-                        let _ = w2.wake();
-                    });
+            let uring = split_ring(cfg, &poll)?;
+            if wake {
+                match &uring {
+                    Some(u) => lane.set_waker(u.waker()),
+                    None => {
+                        let w2 = waker.clone();
+                        lane.set_waker(move || {
+                            let _ = w2.wake();
+                        });
+                    }
                 }
             }
             if i == 0 {
@@ -210,7 +293,7 @@ impl Director {
             poll.registry()
                 .register(&mut listener, LISTENER, Interest::READABLE)?;
             let worker = Worker::new(
-                &cfg,
+                cfg,
                 poll,
                 listener,
                 app.clone(),
@@ -222,31 +305,14 @@ impl Director {
                 budget.clone(),
                 uring,
             );
-            wakers.push(waker);
-            let hook = cfg.on_thread_start.clone();
-            handles.push(
-                std::thread::Builder::new()
-                    .name(format!("dds-director-{i}"))
-                    .spawn(move || {
-                        if let Some(h) = hook {
-                            h(i);
-                        }
-                        let r =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run()));
-                        if r.is_err() {
-                            tracing::error!(thread = i, "director thread panicked");
-                        }
-                    })?,
-            );
+            workers.push((worker, waker));
         }
-        tracing::info!(%local, host = ?cfg.host.get(), signature = %cfg.signature, threads, app = app.name(), "traffic director started");
-        Ok(DirectorHandle {
+        Ok(Built {
             local,
             stop,
-            wakers,
-            threads: handles,
             stats,
             budget,
+            workers,
         })
     }
 }

@@ -19,6 +19,7 @@ pub mod buffer;
 pub mod config;
 mod conn;
 mod director;
+mod inline;
 mod merge;
 pub mod signature;
 mod split;
@@ -28,5 +29,6 @@ mod worker;
 
 pub use config::{DirectorConfig, HostApp};
 pub use director::{Director, DirectorHandle, StatsSource};
+pub use inline::InlineDirector;
 pub use signature::{Proto, Signature};
 pub use stats::DirectorStats;

@@ -402,6 +402,11 @@ impl SplitRing {
         self.push(&e);
     }
 
+    /// The ring's descriptor: readable while completions wait in its queue.
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
     pub(crate) fn sending(&self) -> bool {
         self.unsent > 0
     }

@@ -25,7 +25,7 @@ use crate::uring::{Ev, Leg, SplitRing};
 pub(crate) const LISTENER: Token = Token(usize::MAX - 1);
 pub(crate) const WAKER: Token = Token(usize::MAX - 2);
 pub(crate) const IOV_MAX: usize = 64;
-const EVENTS: usize = 1024;
+pub(crate) const EVENTS: usize = 1024;
 
 pub(crate) struct Worker {
     pub(crate) poll: Poll,
@@ -166,7 +166,7 @@ impl Worker {
 
     /// The start of a round: completed reads, applied invalidations, connections to retry.
     /// Returns whether connections were retried.
-    fn begin_round(&mut self, last_applied: &mut u64) -> bool {
+    pub(crate) fn begin_round(&mut self, last_applied: &mut u64) -> bool {
         self.reap_completions();
         let applied = self.lane.invalidations_applied();
         if applied != *last_applied {
@@ -213,7 +213,7 @@ impl Worker {
     }
 
     /// Readiness events of the `mio` poll.
-    fn poll_events(&mut self, events: &Events) {
+    pub(crate) fn poll_events(&mut self, events: &Events) {
         for ev in events.iter() {
             match ev.token() {
                 LISTENER => self.accept(),
@@ -243,7 +243,7 @@ impl Worker {
 
     /// Completions of the ring: received bytes, finished sends, and the `mio` poll's
     /// events when its descriptor became readable.
-    fn ring_events(&mut self, events: &mut Events) {
+    pub(crate) fn ring_events(&mut self, events: &mut Events) {
         let n = self.uring.as_ref().map_or(0, |u| u.events().len());
         let mut epoll = false;
         for k in 0..n {
@@ -301,12 +301,23 @@ impl Worker {
         }
     }
 
-    pub(crate) fn shutdown(mut self) {
+    /// Closes every connection (at a stop).
+    pub(crate) fn close_all(&mut self) {
         for i in 0..self.conns.len() {
             if self.conns[i].is_some() {
                 self.close(i, Close::Done);
             }
         }
+    }
+
+    /// Leaks the buffer pool: reads still outstanding write into it.
+    pub(crate) fn leak_pool(&mut self) {
+        let pool = std::mem::replace(&mut self.pool, Pool::new(0, 0, 0, 64));
+        pool.leak();
+    }
+
+    pub(crate) fn shutdown(mut self) {
+        self.close_all();
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.lane.inflight() > 0 && Instant::now() < deadline {
             self.reap_completions();
@@ -317,8 +328,7 @@ impl Worker {
                 inflight = self.lane.inflight(),
                 "offloaded reads still outstanding at shutdown: leaking their buffers"
             );
-            let pool = std::mem::replace(&mut self.pool, Pool::new(0, 0, 0, 64));
-            pool.leak();
+            self.leak_pool();
         }
     }
 

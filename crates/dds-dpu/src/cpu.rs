@@ -78,6 +78,9 @@ pub struct CpuPerRequest {
     pub dpu_cpu_us_per_request: Option<f64>,
     /// The directors' threads' part of it.
     pub director_cpu_us_per_request: Option<f64>,
+    /// The director runs on the file-service thread (`dds dpu --director-threads 0`): its
+    /// part is in that thread's, and the two figures above count only director threads.
+    pub director_inline: bool,
     /// CPU seconds of each thread role since the process started.
     pub threads: Vec<(String, f64)>,
 }
@@ -128,7 +131,7 @@ impl CpuMeter {
 
     /// The window that ends now, with `offloaded` requests served on the DPU so far (all
     /// directors); the next one starts now.
-    pub fn window(&mut self, offloaded: u64) -> CpuPerRequest {
+    pub fn window(&mut self, offloaded: u64, director_inline: bool) -> CpuPerRequest {
         let now = threads();
         let (process_ns, director_ns) = sums(&now);
         let mut roles: Vec<(String, f64)> = Vec::new();
@@ -159,6 +162,7 @@ impl CpuMeter {
             director_cpu_seconds: director,
             dpu_cpu_us_per_request: per(process),
             director_cpu_us_per_request: per(director),
+            director_inline,
             threads: roles,
         }
     }
@@ -185,7 +189,7 @@ mod tests {
             })
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(250));
-        let w = m.window(1000);
+        let w = m.window(1000, false);
         t.join().unwrap();
         assert_eq!((w.request.as_str(), w.offloaded), ("read", 1000));
         assert!(w.director_cpu_seconds > 0.05, "{w:?}");
@@ -193,7 +197,7 @@ mod tests {
         let us = w.director_cpu_us_per_request.unwrap();
         assert!((50.0..=1000.0).contains(&us), "{w:?}");
         assert!(w.threads.iter().any(|(n, _)| n == "dds-director"), "{w:?}");
-        let next = m.window(1000);
+        let next = m.window(1000, false);
         assert_eq!(next.offloaded, 0);
         assert_eq!(next.dpu_cpu_us_per_request, None);
     }

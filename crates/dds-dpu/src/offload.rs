@@ -10,7 +10,9 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use dds_cache::CacheReader;
-use dds_director::{Director, DirectorConfig, DirectorHandle, DirectorStats, StatsSource};
+use dds_director::{
+    Director, DirectorConfig, DirectorHandle, DirectorStats, InlineDirector, StatsSource,
+};
 use dds_fs::{FileId, FileService, FsError};
 use dds_offload_api::{OffloadApp, ReadOp};
 use dds_offload_engine::{
@@ -38,6 +40,10 @@ pub struct OffloadConfig {
     pub cache_items: usize,
     /// Invalidations queued per director thread at most.
     pub invalidations: usize,
+    /// Runs the director on the file-service thread ([`dds_director::InlineDirector`])
+    /// instead of `threads` threads of its own: with one DPU core, no wake-up or context
+    /// switch between the two per batch of offloaded reads.
+    pub director_inline: bool,
 }
 
 impl std::fmt::Debug for OffloadConfig {
@@ -60,6 +66,7 @@ impl OffloadConfig {
             depth: 256,
             cache_items: 1 << 20,
             invalidations: 16384,
+            director_inline: false,
         }
     }
 }
@@ -77,6 +84,8 @@ pub(crate) struct OffloadHooks {
     pub host_app: Option<Arc<dds_director::HostApp>>,
     /// DPU CPU per offloaded request, a window per `dds stats`.
     pub cpu: CpuMeter,
+    /// The director the service thread drives, when it runs inline.
+    pub inline: Option<InlineDirector>,
 }
 
 /// The counter sources of the directors attached to this DPU.
@@ -94,7 +103,10 @@ impl OffloadHooks {
             .iter()
             .map(StatsSource::stats)
             .collect();
-        let cpu = self.cpu.window(directors.iter().map(|d| d.offloaded).sum());
+        let cpu = self.cpu.window(
+            directors.iter().map(|d| d.offloaded).sum(),
+            self.inline.is_some(),
+        );
         serde_json::json!({
             "app": self.maintainer.app_name(),
             "cache": cache,
@@ -119,12 +131,39 @@ pub(crate) struct OffloadRuntime {
 impl OffloadRuntime {
     /// Starts a director on free lanes of the port.
     pub fn start_director(&self, d: DirectorConfig) -> io::Result<DirectorHandle> {
+        self.start(d, |d, app, cache, exposed, port| {
+            Director::start(d, app, cache, exposed, port).map(|h| (h, None))
+        })
+        .map(|(h, _)| h)
+    }
+
+    /// Starts a director on a free lane of the port, for the service thread to drive.
+    fn start_inline_director(
+        &self,
+        d: DirectorConfig,
+    ) -> io::Result<(DirectorHandle, Option<InlineDirector>)> {
+        self.start(d, |d, app, cache, exposed, port| {
+            Director::start_inline(d, app, cache, exposed, port).map(|(h, i)| (h, Some(i)))
+        })
+    }
+
+    fn start(
+        &self,
+        d: DirectorConfig,
+        how: impl FnOnce(
+            DirectorConfig,
+            Arc<dyn OffloadApp>,
+            CacheReader,
+            Arc<ExposedFiles>,
+            Arc<FileReadPort>,
+        ) -> io::Result<(DirectorHandle, Option<InlineDirector>)>,
+    ) -> io::Result<(DirectorHandle, Option<InlineDirector>)> {
         let listen = d.listen;
         let d = DirectorConfig {
             max_contexts_per_conn: d.max_contexts_per_conn.clamp(1, self.port.depth()),
             ..d
         };
-        let handle = Director::start(
+        let (handle, inline) = how(
             d,
             self.app.clone(),
             self.cache.clone(),
@@ -142,7 +181,7 @@ impl OffloadRuntime {
         list.retain(StatsSource::running);
         list.push(handle.stats_source());
         drop(list);
-        Ok(handle)
+        Ok((handle, inline))
     }
 }
 
@@ -178,8 +217,15 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
         directors: Directors::default(),
     };
     let host_app = cfg.director.as_ref().map(|d| d.host.clone());
+    let mut inline = None;
     if let Some(d) = cfg.director {
-        runtime.director = Some(runtime.start_director(d)?);
+        let (handle, i) = if cfg.director_inline {
+            runtime.start_inline_director(d)?
+        } else {
+            (runtime.start_director(d)?, None)
+        };
+        runtime.director = Some(handle);
+        inline = i;
     }
     Ok((
         OffloadHooks {
@@ -189,6 +235,7 @@ pub(crate) fn build(cfg: OffloadConfig) -> io::Result<(OffloadHooks, OffloadRunt
             directors: runtime.directors.clone(),
             host_app,
             cpu,
+            inline,
         },
         runtime,
     ))

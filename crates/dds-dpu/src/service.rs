@@ -1,7 +1,7 @@
 //! The service thread: sole owner of the file service, the DMA engine and the groups.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,6 +176,7 @@ impl Service {
             let mut worked = self.handle_commands();
             worked |= self.meta_round();
             worked |= self.data_round();
+            worked |= self.poll_inline_director();
             self.reap_closed();
             if worked {
                 idle_rounds = 0;
@@ -207,6 +208,39 @@ impl Service {
         }
     }
 
+    /// One round of the director this thread drives, if it runs inline; whether it moved
+    /// anything (then the next data round serves the reads it queued).
+    fn poll_inline_director(&mut self) -> bool {
+        let Some(o) = self.offload.as_mut() else {
+            return false;
+        };
+        let Some(d) = o.inline.as_mut() else {
+            return false;
+        };
+        let moved = d.poll();
+        if d.finished() {
+            o.inline = None;
+        }
+        moved
+    }
+
+    /// The inline director's part of an idle wait: `Err(())` when it has work (no wait), else
+    /// the longest wait it allows (`None`: no inline director).
+    fn inline_wait(&mut self) -> Result<Option<Duration>, ()> {
+        match self.offload.as_mut().and_then(|o| o.inline.as_mut()) {
+            None => Ok(None),
+            Some(d) => d.prepare_wait().map(Some).ok_or(()),
+        }
+    }
+
+    /// The inline director's descriptor, if it runs inline.
+    fn inline_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.offload
+            .as_ref()
+            .and_then(|o| o.inline.as_ref())
+            .map(|d| d.wait_fd())
+    }
+
     /// Waits for the device: called when a round found nothing to do while file-service I/O is
     /// in flight. Lets the DMA operations in flight complete (microseconds; what they fetched
     /// is work), then blocks until the device completes an operation, the bell rings (control
@@ -233,7 +267,16 @@ impl Service {
         if found {
             return true;
         }
-        let r = self.fs.wait_for(self.bell.as_fd(), DEVICE_WAIT_MAX);
+        let Ok(inline) = self.inline_wait() else {
+            return true;
+        };
+        let timeout = inline.map_or(DEVICE_WAIT_MAX, |t| t.min(DEVICE_WAIT_MAX));
+        let also = self
+            .offload
+            .as_ref()
+            .and_then(|o| o.inline.as_ref())
+            .map(|d| d.wait_fd());
+        let r = self.fs.wait_for(self.bell.as_fd(), also, timeout);
         if let Some(o) = &self.offload {
             o.port.end_sleep();
         }
@@ -302,13 +345,19 @@ impl Service {
             .flatten()
             .any(|g| live(g) && g.has_fetched_work());
         let mut how = Park::NotParked;
-        if !found {
-            let mut fds = Vec::with_capacity(1 + self.groups.len());
+        let inline = self.inline_wait();
+        if !found && inline.is_ok() {
+            let max = inline.ok().flatten().map_or(PARK_MAX, |t| t.min(PARK_MAX));
+            let also = self.inline_fd();
+            let mut fds = Vec::with_capacity(2 + self.groups.len());
             fds.push(PollFd::new(&*self.bell, PollFlags::IN));
+            if let Some(fd) = also.as_ref() {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+            }
             for g in self.groups.iter().flatten().filter(|g| live(g)) {
                 fds.push(PollFd::new(&g.doorbell, PollFlags::IN));
             }
-            let timeout = Timespec::try_from(PARK_MAX).expect("a small duration");
+            let timeout = Timespec::try_from(max).expect("a small duration");
             how = match rustix::event::poll(&mut fds, Some(&timeout)) {
                 Ok(0) => Park::TimedOut,
                 _ => Park::Woken,

@@ -389,8 +389,14 @@ impl FileService {
     /// but parked writes waiting for the metadata thread (which rings `wake` when a commit
     /// ends), it waits on `wake` alone. Returns at once if an operation is ready, nothing is in
     /// flight, or the device completes operations within `poll` itself (it has no completion
-    /// descriptor) or there is no metadata thread. Never reads `wake`.
-    pub fn wait_for(&mut self, wake: BorrowedFd<'_>, timeout: Duration) -> Result<(), FsError> {
+    /// descriptor) or there is no metadata thread. Never reads `wake`. `also`, when given, ends
+    /// the wait as `wake` does (the descriptor of another event source the caller drives).
+    pub fn wait_for(
+        &mut self,
+        wake: BorrowedFd<'_>,
+        also: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<(), FsError> {
         if !self.dp.done.is_empty() || self.inflight() == 0 {
             return Ok(());
         }
@@ -414,9 +420,14 @@ impl FileService {
         // On the stack: the service thread waits here once per wake-up.
         let mut fds = [
             PollFd::new(&wake, PollFlags::IN),
+            PollFd::new(also.as_ref().unwrap_or(&wake), PollFlags::IN),
             PollFd::new(dev.as_ref().unwrap_or(&wake), PollFlags::IN),
         ];
-        let n = if dev.is_some() { 2 } else { 1 };
+        let n = match (also.is_some(), dev.is_some()) {
+            (_, true) => 3,
+            (true, false) => 2,
+            (false, false) => 1,
+        };
         let timeout = Timespec::try_from(timeout).expect("a representable timeout");
         match rustix::event::poll(&mut fds[..n], Some(&timeout)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),

@@ -42,7 +42,7 @@ fn exercise(fs: &mut FileService) -> (usize, usize) {
         while fs.inflight() > 0 {
             // Odd rounds wait as the DPU's service thread does (the device or a bell).
             if i % 2 == 1 {
-                fs.wait_for(bell.as_fd(), std::time::Duration::from_millis(50))
+                fs.wait_for(bell.as_fd(), None, std::time::Duration::from_millis(50))
                     .unwrap();
             } else {
                 fs.wait().unwrap();

@@ -40,7 +40,7 @@ fn wait_for_ends_at_a_completion_or_the_wake_descriptor() {
 
     // Nothing in flight: no wait.
     let t = Instant::now();
-    fs.wait_for(wake.as_fd(), long).unwrap();
+    fs.wait_for(wake.as_fd(), None, long).unwrap();
     assert!(t.elapsed() < prompt);
 
     // A write in flight: the wait ends with its completion, which `poll` then reports.
@@ -50,7 +50,7 @@ fn wait_for_ends_at_a_completion_or_the_wake_descriptor() {
     unsafe { fs.submit_write(id, 0, buf.as_ptr(), 4096, 1).unwrap() };
     let mut done = None;
     while done.is_none() {
-        fs.wait_for(wake.as_fd(), long).unwrap();
+        fs.wait_for(wake.as_fd(), None, long).unwrap();
         fs.poll(|u, r| done = Some((u, r)));
         assert!(t.elapsed() < prompt, "the wait outlived the write");
     }
@@ -60,7 +60,18 @@ fn wait_for_ends_at_a_completion_or_the_wake_descriptor() {
     rustix::io::write(&wake, &1u64.to_ne_bytes()).unwrap();
     let t = Instant::now();
     unsafe { fs.submit_read(id, 0, buf.as_mut_ptr(), 4096, 2).unwrap() };
-    fs.wait_for(wake.as_fd(), long).unwrap();
+    fs.wait_for(wake.as_fd(), None, long).unwrap();
+    assert!(t.elapsed() < prompt);
+    drain(&mut fs);
+
+    // So does the caller's other descriptor (`also`), with `wake` quiet.
+    let mut word = [0u8; 8];
+    rustix::io::read(&wake, &mut word).unwrap();
+    let other = rustix::event::eventfd(1, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let t = Instant::now();
+    unsafe { fs.submit_read(id, 0, buf.as_mut_ptr(), 4096, 3).unwrap() };
+    fs.wait_for(wake.as_fd(), Some(other.as_fd()), long)
+        .unwrap();
     assert!(t.elapsed() < prompt);
     drain(&mut fs);
 }
