@@ -268,6 +268,9 @@ impl Service {
             return true;
         }
         let Ok(inline) = self.inline_wait() else {
+            if let Some(o) = &self.offload {
+                o.port.end_sleep();
+            }
             return true;
         };
         let timeout = inline.map_or(DEVICE_WAIT_MAX, |t| t.min(DEVICE_WAIT_MAX));
