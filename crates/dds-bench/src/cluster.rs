@@ -96,7 +96,7 @@ struct Osds {
 }
 
 impl Osds {
-    /// `dds osd-store` of OSD `id` (placement dpu), once its socket exists.
+    /// `dds osd-store` of OSD `id` (placement dpu), once it is ready.
     fn start_store(&mut self, id: u32, format: bool) -> Result<PathBuf> {
         let sock = self.dir.join(format!("osd{id}.store.sock"));
         let g = crate::objects::spawn_store(

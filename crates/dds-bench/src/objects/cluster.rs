@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The processes of one cluster of four OSDs.
 pub(super) struct Cluster {
@@ -71,22 +71,8 @@ fn write_whole(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-fn wait_socket(p: &Path, child: &mut ChildGuard, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !p.exists() {
-        if let Some(st) = child.try_wait()? {
-            bail!("{what} exited ({st}) before serving");
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not create {}", p.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
 /// Starts a `dds osd-store` on its device file (formatted first with `format`: a fresh
-/// store), in `budget` and on `host_cpus`, and waits for its socket.
+/// store), in `budget` and on `host_cpus`, and waits for its ready line.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_store(
     exe: &Path,
@@ -106,7 +92,7 @@ pub(crate) fn spawn_store(
         .arg("--socket")
         .arg(sock)
         .args(["--size", &device_size.to_string()])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(log);
     if format {
         cmd.args(["--format", "--force"]);
@@ -116,7 +102,12 @@ pub(crate) fn spawn_store(
     budget
         .add(g.pid())
         .context("move dds osd-store into the host budget")?;
-    wait_socket(sock, &mut g, "dds osd-store")?;
+    // Its ready line comes once it listens (the socket file exists from the bind on, before
+    // a connection is accepted).
+    let line = g.ready_line(Duration::from_secs(30))?;
+    if !line.starts_with("osd-store ready") {
+        bail!("dds osd-store: unexpected first line {line:?}");
+    }
     Ok(g)
 }
 
