@@ -31,6 +31,9 @@ const COMMANDS_PER_ROUND: usize = 4;
 /// Idle rounds (no work at all, nothing in flight on the device) before the thread parks
 /// (`crate::bell`).
 const SPIN_ROUNDS: u32 = 2_000;
+/// Descriptors a park waits on without a heap allocation (the bell, the inline director's,
+/// and the doorbells of up to 14 host groups).
+const PARK_FDS: usize = 16;
 /// Longest park: the thread looks at its stop flag (and at hosts that never ring their
 /// doorbell) at least this often.
 const PARK_MAX: Duration = Duration::from_millis(100);
@@ -352,16 +355,32 @@ impl Service {
         if !found && inline.is_ok() {
             let max = inline.ok().flatten().map_or(PARK_MAX, |t| t.min(PARK_MAX));
             let also = self.inline_fd();
-            let mut fds = Vec::with_capacity(2 + self.groups.len());
-            fds.push(PollFd::new(&*self.bell, PollFlags::IN));
+            let bell = &*self.bell;
+            let doorbells = self.groups.iter().flatten().filter(|g| live(g));
+            let n = 1 + usize::from(also.is_some()) + doorbells.clone().count();
+            // On the stack (a park may follow every request at a low rate), unless there are
+            // more groups than it has room for.
+            let mut stack: [PollFd<'_>; PARK_FDS] =
+                std::array::from_fn(|_| PollFd::new(bell, PollFlags::IN));
+            let mut heap = Vec::new();
+            let fds: &mut [PollFd<'_>] = if n <= PARK_FDS {
+                &mut stack[..n]
+            } else {
+                heap.resize_with(n, || PollFd::new(bell, PollFlags::IN));
+                &mut heap
+            };
+            let mut k = 1;
             if let Some(fd) = also.as_ref() {
-                fds.push(PollFd::new(fd, PollFlags::IN));
+                fds[k] = PollFd::new(fd, PollFlags::IN);
+                k += 1;
             }
-            for g in self.groups.iter().flatten().filter(|g| live(g)) {
-                fds.push(PollFd::new(&g.doorbell, PollFlags::IN));
+            for g in doorbells {
+                fds[k] = PollFd::new(&g.doorbell, PollFlags::IN);
+                k += 1;
             }
+            debug_assert_eq!(k, n);
             let timeout = Timespec::try_from(max).expect("a small duration");
-            how = match rustix::event::poll(&mut fds, Some(&timeout)) {
+            how = match rustix::event::poll(fds, Some(&timeout)) {
                 Ok(0) => Park::TimedOut,
                 _ => Park::Woken,
             };

@@ -61,6 +61,41 @@ fn director_data_path_does_not_allocate() {
     }
 }
 
+/// The same with the director on the file-service thread (`OffloadConfig::director_inline`,
+/// what `dds dpu` runs by default): that thread's allocations are counted, its own rounds
+/// (host writes through the rings, the cache writer, the port, the device) and the director's
+/// together.
+#[test]
+fn inline_director_data_path_does_not_allocate() {
+    let _alone = measure_alone();
+    let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::default());
+    let (dpu, host_app) = Dpu::start_inline(app);
+    let files = dpu.files();
+    let file = files.create("/pages");
+    files.write(file, 0, pattern(1, 16 * 4096)).unwrap();
+    let host = pagestore_server(loopback(), files);
+    assert!(host_app.announce(host.addr));
+    let d = dpu.handle.director().expect("the director runs");
+    dds_testkit::alloc::count_thread_id(dds_testkit::alloc::thread_named("dds-service"));
+    let mut c = None;
+    let setup = allocations_in(|| {
+        let mut s = connect(d.local_addr());
+        traffic(&mut s, file, 50);
+        c = Some(s);
+    });
+    assert!(setup > 0, "the counter sees the connection set-up");
+    let mut c = c.unwrap();
+    let s0 = d.stats();
+    let allocs = allocations_in(|| traffic(&mut c, file, 500));
+    dds_testkit::alloc::count_thread_id(0);
+    let s1 = d.stats();
+    assert!(s1.offloaded - s0.offloaded > 500, "{s1:?}");
+    assert_eq!(
+        allocs, 0,
+        "allocations of the service thread with the director inline, for 2000 requests"
+    );
+}
+
 /// The NBD app's sessions (handshake relayed, replies framed by handle, writes in flight
 /// marked) allocate nothing per request either: `dds nbd` on the DPU's files behind the
 /// director, one client writing and reading through it.

@@ -50,15 +50,33 @@ impl Dpu {
         Dpu::start_with(app, lanes, Some(latency))
     }
 
-    fn start_with(app: Arc<dyn OffloadApp>, lanes: usize, latency: Option<Duration>) -> Dpu {
-        let config = DpuConfig {
-            socket: dds_dpu::temp_socket_path("offload"),
-            ..DpuConfig::default()
+    /// A DPU whose director (listening on a loopback port, forwarding to the host
+    /// application once it announces itself on the returned `HostApp`) runs on the file-service
+    /// thread, as `dds dpu` runs it by default.
+    pub fn start_inline(app: Arc<dyn OffloadApp>) -> (Dpu, Arc<dds_director::HostApp>) {
+        let cfg = DirectorConfig::announced(loopback());
+        let host = cfg.host.clone();
+        let offload = OffloadConfig {
+            director_inline: true,
+            cache_items: 1 << 16,
+            ..OffloadConfig::new(app, Some(cfg))
         };
+        (Dpu::start_offload(offload, None), host)
+    }
+
+    fn start_with(app: Arc<dyn OffloadApp>, lanes: usize, latency: Option<Duration>) -> Dpu {
         let offload = OffloadConfig {
             lanes,
             cache_items: 1 << 16,
             ..OffloadConfig::new(app, None)
+        };
+        Dpu::start_offload(offload, latency)
+    }
+
+    fn start_offload(offload: OffloadConfig, latency: Option<Duration>) -> Dpu {
+        let config = DpuConfig {
+            socket: dds_dpu::temp_socket_path("offload"),
+            ..DpuConfig::default()
         };
         let handle = dds_dpu::Dpu::start_with(
             config,
