@@ -86,9 +86,7 @@ impl InlineDirector {
                     }
                 }
                 moved |= !self.events.is_empty();
-                let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-                w.poll_events(&events);
-                self.events = events;
+                w.poll_events(&self.events);
             }
         }
         moved || !w.dirty.is_empty()
