@@ -305,7 +305,16 @@ fn offloaded_kv_with(
     dir: &Path,
     extra: &[&str],
 ) -> (Guard, Guard, std::path::PathBuf, TcpStream, TcpStream) {
-    let (dpu, socket, via_dpu) = common::start_offload_dpu_with(dir, "512M", "redis", extra);
+    offloaded_kv_env(dir, extra, &[])
+}
+
+/// [`offloaded_kv_with`] with `envs` in the DPU's environment.
+fn offloaded_kv_env(
+    dir: &Path,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> (Guard, Guard, std::path::PathBuf, TcpStream, TcpStream) {
+    let (dpu, socket, via_dpu) = common::start_offload_dpu_env(dir, "512M", "redis", extra, envs);
     let (kv, direct) = start_kv_on(
         "127.0.0.1:0",
         &[
@@ -328,8 +337,28 @@ fn offloaded_kv_with(
 
 #[test]
 fn the_dpu_serves_gets_of_records_on_storage_and_never_a_stale_one() {
+    dpu_served_gets_are_never_stale(&[], &[]);
+}
+
+/// The same with the director on a thread of its own (`--director-threads 1`).
+#[test]
+fn the_dpu_serves_gets_with_a_director_thread_and_never_a_stale_one() {
+    dpu_served_gets_are_never_stale(&["--director-threads", "1"], &[]);
+}
+
+/// The same with the director on the file-service thread, its connections on `epoll` (where
+/// io_uring is missing).
+#[test]
+fn the_dpu_serves_gets_with_the_director_on_epoll_and_never_a_stale_one() {
+    dpu_served_gets_are_never_stale(&[], &[("DDS_SERVER_BACKEND", "epoll")]);
+}
+
+/// GETs read back at once and pipelined through the DPU after writes through the director
+/// and straight to the host, split MGETs, and the DPU's CPU per GET, with `extra` flags of
+/// `dds dpu` and `envs` in its environment.
+fn dpu_served_gets_are_never_stale(extra: &[&str], envs: &[(&str, &str)]) {
     let dir = tempfile::tempdir().unwrap();
-    let (_dpu, _kv, socket, mut d, mut h) = offloaded_kv(dir.path());
+    let (_dpu, _kv, socket, mut d, mut h) = offloaded_kv_env(dir.path(), extra, envs);
     let (mut db, mut hb) = (Vec::new(), Vec::new());
     let keys = 400;
     for round in 0..3u32 {

@@ -125,9 +125,20 @@ pub fn start_offload_dpu_with(
     app: &str,
     extra: &[&str],
 ) -> (Guard, PathBuf, SocketAddr) {
+    start_offload_dpu_env(dir, size, app, extra, &[])
+}
+
+/// [`start_offload_dpu_with`] with `envs` in the DPU's environment.
+pub fn start_offload_dpu_env(
+    dir: &Path,
+    size: &str,
+    app: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> (Guard, PathBuf, SocketAddr) {
     let img = format_device(dir, size);
     let socket = dir.join("dpu.sock");
-    let (g, director) = spawn_offload_dpu(&img, &socket, app, extra);
+    let (g, director) = spawn_offload_dpu_env(&img, &socket, app, extra, envs);
     (g, socket, director)
 }
 
@@ -139,8 +150,20 @@ pub fn spawn_offload_dpu(
     app: &str,
     extra: &[&str],
 ) -> (Guard, SocketAddr) {
+    spawn_offload_dpu_env(img, socket, app, extra, &[])
+}
+
+/// [`spawn_offload_dpu`] with `envs` in the DPU's environment.
+pub fn spawn_offload_dpu_env(
+    img: &Path,
+    socket: &Path,
+    app: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> (Guard, SocketAddr) {
     let (g, line) = ready_line(
         Command::new(DDS)
+            .envs(envs.iter().copied())
             .args(["dpu", "--json", "--device"])
             .arg(img)
             .arg("--socket")
