@@ -1,10 +1,10 @@
 //! A director that runs on the file-service thread instead of a thread of its own
-//! (`docs/offload.md` §7, "The director on the file-service thread"). With one DPU core, a director thread and the service thread take
-//! turns on it: every batch of offloaded reads and every batch of their completions costs a
-//! wake-up and a context switch each way. Inline, the service thread drives the director
-//! between its own rounds: reads queued on the lane are served in the same pass, their
-//! completions reaped in the next, and the thread blocks in one place, on the device, the
-//! control plane and the director's ring at once.
+//! (`docs/offload.md` §7, "The director on the file-service thread"). With one DPU core, a
+//! director thread and the service thread take turns on it: every batch of offloaded reads
+//! and every batch of their completions costs a wake-up and a context switch each way.
+//! Inline, the service thread drives the director between its own rounds: reads queued on
+//! the lane are served in the same pass, their completions reaped in the next, and the thread
+//! blocks in one place, on the device, the control plane and the director's ring at once.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
