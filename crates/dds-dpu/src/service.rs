@@ -84,6 +84,15 @@ enum Park {
     TimedOut,
 }
 
+/// The descriptor of the director the service thread drives, if it runs inline (a function
+/// of the offload hooks alone, so that it borrows them beside the file service).
+fn inline_fd(offload: &Option<OffloadHooks>) -> Option<BorrowedFd<'_>> {
+    offload
+        .as_ref()
+        .and_then(|o| o.inline.as_ref())
+        .map(|d| d.wait_fd())
+}
+
 pub(crate) struct Service {
     config: DpuConfig,
     fs: FileService,
@@ -236,14 +245,6 @@ impl Service {
         }
     }
 
-    /// The inline director's descriptor, if it runs inline.
-    fn inline_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.offload
-            .as_ref()
-            .and_then(|o| o.inline.as_ref())
-            .map(|d| d.wait_fd())
-    }
-
     /// Waits for the device: called when a round found nothing to do while file-service I/O is
     /// in flight. Lets the DMA operations in flight complete (microseconds; what they fetched
     /// is work), then blocks until the device completes an operation, the bell rings (control
@@ -277,12 +278,9 @@ impl Service {
             return true;
         };
         let timeout = inline.map_or(DEVICE_WAIT_MAX, |t| t.min(DEVICE_WAIT_MAX));
-        let also = self
-            .offload
-            .as_ref()
-            .and_then(|o| o.inline.as_ref())
-            .map(|d| d.wait_fd());
-        let r = self.fs.wait_for(self.bell.as_fd(), also, timeout);
+        let r = self
+            .fs
+            .wait_for(self.bell.as_fd(), inline_fd(&self.offload), timeout);
         if let Some(o) = &self.offload {
             o.port.end_sleep();
         }
@@ -354,7 +352,7 @@ impl Service {
         let inline = self.inline_wait();
         if !found && inline.is_ok() {
             let max = inline.ok().flatten().map_or(PARK_MAX, |t| t.min(PARK_MAX));
-            let also = self.inline_fd();
+            let also = inline_fd(&self.offload);
             let bell = &*self.bell;
             let doorbells = self.groups.iter().flatten().filter(|g| live(g));
             let n = 1 + usize::from(also.is_some()) + doorbells.clone().count();
