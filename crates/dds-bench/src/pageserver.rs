@@ -24,12 +24,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dds_pageserver::proto::{self, status, GetPage, Record};
+use dds_pageserver::proto::{self, status, Record};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
+
+mod readers;
+
+use readers::Readers;
 
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
@@ -65,6 +69,9 @@ pub struct PageServerBenchArgs {
     /// GetPages per message.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Threads of the readers (each drives its share of the connections from one event loop).
+    #[arg(long, default_value_t = 1)]
+    pub client_threads: usize,
     /// Seconds per load point (default 5; quick 2).
     #[arg(long)]
     pub seconds: Option<f64>,
@@ -397,91 +404,6 @@ fn log_writer(
 
 /// Closed-loop readers for `secs`, at the newest acknowledged LSN or (`lagging`) at
 /// `log.lagging`; returns (reads, retries, histogram).
-fn readers(
-    addr: SocketAddr,
-    log: &Log,
-    pages: u64,
-    conns: usize,
-    batch: usize,
-    secs: f64,
-    lagging: bool,
-) -> Result<(u64, u64, Histogram<u64>)> {
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let results: Vec<Result<(u64, u64, Histogram<u64>)>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..conns)
-            .map(|c| {
-                sc.spawn(move || -> Result<(u64, u64, Histogram<u64>)> {
-                    let mut s = TcpStream::connect(addr)?;
-                    s.set_nodelay(true)?;
-                    let mut rng = SmallRng::seed_from_u64(c as u64 + 17);
-                    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-                    let (mut reads, mut retries, mut id) = (0u64, 0u64, 0u64);
-                    let mut buf = Vec::new();
-                    let mut m = Vec::new();
-                    while Instant::now() < deadline {
-                        let r = if lagging {
-                            log.lagging.load(Ordering::Acquire)
-                        } else {
-                            log.acked.load(Ordering::Acquire)
-                        };
-                        if r == 0 {
-                            std::thread::sleep(Duration::from_millis(1));
-                            continue;
-                        }
-                        let mut reqs = Vec::with_capacity(batch);
-                        while reqs.len() < batch {
-                            let page = rng.gen_range(0..pages);
-                            let n = if lagging {
-                                // Its last record at or below the read point.
-                                let Some(n) = log.last_mod_at(page, r) else {
-                                    continue;
-                                };
-                                n
-                            } else {
-                                log.page_lsn[page as usize].load(Ordering::Acquire)
-                            };
-                            if n > r {
-                                continue; // its newest record is not acknowledged yet
-                            }
-                            id += 1;
-                            reqs.push(GetPage {
-                                req_id: id,
-                                lsn: r,
-                                nms: n,
-                                page,
-                            });
-                        }
-                        m.clear();
-                        proto::encode_getpages(&mut m, &reqs);
-                        let t = Instant::now();
-                        let resps = call(&mut s, &m, reqs.len(), &mut buf)?;
-                        let us = t.elapsed().as_micros().max(1) as u64;
-                        for (st, _) in resps {
-                            match st {
-                                status::OK | status::OLD_VERSION => reads += 1,
-                                status::RETRY => retries += 1,
-                                other => bail!("GetPage answered status {other}"),
-                            }
-                        }
-                        h.record_n(us, batch as u64).ok();
-                    }
-                    Ok((reads, retries, h))
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("reader")).collect()
-    });
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut reads, mut retries) = (0, 0);
-    for r in results {
-        let (n, rt, h) = r?;
-        reads += n;
-        retries += rt;
-        hist.add(&h)?;
-    }
-    Ok((reads, retries, hist))
-}
-
 /// Runs the benchmark.
 pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
     let pages = a.pages.unwrap_or(if a.quick { 4096 } else { 16384 });
@@ -508,6 +430,21 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
         let side = start(offload, &a, pages, &place)?;
         let log = Log::new(pages);
         load(side.host, &log, pages)?;
+        // One load point of `c` readers (`lagging`: read replicas behind the newest LSN).
+        let read = |c: usize, lagging: bool| -> Result<(u64, u64, Histogram<u64>)> {
+            let r = Readers {
+                addr: side.addr,
+                log: &log,
+                pages,
+                conns: c,
+                batch: a.batch.max(1),
+                secs,
+                lagging,
+                threads: a.client_threads,
+            }
+            .run()?;
+            Ok((r.reads, r.retries, r.hist))
+        };
         // The replay's own CPU at this log rate, with no readers.
         let stop = AtomicBool::new(false);
         let replay_cpu_per_sec = std::thread::scope(|sc| -> Result<f64> {
@@ -532,7 +469,7 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
                     dpu_reads(&side.socket),
                 );
                 let t0 = Instant::now();
-                let r = readers(side.addr, &log, pages, c, a.batch.max(1), secs, false)?;
+                let r = read(c, false)?;
                 let t = t0.elapsed().as_secs_f64();
                 let (h1, d1, r1) = (
                     process_cpu_seconds(side.server.pid())?,
@@ -574,7 +511,7 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
                 std::thread::sleep(lag + Duration::from_millis(300));
                 let r0 = dpu_reads(&side.socket);
                 let t0 = Instant::now();
-                let r = readers(side.addr, &log, pages, c, a.batch.max(1), secs, lagging);
+                let r = read(c, lagging);
                 let t = t0.elapsed().as_secs_f64();
                 let r1 = dpu_reads(&side.socket);
                 stop.store(true, Ordering::Relaxed);

@@ -292,6 +292,20 @@ pub fn run_routed(
     Ok(total)
 }
 
+/// Writes what the non-blocking socket `s` takes of `out` from `written` on (advanced).
+pub(crate) fn write_some(s: &mut impl Write, out: &[u8], written: &mut usize) -> Result<()> {
+    while *written < out.len() {
+        match s.write(&out[*written..]) {
+            Ok(0) => bail!("the server closed the connection"),
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("send"),
+        }
+    }
+    Ok(())
+}
+
 /// One connection's socket to one endpoint.
 struct Sock {
     s: mio::net::TcpStream,
@@ -310,16 +324,7 @@ struct Sock {
 impl Sock {
     /// Writes what the socket takes of `out`.
     fn flush(&mut self) -> Result<()> {
-        while self.written < self.out.len() {
-            match self.s.write(&self.out[self.written..]) {
-                Ok(0) => bail!("the server closed the connection"),
-                Ok(n) => self.written += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("send"),
-            }
-        }
-        Ok(())
+        write_some(&mut self.s, &self.out, &mut self.written)
     }
 }
 
