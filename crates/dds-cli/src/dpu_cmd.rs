@@ -139,6 +139,10 @@ pub struct DpuArgs {
     /// cannot hold is closed.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub director_memory: u64,
+    /// Response bytes of offloaded reads the director sends per round before it looks at its
+    /// sockets again, so that requests arriving meanwhile reach the device sooner.
+    #[arg(long, default_value = "128K", value_parser = parse_size)]
+    pub director_round_bytes: u64,
     /// Client connections each director thread serves at most; more are closed at accept.
     #[arg(long, default_value_t = 1024)]
     pub director_max_connections: usize,
@@ -187,6 +191,8 @@ fn offload_config(a: &DpuArgs) -> Result<Option<dds_dpu::OffloadConfig>> {
                 max_contexts_per_conn: a.offload_contexts_per_conn,
                 buffer_bytes: usize::try_from(a.offload_buffer).context("--offload-buffer")?,
                 memory_bytes: usize::try_from(a.director_memory).context("--director-memory")?,
+                round_bytes: usize::try_from(a.director_round_bytes)
+                    .context("--director-round-bytes")?,
                 max_connections: a.director_max_connections.max(1),
                 transparent: a.steer,
                 ..match a.host_app {

@@ -45,6 +45,12 @@ pub struct DirectorConfig {
     /// flow rules divert to it with TPROXY, each keeping the address its client connected
     /// to (`docs/bump-in-the-wire.md`). Needs `CAP_NET_ADMIN`.
     pub transparent: bool,
+    /// Response bytes of completed reads a round merges and sends before the director looks
+    /// at its sockets again (at least one read a round). Sending is the costly part of a round
+    /// (a loopback or kernel TCP send of a page costs microseconds); a bound lets the requests
+    /// that arrive meanwhile reach the device sooner, instead of after every completion the
+    /// device returned at once.
+    pub round_bytes: usize,
 }
 
 impl std::fmt::Debug for DirectorConfig {
@@ -132,6 +138,7 @@ impl DirectorConfig {
             max_contexts_per_conn: 64,
             on_thread_start: None,
             transparent: false,
+            round_bytes: 128 << 10,
         }
     }
 }

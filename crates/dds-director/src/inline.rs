@@ -61,7 +61,7 @@ impl InlineDirector {
         }
         let w = &mut self.worker;
         self.retrying = w.begin_round(&mut self.last_applied);
-        let mut moved = !w.dirty.is_empty();
+        let mut moved = !w.dirty.is_empty() || w.lane.completions_waiting();
         w.drive_dirty();
         if let Some(u) = w.uring.as_mut().filter(|u| u.sending()) {
             add(&w.stats.ring_send_calls, 1);
@@ -96,7 +96,10 @@ impl InlineDirector {
     /// all, there is work). Events on [`InlineDirector::wait_fd`] end the wait earlier.
     pub fn prepare_wait(&mut self) -> Option<Duration> {
         let w = &mut self.worker;
-        if !w.dirty.is_empty() || w.uring.as_ref().is_some_and(|u| u.sending()) {
+        if !w.dirty.is_empty()
+            || w.uring.as_ref().is_some_and(|u| u.sending())
+            || w.lane.completions_waiting()
+        {
             return None;
         }
         if self.stopping.is_some() {

@@ -6,7 +6,7 @@ use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 
 use dds_offload_api::OffloadApp;
-use dds_offload_engine::{CtxState, Pool};
+use dds_offload_engine::{CtxState, Pool, PortResult};
 use dds_proto::Status;
 
 use crate::conn::{response_len, Close, Conn, Entry};
@@ -23,26 +23,29 @@ impl Worker {
             conns,
             dirty,
             stats,
+            round_bytes,
             ..
         } = self;
         let mut failed: [usize; 16] = [usize::MAX; 16];
         let mut nfailed = 0;
-        lane.poll_completions(|token, res| {
+        // Merges one completed read; returns its response's bytes.
+        let mut merge = |token: u64, res: PortResult| -> u64 {
+            let mut bytes = 0;
             let i = token as u32;
             let Some(ctx) = pool.ctxs.get(i as usize).copied() else {
                 tracing::error!(token, "completion for an unknown context");
-                return;
+                return 0;
             };
             match ctx.state {
                 CtxState::Orphan => {
                     pool.ctxs[i as usize].state = CtxState::Ready;
                     pool.release(i);
-                    return;
+                    return 0;
                 }
                 CtxState::InFlight => {}
                 _ => {
                     tracing::error!(token, "completion for a context not in flight");
-                    return;
+                    return 0;
                 }
             }
             let res = match res {
@@ -67,6 +70,7 @@ impl Worker {
                         && (l.total_len - l.header_len) as usize <= cap =>
                 {
                     pool.ctxs[i as usize].layout = l;
+                    bytes = u64::from(l.total_len);
                 }
                 other => {
                     if let Err(e) = other {
@@ -93,6 +97,15 @@ impl Worker {
                     }
                 }
             }
+            bytes
+        };
+        // A round sends at most about `round_bytes` of offloaded responses: the rest wait
+        // for the next round, and the reads that requests arriving meanwhile need reach the
+        // device first.
+        let mut round = 0u64;
+        lane.poll_completions_while(|token, res| {
+            round += merge(token, res);
+            round < *round_bytes
         });
         for &slot in &failed[..nfailed] {
             if self.conns[slot].is_some() {

@@ -58,6 +58,8 @@ pub(crate) struct Worker {
     pub(crate) max_req: usize,
     /// The io_uring of the split connections' sockets (`None`: on the `mio` poll too).
     pub(crate) uring: Option<SplitRing>,
+    /// Response bytes of the completed reads one round merges (`DirectorConfig::round_bytes`).
+    pub(crate) round_bytes: u64,
 }
 
 pub(crate) fn would_block(e: &io::Error) -> bool {
@@ -121,6 +123,7 @@ impl Worker {
             max_ctx_per_conn: cfg.max_contexts_per_conn.max(1),
             pend_cap: app_forward_keys.max(64),
             uring,
+            round_bytes: cfg.round_bytes.max(1) as u64,
         }
     }
 
@@ -196,7 +199,7 @@ impl Worker {
     /// How long the thread may wait for events: not at all with connections to drive, 1 ms
     /// while retrying, otherwise until the lane has the completions the connections need.
     fn wait_timeout(&mut self, retrying: bool, last_applied: u64) -> Duration {
-        if !self.dirty.is_empty() {
+        if !self.dirty.is_empty() || self.lane.completions_waiting() {
             Duration::ZERO
         } else if retrying || !self.retry.is_empty() {
             Duration::from_millis(1)

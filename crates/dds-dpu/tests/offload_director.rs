@@ -514,12 +514,23 @@ fn private_files_are_never_read_on_the_dpu() {
 /// one-thread director, and a client that wrote 64 pages through the host (cache-on-write
 /// makes them offloadable).
 fn slow_director_with_pages(latency: Duration) -> (Dpu, HostServer, DirectorHandle, Client) {
+    slow_director_with_pages_and(latency, |_| {})
+}
+
+/// As [`slow_director_with_pages`], with the director's configuration changed by `tweak`.
+fn slow_director_with_pages_and(
+    latency: Duration,
+    tweak: impl FnOnce(&mut dds_director::DirectorConfig),
+) -> (Dpu, HostServer, DirectorHandle, Client) {
     let app: Arc<dyn OffloadApp> = Arc::new(PagestoreApp::new(PagestoreConfig::default()));
     let dpu = Dpu::start_slow(app.clone(), 1, latency);
     let files = dpu.files();
     let file = files.create("/pages");
     let host = pagestore_server(loopback(), files);
-    let d = director(&dpu, app, host.addr, |c| c.threads = 1);
+    let d = director(&dpu, app, host.addr, |c| {
+        c.threads = 1;
+        tweak(c);
+    });
     let mut c = Client::new(d.local_addr(), file, Vec::new());
     for chunk in 0..8 {
         let reqs: Vec<_> = (0..8).map(|i| (true, chunk * 8 + i, 1)).collect();
@@ -556,6 +567,22 @@ fn a_message_of_offloaded_reads_wakes_the_director_about_once() {
     d.shutdown();
 }
 
+/// `rounds` times, every client sends a message of eight reads of the 64 pages, all in flight
+/// at once (their responses complete together), then checks its responses.
+fn eight_reads_each(clients: &mut [Client], rounds: u64) {
+    for r in 0..rounds {
+        for (k, c) in clients.iter_mut().enumerate() {
+            let reqs: Vec<_> = (0..8)
+                .map(|i| (false, ((r * 5 + k as u64 * 3 + i * 7) % 64) as usize, 1))
+                .collect();
+            c.send(&reqs, 1000 + r * 100 + k as u64);
+        }
+        for c in clients.iter_mut() {
+            c.check(8);
+        }
+    }
+}
+
 /// Sixteen clients with a message of eight offloaded reads each in flight at once: every
 /// response is right and in order, and (on io_uring, the default) leaves through the ring's
 /// sends, several connections' per system call when their reads complete together.
@@ -567,18 +594,7 @@ fn concurrent_clients_are_answered_through_the_ring() {
         .collect();
     let before = d.stats();
     let rounds = 20u64;
-    for r in 0..rounds {
-        // Every client's message is in flight at once: their responses complete together.
-        for (k, c) in clients.iter_mut().enumerate() {
-            let reqs: Vec<_> = (0..8)
-                .map(|i| (false, ((r * 5 + k as u64 * 3 + i * 7) % 64) as usize, 1))
-                .collect();
-            c.send(&reqs, 1000 + r * 100 + k as u64);
-        }
-        for c in clients.iter_mut() {
-            c.check(8);
-        }
-    }
+    eight_reads_each(&mut clients, rounds);
     let s = d.stats();
     let messages = rounds * clients.len() as u64;
     assert_eq!(s.offloaded - before.offloaded, messages * 8, "{s:?}");
@@ -596,6 +612,36 @@ fn concurrent_clients_are_answered_through_the_ring() {
         assert!(
             calls >= 1 && calls <= sends,
             "{calls} calls for {sends} sends"
+        );
+    }
+    d.shutdown();
+}
+
+/// With `round_bytes` at its least, a round merges one completed read: sixteen clients with
+/// eight offloaded reads each in flight still get every response, right and in order, the
+/// completions left for later rounds never stall the director, and no send call carries more
+/// than one round's response.
+#[test]
+fn a_round_bounded_to_one_response_still_answers_everything_in_order() {
+    let (_dpu, _host, d, writer) =
+        slow_director_with_pages_and(Duration::from_micros(20), |c| c.round_bytes = 1);
+    let mut clients: Vec<Client> = (0..16)
+        .map(|_| Client::new(d.local_addr(), writer.file, writer.model.clone()))
+        .collect();
+    let before = d.stats();
+    let rounds = 10u64;
+    eight_reads_each(&mut clients, rounds);
+    let s = d.stats();
+    let reads = rounds * clients.len() as u64 * 8;
+    assert_eq!(s.offloaded - before.offloaded, reads, "{s:?}");
+    let sends = s.ring_sends - before.ring_sends;
+    let calls = s.ring_send_calls - before.ring_send_calls;
+    eprintln!("{reads} offloaded reads: {sends} sends on the ring in {calls} calls");
+    if std::env::var(dds_server::BACKEND_ENV).as_deref() != Ok("epoll") {
+        assert!(sends >= reads, "{sends} ring sends for {reads} responses");
+        assert!(
+            sends <= calls,
+            "{sends} sends in {calls} calls: a round sent more than one"
         );
     }
     d.shutdown();

@@ -319,14 +319,30 @@ impl LaneHandle {
 
     /// Calls `f(token, result)` for every completed read; returns how many.
     pub fn poll_completions(&self, mut f: impl FnMut(u64, PortResult)) -> usize {
+        self.poll_completions_while(|token, res| {
+            f(token, res);
+            true
+        })
+    }
+
+    /// As [`poll_completions`](Self::poll_completions), until `f` returns false: the
+    /// completions after that one stay queued ([`completions_waiting`](Self::completions_waiting)).
+    pub fn poll_completions_while(&self, mut f: impl FnMut(u64, PortResult) -> bool) -> usize {
         let lane = self.lane();
         let mut n = 0;
         while let Some((token, res)) = lane.done.pop() {
             lane.inflight.fetch_sub(1, Ordering::Relaxed);
-            f(token & ((1 << TOKEN_BITS) - 1), res);
             n += 1;
+            if !f(token & ((1 << TOKEN_BITS) - 1), res) {
+                break;
+            }
         }
         n
+    }
+
+    /// Whether completed reads wait for [`poll_completions`](Self::poll_completions).
+    pub fn completions_waiting(&self) -> bool {
+        !self.lane().done.is_empty()
     }
 
     /// Free room in the invalidation queue (exact lower bound: this thread is its only
