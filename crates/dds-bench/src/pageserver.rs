@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dds_pageserver::proto::{self, status, Record};
-use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -33,7 +32,7 @@ use serde_json::{json, Value};
 
 mod readers;
 
-use readers::Readers;
+use readers::{ReadResult, Readers};
 
 use crate::child::ChildGuard;
 use crate::cpu::process_cpu_seconds;
@@ -431,8 +430,8 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
         let log = Log::new(pages);
         load(side.host, &log, pages)?;
         // One load point of `c` readers (`lagging`: read replicas behind the newest LSN).
-        let read = |c: usize, lagging: bool| -> Result<(u64, u64, Histogram<u64>)> {
-            let r = Readers {
+        let read = |c: usize, lagging: bool| {
+            Readers {
                 addr: side.addr,
                 log: &log,
                 pages,
@@ -442,8 +441,7 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
                 lagging,
                 threads: a.client_threads,
             }
-            .run()?;
-            Ok((r.reads, r.retries, r.hist))
+            .run()
         };
         // The replay's own CPU at this log rate, with no readers.
         let stop = AtomicBool::new(false);
@@ -480,7 +478,11 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
                 let logged = w.join().expect("log writer")?;
                 Ok((r, logged, h1 - h0, d1 - d0, r1 - r0, t))
             })?;
-            let (reads, retries, hist) = r;
+            let ReadResult {
+                reads,
+                retries,
+                hist,
+            } = r;
             let n = reads.max(1) as f64;
             let p = Point {
                 mode,
@@ -518,7 +520,11 @@ pub fn run(a: PageServerBenchArgs, command: String) -> Result<Report> {
                 w.join().expect("log writer")?;
                 Ok((r?, r1 - r0, t))
             })?;
-            let (reads, retries, hist) = r;
+            let ReadResult {
+                reads,
+                retries,
+                hist,
+            } = r;
             let (versions, bytes) = retained(side.host)?;
             let p = ReplicaPoint {
                 mode,

@@ -44,6 +44,16 @@ pub(super) struct ReadResult {
     pub hist: Histogram<u64>,
 }
 
+impl ReadResult {
+    fn new() -> Result<ReadResult> {
+        Ok(ReadResult {
+            reads: 0,
+            retries: 0,
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+        })
+    }
+}
+
 impl Readers<'_> {
     /// Runs the load point: `threads` threads share the connections (connection `c` on thread
     /// `c % threads`), each message's latency recorded once per GetPage in it.
@@ -61,11 +71,7 @@ impl Readers<'_> {
                 .map(|h| h.join().expect("reader thread"))
                 .collect()
         });
-        let mut total = ReadResult {
-            reads: 0,
-            retries: 0,
-            hist: Histogram::new_with_bounds(1, 60_000_000, 3)?,
-        };
+        let mut total = ReadResult::new()?;
         for r in results {
             let r = r?;
             total.reads += r.reads;
@@ -97,14 +103,9 @@ impl Readers<'_> {
                 have: 0,
                 pending: 0,
                 started: Instant::now(),
-                done: false,
             });
         }
-        let mut out = ReadResult {
-            reads: 0,
-            retries: 0,
-            hist: Histogram::new_with_bounds(1, 60_000_000, 3)?,
-        };
+        let mut out = ReadResult::new()?;
         let mut reqs = Vec::with_capacity(self.batch);
         // Connections with nothing in flight: the read point is not known yet.
         let mut waiting: Vec<usize> = (0..conns.len()).collect();
@@ -115,11 +116,9 @@ impl Readers<'_> {
             let mut k = 0;
             while k < waiting.len() {
                 let i = waiting[k];
-                let c = &mut conns[i];
                 if Instant::now() >= deadline {
-                    c.done = true;
                     active -= 1;
-                } else if !self.start(c, &mut reqs)? {
+                } else if !self.start(&mut conns[i], &mut reqs)? {
                     k += 1;
                     continue;
                 }
@@ -148,7 +147,8 @@ impl Readers<'_> {
             for ev in events.iter() {
                 let i = ev.token().0;
                 let c = &mut conns[i];
-                if c.done || c.pending == 0 {
+                // Nothing in flight: waiting for a read point, or done.
+                if c.pending == 0 {
                     continue;
                 }
                 if ev.is_writable() {
@@ -159,7 +159,6 @@ impl Readers<'_> {
                 }
                 // This message is answered: the next one, or done.
                 if Instant::now() >= deadline {
-                    c.done = true;
                     active -= 1;
                 } else if !self.start(c, &mut reqs)? {
                     waiting.push(i);
@@ -227,7 +226,6 @@ struct Conn {
     /// Responses of the message still to come.
     pending: usize,
     started: Instant,
-    done: bool,
 }
 
 impl Conn {
