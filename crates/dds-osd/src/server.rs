@@ -38,8 +38,8 @@ pub struct OsdConfig {
     pub idle_timeout: Duration,
     /// Connect and I/O timeout of peer calls.
     pub peer_timeout: Duration,
-    /// PG log entries kept.
-    pub max_log: u64,
+    /// PG log entries and request ids kept.
+    pub retention: pglog::Retention,
     /// Period of the peering thread.
     pub peering_interval: Duration,
     /// Worker threads per port (a PG's requests go to one of them, in arrival order).
@@ -57,7 +57,7 @@ impl OsdConfig {
             max_connections: 1024,
             idle_timeout: Duration::from_secs(300),
             peer_timeout: Duration::from_secs(10),
-            max_log: pglog::DEFAULT_MAX_LOG,
+            retention: pglog::Retention::default(),
             peering_interval: Duration::from_millis(200),
             workers: 8,
         }
@@ -71,8 +71,8 @@ pub(crate) struct PgState {
     pub active: bool,
     /// Primary: replicas known to hold every version.
     pub in_sync: BTreeSet<u32>,
-    /// Primary: the client requests of the logged versions, to answer a retried write with
-    /// its first version instead of applying it again.
+    /// Primary: the client requests of the last `max_dups` versions, to answer a retried
+    /// write with its first version instead of applying it again.
     pub reqids: HashMap<(u64, u64), u64>,
     /// The same, in version order, for trimming with the log.
     pub reqid_order: VecDeque<(u64, (u64, u64))>,
@@ -83,20 +83,22 @@ impl PgState {
     pub fn load_reqids(&mut self, log: &crate::pglog::PgLog) {
         self.reqids.clear();
         self.reqid_order.clear();
-        for e in log.entries.iter().filter(|e| e.reqid.0 != 0) {
-            self.note_reqid(e.version, e.reqid, u64::MAX);
+        // Entries and `dup.` keys name the same versions twice: once each, in version order.
+        let by_version: BTreeMap<u64, (u64, u64)> = log.reqids().collect();
+        for (version, reqid) in by_version {
+            self.note_reqid(version, reqid, u64::MAX);
         }
     }
 
     /// Records that `version` was made by request `reqid`, forgetting the requests of versions
-    /// that left a log of `max_log` entries.
-    pub fn note_reqid(&mut self, version: u64, reqid: (u64, u64), max_log: u64) {
+    /// older than the last `window`.
+    pub fn note_reqid(&mut self, version: u64, reqid: (u64, u64), window: u64) {
         self.reqids.insert(reqid, version);
         self.reqid_order.push_back((version, reqid));
         while self
             .reqid_order
             .front()
-            .is_some_and(|&(v, _)| v.saturating_add(max_log) <= version)
+            .is_some_and(|&(v, _)| v.saturating_add(window) <= version)
         {
             let (_, old) = self.reqid_order.pop_front().expect("front exists");
             self.reqids.remove(&old);
@@ -728,8 +730,8 @@ impl Inner {
     }
 
     /// A client write: versioned, logged, replicated, acknowledged once every in-sync member
-    /// (at least `min_size`) committed. A request id (client, tid) already in the PG's log is
-    /// a retry: answered with its version, not applied again.
+    /// (at least `min_size`) committed. A request id (client, tid) of one of the PG's last
+    /// `max_dups` versions is a retry: answered with its version, not applied again.
     fn write(
         &self,
         oid: &ObjectId,
@@ -773,7 +775,7 @@ impl Inner {
             reqid,
             epoch: map.epoch,
         };
-        pglog::append_ops(&mut tx, pgid, &entry, self.cfg.max_log);
+        pglog::append_ops(&mut tx, pgid, &entry, self.cfg.retention);
         let replicas: Vec<u32> = st.in_sync.iter().copied().collect();
         let mut payload = Enc::new();
         payload.u64(pgid.pool).u32(pgid.pg).u64(version);
@@ -809,7 +811,8 @@ impl Inner {
         }
         st.head = version;
         if reqid.0 != 0 {
-            st.note_reqid(version, reqid, self.cfg.max_log);
+            let keep = self.cfg.retention;
+            st.note_reqid(version, reqid, keep.max_log.max(keep.max_dups));
         }
         pg.publish(&st);
         if committed < min {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use common::wait_clean_on;
 use dds_objstore::{ObjectId, ObjectStore, Transaction, TxOp};
 use dds_osd::client::{Client, ClientOptions};
-use dds_osd::pglog::{self, LogEntry, KIND_MODIFY};
+use dds_osd::pglog::{self, LogEntry, Retention, KIND_MODIFY};
+use dds_osd::wire::{self, op, Enc, Header};
 use dds_osd::{open_store, ClusterMap, Osd, OsdConfig, StoreSpec};
 
 /// A map of `n` OSDs on port 0 (each binds any free port).
@@ -36,7 +37,11 @@ fn start_logging(
     format: bool,
     max_log: u64,
 ) -> Osd {
-    start_full(dir, map, id, format, max_log).0
+    let keep = Retention {
+        max_log,
+        ..Retention::default()
+    };
+    start_full(dir, map, id, format, keep).0
 }
 
 /// [`start`], also returning the OSD's store.
@@ -47,15 +52,21 @@ fn start_with_store(
     format: bool,
 ) -> (Osd, Arc<dyn ObjectStore>) {
     // A short log: trimming runs, and an OSD that lost its store needs a backfill.
-    start_full(dir, map, id, format, 4)
+    start_full(dir, map, id, format, SHORT)
 }
+
+/// A log of 4 entries and the request ids of 64 versions.
+const SHORT: Retention = Retention {
+    max_log: 4,
+    max_dups: 64,
+};
 
 fn start_full(
     dir: &std::path::Path,
     map: &ClusterMap,
     id: u32,
     format: bool,
-    max_log: u64,
+    keep: Retention,
 ) -> (Osd, Arc<dyn ObjectStore>) {
     let spec = StoreSpec::Local {
         device: dir.join(format!("osd{id}.img")),
@@ -72,7 +83,7 @@ fn start_full(
     };
     let mut cfg = OsdConfig::new(id, map.clone());
     cfg.peering_interval = Duration::from_millis(50);
-    cfg.max_log = max_log;
+    cfg.retention = keep;
     // Small frames: an object bigger than a frame is read and recovered in pieces.
     cfg.max_payload = 1 << 20;
     (Osd::start(cfg, store.clone()).unwrap(), store)
@@ -229,14 +240,21 @@ fn addressed(map: &mut ClusterMap, osds: &[Option<Osd>]) {
     }
 }
 
-#[test]
-fn a_down_primary_fails_over_and_its_unreplicated_version_loses_to_the_new_map() {
-    let dir = tempfile::tempdir().unwrap();
+/// Three OSDs with short logs ([`SHORT`]) on their own stores, addressed (epoch 2) and clean,
+/// and a client.
+struct Three {
+    map: ClusterMap,
+    osds: Vec<Option<Osd>>,
+    stores: Vec<Arc<dyn ObjectStore>>,
+    c: Client,
+}
+
+fn three_clean(dir: &std::path::Path) -> Three {
     let mut map = ClusterMap::parse(&map_text(3)).unwrap();
     let mut stores = Vec::new();
-    let mut osds: Vec<Option<Osd>> = (0..3)
+    let osds: Vec<Option<Osd>> = (0..3)
         .map(|i| {
-            let (o, s) = start_with_store(dir.path(), &map, i, true);
+            let (o, s) = start_with_store(dir, &map, i, true);
             stores.push(s);
             Some(o)
         })
@@ -248,6 +266,34 @@ fn a_down_primary_fails_over_and_its_unreplicated_version_loses_to_the_new_map()
     };
     let c = Client::with_map(map.clone(), opts);
     wait_clean(&c);
+    Three {
+        map,
+        osds,
+        stores,
+        c,
+    }
+}
+
+/// The monitor's next map after `map`, with OSD `p` down, given to the running OSDs.
+fn next_map_without(map: &ClusterMap, p: u32, osds: &[Option<Osd>]) -> ClusterMap {
+    let mut down = map.clone();
+    down.epoch = map.epoch + 1;
+    down.osd_mut(p).unwrap().up = false;
+    for o in osds.iter().flatten() {
+        assert!(o.set_map(down.clone()).unwrap(), "a new epoch is taken");
+    }
+    down
+}
+
+#[test]
+fn a_down_primary_fails_over_and_its_unreplicated_version_loses_to_the_new_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let Three {
+        map,
+        mut osds,
+        mut stores,
+        c,
+    } = three_clean(dir.path());
     let div = ObjectId::new(1, "div");
     c.write_full(&div, b"first").unwrap();
     let pg = map.pg_of(1, &div.name).unwrap();
@@ -269,18 +315,13 @@ fn a_down_primary_fails_over_and_its_unreplicated_version_loses_to_the_new_map()
         reqid: (99, 1),
         epoch: map.epoch,
     };
-    pglog::append_ops(&mut tx, pg, &entry, 4);
+    pglog::append_ops(&mut tx, pg, &entry, SHORT);
     store.submit(&tx).unwrap();
     drop(store);
     osds[p as usize].take().unwrap().shutdown();
 
     // The monitor's next map: the primary is down; the next member leads the PG.
-    let mut down = map.clone();
-    down.epoch = 3;
-    down.osd_mut(p).unwrap().up = false;
-    for o in osds.iter().flatten() {
-        assert!(o.set_map(down.clone()).unwrap());
-    }
+    let down = next_map_without(&map, p, &osds);
     let survivors: Vec<u32> = (0..3).filter(|&o| o != p).collect();
     assert_eq!(down.acting(pg), map.acting(pg)[1..].to_vec());
     // The client, still at epoch 2, finds the new primary (STALE_EPOCH, then GET_MAP).
@@ -356,4 +397,106 @@ fn map_changes_during_writes_leave_every_member_at_the_primarys_head() {
     assert!(written > 100, "only {written} writes");
     let applied = common::wait_heads_agree(&c, &[0, 1, 2]);
     assert_eq!(applied, written, "versions applied vs writes acknowledged");
+}
+
+/// Sends a `WRITE_FULL` with request id `reqid` to `osd`'s client port: its status and version.
+fn write_as(
+    map: &ClusterMap,
+    osd: u32,
+    reqid: (u64, u64),
+    oid: &ObjectId,
+    data: &[u8],
+) -> (u16, u64) {
+    use std::io::Read;
+    let addr = map.osd(osd).unwrap().addr;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let p = Enc::new()
+        .u64(reqid.0)
+        .u64(reqid.1)
+        .oid(oid)
+        .bytes(data)
+        .done();
+    let h = Header::request(op::WRITE_FULL, 0, 0, 1, &p).unwrap();
+    wire::write_frame(&mut s, &h, &p).unwrap();
+    let mut hb = [0u8; wire::HEADER_LEN];
+    s.read_exact(&mut hb).unwrap();
+    let rh = Header::decode(&hb).unwrap();
+    let mut out = vec![0u8; rh.len as usize];
+    s.read_exact(&mut out).unwrap();
+    let version = match rh.status {
+        0 => u64::from_le_bytes(out[..8].try_into().unwrap()),
+        _ => 0,
+    };
+    (rh.status, version)
+}
+
+/// A retry whose version has left the PG log (4 entries here) is still recognised by its
+/// request id among the last `max_dups` versions (64 here): by the primary, by a primary whose
+/// store was refilled by a backfill, and by the next primary after a failover.
+#[test]
+fn a_retry_older_than_the_log_is_answered_from_the_kept_request_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let Three {
+        map,
+        mut osds,
+        stores,
+        c,
+    } = three_clean(dir.path());
+    let oid = ObjectId::new(1, "retried");
+    let pg = map.pg_of(1, &oid.name).unwrap();
+    let acting = map.acting(pg);
+    let p = acting[0];
+    let first = write_as(&map, p, (5, 1), &oid, b"first");
+    assert_eq!(first.0, 0);
+    for i in 0..20 {
+        c.write_full(&oid, format!("later {i}").as_bytes()).unwrap();
+    }
+    let head = first.1 + 20;
+    // Every member keeps the request ids, not only the last 4 entries.
+    for store in &stores {
+        let log = pglog::read_log(store, pg).unwrap();
+        assert_eq!(log.head, head);
+        assert_eq!(log.entries.len(), 4);
+        assert!(log.dups.contains(&(first.1, (5, 1))), "{:?}", log.dups);
+    }
+    assert_eq!(write_as(&map, p, (5, 1), &oid, b"first"), first);
+    assert_eq!(c.read_full(&oid).unwrap(), b"later 19");
+
+    // The primary's store is replaced by an empty one: the backfill gives it the request ids.
+    osds[p as usize].take().unwrap().shutdown();
+    drop(stores);
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::remove_file(dir.path().join(format!("osd{p}.img"))).unwrap();
+    std::fs::remove_file(dir.path().join(format!("osd{p}.img.meta"))).unwrap();
+    let (o, store) = start_full(dir.path(), &map, p, true, SHORT);
+    osds[p as usize] = Some(o);
+    wait_clean(&c);
+    assert!(pglog::read_log(&store, pg)
+        .unwrap()
+        .dups
+        .contains(&(first.1, (5, 1))));
+    drop(store);
+    assert_eq!(write_as(&map, p, (5, 1), &oid, b"first"), first);
+
+    // The primary is down: the next member leads and knows the request too.
+    osds[p as usize].take().unwrap().shutdown();
+    let down = next_map_without(&map, p, &osds);
+    let survivors: Vec<u32> = (0..3).filter(|&o| o != p).collect();
+    wait_clean_on(&c, &survivors);
+    let next = down.acting(pg)[0];
+    assert_eq!(next, acting[1]);
+    assert_eq!(write_as(&down, next, (5, 1), &oid, b"first"), first);
+    assert_eq!(c.read_full(&oid).unwrap(), b"later 19");
+
+    // The bound: once 64 newer versions exist, the request id is forgotten (and its `dup.` key
+    // trimmed), and the same request id is a new write.
+    for i in 20..84 {
+        c.write_full(&oid, format!("later {i}").as_bytes()).unwrap();
+    }
+    assert_eq!(
+        write_as(&down, next, (5, 1), &oid, b"first"),
+        (0, head + 65)
+    );
+    assert_eq!(c.read_full(&oid).unwrap(), b"first");
 }
