@@ -1,7 +1,9 @@
 //! The object cluster on nodes of its own (`docs/osd-protocol.md`, "Nodes in network
-//! namespaces"): three `dds osd` nodes and an etcd node, each a network namespace on a bridge
-//! of the fabric's, and the client in the clients' namespace. The node that leads the most PGs
-//! is cut off (its switch port down) while two writers go on: it is marked down when its lease
+//! namespaces"): three OSD nodes and an etcd node, each a network namespace on a bridge of the
+//! fabric's, and the client in the clients' namespace. Node 0 runs a `dds osd` on its own
+//! device (placement host); nodes 1 and 2 are D placements, each running its `dds osd-store`
+//! and the OSD's front end (`dds osd --placement dpu`) on the node. The D node that leads the
+//! most PGs is cut off (its switch port down) while two writers go on: it is marked down when its lease
 //! expires, its PGs fail over, the writes go on; the link comes back, the node (which never
 //! stopped) registers again, catches up, and every acknowledged object is on every replica,
 //! each write applied once. At the end every namespace the test made is gone.
@@ -16,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    busiest_primary, check_writes_on_every_replica, etcd_osd_with, osd_wait_clean, wait_map, Guard,
-    ObjectWrite, Writers, DDS,
+    busiest_primary_among, check_writes_on_every_replica, etcd_osd_with, osd_store_with,
+    osd_wait_clean, wait_map, Guard, ObjectWrite, OsdStore, Writers, DDS,
 };
 use dds_netns::{self as nodes, Fabric};
 use dds_osd::client::{Client, ClientOptions};
@@ -25,18 +27,21 @@ use dds_osd::client::{Client, ClientOptions};
 const OSDS: usize = 3;
 /// The etcd node (after the OSDs').
 const MON: usize = OSDS;
+/// The nodes of D placements.
+const DPU_NODES: [u32; 2] = [1, 2];
 
-fn start_osd(f: &Fabric, dir: &Path, url: &str, id: usize) -> Guard {
-    let cmd = f.command_on(id, DDS);
-    etcd_osd_with(
-        cmd,
-        dir,
-        url,
-        OSDS as u32,
-        id as u32,
-        true,
-        Some(f.node_addr(id)),
-    )
+/// The processes of node `id`: its OSD, and for a D placement the OSD's store after it (the
+/// front end is dropped first).
+fn start_osd(f: &Fabric, dir: &Path, url: &str, id: usize) -> Vec<Guard> {
+    let on_node = || f.command_on(id, DDS);
+    let (n, me, ip) = (OSDS as u32, id as u32, Some(f.node_addr(id)));
+    if !DPU_NODES.contains(&me) {
+        let store = OsdStore::Device { format: true };
+        return vec![etcd_osd_with(on_node(), dir, url, n, me, store, ip)];
+    }
+    let (store, sock) = osd_store_with(on_node(), dir, me);
+    let front_end = etcd_osd_with(on_node(), dir, url, n, me, OsdStore::Proxy(&sock), ip);
+    vec![front_end, store]
 }
 
 #[test]
@@ -70,7 +75,7 @@ fn a_node_cut_off_fails_over_and_catches_up_when_its_link_returns() {
         dds_osd::etcd::wait_answers(&url, Duration::from_secs(20)),
         "etcd on its node does not answer the clients"
     );
-    let mut osds: Vec<Guard> = (0..OSDS)
+    let mut osds: Vec<Vec<Guard>> = (0..OSDS)
         .map(|i| start_osd(&fabric, dir.path(), &url, i))
         .collect();
     let opts = ClientOptions {
@@ -91,9 +96,9 @@ fn a_node_cut_off_fails_over_and_catches_up_when_its_link_returns() {
     let writers = Writers::start(&cl, 2);
     std::thread::sleep(Duration::from_secs(2));
 
-    // Cut off the node that leads the most PGs.
+    // Cut off the D node that leads the most PGs.
     let before = cl.map();
-    let (victim, led) = busiest_primary(&before, OSDS as u32);
+    let (victim, led) = busiest_primary_among(&before, DPU_NODES);
     let cut_at = Instant::now();
     fabric.cut(victim as usize).unwrap();
     let down = wait_map(&cl, "the cut-off OSD marked down", |m| {

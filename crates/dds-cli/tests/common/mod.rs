@@ -705,7 +705,43 @@ pub fn etcd_seed(dir: &Path, n: u32) -> PathBuf {
 /// `dds osd --id ID --etcd URL --cluster t` on port 0 (a new device when `format`), the map
 /// seeded with OSDs `0..n` (an id outside joins as a new OSD).
 pub fn etcd_osd(dir: &Path, url: &str, n: u32, id: u32, format: bool) -> Guard {
-    etcd_osd_with(Command::new(DDS), dir, url, n, id, format, None)
+    etcd_osd_with(
+        Command::new(DDS),
+        dir,
+        url,
+        n,
+        id,
+        OsdStore::Device { format },
+        None,
+    )
+}
+
+/// Where a test OSD keeps its objects.
+pub enum OsdStore<'a> {
+    /// Its own device file, `osd<id>.img` in the test's directory (placement host); formatted
+    /// first or not.
+    Device { format: bool },
+    /// The `dds osd-store` serving this socket (placement dpu: the OSD is its front end).
+    Proxy(&'a Path),
+}
+
+/// `dds osd-store` of OSD `id` run by `cmd` (`dds`, or `ip netns exec NS dds`) on the formatted
+/// device `osd<id>.img` of `dir`, once its socket takes connections; returns it and the socket.
+pub fn osd_store_with(mut cmd: Command, dir: &Path, id: u32) -> (Guard, PathBuf) {
+    let sock = dir.join(format!("osd{id}.store.sock"));
+    cmd.arg("osd-store")
+        .arg("--device")
+        .arg(dir.join(format!("osd{id}.img")))
+        .arg("--socket")
+        .arg(&sock)
+        .args(["--size", "64M", "--format"])
+        .stderr(Stdio::null());
+    let (mut g, line) = ready_line(&mut cmd);
+    if !line.starts_with("osd-store ready") {
+        let status = g.0.try_wait().ok().flatten();
+        panic!("osd-store {id}: no ready line ({line:?}), exit status {status:?}");
+    }
+    (g, sock)
 }
 
 /// [`etcd_osd`] run by `cmd` (`dds`, or `ip netns exec NS dds`), its ports bound on `ip`
@@ -716,7 +752,7 @@ pub fn etcd_osd_with(
     url: &str,
     n: u32,
     id: u32,
-    format: bool,
+    store: OsdStore<'_>,
     ip: Option<std::net::Ipv4Addr>,
 ) -> Guard {
     cmd.args([
@@ -730,16 +766,23 @@ pub fn etcd_osd_with(
     ])
     .args(["--etcd-ttl", "2", "--map"])
     .arg(etcd_seed(dir, n))
-    .arg("--device")
-    .arg(dir.join(format!("osd{id}.img")))
-    .args(["--size", "64M"])
     .stderr(if std::env::var_os("DDS_TEST_OSD_LOG").is_some() {
         Stdio::inherit()
     } else {
         Stdio::null()
     });
-    if format {
-        cmd.arg("--format");
+    match store {
+        OsdStore::Device { format } => {
+            cmd.arg("--device")
+                .arg(dir.join(format!("osd{id}.img")))
+                .args(["--size", "64M"]);
+            if format {
+                cmd.arg("--format");
+            }
+        }
+        OsdStore::Proxy(sock) => {
+            cmd.args(["--placement", "dpu", "--proxy-socket"]).arg(sock);
+        }
     }
     if let Some(ip) = ip {
         cmd.arg("--addr")
@@ -869,8 +912,17 @@ impl Writers {
 
 /// The OSD (of `0..n`) that leads the most PGs of `map`, and those PGs.
 pub fn busiest_primary(map: &dds_osd::ClusterMap, n: u32) -> (u32, Vec<dds_osd::PgId>) {
+    busiest_primary_among(map, 0..n)
+}
+
+/// [`busiest_primary`] among the OSDs `among`.
+pub fn busiest_primary_among(
+    map: &dds_osd::ClusterMap,
+    among: impl IntoIterator<Item = u32>,
+) -> (u32, Vec<dds_osd::PgId>) {
     let pgs: Vec<_> = map.all_pgs().collect();
-    let victim = (0..n)
+    let victim = among
+        .into_iter()
         .max_by_key(|&o| pgs.iter().filter(|&&pg| map.acting(pg)[0] == o).count())
         .unwrap();
     let led = pgs
