@@ -3,7 +3,9 @@
 //! write then read throughput, and the gateway's CPU per MB moved.
 //!
 //! Each client overwrites a few names of its own over and over, so the space a run takes
-//! stays bounded whatever its length. S3 requests are SigV4-presigned (rusty-s3) and sent
+//! stays bounded whatever its length. Before the write run of each object size every client
+//! writes each of its names once (not timed), so that the write run only overwrites and the
+//! read run finds every name, however few writes the timed run made. S3 requests are SigV4-presigned (rusty-s3) and sent
 //! with ureq, one connection per client.
 
 use std::net::SocketAddr;
@@ -53,7 +55,10 @@ enum Op {
 struct Run {
     mbs: f64,
     ops: u64,
+    /// Requests that failed.
     errors: u64,
+    /// Reads that returned other bytes than their name's last write.
+    wrong: u64,
     /// CPU seconds of the gateway during the run.
     gateway_cpu_s: f64,
     /// CPU seconds of every host server process (gateway, OSDs or their stores, monitor)
@@ -72,6 +77,14 @@ impl Run {
     /// `cpu_s` CPU seconds as milliseconds per MB moved.
     fn ms_per_mb(&self, cpu_s: f64, size: usize) -> f64 {
         cpu_s * 1e3 / self.mb(size)
+    }
+
+    /// "N ops, N errors, N wrong".
+    fn counts(&self) -> String {
+        format!(
+            "{} ops, {} errors, {} wrong",
+            self.ops, self.errors, self.wrong
+        )
     }
 
     /// Host server CPU milliseconds per MB moved.
@@ -143,8 +156,115 @@ fn content(t: usize, size: usize) -> Vec<u8> {
         .collect()
 }
 
+/// What one request came to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Outcome {
+    Done,
+    Failed,
+    /// A read that returned other bytes than were written.
+    Wrong,
+}
+
+/// One client thread's connection and data.
+struct Worker {
+    via: Via,
+    native: Option<(Arc<Client>, u64)>,
+    bucket: Bucket,
+    creds: Credentials,
+    agent: ureq::Agent,
+    data: Vec<u8>,
+}
+
+impl Worker {
+    fn new(
+        t: usize,
+        via: Via,
+        size: usize,
+        native: Option<(&Arc<Client>, u64)>,
+        srv: &Server,
+    ) -> Worker {
+        Worker {
+            via,
+            native: native.map(|(cl, pool)| (cl.clone(), pool)),
+            bucket: srv.bucket.clone(),
+            creds: Credentials::new(ACCESS, SECRET),
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(60))
+                .build(),
+            data: content(t, size),
+        }
+    }
+
+    /// The `i`-th name of client `t`'s (of objects of `size` bytes).
+    fn name(t: usize, size: usize, i: u64) -> String {
+        format!("s3bench.{size}.{t}.{}", i % NAMES_PER_CLIENT)
+    }
+
+    fn op(&self, op: Op, name: &str) -> Outcome {
+        let read = |got: Option<Vec<u8>>| match got {
+            None => Outcome::Failed,
+            Some(d) if d == self.data => Outcome::Done,
+            Some(_) => Outcome::Wrong,
+        };
+        let done = |ok: bool| if ok { Outcome::Done } else { Outcome::Failed };
+        match (self.via, op, &self.native) {
+            (Via::Native, _, None) => Outcome::Failed,
+            (Via::Native, Op::Write, Some((cl, pool))) => done(
+                cl.write_full(&ObjectId::new(*pool, name), &self.data)
+                    .is_ok(),
+            ),
+            (Via::Native, Op::Read, Some((cl, pool))) => {
+                read(cl.read_full(&ObjectId::new(*pool, name)).ok())
+            }
+            (Via::S3, Op::Write, _) => {
+                let u = self
+                    .bucket
+                    .put_object(Some(&self.creds), name)
+                    .sign(SIGNED_FOR);
+                done(self.agent.put(u.as_str()).send_bytes(&self.data).is_ok())
+            }
+            (Via::S3, Op::Read, _) => {
+                let u = self
+                    .bucket
+                    .get_object(Some(&self.creds), name)
+                    .sign(SIGNED_FOR);
+                read(self.agent.get(u.as_str()).call().ok().and_then(|r| {
+                    let mut got = Vec::new();
+                    std::io::Read::read_to_end(&mut r.into_reader(), &mut got).ok()?;
+                    Some(got)
+                }))
+            }
+        }
+    }
+}
+
+/// Every client writes each of its names of `size`-byte objects once (not timed).
+fn prefill(via: Via, size: usize, native: Option<(&Arc<Client>, u64)>, srv: &Server) -> Result<()> {
+    let failed = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..CLIENTS)
+            .map(|t| {
+                let w = Worker::new(t, via, size, native, srv);
+                s.spawn(move || {
+                    (0..NAMES_PER_CLIENT)
+                        .filter(|&i| w.op(Op::Write, &Worker::name(t, size, i)) != Outcome::Done)
+                        .count()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or(NAMES_PER_CLIENT as usize))
+            .sum::<usize>()
+    });
+    if failed > 0 {
+        bail!("writing the {via:?} run's names of {size} bytes: {failed} writes failed");
+    }
+    Ok(())
+}
+
 /// `CLIENTS` threads doing `op` on `size`-byte objects for `secs` seconds, through the native
-/// client `cl` (pool `pool`) or S3 to `srv` (`cl` is then unused and may be `None`).
+/// client `cl` (pool `pool`) or S3 to `srv` (`cl` is then unused and may be `None`). Before a
+/// write run, the names are written once ([`prefill`]).
 fn run(
     via: Via,
     op: Op,
@@ -153,73 +273,40 @@ fn run(
     native: Option<(&Arc<Client>, u64)>,
     srv: &Server,
 ) -> Result<Run> {
-    let creds = Credentials::new(ACCESS, SECRET);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ops, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    if op == Op::Write {
+        prefill(via, size, native, srv)?;
+    }
+    let stop = AtomicBool::new(false);
+    let counts = [(); 3].map(|_| AtomicU64::new(0));
     let (gw0, srv0, dpu0) = ((srv.gateway_cpu)(), (srv.server_cpu)(), (srv.dpu_cpu)());
     let t0 = Instant::now();
-    let threads: Vec<_> = (0..CLIENTS)
-        .map(|t| {
-            let (stop, ops, errors) = (stop.clone(), ops.clone(), errors.clone());
-            let native = native.map(|(cl, pool)| (cl.clone(), pool));
-            let (bucket, creds) = (srv.bucket.clone(), creds.clone());
-            std::thread::spawn(move || {
-                let data = content(t, size);
-                let agent = ureq::AgentBuilder::new()
-                    .timeout(Duration::from_secs(60))
-                    .build();
+    std::thread::scope(|s| {
+        for t in 0..CLIENTS {
+            let w = Worker::new(t, via, size, native, srv);
+            let (stop, counts) = (&stop, &counts);
+            s.spawn(move || {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let name = format!("s3bench.{size}.{t}.{}", i % NAMES_PER_CLIENT);
+                    let outcome = w.op(op, &Worker::name(t, size, i));
                     i += 1;
-                    let ok = match (via, op, &native) {
-                        (Via::Native, _, None) => false,
-                        (Via::Native, Op::Write, Some((cl, pool))) => {
-                            cl.write_full(&ObjectId::new(*pool, name), &data).is_ok()
-                        }
-                        (Via::Native, Op::Read, Some((cl, pool))) => cl
-                            .read_full(&ObjectId::new(*pool, name))
-                            .is_ok_and(|d| d == data),
-                        (Via::S3, Op::Write, _) => {
-                            let u = bucket.put_object(Some(&creds), &name).sign(SIGNED_FOR);
-                            agent.put(u.as_str()).send_bytes(&data).is_ok()
-                        }
-                        (Via::S3, Op::Read, _) => {
-                            let u = bucket.get_object(Some(&creds), &name).sign(SIGNED_FOR);
-                            agent.get(u.as_str()).call().is_ok_and(|r| {
-                                let mut got = Vec::new();
-                                std::io::Read::read_to_end(&mut r.into_reader(), &mut got).is_ok()
-                                    && got == data
-                            })
-                        }
-                    };
-                    if ok {
-                        ops.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
+                    counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
                 }
-            })
-        })
-        .collect();
-    let deadline = t0 + Duration::from_secs_f64(secs);
-    while Instant::now() < deadline {
-        if crate::interrupt::check().is_err() {
-            break;
+            });
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+        let deadline = t0 + Duration::from_secs_f64(secs);
+        while Instant::now() < deadline && crate::interrupt::check().is_ok() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
     crate::interrupt::check()?;
     let elapsed = t0.elapsed().as_secs_f64();
-    let ops = ops.load(Ordering::Relaxed);
+    let [ops, errors, wrong] = counts.map(|c| c.into_inner());
     Ok(Run {
         mbs: (ops * size as u64) as f64 / 1e6 / elapsed,
         ops,
-        errors: errors.load(Ordering::Relaxed),
+        errors,
+        wrong,
         gateway_cpu_s: (srv.gateway_cpu)() - gw0,
         server_cpu_s: (srv.server_cpu)() - srv0,
         dpu_cpu_s: (srv.dpu_cpu)() - dpu0,
@@ -297,9 +384,11 @@ pub fn throughput(
         let dpu_ms_per_mb = s3.ms_per_mb(s3.dpu_cpu_s, size);
         let what = op_name(op);
         eprintln!(
-            "cluster: s3 {label} {what}: native {:.1} MB/s ({} ops, {} errors), \
-             s3 {:.1} MB/s ({} ops, {} errors)",
-            native.mbs, native.ops, native.errors, s3.mbs, s3.ops, s3.errors
+            "cluster: s3 {label} {what}: native {:.1} MB/s ({}), s3 {:.1} MB/s ({})",
+            native.mbs,
+            native.counts(),
+            s3.mbs,
+            s3.counts()
         );
         if native.ops == 0 || s3.ops == 0 {
             bail!(
@@ -313,11 +402,10 @@ pub fn throughput(
         summary.insert(format!("s3_{label}_{what}_mbs"), json!(s3.mbs));
         summary.insert(format!("native_{label}_{what}_mbs"), json!(native.mbs));
         summary.insert(format!("s3_over_native_{label}_{what}_mbs"), json!(ratio));
-        summary.insert(format!("s3_{label}_{what}_errors"), json!(s3.errors));
-        summary.insert(
-            format!("native_{label}_{what}_errors"),
-            json!(native.errors),
-        );
+        for (side, r) in [("s3", &s3), ("native", &native)] {
+            summary.insert(format!("{side}_{label}_{what}_errors"), json!(r.errors));
+            summary.insert(format!("{side}_{label}_{what}_wrong"), json!(r.wrong));
+        }
         summary.insert(
             format!("s3_gateway_cpu_s_per_gb_{label}_{what}"),
             json!(cpu_per_gb),
@@ -436,11 +524,10 @@ pub fn against_rgw(r: &mut S3Result, o: &RgwOpts) -> Result<()> {
         for (size, label, op) in CASES {
             let x = run(Via::S3, op, size, o.secs, None, &srv)?;
             eprintln!(
-                "cluster: rgw {label} {}: {:.1} MB/s ({} ops, {} errors)",
+                "cluster: rgw {label} {}: {:.1} MB/s ({})",
                 op_name(op),
                 x.mbs,
-                x.ops,
-                x.errors
+                x.counts()
             );
             if x.ops == 0 {
                 bail!("rgw {label} {}: no request completed", op_name(op));
@@ -475,6 +562,7 @@ pub fn against_rgw(r: &mut S3Result, o: &RgwOpts) -> Result<()> {
         let (dc, gc) = (d.server_ms_per_mb(*size), g.server_ms_per_mb(*size));
         m.insert(format!("rgw_{label}_{what}_mbs"), json!(g.mbs));
         m.insert(format!("rgw_{label}_{what}_errors"), json!(g.errors));
+        m.insert(format!("rgw_{label}_{what}_wrong"), json!(g.wrong));
         m.insert(format!("s3_over_rgw_{label}_{what}_mbs"), json!(ratio));
         m.insert(
             format!("rgw_server_cpu_ms_per_mb_{label}_{what}"),
