@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use mio::Events;
 
-use crate::stats::add;
 use crate::worker::{Worker, EVENTS};
 
 /// A director driven by its caller's loop: [`InlineDirector::poll`] each round,
@@ -63,32 +62,14 @@ impl InlineDirector {
         self.retrying = w.begin_round(&mut self.last_applied);
         let mut moved = !w.dirty.is_empty() || w.lane.completions_waiting();
         w.drive_dirty();
-        if let Some(u) = w.uring.as_mut().filter(|u| u.sending()) {
-            add(&w.stats.ring_send_calls, 1);
-            if let Err(e) = u.finish_sends() {
-                tracing::error!(error = %e, "director io_uring submit failed");
-            }
-            w.ring_events(&mut self.events);
-            moved = true;
+        moved |= w.flush_sends(&mut self.events).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "director io_uring submit failed");
+            true
+        });
+        if let Err(e) = w.wait(&mut self.events, Duration::ZERO) {
+            tracing::warn!(error = %e, "director poll failed");
         }
-        match w.uring.as_mut() {
-            Some(u) => {
-                if let Err(e) = u.wait(Duration::ZERO) {
-                    tracing::warn!(error = %e, "director io_uring submit failed");
-                }
-                moved |= !u.events().is_empty();
-                w.ring_events(&mut self.events);
-            }
-            None => {
-                if let Err(e) = w.poll.poll(&mut self.events, Some(Duration::ZERO)) {
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        tracing::warn!(error = %e, "director poll failed");
-                    }
-                }
-                moved |= !self.events.is_empty();
-                w.poll_events(&self.events);
-            }
-        }
+        moved |= w.take_events(&mut self.events);
         moved || !w.dirty.is_empty()
     }
 

@@ -135,36 +135,63 @@ impl Worker {
             self.drive_dirty();
             // The round's reads were queued: one wake-up of the service thread for them all.
             self.lane.wake_service();
-            if let Some(u) = self.uring.as_mut().filter(|u| u.sending()) {
-                // The round's responses: one system call for all its connections, then
-                // the connections that sent go on.
-                add(&self.stats.ring_send_calls, 1);
-                if let Err(e) = u.finish_sends() {
+            match self.flush_sends(&mut events) {
+                // The connections that sent go on.
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
                     tracing::error!(error = %e, "director io_uring submit failed");
                     break;
                 }
-                self.ring_events(&mut events);
-                continue;
             }
             let timeout = self.wait_timeout(retrying, last_applied);
-            let r = match self.uring.as_mut() {
-                Some(u) => u.wait(timeout),
-                None => self.poll.poll(&mut events, Some(timeout)),
-            };
-            if let Err(e) = r {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "director poll failed");
-                    break;
-                }
+            if let Err(e) = self.wait(&mut events, timeout) {
+                tracing::error!(error = %e, "director poll failed");
+                break;
             }
             self.lane.end_sleep();
-            if self.uring.is_some() {
-                self.ring_events(&mut events);
-            } else {
-                self.poll_events(&events);
-            }
+            self.take_events(&mut events);
         }
         self.shutdown();
+    }
+
+    /// Sends the round's responses, if it made any, in one system call for all its
+    /// connections, and takes in what completed; whether there was anything to send.
+    pub(crate) fn flush_sends(&mut self, events: &mut Events) -> io::Result<bool> {
+        let Some(u) = self.uring.as_mut().filter(|u| u.sending()) else {
+            return Ok(false);
+        };
+        add(&self.stats.ring_send_calls, 1);
+        u.finish_sends()?;
+        self.ring_events(events);
+        Ok(true)
+    }
+
+    /// Waits up to `timeout` for socket events (the ring's completions, or `epoll`'s
+    /// readiness without a ring); an interrupted wait is not an error.
+    pub(crate) fn wait(&mut self, events: &mut Events, timeout: Duration) -> io::Result<()> {
+        let r = match self.uring.as_mut() {
+            Some(u) => u.wait(timeout),
+            None => self.poll.poll(events, Some(timeout)),
+        };
+        match r {
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes in the events of the last [`Worker::wait`]; whether there were any.
+    pub(crate) fn take_events(&mut self, events: &mut Events) -> bool {
+        let any = match self.uring.as_ref() {
+            Some(u) => !u.events().is_empty(),
+            None => !events.is_empty(),
+        };
+        if self.uring.is_some() {
+            self.ring_events(events);
+        } else {
+            self.poll_events(events);
+        }
+        any
     }
 
     /// The start of a round: completed reads, applied invalidations, connections to retry.
