@@ -91,12 +91,20 @@ impl Partition {
         let nb = (index_bytes / 64).max(2);
         let nmain = (nb * 7 / 8).max(1);
         let cap = ((memory - nb * 64) as u64) & !7;
+        // Lookups read the index and the log at random: huge pages spare them a page walk
+        // each. The log is zeroed by the allocator without being touched, so the advice
+        // reaches all of it; the index is advised before it is written.
+        let mut log = vec![0u8; cap as usize].into_boxed_slice();
+        dds_sys::advise_huge_pages(&mut log);
+        let mut buckets = Vec::with_capacity(nb);
+        dds_sys::advise_huge_pages(buckets.spare_capacity_mut());
+        buckets.resize(nb, Bucket::default());
         Ok(Partition {
-            log: vec![0u8; cap as usize].into_boxed_slice(),
+            log,
             cap,
             head: 0,
             tail: 0,
-            buckets: vec![Bucket::default(); nb],
+            buckets,
             nmain,
             spare: (nmain..nb).rev().collect(),
             stats: PartitionStats {
