@@ -38,7 +38,9 @@ mod tests {
     fn advice_keeps_contents_of_any_region() {
         // Written before and after the advice, at an offset that is not page aligned.
         let mut v = vec![0u8; 9 << 20];
-        v.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        v.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i % 251) as u8);
         advise_huge_pages(&mut v[13..]);
         assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
         // Too small to hold a huge page: nothing to do.

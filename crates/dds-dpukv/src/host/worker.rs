@@ -1,5 +1,6 @@
 //! The host's processing-engine threads (`docs/dpu-kv.md` §3): each polls its queue pairs,
-//! runs the requests of a batch on the store and publishes the response batch.
+//! prefetches what the requests of a batch will read (MICA), runs them on the store and
+//! publishes the response batch.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +53,8 @@ pub fn run(
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
     }
     let mut req = Vec::with_capacity(batch_max);
+    // The key hashes of a batch (a request is at least a few bytes: fewer than batch_max).
+    let mut hashes = Vec::with_capacity(batch_max);
     let mut resp = Vec::with_capacity(batch_max);
     let mut live = vec![true; queues.len()];
     let mut last_work = Instant::now();
@@ -73,6 +76,13 @@ pub fn run(
             }
             work = true;
             let (_, seq) = qp::batch_header(&req).expect("checked by take");
+            hashes.clear();
+            hashes.extend(
+                qp::requests(&req)
+                    .map_while(Result::ok)
+                    .map(|r| dds_kvmem::key_hash(r.key)),
+            );
+            store.prefetch(&hashes);
             resp.clear();
             let mut w = BatchWriter::new(&mut resp, seq, batch_max);
             let mut n = 0u64;
