@@ -5,8 +5,8 @@
 //! Each client overwrites a few names of its own over and over, so the space a run takes
 //! stays bounded whatever its length. Before the write run of each object size every client
 //! writes each of its names once (not timed), so that the write run only overwrites and the
-//! read run finds every name, however few writes the timed run made. S3 requests are SigV4-presigned (rusty-s3) and sent
-//! with ureq, one connection per client.
+//! read run finds every name, however few writes the timed run made. S3 requests are
+//! SigV4-presigned (rusty-s3) and sent with ureq, one connection per client.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -156,13 +156,13 @@ fn content(t: usize, size: usize) -> Vec<u8> {
         .collect()
 }
 
-/// What one request came to.
+/// What one request came to (its counter's index in a run).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Outcome {
-    Done,
-    Failed,
+    Done = 0,
+    Failed = 1,
     /// A read that returned other bytes than were written.
-    Wrong,
+    Wrong = 2,
 }
 
 /// One client thread's connection and data.

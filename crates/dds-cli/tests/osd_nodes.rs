@@ -3,10 +3,10 @@
 //! fabric's, and the client in the clients' namespace. Node 0 runs a `dds osd` on its own
 //! device (placement host); nodes 1 and 2 are D placements, each running its `dds osd-store`
 //! and the OSD's front end (`dds osd --placement dpu`) on the node. The D node that leads the
-//! most PGs is cut off (its switch port down) while two writers go on: it is marked down when its lease
-//! expires, its PGs fail over, the writes go on; the link comes back, the node (which never
-//! stopped) registers again, catches up, and every acknowledged object is on every replica,
-//! each write applied once. At the end every namespace the test made is gone.
+//! most PGs is cut off (its switch port down) while two writers go on: it is marked down when
+//! its lease expires, its PGs fail over, the writes go on; the link comes back, the node (which
+//! never stopped) registers again, catches up, and every acknowledged object is on every
+//! replica, each write applied once. At the end every namespace the test made is gone.
 //!
 //! Needs root (or the capabilities to make network namespaces) and iproute2; where those are
 //! missing the test says so and passes without running.

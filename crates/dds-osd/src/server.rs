@@ -100,8 +100,11 @@ impl PgState {
             .front()
             .is_some_and(|&(v, _)| v.saturating_add(window) <= version)
         {
-            let (_, old) = self.reqid_order.pop_front().expect("front exists");
-            self.reqids.remove(&old);
+            let (v, old) = self.reqid_order.pop_front().expect("front exists");
+            // A request id used again by a later version (long after) keeps that version.
+            if self.reqids.get(&old) == Some(&v) {
+                self.reqids.remove(&old);
+            }
         }
     }
 }
