@@ -153,11 +153,7 @@ fn replicates_and_recovers() {
     );
 
     // OSD 2's store is replaced by an empty one: recovery (backfill) refills it.
-    osds[2].take().unwrap().shutdown();
-    std::thread::sleep(Duration::from_millis(100));
-    std::fs::remove_file(dir.path().join("osd2.img")).unwrap();
-    std::fs::remove_file(dir.path().join("osd2.img.meta")).unwrap();
-    osds[2] = Some(start(dir.path(), &map, 2, true));
+    replace_store(dir.path(), &map, &mut osds, 2);
     for i in 40..60 {
         let oid = ObjectId::new(1, format!("obj-{i}"));
         c.write_full(&oid, format!("data {i}").as_bytes()).unwrap();
@@ -226,6 +222,23 @@ fn replicates_and_recovers() {
             assert_eq!(c.on(o).read_full(oid).unwrap(), b"more");
         }
     }
+}
+
+/// Stops OSD `id`, deletes its store and starts it again on an empty one (formatted, with
+/// [`SHORT`] retention): the OSD's store returned, for reading what recovery wrote.
+fn replace_store(
+    dir: &std::path::Path,
+    map: &ClusterMap,
+    osds: &mut [Option<Osd>],
+    id: u32,
+) -> Arc<dyn ObjectStore> {
+    osds[id as usize].take().unwrap().shutdown();
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::remove_file(dir.join(format!("osd{id}.img"))).unwrap();
+    std::fs::remove_file(dir.join(format!("osd{id}.img.meta"))).unwrap();
+    let (o, store) = start_full(dir, map, id, true, SHORT);
+    osds[id as usize] = Some(o);
+    store
 }
 
 /// Gives `map` the ports the OSDs bound and epoch 2, and gives it to them.
@@ -464,13 +477,8 @@ fn a_retry_older_than_the_log_is_answered_from_the_kept_request_ids() {
     assert_eq!(c.read_full(&oid).unwrap(), b"later 19");
 
     // The primary's store is replaced by an empty one: the backfill gives it the request ids.
-    osds[p as usize].take().unwrap().shutdown();
     drop(stores);
-    std::thread::sleep(Duration::from_millis(100));
-    std::fs::remove_file(dir.path().join(format!("osd{p}.img"))).unwrap();
-    std::fs::remove_file(dir.path().join(format!("osd{p}.img.meta"))).unwrap();
-    let (o, store) = start_full(dir.path(), &map, p, true, SHORT);
-    osds[p as usize] = Some(o);
+    let store = replace_store(dir.path(), &map, &mut osds, p);
     wait_clean(&c);
     assert!(pglog::read_log(&store, pg)
         .unwrap()
@@ -489,8 +497,8 @@ fn a_retry_older_than_the_log_is_answered_from_the_kept_request_ids() {
     assert_eq!(write_as(&down, next, (5, 1), &oid, b"first"), first);
     assert_eq!(c.read_full(&oid).unwrap(), b"later 19");
 
-    // The bound: once 64 newer versions exist, the request id is forgotten (and its `dup.` key
-    // trimmed), and the same request id is a new write.
+    // The bound: once 64 newer versions exist, the request id is forgotten, and the same
+    // request id is a new write.
     for i in 20..84 {
         c.write_full(&oid, format!("later {i}").as_bytes()).unwrap();
     }
