@@ -28,19 +28,23 @@ impl SharedStore {
 
     /// The partition of `key`.
     pub fn lock(&self, key: &[u8]) -> MutexGuard<'_, Partition> {
-        self.lock_part(partition_of(key_hash(key), self.parts.len()))
+        self.lock_hashed(key_hash(key))
+    }
+
+    /// The partition of a key whose hash is `h` ([`key_hash`]), locked.
+    pub fn lock_hashed(&self, h: u64) -> MutexGuard<'_, Partition> {
+        self.lock_part(partition_of(h, self.parts.len()))
     }
 
     /// Starts loading what the requests of `hashes` will read, without waiting for it: every
     /// index bucket first, then every item those buckets name (MICA's batch prefetch), so that
     /// a batch waits for memory about once instead of once per request.
     pub fn prefetch(&self, hashes: &[u64]) {
-        let n = self.parts.len();
         for &h in hashes {
-            self.lock_part(partition_of(h, n)).prefetch_bucket(h);
+            self.lock_hashed(h).prefetch_bucket(h);
         }
         for &h in hashes {
-            self.lock_part(partition_of(h, n)).prefetch_item(h);
+            self.lock_hashed(h).prefetch_item(h);
         }
     }
 

@@ -376,7 +376,16 @@ impl<T> Iterator for Records<'_, T> {
 /// step, wherever it runs: a host worker serving a queue pair, or a front end serving its
 /// clients directly).
 pub fn execute<R>(p: &mut Partition, r: &Request<'_>, f: impl FnOnce(Response<'_>) -> R) -> R {
-    let h = crate::key_hash(r.key);
+    execute_hashed(p, r, crate::key_hash(r.key), f)
+}
+
+/// [`execute`] of a request whose key hashes to `h` ([`key_hash`](crate::key_hash)).
+pub fn execute_hashed<R>(
+    p: &mut Partition,
+    r: &Request<'_>,
+    h: u64,
+    f: impl FnOnce(Response<'_>) -> R,
+) -> R {
     let resp = match r.op {
         Op::Get => match p.get(r.key, h) {
             Some(v) => return f(Response::Value(v)),
@@ -406,10 +415,10 @@ pub fn execute<R>(p: &mut Partition, r: &Request<'_>, f: impl FnOnce(Response<'_
     f(resp)
 }
 
-/// Runs a request on a partition and appends its response (the host worker's loop body);
-/// `false` when the batch is full (nothing appended, but the request ran).
-pub fn serve(p: &mut Partition, r: &Request<'_>, out: &mut BatchWriter<'_>) -> bool {
-    execute(p, r, |resp| out.response(&resp))
+/// Runs a request whose key hashes to `h` on a partition and appends its response (the host
+/// worker's loop body); `false` when the batch is full (nothing appended, but the request ran).
+pub fn serve(p: &mut Partition, r: &Request<'_>, h: u64, out: &mut BatchWriter<'_>) -> bool {
+    execute_hashed(p, r, h, |resp| out.response(&resp))
 }
 
 #[cfg(test)]
@@ -452,7 +461,7 @@ mod tests {
         let mut out = Vec::new();
         let mut w = BatchWriter::new(&mut out, 7, BATCH_MAX);
         for r in &got {
-            assert!(serve(&mut p, r, &mut w));
+            assert!(serve(&mut p, r, crate::key_hash(r.key), &mut w));
         }
         w.finish();
         let resp: Vec<_> = responses(&out).collect::<Result<_, _>>().unwrap();

@@ -87,13 +87,15 @@ pub fn run(
             let mut w = BatchWriter::new(&mut resp, seq, batch_max);
             let mut n = 0u64;
             let mut ok = true;
-            for r in qp::requests(&req) {
+            for (i, r) in qp::requests(&req).enumerate() {
                 let Ok(r) = r else {
                     ok = false;
                     break;
                 };
-                let mut p = store.lock(r.key);
-                if !qp::serve(&mut p, &r, &mut w) {
+                // Hashed above, as every request before the first malformed one.
+                let h = hashes[i];
+                let mut p = store.lock_hashed(h);
+                if !qp::serve(&mut p, &r, h, &mut w) {
                     ok = false;
                     break;
                 }
