@@ -70,6 +70,10 @@ pub struct DpuKvArgs {
     /// Let the DPU share the host's cores.
     #[arg(long)]
     pub shared_cores: bool,
+    /// Only these designs (default all: redis, cpu-only, dpu-only, lat, sav, dual, shrd); a
+    /// target whose designs did not run is reported as not measured.
+    #[arg(long, value_delimiter = ',')]
+    pub designs: Vec<String>,
 }
 
 const DESIGNS: [&str; 7] = [
@@ -122,7 +126,20 @@ struct Side {
     _dir: tempfile::TempDir,
 }
 
-fn start(design: &'static str, a: &DpuKvArgs, place: &Placement, comm: u32) -> Result<Side> {
+/// The stores' index: 24 bytes per key (MICA sizes the index to the keys and the log to the
+/// memory), so that neither redis-server's table, sized by its keys, nor ours is handicapped
+/// by its size. The log keeps the 1 GiB that every write of a run appends to.
+fn store_index(keys: u64) -> String {
+    (keys * 24).max(64 << 10).to_string()
+}
+
+fn start(
+    design: &'static str,
+    a: &DpuKvArgs,
+    place: &Placement,
+    comm: u32,
+    keys: u64,
+) -> Result<Side> {
     let exe = std::env::current_exe().context("locate the dds binary")?;
     let dir = tempfile::tempdir()?;
     let host_cpus = place.host_cpus.as_deref();
@@ -152,6 +169,8 @@ fn start(design: &'static str, a: &DpuKvArgs, place: &Placement, comm: u32) -> R
             a.dma_cost.clone(),
             "--store-memory".into(),
             "1G".into(),
+            "--store-index".into(),
+            store_index(keys),
             "--partitions".into(),
             comm.to_string(),
             "--max-value".into(),
@@ -202,6 +221,8 @@ fn start(design: &'static str, a: &DpuKvArgs, place: &Placement, comm: u32) -> R
         comm.to_string(),
         "--store-memory".into(),
         "1G".into(),
+        "--store-index".into(),
+        store_index(keys),
         "--max-value".into(),
         "64".into(),
     ];
@@ -498,8 +519,14 @@ pub fn run(a: DpuKvArgs, command: String) -> Result<Report> {
     let p = plan(&a, dpu_cores);
     let _pin = place.pin_host()?;
     let cmax = *p.connections.iter().max().expect("connections");
+    if let Some(d) = a.designs.iter().find(|d| !DESIGNS.contains(&d.as_str())) {
+        bail!("unknown design {d:?} (one of {})", DESIGNS.join(", "));
+    }
     let mut points = Vec::new();
     for design in DESIGNS {
+        if !a.designs.is_empty() && !a.designs.iter().any(|d| d == design) {
+            continue;
+        }
         let comms: Vec<u32> = if design == "redis" || design == "cpu-only" {
             vec![1]
         } else {
@@ -507,7 +534,7 @@ pub fn run(a: DpuKvArgs, command: String) -> Result<Report> {
         };
         for &comm in &comms {
             eprintln!("dds bench dpu-kv: {design} ({comm} communication cores) ...");
-            let side = start(design, &a, &place, comm)?;
+            let side = start(design, &a, &place, comm, p.keys)?;
             preload(&side, p.keys)?;
             // The throughput-latency sweep (YCSB C, uniform) and the other workloads at the
             // largest connection count, pipelined.

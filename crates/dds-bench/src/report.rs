@@ -30,7 +30,7 @@ impl Target {
             op: ">=",
             goal,
             measured,
-            met: measured >= goal,
+            met: measured.is_finite() && measured >= goal,
         }
     }
 
@@ -40,7 +40,7 @@ impl Target {
             op: "<=",
             goal,
             measured,
-            met: measured <= goal,
+            met: measured.is_finite() && measured <= goal,
         }
     }
 }
@@ -298,9 +298,12 @@ pub fn max_of(values: &[f64]) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `a / b`, 0 when `b` is 0.
+/// `a / b`: 0 when `b` is 0, NaN when either side is NaN (not measured).
 pub fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
+    if a.is_nan() || b.is_nan() {
+        // A side that was not measured: so is the ratio (a target on it is not met).
+        f64::NAN
+    } else if b > 0.0 {
         a / b
     } else {
         0.0
@@ -327,6 +330,9 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(ratio(1.0, 0.0), 0.0);
+        assert!(ratio(f64::NAN, 2.0).is_nan() && ratio(1.0, f64::NAN).is_nan());
+        assert!(!Target::at_most("x", f64::NAN, 1.0).met);
+        assert!(!Target::at_least("x", f64::NAN, 1.0).met);
     }
 
     #[test]

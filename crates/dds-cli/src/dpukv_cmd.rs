@@ -36,6 +36,11 @@ pub struct DpuKvDpuArgs {
     /// Memory of the DPU-resident store (dpu-only, shrd).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     store_memory: u64,
+    /// Of the store memory, the bytes of its index (default an eighth; at most half). Size it
+    /// to the keys, about 20 bytes per key: an index far larger than its keys costs lookups
+    /// cache and TLB misses.
+    #[arg(long, value_parser = parse_size)]
+    store_index: Option<u64>,
     /// Partitions of the DPU-resident store.
     #[arg(long, default_value_t = 1)]
     partitions: usize,
@@ -74,6 +79,11 @@ pub struct DpuKvHostArgs {
     /// Memory of the host store.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     store_memory: u64,
+    /// Of the store memory, the bytes of its index (default an eighth; at most half). Size it
+    /// to the keys, about 20 bytes per key: an index far larger than its keys costs lookups
+    /// cache and TLB misses.
+    #[arg(long, value_parser = parse_size)]
+    store_index: Option<u64>,
     /// DPU communication cores (must match the DPU's --cores).
     #[arg(long, default_value_t = 1)]
     comm_cores: u32,
@@ -137,6 +147,7 @@ pub fn run(cmd: DpuKvCmd) -> Result<()> {
                 listen: a.listen,
                 cores: a.cores.max(1),
                 memory: usize::try_from(a.store_memory)?,
+                index: a.store_index.map(usize::try_from).transpose()?,
                 partitions: a.partitions.max(1),
                 cost: a.dma_cost.then(dds_dma::CostModel::bluefield2),
                 max_value: a.max_value,
@@ -170,6 +181,7 @@ pub fn run(cmd: DpuKvCmd) -> Result<()> {
                 workers: a.workers,
                 partitions: a.partitions.max(1),
                 memory: usize::try_from(a.store_memory)?,
+                index: a.store_index.map(usize::try_from).transpose()?,
                 comm_cores: a.comm_cores,
                 slots: a.slots,
                 slot_bytes: u32::try_from(a.slot_bytes).map_err(|_| anyhow!("--slot-bytes"))?,

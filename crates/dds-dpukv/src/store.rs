@@ -6,6 +6,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dds_kvmem::{key_hash, partition_of, KvError, Partition, Store};
 
+/// The partition a [`SharedStore::holder`] holds locked.
+pub struct Held<'a> {
+    store: &'a SharedStore,
+    held: Option<(usize, MutexGuard<'a, Partition>)>,
+}
+
+impl Held<'_> {
+    /// The partition of a key whose hash is `h`, locked (the one held if it is that one).
+    pub fn hashed(&mut self, h: u64) -> &mut Partition {
+        let i = partition_of(h, self.store.parts.len());
+        if self.held.as_ref().is_none_or(|(j, _)| *j != i) {
+            // Released before the next is taken: a holder never holds two partitions.
+            self.held = None;
+            self.held = Some((i, self.store.lock_part(i)));
+        }
+        &mut self.held.as_mut().expect("just locked").1
+    }
+}
+
 /// Partitions shared by the threads of one process.
 #[derive(Clone)]
 pub struct SharedStore {
@@ -13,9 +32,15 @@ pub struct SharedStore {
 }
 
 impl SharedStore {
-    /// `partitions` partitions sharing `memory` bytes.
-    pub fn new(partitions: usize, memory: usize) -> Result<SharedStore, KvError> {
-        let parts = Store::new(partitions, memory)?.into_partitions();
+    /// `partitions` partitions sharing `memory` bytes, `index` of them for the indexes (default
+    /// an eighth of the memory).
+    pub fn new(
+        partitions: usize,
+        memory: usize,
+        index: Option<usize>,
+    ) -> Result<SharedStore, KvError> {
+        let index = index.unwrap_or(memory / 8);
+        let parts = Store::with_index(partitions, memory, index)?.into_partitions();
         Ok(SharedStore {
             parts: Arc::new(parts.into_iter().map(Mutex::new).collect()),
         })
@@ -40,11 +65,22 @@ impl SharedStore {
     /// index bucket first, then every item those buckets name (MICA's batch prefetch), so that
     /// a batch waits for memory about once instead of once per request.
     pub fn prefetch(&self, hashes: &[u64]) {
+        let mut held = self.holder();
         for &h in hashes {
-            self.lock_hashed(h).prefetch_bucket(h);
+            held.hashed(h).prefetch_bucket(h);
         }
         for &h in hashes {
-            self.lock_hashed(h).prefetch_item(h);
+            held.hashed(h).prefetch_item(h);
+        }
+    }
+
+    /// A holder that keeps the last partition it locked until a key of another one comes: a
+    /// batch whose keys fall in one partition (every batch of `sav`, whose worker owns every
+    /// partition of a single-core host) takes its lock once.
+    pub fn holder(&self) -> Held<'_> {
+        Held {
+            store: self,
+            held: None,
         }
     }
 

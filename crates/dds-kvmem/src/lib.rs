@@ -40,11 +40,17 @@ pub struct Store {
 impl Store {
     /// `partitions` partitions sharing `memory` bytes.
     pub fn new(partitions: usize, memory: usize) -> Result<Store, KvError> {
+        Store::with_index(partitions, memory, memory / 8)
+    }
+
+    /// `partitions` partitions sharing `memory` bytes, `index` of them for the indexes
+    /// ([`Partition::with_index`]).
+    pub fn with_index(partitions: usize, memory: usize, index: usize) -> Result<Store, KvError> {
         assert!(partitions > 0, "at least one partition");
         let per = memory / partitions;
         Ok(Store {
             parts: (0..partitions)
-                .map(|_| Partition::new(per))
+                .map(|_| Partition::with_index(per, index / partitions))
                 .collect::<Result<_, _>>()?,
         })
     }

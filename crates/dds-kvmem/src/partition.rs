@@ -102,10 +102,18 @@ const OFF_MASK: u64 = (1 << 48) - 1;
 impl Partition {
     /// A partition of `memory` bytes: seven eighths for the log, the rest for the index.
     pub fn new(memory: usize) -> Result<Partition, KvError> {
-        if memory < 4096 {
+        Partition::with_index(memory, memory / 8)
+    }
+
+    /// A partition of `memory` bytes of which `index_bytes` (rounded down to whole 64-byte
+    /// buckets, at least two) are the index and the rest the log (MICA sizes the two apart).
+    /// An index sized to the keys rather than to the memory keeps lookups in cache: an index
+    /// much larger than its keys spreads them over more cache lines and pages than there are
+    /// keys.
+    pub fn with_index(memory: usize, index_bytes: usize) -> Result<Partition, KvError> {
+        if memory < 4096 || index_bytes > memory / 2 {
             return Err(KvError::TooSmall);
         }
-        let index_bytes = memory / 8;
         let nb = (index_bytes / 64).max(2);
         let nmain = (nb * 7 / 8).max(1);
         let cap = ((memory - nb * 64) as u64) & !7;
@@ -421,6 +429,34 @@ mod tests {
         assert!(p.del(b"n", key_hash(b"n")));
         assert!(!p.del(b"n", key_hash(b"n")));
         assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn an_index_sized_apart_from_the_log_fills_on_its_own() {
+        // Four buckets (three main, one spare) of SLOTS slots in 1 MiB of memory: the index
+        // fills long before the log, refuses with IndexFull, and keeps every key it took.
+        let mut p = Partition::with_index(1 << 20, 4 * 64).unwrap();
+        let mut n = 0u32;
+        let err = loop {
+            match set(&mut p, &n.to_le_bytes(), b"v") {
+                Ok(()) => n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err, KvError::IndexFull);
+        assert!(n as usize >= SLOTS && n as usize <= 4 * SLOTS, "{n}");
+        for i in 0..n {
+            assert_eq!(
+                p.get(&i.to_le_bytes(), key_hash(&i.to_le_bytes())),
+                Some(&b"v"[..])
+            );
+        }
+        // An index of more than half the memory leaves too little log.
+        assert!(Partition::with_index(1 << 20, (1 << 19) + 64).is_err());
+        assert_eq!(
+            Partition::new(1 << 20).unwrap().nmain,
+            (1 << 17) / 64 * 7 / 8
+        );
     }
 
     #[test]

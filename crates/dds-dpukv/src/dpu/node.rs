@@ -31,6 +31,9 @@ pub struct DpuConfig {
     pub cores: u32,
     /// Memory of a DPU-resident store (`dpu-only`, `shrd`).
     pub memory: usize,
+    /// Bytes of the store's memory for its index (default an eighth): sized to the keys, it
+    /// keeps lookups in cache.
+    pub index: Option<usize>,
     /// Partitions of a DPU-resident store.
     pub partitions: usize,
     /// PCIe cost model of the emulated DMA engine.
@@ -156,7 +159,7 @@ fn serve_host(
             let store = match dpu_store {
                 Some(st) => st.clone(),
                 None => {
-                    let st = SharedStore::new(cfg.partitions, cfg.memory)
+                    let st = SharedStore::new(cfg.partitions, cfg.memory, cfg.index)
                         .map_err(|e| anyhow!("DPU store: {e}"))?;
                     *dpu_store = Some(st.clone());
                     st

@@ -37,6 +37,9 @@ pub struct HostConfig {
     pub partitions: u32,
     /// Store memory.
     pub memory: usize,
+    /// Bytes of the store's memory for its index (default an eighth): sized to the keys, it
+    /// keeps lookups in cache.
+    pub index: Option<usize>,
     /// DPU communication cores (queue pairs are made for each).
     pub comm_cores: u32,
     /// Slots per ring.
@@ -78,7 +81,7 @@ pub fn run_host(
     ready: &mut dyn FnMut(&Serving),
 ) -> Result<()> {
     let design = cfg.design;
-    let store = SharedStore::new(cfg.partitions as usize, cfg.memory)
+    let store = SharedStore::new(cfg.partitions as usize, cfg.memory, cfg.index)
         .map_err(|e| anyhow!("host store: {e}"))?;
     if design.uses_queues() {
         cfg.geometry().validate().map_err(|e| anyhow!(e))?;

@@ -32,9 +32,9 @@ pub enum Idle {
     /// Poll: spin 2 µs, then yield the core at every look, then sleep in short steps after
     /// 2 ms without work (lowest latency; `lat`).
     Poll,
-    /// Spin 5 µs after a batch, then sleep [`SAVE_SLEEP_US`] at a time (timer slack 1 µs):
-    /// the DPU batches what arrives meanwhile (up to a ring of batches per queue pair), and the
-    /// host spends its CPU on requests rather than on polling or wake-ups (`sav`, `dual`:
+    /// Sleep [`SAVE_SLEEP_US`] (timer slack 1 µs) whenever a look at every queue pair finds
+    /// nothing: the DPU batches what arrives meanwhile (up to a ring of batches per queue
+    /// pair), and the host spends its CPU on requests rather than on polling or wake-ups (`sav`, `dual`:
     /// host resource savings, at up to that much more latency).
     Save,
 }
@@ -87,6 +87,7 @@ pub fn run(
             let mut w = BatchWriter::new(&mut resp, seq, batch_max);
             let mut n = 0u64;
             let mut ok = true;
+            let mut held = store.holder();
             for (i, r) in qp::requests(&req).enumerate() {
                 let Ok(r) = r else {
                     ok = false;
@@ -94,13 +95,13 @@ pub fn run(
                 };
                 // Hashed above, as every request before the first malformed one.
                 let h = hashes[i];
-                let mut p = store.lock_hashed(h);
-                if !qp::serve(&mut p, &r, h, &mut w) {
+                if !qp::serve(held.hashed(h), &r, h, &mut w) {
                     ok = false;
                     break;
                 }
                 n += 1;
             }
+            drop(held);
             if !ok {
                 // A malformed batch, or one whose responses do not fit a slot: the DPU broke
                 // the protocol; its requests that ran stay applied, the queue pair closes.
@@ -114,19 +115,20 @@ pub fn run(
             stats.requests.fetch_add(n, Ordering::Relaxed);
             stats.batches.fetch_add(1, Ordering::Relaxed);
         }
+        if idle_mode == Idle::Save {
+            // No spin and no clock: a look that finds nothing sleeps at once. Batches come
+            // tens of µs apart at full load, so a spin would rarely catch one and would cost
+            // its length in host CPU at every batch.
+            if !work {
+                std::thread::sleep(Duration::from_micros(SAVE_SLEEP_US));
+            }
+            continue;
+        }
         if work {
             last_work = Instant::now();
             continue;
         }
         let idle = last_work.elapsed();
-        if idle_mode == Idle::Save {
-            if idle < Duration::from_micros(5) {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(SAVE_SLEEP_US));
-            }
-            continue;
-        }
         if idle < Duration::from_micros(2) {
             std::hint::spin_loop();
         } else if idle < Duration::from_millis(2) {
