@@ -37,7 +37,7 @@ pub struct DpuKvDpuArgs {
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     store_memory: u64,
     /// Of the store memory, the bytes of its index (default an eighth; at most half). Size it
-    /// to the keys, about 20 bytes per key: an index far larger than its keys costs lookups
+    /// to the keys, about 24 bytes per key: an index far larger than its keys costs lookups
     /// cache and TLB misses.
     #[arg(long, value_parser = parse_size)]
     store_index: Option<u64>,
@@ -80,7 +80,7 @@ pub struct DpuKvHostArgs {
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     store_memory: u64,
     /// Of the store memory, the bytes of its index (default an eighth; at most half). Size it
-    /// to the keys, about 20 bytes per key: an index far larger than its keys costs lookups
+    /// to the keys, about 24 bytes per key: an index far larger than its keys costs lookups
     /// cache and TLB misses.
     #[arg(long, value_parser = parse_size)]
     store_index: Option<u64>,

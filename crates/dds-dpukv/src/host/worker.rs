@@ -34,8 +34,8 @@ pub enum Idle {
     Poll,
     /// Sleep [`SAVE_SLEEP_US`] (timer slack 1 µs) whenever a look at every queue pair finds
     /// nothing: the DPU batches what arrives meanwhile (up to a ring of batches per queue
-    /// pair), and the host spends its CPU on requests rather than on polling or wake-ups (`sav`, `dual`:
-    /// host resource savings, at up to that much more latency).
+    /// pair), and the host spends its CPU on requests rather than on polling or wake-ups
+    /// (`sav`, `dual`: host resource savings, at up to that much more latency).
     Save,
 }
 
