@@ -39,8 +39,11 @@ impl SharedStore {
         memory: usize,
         index: Option<usize>,
     ) -> Result<SharedStore, KvError> {
-        let index = index.unwrap_or(memory / 8);
-        let parts = Store::with_index(partitions, memory, index)?.into_partitions();
+        let parts = match index {
+            Some(index) => Store::with_index(partitions, memory, index),
+            None => Store::new(partitions, memory),
+        }?
+        .into_partitions();
         Ok(SharedStore {
             parts: Arc::new(parts.into_iter().map(Mutex::new).collect()),
         })

@@ -670,7 +670,7 @@ fn mem_error(e: KvError) -> StoreError {
         KvError::TooLarge(n) => StoreError::ValueTooLarge(n),
         KvError::NotInteger => StoreError::NotInteger,
         KvError::Overflow => StoreError::Overflow,
-        KvError::TooSmall => StoreError::OutOfMemory,
+        KvError::TooSmall | KvError::IndexTooLarge => StoreError::OutOfMemory,
     }
 }
 

@@ -40,7 +40,7 @@ pub struct Store {
 impl Store {
     /// `partitions` partitions sharing `memory` bytes.
     pub fn new(partitions: usize, memory: usize) -> Result<Store, KvError> {
-        Store::with_index(partitions, memory, memory / 8)
+        Store::with_index(partitions, memory, Partition::default_index(memory))
     }
 
     /// `partitions` partitions sharing `memory` bytes, `index` of them for the indexes

@@ -33,6 +33,9 @@ pub enum KvError {
     /// A partition needs at least 4 KiB.
     #[error("partition memory too small")]
     TooSmall,
+    /// An index of more than half the partition's memory leaves too little log.
+    #[error("index larger than half the partition's memory")]
+    IndexTooLarge,
 }
 
 /// Counters.
@@ -102,7 +105,12 @@ const OFF_MASK: u64 = (1 << 48) - 1;
 impl Partition {
     /// A partition of `memory` bytes: seven eighths for the log, the rest for the index.
     pub fn new(memory: usize) -> Result<Partition, KvError> {
-        Partition::with_index(memory, memory / 8)
+        Partition::with_index(memory, Partition::default_index(memory))
+    }
+
+    /// The index bytes of [`Partition::new`]: an eighth of the memory.
+    pub fn default_index(memory: usize) -> usize {
+        memory / 8
     }
 
     /// A partition of `memory` bytes of which `index_bytes` (rounded down to whole 64-byte
@@ -111,8 +119,11 @@ impl Partition {
     /// much larger than its keys spreads them over more cache lines and pages than there are
     /// keys.
     pub fn with_index(memory: usize, index_bytes: usize) -> Result<Partition, KvError> {
-        if memory < 4096 || index_bytes > memory / 2 {
+        if memory < 4096 {
             return Err(KvError::TooSmall);
+        }
+        if index_bytes > memory / 2 {
+            return Err(KvError::IndexTooLarge);
         }
         let nb = (index_bytes / 64).max(2);
         let nmain = (nb * 7 / 8).max(1);
@@ -452,7 +463,10 @@ mod tests {
             );
         }
         // An index of more than half the memory leaves too little log.
-        assert!(Partition::with_index(1 << 20, (1 << 19) + 64).is_err());
+        assert_eq!(
+            Partition::with_index(1 << 20, (1 << 19) + 64).err(),
+            Some(KvError::IndexTooLarge)
+        );
         assert_eq!(
             Partition::new(1 << 20).unwrap().nmain,
             (1 << 17) / 64 * 7 / 8

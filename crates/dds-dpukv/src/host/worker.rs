@@ -101,6 +101,7 @@ pub fn run(
                 }
                 n += 1;
             }
+            // The partition is not held while the response is published.
             drop(held);
             if !ok {
                 // A malformed batch, or one whose responses do not fit a slot: the DPU broke
